@@ -1,0 +1,46 @@
+/* Whole-file reads, read-only mappings and atomic writes (temp file, fsync, rename, fsync dir). */
+#ifndef DSPARK_FILEIO_H
+#define DSPARK_FILEIO_H
+
+#include "dspark/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Reads a whole file; *out is NUL-terminated (not counted in *len). Free with free(). */
+ds_status ds_read_file(const char *path, char **out, size_t *len);
+
+typedef struct {
+  const unsigned char *data; /* NULL for an empty file */
+  size_t size;
+  int fd;
+} ds_mapping;
+
+ds_status ds_map_file(const char *path, ds_mapping *out);
+void ds_unmap_file(ds_mapping *m);
+
+/* Streams chunks to "<path>.tmp.<pid>" and renames over path on commit; never leaves a
+ * partial file at path. A full disk or any write error is reported naming the file. */
+typedef struct {
+  char *final_path;
+  char *tmp_path;
+  int fd;
+} ds_atomic_file;
+
+ds_status ds_atomic_open(ds_atomic_file *f, const char *path);
+ds_status ds_atomic_write(ds_atomic_file *f, const void *data, size_t n);
+ds_status ds_atomic_commit(ds_atomic_file *f); /* fsync, rename, fsync the directory */
+void ds_atomic_abort(ds_atomic_file *f);       /* removes the temp file */
+
+/* One-shot atomic write of a buffer. */
+ds_status ds_write_file_atomic(const char *path, const void *data, size_t n);
+
+/* Joins dir and name with '/'; returns a malloc'd string or NULL (error recorded). */
+char *ds_path_join(const char *dir, const char *name);
+int ds_file_exists(const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

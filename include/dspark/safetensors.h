@@ -1,0 +1,82 @@
+/* safetensors: validated mmap reading, sharded HF checkpoints, atomic writing.
+ *
+ * File layout: u64 little-endian header length N, N bytes of JSON header
+ *   {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,
+ *    "__metadata__": {"k": "v"}}
+ * then the data section; offsets are relative to its start. Opening validates everything
+ * before any tensor is touched: JSON well formed, dtypes known, offsets inside the file,
+ * end - begin == dtype size x product(shape) (no overflow), no two tensors overlapping.
+ * As in the Rust `safetensors` crate (what Python and transformers use), the tensors sorted by
+ * offset must tile the data section exactly: no gaps, no trailing bytes, header <= 100 MB. */
+#ifndef DSPARK_SAFETENSORS_H
+#define DSPARK_SAFETENSORS_H
+
+#include "dspark/common.h"
+#include "dspark/fileio.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { DS_MAX_DIMS = 8 };
+
+typedef struct {
+  const char *name;
+  ds_dtype dtype;
+  int ndim;
+  int64_t shape[DS_MAX_DIMS];
+  int64_t numel;
+  const void *data; /* inside the mapping; may be unaligned */
+  size_t nbytes;
+  const char *file; /* path of the file that holds it (for messages) */
+} ds_tensor_view;
+
+typedef struct ds_safetensors ds_safetensors; /* one mapped file */
+
+ds_status ds_st_open(const char *path, ds_safetensors **out);
+/* Parses from memory (the fuzz target and tests use it); buf must outlive the handle. */
+ds_status ds_st_open_memory(const void *buf, size_t size, const char *label, ds_safetensors **out);
+void ds_st_close(ds_safetensors *st);
+size_t ds_st_count(const ds_safetensors *st);
+const ds_tensor_view *ds_st_tensor(const ds_safetensors *st, size_t i); /* in file (offset) order */
+const ds_tensor_view *ds_st_find(const ds_safetensors *st, const char *name); /* NULL if absent */
+const char *ds_st_metadata(const ds_safetensors *st, const char *key);       /* NULL if absent */
+/* The "__metadata__" keys, sorted, for copying a file's metadata. */
+size_t ds_st_metadata_count(const ds_safetensors *st);
+const char *ds_st_metadata_key(const ds_safetensors *st, size_t i);
+const char *ds_st_path(const ds_safetensors *st);
+
+/* A HF checkpoint directory: model.safetensors, or model.safetensors.index.json + shards
+ * (model.safetensors wins if both exist, as in transformers). With an index, the checkpoint
+ * holds exactly the tensors its "weight_map" lists, in its order; every shard must exist inside
+ * the directory (no absolute or ".." names) and contain the tensors listed for it. */
+typedef struct ds_checkpoint ds_checkpoint;
+
+ds_status ds_ckpt_open(const char *dir, ds_checkpoint **out);
+void ds_ckpt_close(ds_checkpoint *ck);
+const ds_tensor_view *ds_ckpt_find(const ds_checkpoint *ck, const char *name);
+size_t ds_ckpt_count(const ds_checkpoint *ck);
+const ds_tensor_view *ds_ckpt_tensor(const ds_checkpoint *ck, size_t i);
+
+/* Looks up name, checks ndim/shape (a shape entry < 0 matches anything), and converts to
+ * fp32 into dst (numel floats). Errors name the checkpoint, the tensor and both shapes.
+ * Integer dtypes are refused (DS_ERR_UNSUPPORTED); a NaN/Inf value is DS_ERR_NUMERIC. */
+ds_status ds_ckpt_read_f32(const ds_checkpoint *ck, const char *name, int ndim,
+                           const int64_t *shape, float *dst);
+
+/* Writer: collects tensors (borrowed pointers, which must stay valid until write), then
+ * writes the whole file atomically. Tensors are laid out in insertion order, 8-byte aligned
+ * header as HF does. */
+typedef struct ds_st_writer ds_st_writer;
+
+ds_st_writer *ds_st_writer_new(void);
+ds_status ds_st_writer_add(ds_st_writer *w, const char *name, ds_dtype dtype, int ndim,
+                           const int64_t *shape, const void *data);
+ds_status ds_st_writer_set_metadata(ds_st_writer *w, const char *key, const char *value);
+ds_status ds_st_writer_write(ds_st_writer *w, const char *path);
+void ds_st_writer_free(ds_st_writer *w);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,65 @@
+/* A frozen target LLM (Llama / Qwen2 / Qwen3): fp32 inference with a croppable KV cache,
+ * batched prefill, capture of selected decoder layers' outputs and of the final-normed
+ * hidden state, and logits only for the rows asked for.
+ *
+ * Weights are converted to fp32 once at load (from F32/BF16/F16 checkpoints) into one
+ * contiguous buffer; q/k/v and gate/up are stored fused so each is one matmul. */
+#ifndef DSPARK_TARGET_H
+#define DSPARK_TARGET_H
+
+#include "dspark/backend.h"
+#include "dspark/common.h"
+#include "dspark/hfconfig.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ds_target ds_target;
+typedef struct ds_kv_cache ds_kv_cache;
+
+/* Loads MODEL_DIR/config.json and its safetensors (single file or sharded index). */
+ds_status ds_target_load(const char *model_dir, const ds_backend *backend, ds_target **out);
+void ds_target_free(ds_target *m);
+const ds_model_config *ds_target_config(const ds_target *m);
+/* The frozen tables (fp32, [V, d]); lm_head == embed when the model ties them. */
+const float *ds_target_embed(const ds_target *m);
+const float *ds_target_lm_head(const ds_target *m);
+
+ds_status ds_kv_cache_new(const ds_target *m, int64_t capacity, ds_kv_cache **out);
+void ds_kv_cache_free(ds_kv_cache *c);
+int64_t ds_kv_cache_len(const ds_kv_cache *c);
+int64_t ds_kv_cache_capacity(const ds_kv_cache *c);
+/* Keeps the first len positions (len <= current length): rejected speculative tokens vanish. */
+ds_status ds_kv_cache_crop(ds_kv_cache *c, int64_t len);
+
+/* One sequence's new tokens; they take positions cache_len .. cache_len + n - 1 and the
+ * cache grows by n. */
+typedef struct {
+  const int32_t *ids; /* [n] */
+  int64_t n;
+  ds_kv_cache *cache;
+} ds_target_seq;
+
+/* What to keep from a forward. Rows are the new tokens of all sequences, concatenated in
+ * order (R = sum of n). Every output pointer may be NULL. */
+typedef struct {
+  const int32_t *capture_layers; /* layer ids; -1 = embedding output, l = output of layer l */
+  int n_capture;
+  float *captured;               /* [R, n_capture * d] */
+  float *final_hidden;           /* [R, d] final-normed hidden state */
+  const int64_t *logit_rows;     /* rows wanting logits; NULL = every row */
+  int64_t n_logit_rows;
+  float *logits;                 /* [n_logit_rows (or R), V] */
+} ds_target_outputs;
+
+ds_status ds_target_forward(ds_target *m, const ds_target_seq *seqs, int n_seqs, ds_target_outputs *out);
+
+/* Validates a capture layer list against the model: strictly increasing, within
+ * [-1, L-2] (the last layer's HF output is already final-normed). */
+ds_status ds_target_check_capture_layers(const ds_target *m, const int32_t *ids, int n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Idempotent set-up: system packages for the C build, and the Python venv used only by the
+# conformance tests and benchmarks. The venv lives outside the checkout (DSPARK_VENV) so that
+# a second run, a fresh clone, or CI reuses the multi-GB torch install.
+#   scripts/setup.sh            system packages + venv
+#   scripts/setup.sh --no-venv  system packages only
+set -euo pipefail
+
+want_venv=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-venv) want_venv=0 ;;
+    *) echo "setup.sh: unknown option '$arg'" >&2; exit 2 ;;
+  esac
+done
+
+# What each package is for is in README.md (Dependencies).
+apt_packages=(
+  build-essential cmake pkg-config
+  libopenblas-openmp-dev   # sgemm; the OpenMP build shares our OpenMP thread pool
+  libomp-dev
+  libcjson-dev             # config.json, tokenizer.json, safetensors headers, manifests
+  libpcre2-dev             # Unicode pre-tokenizer regexes (GPT-2 / Qwen2 / Llama-3)
+  libxxhash-dev            # fast content hashes and shard checksums
+  libopenmpi-dev openmpi-bin  # data parallelism
+  clang libclang-rt-14-dev # libFuzzer fuzz targets and sanitizer runtimes
+  python3-venv
+)
+
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+else
+  echo "setup: system packages present"
+fi
+
+((want_venv)) || exit 0
+
+venv="${DSPARK_VENV:-$HOME/.cache/dspark/venv}"
+stamp="$venv/.dspark-requirements"
+req="$(cd "$(dirname "$0")" && pwd)/requirements-conformance.txt"
+if [ -f "$stamp" ] && cmp -s "$stamp" "$req"; then
+  echo "setup: venv $venv up to date"
+  exit 0
+fi
+echo "setup: creating venv $venv (torch is a large download the first time)"
+mkdir -p "$(dirname "$venv")"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
+cp "$req" "$stamp"
+echo "setup: venv ready"

@@ -1,0 +1,66 @@
+#include "cli/args.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *cli_value(int argc, char **argv, int *i) {
+  if (*i + 1 >= argc) {
+    fprintf(stderr, "dspark: option %s needs a value\n", argv[*i]);
+    return NULL;
+  }
+  *i += 1;
+  return argv[*i];
+}
+
+int cli_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi) {
+    fprintf(stderr, "dspark: %s expects an integer in [%lld, %lld], got '%s'\n", opt, (long long)lo, (long long)hi, s);
+    return 0;
+  }
+  *out = v;
+  return 1;
+}
+
+int cli_float(const char *opt, const char *s, double lo, double hi, double *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi) {
+    fprintf(stderr, "dspark: %s expects a number in [%g, %g], got '%s'\n", opt, lo, hi, s);
+    return 0;
+  }
+  *out = v;
+  return 1;
+}
+
+int cli_int_list(const char *opt, const char *s, int32_t **out, int64_t *n) {
+  *out = NULL;
+  *n = 0;
+  size_t cap = 1;
+  for (const char *p = s; *p; p++) cap += *p == ',';
+  int32_t *v = malloc(cap * sizeof *v);
+  if (!v) return 0;
+  const char *p = s;
+  while (*p) {
+    char *end;
+    errno = 0;
+    long x = strtol(p, &end, 10);
+    if (errno || end == p || x < INT32_MIN || x > INT32_MAX || (*end && *end != ',')) {
+      fprintf(stderr, "dspark: %s expects comma-separated integers, got '%s'\n", opt, s);
+      free(v);
+      return 0;
+    }
+    v[(*n)++] = (int32_t)x;
+    p = *end ? end + 1 : end;
+  }
+  *out = v;
+  return 1;
+}
+
+int cli_is_help(const char *arg) { return !strcmp(arg, "-h") || !strcmp(arg, "--help"); }

@@ -1,0 +1,14 @@
+/* The subcommands of the `dspark` program; each lives in its own cmd_*.c file. A command
+ * returns the process exit status: 0 success, 1 runtime error, 2 usage error. */
+#ifndef DSPARK_CLI_COMMANDS_H
+#define DSPARK_CLI_COMMANDS_H
+
+int cmd_info(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_forward(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+
+/* Prints "dspark: <status>: <message>" for the thread's last error and returns 1. */
+int cli_report_error(const char *what);
+
+#endif

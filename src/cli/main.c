@@ -1,0 +1,43 @@
+/* dspark: train DSpark drafts, distill students, and run speculative decoding. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "dspark/common.h"
+
+typedef struct {
+  const char *name;
+  int (*run)(int argc, char **argv);
+  const char *summary;
+} command;
+
+static const command k_commands[] = {
+    {"info", cmd_info, "print a model directory's architecture, sizes and tensors"},
+    {"generate", cmd_generate, "generate text with a target model (greedy or sampled)"},
+    {"forward", cmd_forward, "run the target over token ids; write logits and captured hidden states"},
+    {"tokenize", cmd_tokenize, "encode text / decode ids with a tokenizer.json; ChatML rendering"},
+};
+
+int cli_report_error(const char *what) {
+  fprintf(stderr, "dspark %s: %s\n", what, ds_last_error());
+  return 1;
+}
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: dspark COMMAND [options]   (dspark COMMAND --help for details)\n\ncommands:\n");
+  for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
+    fprintf(f, "  %-10s %s\n", k_commands[i].name, k_commands[i].summary);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) { usage(stderr); return 2; }
+  if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+    usage(stdout);
+    return 0;
+  }
+  for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
+    if (!strcmp(argv[1], k_commands[i].name)) return k_commands[i].run(argc - 1, argv + 1);
+  fprintf(stderr, "dspark: unknown command '%s'\n", argv[1]);
+  usage(stderr);
+  return 2;
+}

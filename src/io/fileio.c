@@ -1,0 +1,153 @@
+#define _GNU_SOURCE
+#include "dspark/fileio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+ds_status ds_read_file(const char *path, char **out, size_t *len) {
+  *out = NULL;
+  if (len) *len = 0;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return DS_FAIL(DS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return DS_FAIL(DS_ERR_IO, "%s: not a regular file", path);
+  }
+  size_t size = (size_t)st.st_size;
+  char *buf = ds_malloc(size + 1, path);
+  if (!buf) { close(fd); return DS_ERR_NOMEM; }
+  size_t got = 0;
+  while (got < size) {
+    ssize_t r = read(fd, buf + got, size - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      free(buf);
+      close(fd);
+      return DS_FAIL(DS_ERR_IO, "%s: read failed after %zu of %zu bytes", path, got, size);
+    }
+    got += (size_t)r;
+  }
+  close(fd);
+  buf[size] = 0;
+  *out = buf;
+  if (len) *len = size;
+  return DS_OK;
+}
+
+ds_status ds_map_file(const char *path, ds_mapping *out) {
+  memset(out, 0, sizeof *out);
+  out->fd = -1;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return DS_FAIL(DS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return DS_FAIL(DS_ERR_IO, "%s: not a regular file", path);
+  }
+  out->fd = fd;
+  out->size = (size_t)st.st_size;
+  if (out->size == 0) return DS_OK;
+  void *p = mmap(NULL, out->size, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (p == MAP_FAILED) {
+    close(fd);
+    out->fd = -1;
+    return DS_FAIL(DS_ERR_IO, "%s: mmap of %zu bytes failed: %s", path, out->size, strerror(errno));
+  }
+  out->data = p;
+  return DS_OK;
+}
+
+void ds_unmap_file(ds_mapping *m) {
+  if (m->data) munmap((void *)m->data, m->size);
+  if (m->fd >= 0) close(m->fd);
+  m->data = NULL;
+  m->size = 0;
+  m->fd = -1;
+}
+
+ds_status ds_atomic_open(ds_atomic_file *f, const char *path) {
+  memset(f, 0, sizeof *f);
+  f->fd = -1;
+  size_t n = strlen(path) + 32;
+  f->final_path = ds_malloc(strlen(path) + 1, "path");
+  f->tmp_path = ds_malloc(n, "path");
+  if (!f->final_path || !f->tmp_path) { ds_atomic_abort(f); return DS_ERR_NOMEM; }
+  strcpy(f->final_path, path);
+  snprintf(f->tmp_path, n, "%s.tmp.%ld", path, (long)getpid());
+  f->fd = open(f->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (f->fd < 0) {
+    ds_status st = DS_FAIL(DS_ERR_IO, "%s: cannot create: %s", f->tmp_path, strerror(errno));
+    ds_atomic_abort(f);
+    return st;
+  }
+  return DS_OK;
+}
+
+ds_status ds_atomic_write(ds_atomic_file *f, const void *data, size_t n) {
+  const char *p = data;
+  while (n > 0) {
+    ssize_t w = write(f->fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0)
+      return DS_FAIL(DS_ERR_IO, "%s: write failed: %s (nothing was written to %s)", f->tmp_path,
+                     w < 0 ? strerror(errno) : "no progress", f->final_path);
+    p += w;
+    n -= (size_t)w;
+  }
+  return DS_OK;
+}
+
+ds_status ds_atomic_commit(ds_atomic_file *f) {
+  ds_status st = DS_OK;
+  if (fsync(f->fd) != 0)
+    st = DS_FAIL(DS_ERR_IO, "%s: fsync failed: %s", f->tmp_path, strerror(errno));
+  if (close(f->fd) != 0 && st == DS_OK)
+    st = DS_FAIL(DS_ERR_IO, "%s: close failed: %s", f->tmp_path, strerror(errno));
+  f->fd = -1;
+  if (st == DS_OK && rename(f->tmp_path, f->final_path) != 0)
+    st = DS_FAIL(DS_ERR_IO, "%s: rename to %s failed: %s", f->tmp_path, f->final_path, strerror(errno));
+  if (st == DS_OK) {
+    char *dirbuf = strdup(f->final_path);
+    int dfd = dirbuf ? open(dirname(dirbuf), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    if (dfd >= 0) { fsync(dfd); close(dfd); }
+    free(dirbuf);
+    free(f->tmp_path);
+    f->tmp_path = NULL;
+  }
+  ds_atomic_abort(f);
+  return st;
+}
+
+void ds_atomic_abort(ds_atomic_file *f) {
+  if (f->fd >= 0) close(f->fd);
+  f->fd = -1;
+  if (f->tmp_path) unlink(f->tmp_path);
+  free(f->tmp_path);
+  free(f->final_path);
+  f->tmp_path = f->final_path = NULL;
+}
+
+ds_status ds_write_file_atomic(const char *path, const void *data, size_t n) {
+  ds_atomic_file f;
+  DS_TRY(ds_atomic_open(&f, path));
+  ds_status st = ds_atomic_write(&f, data, n);
+  if (st != DS_OK) { ds_atomic_abort(&f); return st; }
+  return ds_atomic_commit(&f);
+}
+
+char *ds_path_join(const char *dir, const char *name) {
+  size_t n = strlen(dir) + strlen(name) + 2;
+  char *p = ds_malloc(n, "path");
+  if (p) snprintf(p, n, "%s/%s", dir, name);
+  return p;
+}
+
+int ds_file_exists(const char *path) { struct stat st; return stat(path, &st) == 0; }

@@ -1,0 +1,124 @@
+/* dtype conversion (against exhaustive / hand-checked values), the RNG, errors, and
+ * config.json parsing including every refusal. */
+#include <math.h>
+#include <string.h>
+
+#include "dspark/dtype.h"
+#include "dspark/hfconfig.h"
+#include "dspark/rng.h"
+#include "test_util.h"
+
+static void test_bf16(void) {
+  EXPECT(ds_f32_to_bf16(1.0f) == 0x3f80);
+  EXPECT(ds_bf16_to_f32(0x3f80) == 1.0f);
+  /* Round to nearest even: 1 + 2^-8 is a tie between 1 and 1 + 2^-7 -> 1 (even). */
+  EXPECT(ds_f32_to_bf16(1.0f + 1.0f / 256.0f) == 0x3f80);
+  EXPECT(ds_f32_to_bf16(1.0f + 3.0f / 256.0f) == 0x3f82);
+  EXPECT(isnan(ds_bf16_to_f32(ds_f32_to_bf16(NAN))));
+  EXPECT(ds_bf16_to_f32(ds_f32_to_bf16(INFINITY)) == INFINITY);
+  /* Every bf16 value round-trips exactly. */
+  int bad = 0;
+  for (uint32_t h = 0; h < 65536; h++) {
+    float f = ds_bf16_to_f32((uint16_t)h);
+    if (!isnan(f) && ds_f32_to_bf16(f) != h) bad++;
+  }
+  EXPECT(bad == 0);
+}
+
+static void test_f16(void) {
+  EXPECT(ds_f16_to_f32(0x3c00) == 1.0f);
+  EXPECT(ds_f16_to_f32(0x7bff) == 65504.0f);
+  EXPECT(ds_f16_to_f32(0x0001) == ldexpf(1.0f, -24));
+  EXPECT(ds_f32_to_f16(65520.0f) == 0x7c00);  /* ties to even past max -> inf */
+  EXPECT(ds_f32_to_f16(65519.0f) == 0x7bff);
+  EXPECT(ds_f32_to_f16(ldexpf(1.0f, -25)) == 0x0000); /* tie to even -> 0 */
+  EXPECT(ds_f32_to_f16(ldexpf(3.0f, -25)) == 0x0002);
+  int bad = 0;
+  for (uint32_t h = 0; h < 65536; h++) {
+    float f = ds_f16_to_f32((uint16_t)h);
+    if (!isnan(f) && ds_f32_to_f16(f) != h) bad++;
+  }
+  EXPECT(bad == 0);
+  float src[3] = {0.5f, -2.0f, 3.0f}, back[3];
+  uint16_t mid[3];
+  EXPECT_OK(ds_convert_from_f32(mid, DS_F16, src, 3));
+  EXPECT_OK(ds_convert_to_f32(back, mid, DS_F16, 3));
+  EXPECT(!memcmp(src, back, sizeof src));
+  EXPECT(ds_convert_to_f32(back, mid, DS_I32, 3) == DS_ERR_UNSUPPORTED);
+}
+
+static void test_rng(void) {
+  ds_rng a, b;
+  ds_rng_seed(&a, 7);
+  ds_rng_seed(&b, 7);
+  int same = 1;
+  for (int i = 0; i < 100; i++) same &= ds_rng_next_u64(&a) == ds_rng_next_u64(&b);
+  EXPECT(same);
+  double mean = 0;
+  for (int i = 0; i < 100000; i++) {
+    float u = ds_rng_uniform_f32(&a);
+    EXPECT(u >= 0.0f && u < 1.0f);
+    mean += u;
+  }
+  EXPECT_CLOSE(mean / 100000, 0.5, 0, 0.01);
+  EXPECT(ds_seed_mix(1, 2) != ds_seed_mix(2, 1));
+}
+
+static ds_status parse(const char *json, ds_model_config *c) {
+  return ds_config_parse(json, strlen(json), "config.json", c);
+}
+
+#define BASE "\"vocab_size\": 100, \"hidden_size\": 32, \"intermediate_size\": 64, " \
+             "\"num_hidden_layers\": 2, \"num_attention_heads\": 4"
+
+static void test_config(void) {
+  ds_model_config c;
+  EXPECT_OK(parse("{\"architectures\": [\"Qwen3ForCausalLM\"], " BASE ", \"num_key_value_heads\": 2, "
+                  "\"head_dim\": 16, \"rope_theta\": 1000000, \"tie_word_embeddings\": true}", &c));
+  EXPECT(c.arch == DS_ARCH_QWEN3 && c.qk_norm && !c.attention_bias && c.head_dim == 16 && c.tie_word_embeddings);
+  EXPECT(c.rope_theta == 1e6 && c.rope_type == DS_ROPE_DEFAULT && c.num_key_value_heads == 2);
+
+  EXPECT_OK(parse("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE ", \"eos_token_id\": [5, 7]}", &c));
+  EXPECT(c.arch == DS_ARCH_QWEN2 && c.attention_bias && !c.o_proj_bias && c.head_dim == 8 && c.n_eos == 2);
+
+  EXPECT_OK(parse("{\"model_type\": \"llama\", " BASE ", \"rope_parameters\": {\"rope_type\": \"llama3\", "
+                  "\"rope_theta\": 500000.0, \"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+                  "\"original_max_position_embeddings\": 8192}}", &c));
+  EXPECT(c.arch == DS_ARCH_LLAMA && c.rope_type == DS_ROPE_LLAMA3 && c.rope_theta == 500000.0 && c.rope_factor == 8.0);
+
+  EXPECT_OK(parse("{\"model_type\": \"llama\", " BASE ", \"rope_theta\": 10000, \"rope_scaling\": {\"type\": \"linear\", "
+                  "\"factor\": 2.0}}", &c));
+  EXPECT(c.rope_type == DS_ROPE_LINEAR && c.rope_factor == 2.0);
+
+  /* Refusals, each naming the field. */
+  struct { const char *json; const char *needle; ds_status st; } bad[] = {
+      {"{\"architectures\": [\"GPT2LMHeadModel\"], " BASE "}", "GPT2LMHeadModel", DS_ERR_UNSUPPORTED},
+      {"{\"model_type\": \"llama\", \"hidden_size\": 32}", "vocab_size", DS_ERR_FORMAT},
+      {"{\"model_type\": \"llama\", " BASE ", \"num_key_value_heads\": 3}", "num_key_value_heads", DS_ERR_FORMAT},
+      {"{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}", "yarn",
+       DS_ERR_UNSUPPORTED},
+      {"{\"model_type\": \"qwen2\", " BASE ", \"use_sliding_window\": true}", "use_sliding_window", DS_ERR_UNSUPPORTED},
+      {"{\"model_type\": \"llama\", " BASE ", \"hidden_act\": \"gelu\"}", "hidden_act", DS_ERR_UNSUPPORTED},
+      {"{\"model_type\": \"llama\", \"vocab_size\": -3, \"hidden_size\": 32, \"intermediate_size\": 64, "
+       "\"num_hidden_layers\": 2, \"num_attention_heads\": 4}", "vocab_size", DS_ERR_FORMAT},
+      {"{\"model_type\": \"llama\", " BASE ", \"rms_norm_eps\": \"x\"}", "rms_norm_eps", DS_ERR_FORMAT},
+      {"{\"model_type\": \"llama\", " BASE, "malformed JSON", DS_ERR_FORMAT},
+      {"[1, 2]", "object", DS_ERR_FORMAT},
+      {"{" BASE "}", "architectures", DS_ERR_FORMAT},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ds_error_clear();
+    ds_status st = parse(bad[i].json, &c);
+    EXPECT(st == bad[i].st);
+    if (!strstr(ds_last_error(), bad[i].needle) || !strstr(ds_last_error(), "config.json"))
+      fprintf(stderr, "case %zu: message '%s' lacks '%s'\n", i, ds_last_error(), bad[i].needle), g_test_failures++;
+  }
+}
+
+int main(void) {
+  TEST_RUN(test_bf16);
+  TEST_RUN(test_f16);
+  TEST_RUN(test_rng);
+  TEST_RUN(test_config);
+  return TEST_RESULT();
+}

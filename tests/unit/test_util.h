@@ -1,0 +1,50 @@
+/* Minimal assertion helpers for the C unit tests: every failure prints where and why and
+ * makes the test exit non-zero (TEST_MAIN returns the failure count). */
+#ifndef DSPARK_TEST_UTIL_H
+#define DSPARK_TEST_UTIL_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static int g_test_failures;
+
+#define EXPECT(cond)                                                              \
+  do {                                                                            \
+    if (!(cond)) {                                                                \
+      fprintf(stderr, "%s:%d: EXPECT failed: %s\n", __FILE__, __LINE__, #cond);   \
+      g_test_failures++;                                                          \
+    }                                                                             \
+  } while (0)
+
+#define EXPECT_OK(expr)                                                                     \
+  do {                                                                                      \
+    ds_status st_ = (expr);                                                                 \
+    if (st_ != DS_OK) {                                                                     \
+      fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__, #expr,             \
+              ds_status_name(st_), ds_last_error());                                        \
+      g_test_failures++;                                                                    \
+    }                                                                                       \
+  } while (0)
+
+/* |got - want| <= atol + rtol * |want|, reported with both values. */
+#define EXPECT_CLOSE(got, want, rtol, atol)                                               \
+  do {                                                                                    \
+    double g_ = (double)(got), w_ = (double)(want);                                       \
+    if (!(fabs(g_ - w_) <= (atol) + (rtol) * fabs(w_))) {                                  \
+      fprintf(stderr, "%s:%d: %s = %.9g, expected %.9g (rtol %g, atol %g)\n", __FILE__,    \
+              __LINE__, #got, g_, w_, (double)(rtol), (double)(atol));                     \
+      g_test_failures++;                                                                  \
+    }                                                                                     \
+  } while (0)
+
+#define TEST_RUN(fn)                                                  \
+  do {                                                                \
+    int before_ = g_test_failures;                                    \
+    fn();                                                             \
+    fprintf(stderr, "%s %s\n", g_test_failures == before_ ? "ok  " : "FAIL", #fn); \
+  } while (0)
+
+#define TEST_RESULT() (g_test_failures ? 1 : 0)
+
+#endif
