@@ -9,6 +9,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "dspark/backend.h"
+#include "dspark/profile.h"
 #include "dspark/safetensors.h"
 #include "dspark/target.h"
 
@@ -22,7 +23,8 @@ static void usage(FILE *f) {
           "  --logits MODE      all (default), last, or none\n"
           "  --chunk N          feed N tokens per sequence per forward through the KV cache\n"
           "                     (default: the whole sequence in one prefill)\n"
-          "  --threads N        threads for BLAS and kernels\n");
+          "  --threads N        threads for BLAS and kernels\n"
+          "  --profile          print time and GFLOP/s per kernel to stderr\n");
 }
 
 typedef struct {
@@ -58,6 +60,7 @@ static int parse_batch(const char *s, seq_ids **out, int *n_out) {
 int cmd_forward(int argc, char **argv) {
   const char *dir = NULL, *ids_arg = NULL, *out_path = NULL, *capture_arg = NULL, *logits_mode = "all";
   int64_t chunk = 0, threads = 0;
+  int profile = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (cli_is_help(a)) { usage(stdout); return 0; }
@@ -65,6 +68,7 @@ int cmd_forward(int argc, char **argv) {
     else if (!strcmp(a, "--out")) { if (!(out_path = cli_value(argc, argv, &i))) return 2; }
     else if (!strcmp(a, "--capture")) { if (!(capture_arg = cli_value(argc, argv, &i))) return 2; }
     else if (!strcmp(a, "--logits")) { if (!(logits_mode = cli_value(argc, argv, &i))) return 2; }
+    else if (!strcmp(a, "--profile")) profile = 1;
     else if (!strcmp(a, "--chunk")) {
       const char *v = cli_value(argc, argv, &i);
       if (!v || !cli_int(a, v, 1, INT32_MAX, &chunk)) return 2;
@@ -102,7 +106,9 @@ int cmd_forward(int argc, char **argv) {
   ds_st_writer *w = ds_st_writer_new();
   char name[64];
   if (!caches || !logits || !hidden || !captured || !batch || !owner || !w) goto done;
-  if (ds_target_load(dir, ds_backend_cpu(), &m) != DS_OK) goto report;
+  ds_profile prof = {0};
+  const ds_backend *be = profile ? ds_backend_profiled(ds_backend_cpu(), &prof) : ds_backend_cpu();
+  if (ds_target_load(dir, be, &m) != DS_OK) goto report;
   const ds_model_config *c = ds_target_config(m);
   int64_t d = c->hidden_size, V = c->vocab_size;
   if (n_capture && ds_target_check_capture_layers(m, capture, (int)n_capture) != DS_OK) goto report;
@@ -160,6 +166,7 @@ int cmd_forward(int argc, char **argv) {
   free(round_capt);
   fprintf(stderr, "forward: %lld tokens in %d sequences, %.3f s (%.1f tokens/s)\n", (long long)total, n_seqs, dt,
           total / (dt > 0 ? dt : 1e-9));
+  if (profile) ds_profile_print(&prof, dt, stderr);
 
   for (int s = 0; s < n_seqs; s++) {
     int64_t n = seqs[s].n;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "dspark/fileio.h"
+#include "io/json_util.h"
 
 const char *ds_arch_name(ds_arch arch) {
   switch (arch) {
@@ -225,13 +226,10 @@ static ds_status parse_root(const cJSON *root, const char *label, ds_model_confi
 }
 
 ds_status ds_config_parse(const char *json, size_t len, const char *label, ds_model_config *out) {
-  const char *end = NULL;
-  cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
-  if (!root) {
-    size_t at = end ? (size_t)(end - json) : 0;
-    return DS_FAIL(DS_ERR_FORMAT, "%s: malformed JSON near byte %zu", label, at);
-  }
-  ds_status st = parse_root(root, label, out);
+  ds_status st;
+  cJSON *root = ds_json_parse(json, len, label, &st);
+  if (!root) return st;
+  st = parse_root(root, label, out);
   cJSON_Delete(root);
   return st;
 }

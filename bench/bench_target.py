@@ -1,0 +1,162 @@
+"""Target inference benchmark: dspark against PyTorch CPU running transformers on the same
+weights, same machine, same thread count, in one run.
+
+Model: a random Qwen3 of about 100M parameters (d=768, 12 layers, 12 heads / 4 KV heads,
+head_dim 64, MLP 2048, V=32000, tied embeddings), saved in fp32.
+Measures: prefill tokens/s (one sequence of --prefill tokens), decode tokens/s (--decode
+greedy tokens after a 32-token prompt, KV cache on both sides), our per-kernel profile of the
+prefill (matmul GFLOP/s and share), the OpenBLAS sgemm peak in the same run, and peak RSS of
+each side. Prints a table and writes bench/out/target.json.
+
+    $VENV/bin/python bench/bench_target.py --dspark build/release/dspark [--threads 2]
+"""
+import argparse
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+import transformers
+
+
+def build_model(path):
+    if os.path.exists(os.path.join(path, "model.safetensors")):
+        return
+    cfg = transformers.Qwen3Config(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                                   num_attention_heads=12, num_key_value_heads=4, head_dim=64,
+                                   max_position_embeddings=4096, tie_word_embeddings=True, eos_token_id=None)
+    cfg.architectures = ["Qwen3ForCausalLM"]
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(cfg).eval()
+    model.save_pretrained(path)
+
+
+def run_timed(cmd, env):
+    """Runs cmd under /usr/bin/time -v; returns (stderr, peak RSS MiB)."""
+    p = subprocess.run(["/usr/bin/time", "-v"] + cmd, capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{p.stderr}")
+    rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr).group(1)) / 1024
+    return p.stdout, p.stderr, rss
+
+
+def ours(args, model_dir, prompt_ids, env):
+    best_prefill, best_decode, profile, rss_max = 0.0, 0.0, "", 0.0
+    ids = ",".join(map(str, prompt_ids))
+    for _ in range(args.reps):
+        _, err, rss = run_timed([args.dspark, "forward", model_dir, "--ids", ids, "--logits", "last", "--out",
+                                 os.path.join(args.out, "prefill.safetensors"), "--threads", str(args.threads)], env)
+        rate = float(re.search(r"\(([\d.]+) tokens/s\)", err).group(1))
+        best_prefill = max(best_prefill, rate)
+        rss_max = max(rss_max, rss)
+    _, err, _ = run_timed([args.dspark, "forward", model_dir, "--ids", ids, "--logits", "last", "--out",
+                           os.path.join(args.out, "prefill.safetensors"), "--threads", str(args.threads),
+                           "--profile"], env)
+    profile = err[err.index("kernel "):err.index("\tCommand being timed")].strip()
+    short = ",".join(map(str, prompt_ids[:32]))
+    for _ in range(args.reps):
+        _, err, rss = run_timed([args.dspark, "generate", model_dir, "--prompt-ids", short, "--max-new-tokens",
+                                 str(args.decode), "--print-ids", "--ignore-eos", "--threads", str(args.threads)], env)
+        rate = float(re.search(r"decode: \d+ tokens, [\d.]+ s \(([\d.]+) tokens/s\)", err).group(1))
+        best_decode = max(best_decode, rate)
+        rss_max = max(rss_max, rss)
+    return best_prefill, best_decode, profile, rss_max
+
+
+def torch_side(args, model_dir, prompt_ids):
+    torch.set_num_threads(args.threads)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    inp = torch.tensor([prompt_ids])
+    best_prefill = 0.0
+    with torch.no_grad():
+        model(input_ids=inp[:, :16])  # warm-up
+        for _ in range(args.reps):
+            t0 = time.perf_counter()
+            model(input_ids=inp, logits_to_keep=1)
+            best_prefill = max(best_prefill, inp.shape[1] / (time.perf_counter() - t0))
+        best_decode = 0.0
+        for _ in range(args.reps):
+            cache = transformers.DynamicCache(config=model.config)
+            out = model(input_ids=inp[:, :32], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            nxt = out.logits[:, -1:].argmax(-1)
+            t0 = time.perf_counter()
+            for _ in range(args.decode - 1):
+                out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
+                nxt = out.logits[:, -1:].argmax(-1)
+            best_decode = max(best_decode, (args.decode - 1) / (time.perf_counter() - t0))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return best_prefill, best_decode, rss
+
+
+def sgemm_peak(args, env):
+    exe = os.path.join(os.path.dirname(args.dspark), "bench_sgemm")
+    out = subprocess.run([exe, str(args.threads)], capture_output=True, text=True, env=env, check=True).stdout
+    kernel = re.search(r"blas_kernel (\S+)", out).group(1)
+    return float(re.search(r"peak ([\d.]+)", out).group(1)), kernel, out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dspark", required=True)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prefill", type=int, default=512)
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--model", default=os.path.expanduser("~/.cache/dspark/bench-qwen3-100m"))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))
+    ap.add_argument("--torch-side", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    build_model(args.model)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, 32000, size=args.prefill).tolist()
+    if args.torch_side:  # child process, so its peak RSS is PyTorch's alone
+        print(json.dumps(torch_side(args, args.model, prompt)))
+        return
+
+    child = subprocess.run([sys.executable, __file__, "--torch-side", "--dspark", args.dspark, "--threads",
+                            str(args.threads), "--prefill", str(args.prefill), "--decode", str(args.decode),
+                            "--reps", str(args.reps), "--model", args.model], capture_output=True, text=True)
+    if child.returncode != 0:
+        sys.exit(f"torch side failed:\n{child.stderr}")
+    t_pre, t_dec, t_rss = json.loads(child.stdout.strip().splitlines()[-1])
+
+    # Our side twice: with the environment as it is (this machine sets OPENBLAS_CORETYPE to
+    # an AVX2 kernel) and with OpenBLAS choosing its own kernel (AVX-512 here).
+    base_env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    native_env = {k: v for k, v in base_env.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    results = {"threads": args.threads, "prefill_tokens": args.prefill, "decode_tokens": args.decode,
+               "torch_prefill_tok_s": t_pre, "torch_decode_tok_s": t_dec, "torch_peak_rss_mib": t_rss,
+               "torch_version": torch.__version__, "transformers_version": transformers.__version__,
+               "dspark": {}}
+    print(f"peer: PyTorch {torch.__version__} CPU, transformers {transformers.__version__}, "
+          f"{args.threads} threads: prefill {t_pre:.1f} tok/s, decode {t_dec:.1f} tok/s, peak RSS {t_rss:.0f} MiB")
+    for label, env in (("environment", base_env), ("native-blas", native_env)):
+        peak, kernel, _ = sgemm_peak(args, env)
+        o_pre, o_dec, profile, o_rss = ours(args, args.model, prompt, env)
+        m = re.search(r"linear\s+(\d+)\s+([\d.]+)\s+([\d.]+)%\s+([\d.]+)", profile)
+        lin_share, lin_gflops = float(m.group(3)), float(m.group(4))
+        r = {"blas_kernel": kernel, "sgemm_peak_gflops": peak, "prefill_tok_s": o_pre, "decode_tok_s": o_dec,
+             "prefill_ratio_vs_torch": o_pre / t_pre, "decode_ratio_vs_torch": o_dec / t_dec,
+             "matmul_share_of_prefill_pct": lin_share, "matmul_gflops": lin_gflops,
+             "matmul_pct_of_sgemm_peak": 100 * lin_gflops / peak, "peak_rss_mib": o_rss, "profile": profile}
+        results["dspark"][label] = r
+        print(f"\n== dspark, OpenBLAS kernel {kernel} ({label}); sgemm peak {peak:.1f} GFLOP/s")
+        print(profile)
+        print(f"{'':18s} {'dspark':>9s} {'torch':>9s} {'ratio':>6s}")
+        print(f"{'prefill tokens/s':18s} {o_pre:9.1f} {t_pre:9.1f} {o_pre / t_pre:6.2f}")
+        print(f"{'decode tokens/s':18s} {o_dec:9.1f} {t_dec:9.1f} {o_dec / t_dec:6.2f}")
+        print(f"{'peak RSS MiB':18s} {o_rss:9.0f} {t_rss:9.0f}")
+        print(f"matmul {lin_gflops:.1f} GFLOP/s = {r['matmul_pct_of_sgemm_peak']:.0f}% of the sgemm peak, "
+              f"{lin_share:.0f}% of prefill time")
+    with open(os.path.join(args.out, "target.json"), "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
