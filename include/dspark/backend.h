@@ -18,12 +18,13 @@ typedef struct ds_backend {
   void (*linear)(float *y, const float *x, const float *w, const float *bias, int64_t n, int64_t in,
                  int64_t out);
 
-  /* y[n, d] = x / sqrt(mean(x^2) + eps) * w[d]; y may alias x. rstd[n] saved when non-NULL
-   * (the backward needs it). */
+  /* y[n, d] = w[d] * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps) (HF order); y may alias x.
+   * rstd[n] saved when non-NULL (the backward needs it). */
   void (*rmsnorm)(float *y, float *rstd, const float *x, const float *w, int64_t n, int64_t d, float eps);
 
   /* In place on x[n, heads, head_dim] (row stride `stride` floats between tokens), HF
-   * rotate_half convention: pairs (i, i + head_dim/2), angle pos[t] * inv_freq[i]. */
+   * rotate_half convention: pairs (i, i + head_dim/2), angle (float)pos[t] * inv_freq[i] in fp32
+   * (as transformers computes it). */
   void (*rope)(float *x, int64_t stride, const int64_t *pos, const float *inv_freq, int64_t n, int64_t heads,
                int64_t head_dim);
 
@@ -41,6 +42,59 @@ typedef struct ds_backend {
 
   /* y[n] += x[n] */
   void (*add)(float *y, const float *x, int64_t n);
+
+  /* ---- training: backward kernels. Rule for every backward below: it ADDS into each
+   * gradient buffer it is given (dx, dw, db, ...) so that contributions from several uses
+   * accumulate; callers zero them first. A NULL gradient pointer skips that gradient. */
+
+  /* Backward of linear: dx[n, in] += dy[n, out] @ w[out, in];  dw[out, in] += dy^T @ x;
+   * db[out] += sum over n of dy. */
+  void (*linear_backward)(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
+                          int64_t n, int64_t in, int64_t out);
+
+  /* Backward of rmsnorm with the rstd[n] the forward saved (r = rstd[i]):
+   * dx[n, d] += r * (w * dy - x * r^2 * mean(w * dy * x));  dw[d] += sum over n of dy * x * r. */
+  void (*rmsnorm_backward)(float *dx, float *dw, const float *dy, const float *x, const float *w, const float *rstd,
+                           int64_t n, int64_t d);
+
+  /* Backward of rope: rotates the gradient dx[n, heads, head_dim] (row stride `stride`) by the
+   * negative angle, in place (rope is orthogonal, so this is its transpose). The one exception
+   * to the ADD rule: dx holds dL/dy on entry and dL/dx on return; columns past heads * head_dim
+   * are untouched. */
+  void (*rope_backward)(float *dx, int64_t stride, const int64_t *pos, const float *inv_freq, int64_t n,
+                        int64_t heads, int64_t head_dim);
+
+  /* Backward of swiglu: dgu[n, 2I] += d/dgu of sum(dout * silu(gate) * up), i.e.
+   * dgate += dout * up * s * (1 + gate * (1 - s)) and dup += dout * silu(gate), s = sigmoid(gate). */
+  void (*swiglu_backward)(float *dgu, const float *dout, const float *gu, int64_t n, int64_t inter);
+
+  /* Draft block attention (training and decoding). n_blocks blocks of g query slots; block b
+   * sees the first ctx_len[b] context keys (positions 0 .. ctx_len[b]-1 of its sequence) and
+   * all g keys of its own block (bidirectional), nothing else. ctx_len[b] < 0 marks a dropped
+   * block: it sees no key at all and its output is 0 (finite, never NaN). ctx_len[b] > n_ctx
+   * is a caller bug (DS_CHECK).
+   *   q:            [n_blocks * g, n_heads * head_dim]      (roped)
+   *   k_ctx, v_ctx: [n_ctx, n_kv_heads * head_dim]           (keys roped), shared by all blocks
+   *   k_blk, v_blk: [n_blocks * g, n_kv_heads * head_dim]   (keys roped)
+   *   out:          [n_blocks * g, n_heads * head_dim]      overwritten
+   *   lse:          [n_blocks * g, n_heads]  log-sum-exp of each softmax row, saved for the
+   *                 backward (which recomputes the probabilities instead of storing them);
+   *                 -inf for dropped blocks; may be NULL in inference. */
+  void (*block_attention)(float *out, float *lse, const float *q, const float *k_ctx, const float *v_ctx,
+                          const float *k_blk, const float *v_blk, const int64_t *ctx_len, int64_t n_ctx,
+                          int64_t n_blocks, int64_t g, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                          float scale);
+  /* Its backward: accumulates into dq, dk_ctx, dv_ctx, dk_blk, dv_blk (same shapes as the
+   * forward's inputs; NULL skips one) from dout [n_blocks * g, n_heads * head_dim], using the
+   * forward's out and lse (required here). Probabilities are recomputed from lse, so scratch
+   * is O(g * (n_ctx + g)) per thread (plus, in the cpu backend, two [max ctx_len, head_dim]
+   * buffers per kv head and part of the blocks when several threads share a kv head). Dropped blocks
+   * contribute nothing. Results are bitwise reproducible for a given thread count. */
+  void (*block_attention_backward)(float *dq, float *dk_ctx, float *dv_ctx, float *dk_blk, float *dv_blk,
+                                   const float *dout, const float *out, const float *lse, const float *q,
+                                   const float *k_ctx, const float *v_ctx, const float *k_blk, const float *v_blk,
+                                   const int64_t *ctx_len, int64_t n_ctx, int64_t n_blocks, int64_t g,
+                                   int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale);
 } ds_backend;
 
 const ds_backend *ds_backend_cpu(void);

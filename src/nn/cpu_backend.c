@@ -1,9 +1,12 @@
-/* CPU backend: BLAS sgemm for the matmuls, OpenMP loops for the rest. */
+/* CPU backend: BLAS sgemm for the matmuls, OpenMP loops for the rest. Each forward kernel sits
+ * next to its backward; the attention kernels live in cpu_attention.c. Backward kernels ADD
+ * into the gradient buffers they are given (NULL skips one); see include/dspark/backend.h. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dspark/backend.h"
+#include "nn/cpu_kernels.h"
 
 #ifdef DSPARK_USE_BLAS
 #include <cblas.h>
@@ -12,65 +15,97 @@
 #include <omp.h>
 #endif
 
-/* C[m, n] = A[m, k] (row stride lda) @ B[n, k]^T (row stride ldb), C row stride ldc; beta 0 or 1. */
-static void sgemm_nt(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B, int64_t ldb,
-                     float beta, float *C, int64_t ldc) {
+/* C[m, n] = op(A)[m, k] @ op(B)[k, n] + beta * C (contract in cpu_kernels.h). */
+void ds_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
+                  int64_t ldb, float beta, float *C, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    if (beta == 0.0f)
+      for (int64_t i = 0; i < m; i++) memset(C + i * ldc, 0, (size_t)n * sizeof(float));
+    return;
+  }
 #ifdef DSPARK_USE_BLAS
-  if (m == 1) {
+  if (m == 1 && !ta && tb) { /* one row: GEMV is faster than a 1-row GEMM */
     cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)n, (blasint)k, 1.0f, B, (blasint)ldb, A, 1, beta, C, 1);
     return;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)m, (blasint)n, (blasint)k, 1.0f, A, (blasint)lda,
-              B, (blasint)ldb, beta, C, (blasint)ldc);
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)m,
+              (blasint)n, (blasint)k, 1.0f, A, (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
 #else
-#pragma omp parallel for collapse(2) schedule(static) if (m * n * k > 65536)
-  for (int64_t i = 0; i < m; i++)
-    for (int64_t j = 0; j < n; j++) {
-      const float *a = A + i * lda, *b = B + j * ldb;
-      float s = 0.0f;
-      for (int64_t p = 0; p < k; p++) s += a[p] * b[p];
-      C[i * ldc + j] = (beta != 0.0f ? C[i * ldc + j] : 0.0f) + s;
-    }
-#endif
-}
-
-/* C[m, n] = A[m, k] (row stride lda) @ B[k, n] (row stride ldb); overwrites C (stride ldc). */
-static void sgemm_nn(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B, int64_t ldb,
-                     float *C, int64_t ldc) {
-#ifdef DSPARK_USE_BLAS
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)n, (blasint)k, 1.0f, A, (blasint)lda,
-              B, (blasint)ldb, 0.0f, C, (blasint)ldc);
-#else
+  DS_OMP(parallel for schedule(static) if (m * n * k > 65536))
   for (int64_t i = 0; i < m; i++) {
     float *c = C + i * ldc;
-    for (int64_t j = 0; j < n; j++) c[j] = 0.0f;
-    for (int64_t p = 0; p < k; p++) {
-      float a = A[i * lda + p];
-      const float *b = B + p * ldb;
-      for (int64_t j = 0; j < n; j++) c[j] += a * b[j];
+    if (tb) { /* dot products with the rows of B */
+      for (int64_t j = 0; j < n; j++) {
+        const float *b = B + j * ldb;
+        float s = 0.0f;
+        for (int64_t p = 0; p < k; p++) s += (ta ? A[p * lda + i] : A[i * lda + p]) * b[p];
+        c[j] = (beta != 0.0f ? c[j] : 0.0f) + s;
+      }
+    } else { /* row i of C accumulates rows of B */
+      if (beta == 0.0f) memset(c, 0, (size_t)n * sizeof(float));
+      for (int64_t p = 0; p < k; p++) {
+        float a = ta ? A[p * lda + i] : A[i * lda + p];
+        const float *b = B + p * ldb;
+        for (int64_t j = 0; j < n; j++) c[j] += a * b[j];
+      }
     }
   }
 #endif
 }
 
+int ds_cpu_threads(void) {
+#ifdef DSPARK_USE_OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+/* ---------------------------------------------------------------- linear */
+
+/* y[n, out] = x[n, in] @ w[out, in]^T (+ bias[out]). */
 static void cpu_linear(float *y, const float *x, const float *w, const float *bias, int64_t n, int64_t in,
                        int64_t out) {
   float beta = 0.0f;
   if (bias) {
-#pragma omp parallel for schedule(static) if (n * out > 65536)
+    DS_OMP(parallel for schedule(static) if (n * out > 65536))
     for (int64_t i = 0; i < n; i++) memcpy(y + i * out, bias, (size_t)out * sizeof(float));
     beta = 1.0f;
   }
-  sgemm_nt(n, out, in, x, in, w, in, beta, y, out);
+  ds_cpu_sgemm(0, 1, n, out, in, x, in, w, in, beta, y, out);
 }
 
+enum { COL_CHUNK = 64 }; /* columns per task when summing over rows */
+
+/* dx[n, in] += dy[n, out] @ w[out, in];  dw[out, in] += dy^T @ x[n, in];  db[out] += sum_n dy. */
+static void cpu_linear_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
+                                int64_t n, int64_t in, int64_t out) {
+  if (dx) ds_cpu_sgemm(0, 0, n, in, out, dy, out, w, in, 1.0f, dx, in);
+  if (dw) ds_cpu_sgemm(1, 0, out, in, n, dy, out, x, in, 1.0f, dw, in);
+  if (db) {
+    /* Each task owns COL_CHUNK columns and sums the rows in order: no race, fixed order. */
+    DS_OMP(parallel for schedule(static) if (n * out > 65536))
+    for (int64_t o0 = 0; o0 < out; o0 += COL_CHUNK) {
+      int64_t oc = out - o0 < COL_CHUNK ? out - o0 : COL_CHUNK;
+      float acc[COL_CHUNK] = {0};
+      for (int64_t i = 0; i < n; i++)
+        for (int64_t o = 0; o < oc; o++) acc[o] += dy[i * out + o0 + o];
+      for (int64_t o = 0; o < oc; o++) db[o0 + o] += acc[o];
+    }
+  }
+}
+
+/* ---------------------------------------------------------------- rmsnorm */
+
+/* y[n, d] = w[d] * (x * rstd), rstd[n] = 1 / sqrt(mean(x^2) + eps) saved for the backward. */
 static void cpu_rmsnorm(float *y, float *rstd, const float *x, const float *w, int64_t n, int64_t d, float eps) {
-#pragma omp parallel for schedule(static) if (n * d > 32768)
+  DS_OMP(parallel for schedule(static) if (n * d > 32768))
   for (int64_t i = 0; i < n; i++) {
     const float *xi = x + i * d;
     float *yi = y + i * d;
     float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
+    DS_OMP(simd reduction(+ : ss))
     for (int64_t j = 0; j < d; j++) ss += xi[j] * xi[j];
     float r = 1.0f / sqrtf(ss / (float)d + eps);
     if (rstd) rstd[i] = r;
@@ -79,18 +114,51 @@ static void cpu_rmsnorm(float *y, float *rstd, const float *x, const float *w, i
   }
 }
 
-static void cpu_rope(float *x, int64_t stride, const int64_t *pos, const float *inv_freq, int64_t n, int64_t heads,
-                     int64_t head_dim) {
+/* dx[n, d] += rstd * (w*dy - x * rstd^2 * mean(w*dy*x));  dw[d] += sum_n dy * x * rstd. */
+static void cpu_rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, const float *w,
+                                 const float *rstd, int64_t n, int64_t d) {
+  if (dx) {
+    DS_OMP(parallel for schedule(static) if (n * d > 32768))
+    for (int64_t i = 0; i < n; i++) {
+      const float *xi = x + i * d, *dyi = dy + i * d;
+      float *dxi = dx + i * d;
+      float dot = 0.0f;
+      DS_OMP(simd reduction(+ : dot))
+      for (int64_t j = 0; j < d; j++) dot += w[j] * dyi[j] * xi[j];
+      float r = rstd[i], c = dot * r * r / (float)d;
+      for (int64_t j = 0; j < d; j++) dxi[j] += r * (w[j] * dyi[j] - xi[j] * c);
+    }
+  }
+  if (dw) {
+    DS_OMP(parallel for schedule(static) if (n * d > 32768))
+    for (int64_t j0 = 0; j0 < d; j0 += COL_CHUNK) {
+      int64_t jc = d - j0 < COL_CHUNK ? d - j0 : COL_CHUNK;
+      float acc[COL_CHUNK] = {0};
+      for (int64_t i = 0; i < n; i++) {
+        const float *xi = x + i * d + j0, *dyi = dy + i * d + j0;
+        float r = rstd[i];
+        for (int64_t j = 0; j < jc; j++) acc[j] += dyi[j] * (xi[j] * r);
+      }
+      for (int64_t j = 0; j < jc; j++) dw[j0 + j] += acc[j];
+    }
+  }
+}
+
+/* ---------------------------------------------------------------- rope */
+
+/* Rotates x[n, heads, head_dim] (row stride `stride`) in place by sign * angle, angle = pos * inv_freq
+ * in fp32 (as transformers computes inv_freq @ position_ids); pairs (i, i + head_dim/2). */
+static void rope_rotate(float *x, int64_t stride, const int64_t *pos, const float *inv_freq, int64_t n,
+                        int64_t heads, int64_t head_dim, float sign) {
   int64_t half = head_dim / 2;
-#pragma omp parallel for schedule(static) if (n * heads * head_dim > 32768)
+  DS_OMP(parallel for schedule(static) if (n * heads * head_dim > 32768))
   for (int64_t t = 0; t < n; t++) {
     float cs[1024], sn[1024]; /* head_dim <= 2048 is checked at model load */
     float p = (float)pos[t];
     for (int64_t i = 0; i < half; i++) {
-      /* fp32 angle, as transformers computes inv_freq @ position_ids in fp32. */
       float ang = p * inv_freq[i];
       cs[i] = cosf(ang);
-      sn[i] = sinf(ang);
+      sn[i] = sign * sinf(ang);
     }
     for (int64_t h = 0; h < heads; h++) {
       float *v = x + t * stride + h * head_dim;
@@ -103,52 +171,23 @@ static void cpu_rope(float *x, int64_t stride, const int64_t *pos, const float *
   }
 }
 
-enum { ATTN_QCHUNK = 64 };
-
-static void cpu_attention_causal(float *out, const float *q, int64_t q_stride, const float *k, const float *v,
-                                 int64_t n, int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv_heads,
-                                 int64_t head_dim, float scale) {
-  int64_t group = n_heads / n_kv_heads;
-  int64_t n_chunks = (n + ATTN_QCHUNK - 1) / ATTN_QCHUNK;
-  int64_t out_stride = n_heads * head_dim;
-#pragma omp parallel
-  {
-    /* Scores for one (head, query chunk): [ATTN_QCHUNK, past + n]. */
-    float *scores = malloc((size_t)ATTN_QCHUNK * (size_t)(past + n) * sizeof(float));
-#pragma omp for collapse(2) schedule(dynamic)
-    for (int64_t h = 0; h < n_heads; h++)
-      for (int64_t c = 0; c < n_chunks; c++) {
-        if (!scores) continue; /* allocation failed: checked after the region */
-        int64_t q0 = c * ATTN_QCHUNK, qn = n - q0 < ATTN_QCHUNK ? n - q0 : ATTN_QCHUNK;
-        int64_t kend = past + q0 + qn; /* keys visible to the last query of the chunk */
-        const float *kh = k + (h / group) * cap * head_dim;
-        const float *vh = v + (h / group) * cap * head_dim;
-        sgemm_nt(qn, kend, head_dim, q + q0 * q_stride + h * head_dim, q_stride, kh, head_dim, 0.0f, scores, kend);
-        for (int64_t i = 0; i < qn; i++) {
-          float *s = scores + i * kend;
-          int64_t visible = past + q0 + i + 1;
-          float mx = -INFINITY;
-          for (int64_t j = 0; j < visible; j++) {
-            s[j] *= scale;
-            mx = s[j] > mx ? s[j] : mx;
-          }
-          float sum = 0.0f;
-          for (int64_t j = 0; j < visible; j++) {
-            s[j] = expf(s[j] - mx);
-            sum += s[j];
-          }
-          float inv = 1.0f / sum;
-          for (int64_t j = 0; j < visible; j++) s[j] *= inv;
-          for (int64_t j = visible; j < kend; j++) s[j] = 0.0f;
-        }
-        sgemm_nn(qn, head_dim, kend, scores, kend, vh, head_dim, out + q0 * out_stride + h * head_dim, out_stride);
-      }
-    free(scores);
-  }
+/* x[n, heads, head_dim] (row stride `stride`) rotated in place. */
+static void cpu_rope(float *x, int64_t stride, const int64_t *pos, const float *inv_freq, int64_t n, int64_t heads,
+                     int64_t head_dim) {
+  rope_rotate(x, stride, pos, inv_freq, n, heads, head_dim, 1.0f);
 }
 
+/* dx[n, heads, head_dim] (row stride `stride`) rotated back in place: the transpose of rope. */
+static void cpu_rope_backward(float *dx, int64_t stride, const int64_t *pos, const float *inv_freq, int64_t n,
+                              int64_t heads, int64_t head_dim) {
+  rope_rotate(dx, stride, pos, inv_freq, n, heads, head_dim, -1.0f);
+}
+
+/* ---------------------------------------------------------------- swiglu */
+
+/* out[n, I] = silu(gu[n, 0:I]) * gu[n, I:2I]. */
 static void cpu_swiglu(float *out, const float *gu, int64_t n, int64_t inter) {
-#pragma omp parallel for schedule(static) if (n * inter > 32768)
+  DS_OMP(parallel for schedule(static) if (n * inter > 32768))
   for (int64_t i = 0; i < n; i++) {
     const float *g = gu + i * 2 * inter, *u = g + inter;
     float *o = out + i * inter;
@@ -156,8 +195,25 @@ static void cpu_swiglu(float *out, const float *gu, int64_t n, int64_t inter) {
   }
 }
 
+/* dgu[n, 2I] += (dout * up * silu'(gate) | dout * silu(gate)), silu'(g) = s (1 + g (1 - s)), s = sigmoid(g). */
+static void cpu_swiglu_backward(float *dgu, const float *dout, const float *gu, int64_t n, int64_t inter) {
+  DS_OMP(parallel for schedule(static) if (n * inter > 32768))
+  for (int64_t i = 0; i < n; i++) {
+    const float *g = gu + i * 2 * inter, *u = g + inter, *d = dout + i * inter;
+    float *dg = dgu + i * 2 * inter, *du = dg + inter;
+    for (int64_t j = 0; j < inter; j++) {
+      float s = 1.0f / (1.0f + expf(-g[j]));
+      dg[j] += d[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
+      du[j] += d[j] * g[j] * s;
+    }
+  }
+}
+
+/* ---------------------------------------------------------------- add */
+
+/* y[n] += x[n] */
 static void cpu_add(float *y, const float *x, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+  DS_OMP(parallel for simd schedule(static) if (n > 65536))
   for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
@@ -166,9 +222,15 @@ static const ds_backend k_cpu = {
     .linear = cpu_linear,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
-    .attention_causal = cpu_attention_causal,
+    .attention_causal = ds_cpu_attention_causal,
     .swiglu = cpu_swiglu,
     .add = cpu_add,
+    .linear_backward = cpu_linear_backward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .rope_backward = cpu_rope_backward,
+    .swiglu_backward = cpu_swiglu_backward,
+    .block_attention = ds_cpu_block_attention,
+    .block_attention_backward = ds_cpu_block_attention_backward,
 };
 
 const ds_backend *ds_backend_cpu(void) { return &k_cpu; }
@@ -189,13 +251,7 @@ void ds_set_num_threads(int n) {
 #endif
 }
 
-int ds_get_num_threads(void) {
-#ifdef DSPARK_USE_OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
+int ds_get_num_threads(void) { return ds_cpu_threads(); }
 
 const char *ds_blas_kernel_name(void) {
 #ifdef DSPARK_USE_BLAS

@@ -49,6 +49,65 @@ static void p_add(float *y, const float *x, int64_t n) {
   account(DS_KERNEL_ADD, t0, (double)n);
 }
 
+static void p_linear_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
+                              int64_t n, int64_t in, int64_t out) {
+  double t0 = ds_time_sec();
+  g_inner->linear_backward(dx, dw, db, dy, x, w, n, in, out);
+  double mm = 2.0 * (double)n * (double)in * (double)out;
+  account(DS_KERNEL_LINEAR_BWD, t0, (dx ? mm : 0) + (dw ? mm : 0) + (db ? (double)n * (double)out : 0));
+}
+
+static void p_rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, const float *w,
+                               const float *rstd, int64_t n, int64_t d) {
+  double t0 = ds_time_sec();
+  g_inner->rmsnorm_backward(dx, dw, dy, x, w, rstd, n, d);
+  account(DS_KERNEL_RMSNORM_BWD, t0, ((dx ? 7.0 : 0) + (dw ? 3.0 : 0)) * (double)n * (double)d);
+}
+
+static void p_rope_backward(float *dx, int64_t stride, const int64_t *pos, const float *inv_freq, int64_t n,
+                            int64_t heads, int64_t head_dim) {
+  double t0 = ds_time_sec();
+  g_inner->rope_backward(dx, stride, pos, inv_freq, n, heads, head_dim);
+  account(DS_KERNEL_ROPE_BWD, t0, 3.0 * (double)n * (double)heads * (double)head_dim);
+}
+
+static void p_swiglu_backward(float *dgu, const float *dout, const float *gu, int64_t n, int64_t inter) {
+  double t0 = ds_time_sec();
+  g_inner->swiglu_backward(dgu, dout, gu, n, inter);
+  account(DS_KERNEL_SWIGLU_BWD, t0, 12.0 * (double)n * (double)inter);
+}
+
+/* (query row, visible key) pairs of a block attention call, over all query heads. */
+static double block_attn_pairs(const int64_t *ctx_len, int64_t n_blocks, int64_t g, int64_t n_heads) {
+  double pairs = 0;
+  for (int64_t b = 0; b < n_blocks; b++)
+    if (ctx_len[b] >= 0) pairs += (double)(ctx_len[b] + g) * (double)g;
+  return pairs * (double)n_heads;
+}
+
+static void p_block_attention(float *out, float *lse, const float *q, const float *k_ctx, const float *v_ctx,
+                              const float *k_blk, const float *v_blk, const int64_t *ctx_len, int64_t n_ctx,
+                              int64_t n_blocks, int64_t g, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                              float scale) {
+  double t0 = ds_time_sec();
+  g_inner->block_attention(out, lse, q, k_ctx, v_ctx, k_blk, v_blk, ctx_len, n_ctx, n_blocks, g, n_heads, n_kv_heads,
+                           head_dim, scale);
+  /* QK^T and PV: 2 matmuls of 2 * head_dim flops per pair. */
+  account(DS_KERNEL_BLOCK_ATTN, t0, 4.0 * (double)head_dim * block_attn_pairs(ctx_len, n_blocks, g, n_heads));
+}
+
+static void p_block_attention_backward(float *dq, float *dk_ctx, float *dv_ctx, float *dk_blk, float *dv_blk,
+                                       const float *dout, const float *out, const float *lse, const float *q,
+                                       const float *k_ctx, const float *v_ctx, const float *k_blk, const float *v_blk,
+                                       const int64_t *ctx_len, int64_t n_ctx, int64_t n_blocks, int64_t g,
+                                       int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale) {
+  double t0 = ds_time_sec();
+  g_inner->block_attention_backward(dq, dk_ctx, dv_ctx, dk_blk, dv_blk, dout, out, lse, q, k_ctx, v_ctx, k_blk, v_blk,
+                                    ctx_len, n_ctx, n_blocks, g, n_heads, n_kv_heads, head_dim, scale);
+  /* Recomputed QK^T, dO V^T, dS K, dS^T Q, P^T dO: 5 matmuls. */
+  account(DS_KERNEL_BLOCK_ATTN_BWD, t0, 10.0 * (double)head_dim * block_attn_pairs(ctx_len, n_blocks, g, n_heads));
+}
+
 static ds_backend g_profiled = {
     .name = "profiled",
     .linear = p_linear,
@@ -57,6 +116,12 @@ static ds_backend g_profiled = {
     .attention_causal = p_attention,
     .swiglu = p_swiglu,
     .add = p_add,
+    .linear_backward = p_linear_backward,
+    .rmsnorm_backward = p_rmsnorm_backward,
+    .rope_backward = p_rope_backward,
+    .swiglu_backward = p_swiglu_backward,
+    .block_attention = p_block_attention,
+    .block_attention_backward = p_block_attention_backward,
 };
 
 const ds_backend *ds_backend_profiled(const ds_backend *inner, ds_profile *prof) {
@@ -66,15 +131,17 @@ const ds_backend *ds_backend_profiled(const ds_backend *inner, ds_profile *prof)
 }
 
 void ds_profile_print(const ds_profile *p, double total_seconds, FILE *f) {
-  static const char *names[DS_KERNEL_COUNT] = {"linear", "rmsnorm", "rope", "attention", "swiglu", "add"};
-  double accounted = 0;
+  static const char *names[DS_KERNEL_COUNT] = {"linear",     "rmsnorm",     "rope",     "attention",
+                                               "swiglu",     "add",         "linear_bwd", "rmsnorm_bwd",
+                                               "rope_bwd",   "swiglu_bwd",  "block_attn", "block_attn_bwd"};
+  double accounted = 0, total = total_seconds > 0 ? total_seconds : 1;
   for (int k = 0; k < DS_KERNEL_COUNT; k++) accounted += p->seconds[k];
-  fprintf(f, "%-10s %8s %10s %7s %10s\n", "kernel", "calls", "seconds", "share", "GFLOP/s");
+  fprintf(f, "%-14s %8s %10s %7s %10s\n", "kernel", "calls", "seconds", "share", "GFLOP/s");
   for (int k = 0; k < DS_KERNEL_COUNT; k++) {
     if (!p->calls[k]) continue;
-    fprintf(f, "%-10s %8lld %10.4f %6.1f%% %10.2f\n", names[k], (long long)p->calls[k], p->seconds[k],
-            100.0 * p->seconds[k] / (total_seconds > 0 ? total_seconds : 1), p->flops[k] / (p->seconds[k] > 0 ? p->seconds[k] : 1e-12) / 1e9);
+    fprintf(f, "%-14s %8lld %10.4f %6.1f%% %10.2f\n", names[k], (long long)p->calls[k], p->seconds[k],
+            100.0 * p->seconds[k] / total, p->flops[k] / (p->seconds[k] > 0 ? p->seconds[k] : 1e-12) / 1e9);
   }
-  fprintf(f, "%-10s %8s %10.4f %6.1f%%\n", "other", "", total_seconds - accounted,
-          100.0 * (total_seconds - accounted) / (total_seconds > 0 ? total_seconds : 1));
+  fprintf(f, "%-14s %8s %10.4f %6.1f%%\n", "other", "", total_seconds - accounted,
+          100.0 * (total_seconds - accounted) / total);
 }

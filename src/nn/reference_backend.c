@@ -1,10 +1,13 @@
 /* Naive reference kernels: plain loops with double accumulation, written for clarity, used
- * by the tests to check the optimized backend. Never used on a hot path. */
+ * by the tests to check the optimized backend. Never used on a hot path. Each forward sits
+ * next to its backward; backward kernels ADD into the gradient buffers they are given and
+ * skip the NULL ones (include/dspark/backend.h). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dspark/backend.h"
+#include "dspark/common.h"
 
 static void ref_linear(float *y, const float *x, const float *w, const float *bias, int64_t n, int64_t in,
                        int64_t out) {
@@ -14,6 +17,28 @@ static void ref_linear(float *y, const float *x, const float *w, const float *bi
       for (int64_t p = 0; p < in; p++) s += (double)x[i * in + p] * w[o * in + p];
       y[i * out + o] = (float)s;
     }
+}
+
+/* dx[n, in] += dy[n, out] @ w[out, in];  dw[out, in] += dy^T @ x;  db[out] += sum_n dy. */
+static void ref_linear_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
+                                int64_t n, int64_t in, int64_t out) {
+  for (int64_t i = 0; dx && i < n; i++)
+    for (int64_t p = 0; p < in; p++) {
+      double s = 0.0;
+      for (int64_t o = 0; o < out; o++) s += (double)dy[i * out + o] * w[o * in + p];
+      dx[i * in + p] += (float)s;
+    }
+  for (int64_t o = 0; dw && o < out; o++)
+    for (int64_t p = 0; p < in; p++) {
+      double s = 0.0;
+      for (int64_t i = 0; i < n; i++) s += (double)dy[i * out + o] * x[i * in + p];
+      dw[o * in + p] += (float)s;
+    }
+  for (int64_t o = 0; db && o < out; o++) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++) s += dy[i * out + o];
+    db[o] += (float)s;
+  }
 }
 
 static void ref_rmsnorm(float *y, float *rstd, const float *x, const float *w, int64_t n, int64_t d, float eps) {
@@ -26,19 +51,52 @@ static void ref_rmsnorm(float *y, float *rstd, const float *x, const float *w, i
   }
 }
 
-static void ref_rope(float *x, int64_t stride, const int64_t *pos, const float *inv_freq, int64_t n, int64_t heads,
-                     int64_t head_dim) {
+/* With r = rstd[i] (the forward's): y_j = w_j x_j r and dr/dx_k = -r^3 x_k / d, so
+ * dx[n, d] += r (w dy - x r^2 mean(w dy x));  dw[d] += sum_n dy x r. */
+static void ref_rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, const float *w,
+                                 const float *rstd, int64_t n, int64_t d) {
+  for (int64_t i = 0; dx && i < n; i++) {
+    const float *xi = x + i * d, *dyi = dy + i * d;
+    double r = rstd[i], dot = 0.0;
+    for (int64_t j = 0; j < d; j++) dot += (double)w[j] * dyi[j] * xi[j];
+    for (int64_t j = 0; j < d; j++)
+      dx[i * d + j] += (float)(r * ((double)w[j] * dyi[j] - xi[j] * r * r * dot / (double)d));
+  }
+  for (int64_t j = 0; dw && j < d; j++) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++) s += (double)dy[i * d + j] * x[i * d + j] * rstd[i];
+    dw[j] += (float)s;
+  }
+}
+
+/* Rotates x[n, heads, head_dim] (row stride `stride`) in place by sign * angle; the angle is
+ * pos * inv_freq rounded to fp32 as transformers computes it, its cos/sin in double. */
+static void ref_rope_rotate(float *x, int64_t stride, const int64_t *pos, const float *inv_freq, int64_t n,
+                            int64_t heads, int64_t head_dim, double sign) {
   int64_t half = head_dim / 2;
   for (int64_t t = 0; t < n; t++)
     for (int64_t h = 0; h < heads; h++) {
       float *v = x + t * stride + h * head_dim;
       for (int64_t i = 0; i < half; i++) {
-        double ang = (double)pos[t] * inv_freq[i];
+        double ang = (double)((float)pos[t] * inv_freq[i]);
+        double c = cos(ang), s = sign * sin(ang);
         double a = v[i], b = v[i + half];
-        v[i] = (float)(a * cos(ang) - b * sin(ang));
-        v[i + half] = (float)(b * cos(ang) + a * sin(ang));
+        v[i] = (float)(a * c - b * s);
+        v[i + half] = (float)(b * c + a * s);
       }
     }
+}
+
+/* x[n, heads, head_dim] rotated in place (pairs i, i + head_dim/2). */
+static void ref_rope(float *x, int64_t stride, const int64_t *pos, const float *inv_freq, int64_t n, int64_t heads,
+                     int64_t head_dim) {
+  ref_rope_rotate(x, stride, pos, inv_freq, n, heads, head_dim, 1.0);
+}
+
+/* dx[n, heads, head_dim] rotated back in place (the transpose of the rotation). */
+static void ref_rope_backward(float *dx, int64_t stride, const int64_t *pos, const float *inv_freq, int64_t n,
+                              int64_t heads, int64_t head_dim) {
+  ref_rope_rotate(dx, stride, pos, inv_freq, n, heads, head_dim, -1.0);
 }
 
 static void ref_attention_causal(float *out, const float *q, int64_t q_stride, const float *k, const float *v,
@@ -77,8 +135,132 @@ static void ref_swiglu(float *out, const float *gu, int64_t n, int64_t inter) {
     }
 }
 
+/* dgu[n, 2I] += (dout * up * silu'(gate) | dout * silu(gate)), silu'(g) = s (1 + g (1 - s)). */
+static void ref_swiglu_backward(float *dgu, const float *dout, const float *gu, int64_t n, int64_t inter) {
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < inter; j++) {
+      double g = gu[i * 2 * inter + j], u = gu[i * 2 * inter + inter + j], d = dout[i * inter + j];
+      double s = 1.0 / (1.0 + exp(-g));
+      dgu[i * 2 * inter + j] += (float)(d * u * s * (1.0 + g * (1.0 - s)));
+      dgu[i * 2 * inter + inter + j] += (float)(d * g * s);
+    }
+}
+
 static void ref_add(float *y, const float *x, int64_t n) {
   for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+/* ---- block attention. Key t of block b (for kv head kvh) is context row t when t < ctx_len[b],
+ * else row b*g + (t - ctx_len[b]) of the block keys. */
+static const float *ref_key_row(const float *x_ctx, const float *x_blk, int64_t L, int64_t b, int64_t g, int64_t t,
+                                int64_t kvs, int64_t kvh, int64_t hd) {
+  return t < L ? x_ctx + t * kvs + kvh * hd : x_blk + (b * g + t - L) * kvs + kvh * hd;
+}
+
+/* p[0..L+g) = softmax over the visible keys of query row (block b, slot i, head h), in double;
+ * returns the log-sum-exp. */
+static double ref_block_probs(double *p, const float *q, const float *k_ctx, const float *k_blk, int64_t L, int64_t b,
+                              int64_t i, int64_t h, int64_t g, int64_t n_heads, int64_t n_kv_heads, int64_t hd,
+                              float scale) {
+  int64_t kvh = h / (n_heads / n_kv_heads), kvs = n_kv_heads * hd;
+  const float *qi = q + (b * g + i) * n_heads * hd + h * hd;
+  double mx = -INFINITY, sum = 0.0;
+  for (int64_t t = 0; t < L + g; t++) {
+    const float *kt = ref_key_row(k_ctx, k_blk, L, b, g, t, kvs, kvh, hd);
+    double s = 0.0;
+    for (int64_t e = 0; e < hd; e++) s += (double)qi[e] * kt[e];
+    p[t] = s * scale;
+    if (p[t] > mx) mx = p[t];
+  }
+  for (int64_t t = 0; t < L + g; t++) sum += (p[t] = exp(p[t] - mx));
+  for (int64_t t = 0; t < L + g; t++) p[t] /= sum;
+  return mx + log(sum);
+}
+
+/* out[n_blocks*g, n_heads*hd] = softmax(q k^T * scale over context 0..ctx_len[b]-1 and the
+ * block's own g keys) v; lse[n_blocks*g, n_heads]. Dropped blocks (ctx_len < 0): 0 and -inf. */
+static void ref_block_attention(float *out, float *lse, const float *q, const float *k_ctx, const float *v_ctx,
+                                const float *k_blk, const float *v_blk, const int64_t *ctx_len, int64_t n_ctx,
+                                int64_t n_blocks, int64_t g, int64_t n_heads, int64_t n_kv_heads, int64_t hd,
+                                float scale) {
+  int64_t kvs = n_kv_heads * hd, group = n_heads / n_kv_heads;
+  double *p = malloc((size_t)(n_ctx + g) * sizeof(double));
+  DS_CHECK(p != NULL);
+  for (int64_t b = 0; b < n_blocks; b++)
+    for (int64_t i = 0; i < g; i++)
+      for (int64_t h = 0; h < n_heads; h++) {
+        int64_t L = ctx_len[b], row = b * g + i;
+        float *o = out + row * n_heads * hd + h * hd;
+        if (L < 0) {
+          for (int64_t e = 0; e < hd; e++) o[e] = 0.0f;
+          if (lse) lse[row * n_heads + h] = -INFINITY;
+          continue;
+        }
+        DS_CHECK(L <= n_ctx);
+        double l = ref_block_probs(p, q, k_ctx, k_blk, L, b, i, h, g, n_heads, n_kv_heads, hd, scale);
+        if (lse) lse[row * n_heads + h] = (float)l;
+        for (int64_t e = 0; e < hd; e++) {
+          double s = 0.0;
+          for (int64_t t = 0; t < L + g; t++) s += p[t] * ref_key_row(v_ctx, v_blk, L, b, g, t, kvs, h / group, hd)[e];
+          o[e] = (float)s;
+        }
+      }
+  free(p);
+}
+
+/* Recomputes the probabilities in double (out and lse are not needed here) and, per query row:
+ *   dP_t = dO . v_t,  dS_t = P_t (dP_t - sum_u P_u dP_u),
+ *   dq += scale sum_t dS_t k_t,  dk_t += scale dS_t q,  dv_t += P_t dO,
+ * accumulated in double buffers that are added to the caller's at the end. */
+static void ref_block_attention_backward(float *dq, float *dk_ctx, float *dv_ctx, float *dk_blk, float *dv_blk,
+                                         const float *dout, const float *out, const float *lse, const float *q,
+                                         const float *k_ctx, const float *v_ctx, const float *k_blk,
+                                         const float *v_blk, const int64_t *ctx_len, int64_t n_ctx, int64_t n_blocks,
+                                         int64_t g, int64_t n_heads, int64_t n_kv_heads, int64_t hd, float scale) {
+  int64_t kvs = n_kv_heads * hd, qs = n_heads * hd, group = n_heads / n_kv_heads;
+  size_t nq = (size_t)(n_blocks * g * qs), nc = (size_t)(n_ctx * kvs), nb = (size_t)(n_blocks * g * kvs);
+  double *p = malloc((size_t)(n_ctx + g) * sizeof(double)), *dp = malloc((size_t)(n_ctx + g) * sizeof(double));
+  double *gq = calloc(nq + 1, sizeof(double)), *gkc = calloc(nc + 1, sizeof(double));
+  double *gvc = calloc(nc + 1, sizeof(double)), *gkb = calloc(nb + 1, sizeof(double));
+  double *gvb = calloc(nb + 1, sizeof(double));
+  DS_CHECK(p && dp && gq && gkc && gvc && gkb && gvb);
+  for (int64_t b = 0; b < n_blocks; b++) {
+    int64_t L = ctx_len[b];
+    if (L < 0) continue; /* dropped: no gradient */
+    DS_CHECK(L <= n_ctx);
+    for (int64_t i = 0; i < g; i++)
+      for (int64_t h = 0; h < n_heads; h++) {
+        int64_t row = b * g + i, kvh = h / group;
+        const float *qi = q + row * qs + h * hd, *doi = dout + row * qs + h * hd;
+        ref_block_probs(p, q, k_ctx, k_blk, L, b, i, h, g, n_heads, n_kv_heads, hd, scale);
+        double pdp = 0.0;
+        for (int64_t t = 0; t < L + g; t++) {
+          const float *vt = ref_key_row(v_ctx, v_blk, L, b, g, t, kvs, kvh, hd);
+          double s = 0.0;
+          for (int64_t e = 0; e < hd; e++) s += (double)doi[e] * vt[e];
+          dp[t] = s;
+          pdp += p[t] * s;
+        }
+        for (int64_t t = 0; t < L + g; t++) {
+          double ds = p[t] * (dp[t] - pdp) * scale;
+          const float *kt = ref_key_row(k_ctx, k_blk, L, b, g, t, kvs, kvh, hd);
+          /* key t's gradient rows: context row t or block row b*g + t - L */
+          double *gk = t < L ? gkc + t * kvs : gkb + (b * g + t - L) * kvs;
+          double *gv = t < L ? gvc + t * kvs : gvb + (b * g + t - L) * kvs;
+          for (int64_t e = 0; e < hd; e++) {
+            gq[row * qs + h * hd + e] += ds * kt[e];
+            gk[kvh * hd + e] += ds * qi[e];
+            gv[kvh * hd + e] += p[t] * doi[e];
+          }
+        }
+      }
+  }
+  for (size_t j = 0; dq && j < nq; j++) dq[j] += (float)gq[j];
+  for (size_t j = 0; dk_ctx && j < nc; j++) dk_ctx[j] += (float)gkc[j];
+  for (size_t j = 0; dv_ctx && j < nc; j++) dv_ctx[j] += (float)gvc[j];
+  for (size_t j = 0; dk_blk && j < nb; j++) dk_blk[j] += (float)gkb[j];
+  for (size_t j = 0; dv_blk && j < nb; j++) dv_blk[j] += (float)gvb[j];
+  free(p); free(dp); free(gq); free(gkc); free(gvc); free(gkb); free(gvb);
 }
 
 static const ds_backend k_reference = {
@@ -89,6 +271,12 @@ static const ds_backend k_reference = {
     .attention_causal = ref_attention_causal,
     .swiglu = ref_swiglu,
     .add = ref_add,
+    .linear_backward = ref_linear_backward,
+    .rmsnorm_backward = ref_rmsnorm_backward,
+    .rope_backward = ref_rope_backward,
+    .swiglu_backward = ref_swiglu_backward,
+    .block_attention = ref_block_attention,
+    .block_attention_backward = ref_block_attention_backward,
 };
 
 const ds_backend *ds_backend_reference(void) { return &k_reference; }

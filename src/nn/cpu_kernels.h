@@ -1,0 +1,43 @@
+/* Internal to the CPU backend: the sgemm helper that every matmul goes through, the OpenMP
+ * pragma macro, and the attention kernels (cpu_attention.c) that the table in cpu_backend.c
+ * points at. Not a public header. */
+#ifndef DSPARK_NN_CPU_KERNELS_H
+#define DSPARK_NN_CPU_KERNELS_H
+
+#include <stdint.h>
+
+/* DS_OMP(parallel for ...) is `#pragma omp parallel for ...` in OpenMP builds and nothing
+ * otherwise (no -Wunknown-pragmas noise, and the loops run serially). */
+#define DS_PRAGMA_(x) _Pragma(#x)
+#ifdef DSPARK_USE_OPENMP
+#define DS_OMP(...) DS_PRAGMA_(omp __VA_ARGS__)
+#else
+#define DS_OMP(...)
+#endif
+
+/* C[m, n] = op(A) @ op(B) + beta * C, row-major, op(X) = X^T when the flag is set:
+ *   op(A) is [m, k] (A stored [m, k] with row stride lda, or [k, m] when ta),
+ *   op(B) is [k, n] (B stored [k, n] with row stride ldb, or [n, k] when tb).
+ * beta is 0 (C overwritten, never read) or 1 (accumulate). Any zero size is allowed.
+ * OpenBLAS when built with it (single-threaded inside an OpenMP region), loops otherwise. */
+void ds_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
+                  int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* Threads the kernels' OpenMP regions use (1 without OpenMP). */
+int ds_cpu_threads(void);
+
+/* The attention entries of the cpu table; shapes and semantics in include/dspark/backend.h. */
+void ds_cpu_attention_causal(float *out, const float *q, int64_t q_stride, const float *k, const float *v, int64_t n,
+                             int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                             float scale);
+void ds_cpu_block_attention(float *out, float *lse, const float *q, const float *k_ctx, const float *v_ctx,
+                            const float *k_blk, const float *v_blk, const int64_t *ctx_len, int64_t n_ctx,
+                            int64_t n_blocks, int64_t g, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                            float scale);
+void ds_cpu_block_attention_backward(float *dq, float *dk_ctx, float *dv_ctx, float *dk_blk, float *dv_blk,
+                                     const float *dout, const float *out, const float *lse, const float *q,
+                                     const float *k_ctx, const float *v_ctx, const float *k_blk, const float *v_blk,
+                                     const int64_t *ctx_len, int64_t n_ctx, int64_t n_blocks, int64_t g,
+                                     int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale);
+
+#endif
