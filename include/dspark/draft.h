@@ -1,0 +1,121 @@
+/* The DSpark draft (spec/dspark.md sections 1-3): context projection fc + hidden_norm over
+ * the concatenated captured target layers, n_d Qwen3-style layers whose keys/values cover
+ * [context ; block], a final norm, frozen replicas of the target's embed_tokens and lm_head,
+ * a sequential (Markov) head (vanilla / gated / rnn, or none at rank 0) and a confidence head.
+ *
+ * Trainable parameters live in one fp32 buffer and their gradients in a second buffer of the
+ * same layout, so zeroing, clipping, AdamW and all-reduce are flat loops. */
+#ifndef DSPARK_DRAFT_H
+#define DSPARK_DRAFT_H
+
+#include "dspark/backend.h"
+#include "dspark/common.h"
+#include "dspark/hfconfig.h"
+#include "dspark/safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { DS_MARKOV_NONE = 0, DS_MARKOV_VANILLA, DS_MARKOV_GATED, DS_MARKOV_RNN } ds_markov_type;
+
+enum { DS_MAX_TARGET_LAYERS = 64 };
+
+typedef struct {
+  /* shapes shared with the target */
+  int64_t vocab_size, hidden_size, intermediate_size;
+  int64_t num_attention_heads, num_key_value_heads, head_dim;
+  double rms_norm_eps;
+  /* the target's rope (the draft's positions are the target's) */
+  ds_model_config rope_source;
+  /* draft */
+  int64_t num_layers;        /* n_d */
+  int64_t block_size;        /* g */
+  int64_t num_target_layers; /* L_T of the target, recorded for export */
+  int32_t target_layer_ids[DS_MAX_TARGET_LAYERS];
+  int n_target_layers;       /* m */
+  int32_t mask_token_id;
+  ds_markov_type markov_type;
+  int64_t markov_rank;       /* r; 0 <=> DS_MARKOV_NONE */
+  int enable_confidence_head;
+  int confidence_head_with_markov;
+  int64_t num_anchors;       /* anchors per sequence in training (recorded for export) */
+} ds_draft_config;
+
+const char *ds_markov_type_name(ds_markov_type t);
+/* "none", "vanilla", "gated", "rnn"; an unknown name is an error naming it. */
+ds_status ds_markov_type_parse(const char *name, ds_markov_type *out);
+/* Validates a config (ranks, ids, sizes) with messages naming the option. */
+ds_status ds_draft_config_check(const ds_draft_config *c);
+/* Default draft config for a target: spec defaults (g 7, r 256, vanilla, confidence head with
+ * Markov input, m target layers spread evenly over [1, L-2], n_d layers). */
+ds_status ds_draft_config_default(const ds_model_config *target, int64_t num_layers, int n_target_layers,
+                                  ds_draft_config *out);
+
+typedef struct ds_draft ds_draft;
+
+/* Creates a draft with seeded random trainable weights (normal(0, 0.02) matrices, ones for
+ * norms, zeros for biases) and COPIES of the given frozen tables embed/lm_head [V, d]. */
+ds_status ds_draft_new(const ds_draft_config *cfg, const float *embed, const float *lm_head, uint64_t seed,
+                       const ds_backend *backend, ds_draft **out);
+void ds_draft_free(ds_draft *d);
+const ds_draft_config *ds_draft_get_config(const ds_draft *d);
+
+/* Flat trainable parameters and gradients (same layout). */
+float *ds_draft_params(ds_draft *d);
+float *ds_draft_grads(ds_draft *d);
+size_t ds_draft_num_params(const ds_draft *d);
+void ds_draft_zero_grads(ds_draft *d);
+const float *ds_draft_embed(const ds_draft *d);
+const float *ds_draft_lm_head(const ds_draft *d);
+
+/* Named views of every tensor (trainable and frozen) with its HF export name and shape, in
+ * export order; used by checkpoints and export. */
+typedef struct {
+  const char *name; /* e.g. "layers.0.self_attn.q_proj.weight" */
+  float *data;
+  float *grad;      /* NULL for frozen tensors */
+  int ndim;
+  int64_t shape[2];
+} ds_draft_tensor;
+size_t ds_draft_tensor_count(const ds_draft *d);
+const ds_draft_tensor *ds_draft_tensor_at(const ds_draft *d, size_t i);
+
+/* One training sequence with its anchors. Rows of the block batch are b*g + k. */
+typedef struct {
+  int64_t T;
+  const float *ctx;          /* [T, m*d] captured target layers (feature order = target_layer_ids) */
+  const float *last;         /* [T, d] target final-normed hidden state; NULL: no teacher (CE only) */
+  const int32_t *ids;        /* [T] */
+  int64_t n_blocks;
+  const int64_t *anchors;    /* [n_blocks] anchor positions in [0, T-2] */
+  const uint8_t *block_keep; /* [n_blocks] 0 = dropped (dummy) block */
+  const uint8_t *eval_mask;  /* [n_blocks * g] supervision prefix per block (spec section 5) */
+} ds_draft_seq;
+
+/* Runs the draft over the blocks of one sequence with teacher forcing and writes
+ * logits [n_blocks*g, V] (base logits plus the Markov bias of the teacher-forced previous
+ * token) and, when the confidence head is on, conf_logits [n_blocks*g]. Either may be NULL.
+ * Inference only (no activations kept). Memory: the caller's logits buffer is the only
+ * [rows, V] tensor. */
+ds_status ds_draft_forward_blocks(ds_draft *d, const ds_draft_seq *seq, float *logits, float *conf_logits);
+
+/* Writes the HF draft layout of spec section 7 into out_dir: config.json (the target's
+ * config.json object, target_config_json, plus the draft keys) and model.safetensors (F32,
+ * names without a "model." prefix). Both files are written atomically. */
+ds_status ds_draft_export_hf(const ds_draft *d, const char *target_config_json, const char *out_dir);
+/* The exported config.json text (malloc'd): the target's config plus the draft keys. */
+ds_status ds_draft_hf_config_json(const ds_draft *d, const char *target_config_json, char **out);
+/* Loads such a directory (ours, or any writer of the same layout). */
+ds_status ds_draft_load_hf(const char *dir, const ds_backend *backend, ds_draft **out);
+/* Reads every tensor of the draft (trainable and frozen) from st, named prefix + export name;
+ * shapes must match exactly. */
+ds_status ds_draft_read_tensors(ds_draft *d, const ds_safetensors *st, const char *prefix);
+/* The draft keys of the exported config.json, parsed back (target fields included). */
+ds_status ds_draft_config_from_json(const char *json, size_t len, const char *label, ds_draft_config *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
+

