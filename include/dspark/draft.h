@@ -10,6 +10,7 @@
 
 #include "dspark/backend.h"
 #include "dspark/common.h"
+#include "dspark/dspark_loss.h"
 #include "dspark/hfconfig.h"
 #include "dspark/safetensors.h"
 
@@ -99,6 +100,16 @@ typedef struct {
  * Inference only (no activations kept). Memory: the caller's logits buffer is the only
  * [rows, V] tensor. */
 ds_status ds_draft_forward_blocks(ds_draft *d, const ds_draft_seq *seq, float *logits, float *conf_logits);
+
+/* One training micro-step on one sequence: forward, the DSpark loss fused with the lm_head
+ * matmul in row chunks of loss->chunk_rows (never a [rows, V] tensor for the whole batch),
+ * and, when with_backward, backward. Gradients ACCUMULATE into ds_draft_grads, scaled by
+ * grad_scale (pass 1 / global W over the whole step). The loss result and the per-position acceptance sums
+ * pos_accept[g] / pos_count[g] (may be NULL) ACCUMULATE too. seq->last == NULL trains CE
+ * only. A supervised target id outside the vocabulary is an error naming the position. */
+ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *seq, const ds_dspark_loss_config *loss,
+                            double grad_scale, int with_backward, ds_dspark_loss_result *result, double *pos_accept,
+                            double *pos_count);
 
 /* Writes the HF draft layout of spec section 7 into out_dir: config.json (the target's
  * config.json object, target_config_json, plus the draft keys) and model.safetensors (F32,

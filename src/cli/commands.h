@@ -7,6 +7,10 @@ int cmd_info(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_forward(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_train(int argc, char **argv);
+int cmd_export(int argc, char **argv);
+int cmd_loss(int argc, char **argv);
+int cmd_draft_forward(int argc, char **argv);
 
 /* Prints "dspark: <status>: <message>" for the thread's last error and returns 1. */
 int cli_report_error(const char *what);

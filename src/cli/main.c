@@ -16,6 +16,10 @@ static const command k_commands[] = {
     {"generate", cmd_generate, "generate text with a target model (greedy or sampled)"},
     {"forward", cmd_forward, "run the target over token ids; write logits and captured hidden states"},
     {"tokenize", cmd_tokenize, "encode text / decode ids with a tokenizer.json; ChatML rendering"},
+    {"train", cmd_train, "train a DSpark draft against the live target"},
+    {"export", cmd_export, "write a trained draft in the HF layout serving engines load"},
+    {"draft-forward", cmd_draft_forward, "run a draft on given features and anchors; logits, loss and gradients"},
+    {"loss", cmd_loss, "evaluate the DSpark loss and its gradients on tensors from a safetensors file"},
 };
 
 int cli_report_error(const char *what) {
@@ -26,7 +30,7 @@ int cli_report_error(const char *what) {
 static void usage(FILE *f) {
   fprintf(f, "usage: dspark COMMAND [options]   (dspark COMMAND --help for details)\n\ncommands:\n");
   for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
-    fprintf(f, "  %-10s %s\n", k_commands[i].name, k_commands[i].summary);
+    fprintf(f, "  %-14s %s\n", k_commands[i].name, k_commands[i].summary);
 }
 
 int main(int argc, char **argv) {

@@ -354,24 +354,29 @@ ds_status draft_forward(ds_draft *d, const ds_draft_seq *s) {
   return DS_OK;
 }
 
-void draft_block_logits(ds_draft *d, int64_t r0, int64_t c, float *logits) {
+void draft_block_logits(ds_draft *d, int64_t r0, int64_t c, float *logits, float *scratch) {
   const ds_draft_config *cfg = &d->cfg;
   int64_t dm = cfg->hidden_size, V = cfg->vocab_size, r = cfg->markov_rank;
   d->be->linear(logits, d->acts.h + r0 * dm, d->lm_head, NULL, c, dm, V);
   if (r > 0) {
-    /* logits += z @ W2^T, as a second matmul accumulating into the same rows. */
-    float *bias = ds_malloc_aligned((size_t)(c * V) * sizeof(float), "markov bias");
-    DS_CHECK(bias != NULL);
-    d->be->linear(bias, d->acts.z + r0 * r, d->w.markov_w2, NULL, c, r, V);
-    d->be->add(logits, bias, c * V);
-    ds_free_aligned(bias);
+    /* logits += z @ W2^T: the Markov bias of each slot's previous token. */
+    d->be->linear(scratch, d->acts.z + r0 * r, d->w.markov_w2, NULL, c, r, V);
+    d->be->add(logits, scratch, c * V);
   }
 }
 
 ds_status ds_draft_forward_blocks(ds_draft *d, const ds_draft_seq *seq, float *logits, float *conf_logits) {
   DS_TRY(draft_forward(d, seq));
-  int64_t R = seq->n_blocks * d->cfg.block_size;
-  if (logits) draft_block_logits(d, 0, R, logits);
+  int64_t R = seq->n_blocks * d->cfg.block_size, V = d->cfg.vocab_size;
+  if (logits) {
+    /* Row chunks keep the Markov-bias scratch at O(chunk * V). */
+    enum { CHUNK = 128 };
+    float *scratch = d->cfg.markov_rank > 0 ? ds_malloc_aligned((size_t)(CHUNK * V) * sizeof(float), "logit scratch") : NULL;
+    if (d->cfg.markov_rank > 0 && !scratch) return DS_ERR_NOMEM;
+    for (int64_t r0 = 0; r0 < R; r0 += CHUNK)
+      draft_block_logits(d, r0, R - r0 < CHUNK ? R - r0 : CHUNK, logits + r0 * V, scratch);
+    ds_free_aligned(scratch);
+  }
   if (conf_logits && d->cfg.enable_confidence_head) memcpy(conf_logits, d->acts.conf, (size_t)R * sizeof(float));
   return DS_OK;
 }

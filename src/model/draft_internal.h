@@ -110,8 +110,8 @@ struct ds_draft {
 ds_status draft_forward(ds_draft *d, const ds_draft_seq *seq);
 /* Heads on the final-normed h: fills acts.e / z / gate / rnn_* / conf. */
 void markov_head_forward(ds_draft *d, int64_t R);
-/* logits[c, V] = h[r0 .. r0+c) @ lm_head^T + z[...] @ W2^T */
-void draft_block_logits(ds_draft *d, int64_t r0, int64_t c, float *logits);
+/* logits[c, V] = h[r0 .. r0+c) @ lm_head^T + z[...] @ W2^T; scratch [c, V] (unused at rank 0). */
+void draft_block_logits(ds_draft *d, int64_t r0, int64_t c, float *logits, float *scratch);
 /* Backward of the heads: dz (R, r) and dconf (R) in; accumulates into dh (R, d) and the
  * head parameter gradients. dz may be NULL (no Markov head). */
 void markov_head_backward(ds_draft *d, int64_t R, float *dz, const float *dconf, float *dh);

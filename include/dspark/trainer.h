@@ -1,0 +1,66 @@
+/* The DSpark draft trainer (online: the live target runs on each batch). One call runs a
+ * whole training job into a run directory:
+ *   RUN/run.json              the full configuration (written at start)
+ *   RUN/target_config.json    the target's config.json (export needs it)
+ *   RUN/metrics.jsonl         one JSON object per step, and one per evaluation
+ *   RUN/checkpoint.safetensors the last completed step (atomic; see checkpoint.h)
+ * Data order, anchors and initialization are functions of (seed, step, sequence), so a run
+ * killed and resumed (resume = 1) continues the identical trajectory. */
+#ifndef DSPARK_TRAINER_H
+#define DSPARK_TRAINER_H
+
+#include "dspark/common.h"
+#include "dspark/draft.h"
+#include "dspark/dspark_loss.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  const char *target_dir;
+  const char *data_path;
+  const char *out_dir;
+  int resume;
+  /* data */
+  int64_t seq_len;          /* 512 */
+  int64_t eval_seqs;        /* held-out sequences taken from the end of the data (8) */
+  /* draft */
+  int64_t draft_layers;     /* n_d (1) */
+  int64_t block_size;       /* g (7) */
+  int n_target_layers;      /* m (5) */
+  int32_t target_layer_ids[DS_MAX_TARGET_LAYERS]; /* explicit list when n_explicit_layers > 0 */
+  int n_explicit_layers;
+  int32_t mask_token_id;    /* -1: the tokenizer's mask token */
+  ds_markov_type markov_type;
+  int64_t markov_rank;      /* 256 (0 with DS_MARKOV_NONE) */
+  int confidence_head;      /* 1 */
+  int confidence_with_markov; /* 1 */
+  int64_t num_anchors;      /* 512 */
+  /* loss */
+  ds_dspark_loss_config loss;
+  int no_teacher;           /* CE only (DFlash-style objective) */
+  /* optimization */
+  int64_t steps;            /* 100 */
+  int64_t batch_seqs;       /* sequences per step (4); each is one micro-batch */
+  double lr;                /* 6e-4 */
+  double warmup_frac;       /* 0.04 */
+  double weight_decay;      /* 0 */
+  double grad_clip;         /* 1.0 */
+  uint64_t seed;            /* 0 */
+  int skip_nonfinite;       /* 0: stop on a non-finite loss or gradient */
+  /* bookkeeping */
+  int64_t save_every;       /* checkpoint every N steps (50) and at the end */
+  int64_t eval_every;       /* evaluate every N steps (50), at step 0 and at the end */
+  int64_t stop_after;       /* stop (as if killed) after this many steps in this process; 0 = never */
+  int threads;              /* 0 = default */
+  int quiet;                /* no progress line */
+} ds_train_options;
+
+void ds_train_options_default(ds_train_options *o);
+ds_status ds_train_draft(const ds_train_options *o);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

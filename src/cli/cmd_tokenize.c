@@ -1,0 +1,262 @@
+/* dspark tokenize: encode text / decode ids with a HF tokenizer.json, render ChatML
+ * conversations, and time the encoder. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "dspark/fileio.h"
+#include "dspark/tokenizer.h"
+#include "io/json_util.h"
+
+static const char k_usage[] =
+    "usage: dspark tokenize TOKENIZER_JSON [--text STR | --input FILE] [--add-special] [--ids-out FILE.bin]\n"
+    "       dspark tokenize TOKENIZER_JSON --decode IDS.bin [--skip-special]\n"
+    "       dspark tokenize TOKENIZER_JSON --chat FILE.jsonl [--add-generation-prompt]\n"
+    "       dspark tokenize TOKENIZER_JSON --bench FILE [--split-nul] [--add-special]\n";
+
+static void help(void) {
+  printf("%s\n"
+         "Byte-level BPE tokenizer reading a Hugging Face tokenizer.json; ids are identical to\n"
+         "HF tokenizers' encode().\n"
+         "  --text STR        encode STR\n"
+         "  --input FILE      encode the contents of FILE (UTF-8)\n"
+         "  --add-special     apply the post-processor (e.g. Llama-3's <|begin_of_text|>), as\n"
+         "                    add_special_tokens=True\n"
+         "  --ids-out FILE    write the ids as raw int32 little-endian instead of printing them\n"
+         "  --decode FILE     decode raw int32 little-endian ids; the text goes to stdout\n"
+         "  --skip-special    with --decode: drop special tokens\n"
+         "  --chat FILE       each line {\"messages\": [{\"role\": ..., \"content\": ...}, ...]} is\n"
+         "                    rendered with ChatML; prints {\"ids\": [...], \"loss_mask\": [...]} per line\n"
+         "  --add-generation-prompt  with --chat: end with \"<|im_start|>assistant\\n\"\n"
+         "  --bench FILE      encode FILE three times; prints the best time and MB/s (1 MB = 1e6 bytes)\n"
+         "  --split-nul       with --bench: FILE holds documents separated by NUL bytes, one encode\n"
+         "                    call each\n",
+         k_usage);
+}
+
+static int write_ids(const char *path, const ds_ids *ids) {
+  unsigned char *buf = malloc(ids->len * 4 + 1);
+  if (!buf) {
+    fprintf(stderr, "dspark tokenize: out of memory\n");
+    return 1;
+  }
+  for (size_t i = 0; i < ids->len; i++) {
+    uint32_t v = (uint32_t)ids->ids[i];
+    for (int k = 0; k < 4; k++) buf[4 * i + (size_t)k] = (unsigned char)(v >> (8 * k));
+  }
+  ds_status st = ds_write_file_atomic(path, buf, ids->len * 4);
+  free(buf);
+  return st == DS_OK ? 0 : cli_report_error("tokenize");
+}
+
+static void print_ids(const char *key, const int32_t *v, size_t n, int json) {
+  if (json) printf("\"%s\": [", key);
+  for (size_t i = 0; i < n; i++) printf(i ? (json ? ", %d" : " %d") : "%d", (int)v[i]);
+  if (json) printf("]");
+}
+
+static int do_decode(const ds_tokenizer *tok, const char *path, int skip_special) {
+  char *data;
+  size_t len;
+  if (ds_read_file(path, &data, &len) != DS_OK) return cli_report_error("tokenize");
+  if (len % 4) {
+    fprintf(stderr, "dspark tokenize: %s: size %zu is not a multiple of 4 (int32 ids expected)\n", path, len);
+    free(data);
+    return 1;
+  }
+  size_t n = len / 4;
+  int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+  if (!ids) {
+    free(data);
+    fprintf(stderr, "dspark tokenize: out of memory\n");
+    return 1;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const unsigned char *p = (const unsigned char *)data + 4 * i;
+    ids[i] = (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+  }
+  free(data);
+  char *text;
+  size_t tlen;
+  ds_status st = ds_tokenizer_decode(tok, ids, n, skip_special, &text, &tlen);
+  free(ids);
+  if (st != DS_OK) return cli_report_error("tokenize");
+  fwrite(text, 1, tlen, stdout);
+  free(text);
+  return 0;
+}
+
+/* One conversation line -> messages (pointing into the cJSON tree). */
+static int chat_line(const ds_tokenizer *tok, const char *path, size_t lineno, const char *line, size_t len,
+                     int gen_prompt) {
+  char label[512];
+  snprintf(label, sizeof label, "%s:%zu", path, lineno);
+  ds_status st;
+  cJSON *root = ds_json_parse(line, len, label, &st);
+  if (!root) return cli_report_error("tokenize");
+  const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages"), *it;
+  int rc = 0;
+  ds_chat_message *m = NULL;
+  size_t n = 0;
+  if (!cJSON_IsArray(msgs)) {
+    fprintf(stderr, "dspark tokenize: %s: 'messages' must be an array\n", label);
+    rc = 1;
+  } else if (!(m = calloc((size_t)cJSON_GetArraySize(msgs) + 1, sizeof *m))) {
+    fprintf(stderr, "dspark tokenize: out of memory\n");
+    rc = 1;
+  }
+  if (!rc) cJSON_ArrayForEach(it, msgs) {
+      const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
+      const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
+      if (!cJSON_IsString(role) || !cJSON_IsString(content)) {
+        fprintf(stderr, "dspark tokenize: %s: messages[%zu] needs string 'role' and 'content'\n", label, n);
+        rc = 1;
+        break;
+      }
+      m[n].role = role->valuestring;
+      m[n].content = content->valuestring;
+      n++;
+    }
+  ds_ids ids = {0}, mask = {0};
+  if (!rc && ds_chat_encode_chatml(tok, m, n, gen_prompt, &ids, &mask) != DS_OK) rc = cli_report_error("tokenize");
+  if (!rc) {
+    printf("{");
+    print_ids("ids", ids.ids, ids.len, 1);
+    printf(", ");
+    print_ids("loss_mask", mask.ids, mask.len, 1);
+    printf("}\n");
+  }
+  ds_ids_free(&ids);
+  ds_ids_free(&mask);
+  free(m);
+  cJSON_Delete(root);
+  return rc;
+}
+
+static int do_chat(const ds_tokenizer *tok, const char *path, int gen_prompt) {
+  char *data;
+  size_t len;
+  if (ds_read_file(path, &data, &len) != DS_OK) return cli_report_error("tokenize");
+  int rc = 0;
+  size_t lineno = 0;
+  for (size_t i = 0; i < len && !rc;) {
+    const char *nl = memchr(data + i, '\n', len - i);
+    size_t end = nl ? (size_t)(nl - data) : len;
+    lineno++;
+    size_t k = i;
+    while (k < end && (data[k] == ' ' || data[k] == '\t' || data[k] == '\r')) k++;
+    if (k < end) rc = chat_line(tok, path, lineno, data + i, end - i, gen_prompt);
+    i = end + 1;
+  }
+  free(data);
+  return rc;
+}
+
+/* Times the encoding of FILE, best of three; with split_nul the file holds documents
+ * separated by NUL bytes, each encoded by its own call (as a data pipeline does). */
+static int do_bench(const ds_tokenizer *tok, const char *path, int add_special, int split_nul, double load_s) {
+  char *data;
+  size_t len;
+  if (ds_read_file(path, &data, &len) != DS_OK) return cli_report_error("tokenize");
+  double best = 1e30;
+  size_t n_tokens = 0, n_docs = 0;
+  ds_ids ids = {0};
+  for (int r = 0; r < 3; r++) {
+    ids.len = 0;
+    n_docs = 0;
+    ds_status st = DS_OK;
+    double t0 = ds_time_sec();
+    for (size_t i = 0; i <= len && st == DS_OK; n_docs++) {
+      const char *nul = split_nul ? memchr(data + i, 0, len - i) : NULL;
+      size_t end = nul ? (size_t)(nul - data) : len;
+      st = ds_tokenizer_encode(tok, data + i, end - i, add_special, &ids);
+      i = end + 1;
+    }
+    double dt = ds_time_sec() - t0;
+    n_tokens = ids.len;
+    if (st != DS_OK) {
+      ds_ids_free(&ids);
+      free(data);
+      return cli_report_error("tokenize");
+    }
+    if (dt < best) best = dt;
+  }
+  ds_ids_free(&ids);
+  free(data);
+  printf("{\"bytes\": %zu, \"documents\": %zu, \"tokens\": %zu, \"best_seconds\": %.6f, \"mb_per_s\": %.3f, "
+         "\"load_seconds\": %.4f}\n",
+         len, n_docs, n_tokens, best, best > 0 ? (double)len / 1e6 / best : 0.0, load_s);
+  return 0;
+}
+
+int cmd_tokenize(int argc, char **argv) {
+  const char *tok_path = NULL, *text = NULL, *input = NULL, *ids_out = NULL, *decode = NULL, *chat = NULL,
+             *bench = NULL;
+  int add_special = 0, skip_special = 0, gen_prompt = 0, split_nul = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char **dst = !strcmp(a, "--text") ? &text : !strcmp(a, "--input") ? &input
+                     : !strcmp(a, "--ids-out") ? &ids_out : !strcmp(a, "--decode") ? &decode
+                     : !strcmp(a, "--chat") ? &chat : !strcmp(a, "--bench") ? &bench : NULL;
+    if (cli_is_help(a)) {
+      help();
+      return 0;
+    } else if (dst) {
+      if (!(*dst = cli_value(argc, argv, &i))) return 2;
+    } else if (!strcmp(a, "--add-special")) {
+      add_special = 1;
+    } else if (!strcmp(a, "--skip-special")) {
+      skip_special = 1;
+    } else if (!strcmp(a, "--add-generation-prompt")) {
+      gen_prompt = 1;
+    } else if (!strcmp(a, "--split-nul")) {
+      split_nul = 1;
+    } else if (a[0] == '-' || tok_path) {
+      fprintf(stderr, "dspark tokenize: unexpected argument '%s' (see --help)\n", a);
+      return 2;
+    } else {
+      tok_path = a;
+    }
+  }
+  int modes = (text || input) + !!decode + !!chat + !!bench;
+  if (!tok_path || modes != 1 || (text && input)) {
+    fprintf(stderr, "%sgive the tokenizer and exactly one of --text/--input, --decode, --chat, --bench\n", k_usage);
+    return 2;
+  }
+  double t0 = ds_time_sec();
+  ds_tokenizer *tok;
+  if (ds_tokenizer_load(tok_path, &tok) != DS_OK) return cli_report_error("tokenize");
+  double load_s = ds_time_sec() - t0;
+  int rc = 0;
+  if (decode) {
+    rc = do_decode(tok, decode, skip_special);
+  } else if (chat) {
+    rc = do_chat(tok, chat, gen_prompt);
+  } else if (bench) {
+    rc = do_bench(tok, bench, add_special, split_nul, load_s);
+  } else {
+    char *data = NULL;
+    size_t len = text ? strlen(text) : 0;
+    if (input && ds_read_file(input, &data, &len) != DS_OK) rc = cli_report_error("tokenize");
+    ds_ids ids = {0};
+    if (!rc && ds_tokenizer_encode(tok, input ? data : text, len, add_special, &ids) != DS_OK)
+      rc = cli_report_error("tokenize");
+    if (!rc && ids_out) {
+      rc = write_ids(ids_out, &ids);
+    } else if (!rc) {
+      print_ids("ids", ids.ids, ids.len, 0);
+      printf("\n");
+    }
+    ds_ids_free(&ids);
+    free(data);
+  }
+  ds_tokenizer_free(tok);
+  if (!rc && fflush(stdout) != 0) {
+    fprintf(stderr, "dspark tokenize: cannot write to stdout\n");
+    rc = 1;
+  }
+  return rc;
+}

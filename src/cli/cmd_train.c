@@ -1,0 +1,121 @@
+/* dspark train: trains a DSpark draft for a target, online (the target runs on every batch). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "dspark/trainer.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+    "usage: dspark train --target DIR --data FILE --out RUN_DIR [options]\n"
+    "Trains a DSpark draft (spec/dspark.md) against the live target and writes RUN_DIR/\n"
+    "{run.json, target_config.json, metrics.jsonl, checkpoint.safetensors}.\n"
+    "data:\n"
+    "  --data FILE             .txt (plain text) or .jsonl ({\"text\": ...} or {\"messages\": [...]} per line)\n"
+    "  --seq-len N             tokens per training sequence (512)\n"
+    "  --eval-seqs N           sequences held out from the end of the data for evaluation (8)\n"
+    "draft:\n"
+    "  --draft-layers N        draft depth n_d (1)\n"
+    "  --block-size G          block size gamma (7)\n"
+    "  --target-layers N       number of captured target layers, spread over [1, L-2] (5)\n"
+    "  --target-layer-ids L,.. explicit captured layer ids (strictly increasing, at most L-2)\n"
+    "  --mask-token-id ID      mask token (default: the tokenizer's reserved mask token)\n"
+    "  --markov TYPE           sequential head: vanilla (default), gated, rnn, none\n"
+    "  --markov-rank R         Markov rank r (256); 0 means none\n"
+    "  --no-confidence-head    train without the confidence head\n"
+    "  --confidence-no-markov  confidence head sees h only (not the previous token's embedding)\n"
+    "  --num-anchors N         anchors per sequence (512)\n"
+    "loss:\n"
+    "  --alpha-ce A --alpha-l1 B --alpha-conf C   term weights (0.1, 0.9, 1.0)\n"
+    "  --decay-gamma X         weights exp(-k/X) per slot (4.0); 0 disables\n"
+    "  --decay-paper           the paper's exp(-(k-1)/g) instead\n"
+    "  --ce-only               no teacher: CE only (DFlash-style objective)\n"
+    "  --chunk-rows N          rows per fused logits/loss chunk (128)\n"
+    "optimization:\n"
+    "  --steps N (100)  --batch-seqs N sequences per step (4)  --lr X (6e-4)  --warmup F (0.04)\n"
+    "  --weight-decay X (0)  --grad-clip X (1.0; 0 disables)  --seed S (0)\n"
+    "  --skip-nonfinite        skip a step with a non-finite loss or gradient instead of stopping\n"
+    "run:\n"
+    "  --save-every N (50)  --eval-every N (50)  --resume (continue from RUN_DIR's checkpoint)\n"
+    "  --stop-after N          stop after N steps in this process (as if killed; for tests)\n"
+    "  --threads N  --quiet\n");
+}
+
+int cmd_train(int argc, char **argv) {
+  ds_train_options o;
+  ds_train_options_default(&o);
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = NULL;
+    int64_t n;
+    double x;
+#define VALUE() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
+#define INT(lo, hi, dst) do { VALUE(); if (!cli_int(a, v, lo, hi, &n)) return 2; dst = n; } while (0)
+#define NUM(lo, hi, dst) do { VALUE(); if (!cli_float(a, v, lo, hi, &x)) return 2; dst = x; } while (0)
+    if (cli_is_help(a)) { usage(stdout); return 0; }
+    else if (!strcmp(a, "--target")) { VALUE(); o.target_dir = v; }
+    else if (!strcmp(a, "--data")) { VALUE(); o.data_path = v; }
+    else if (!strcmp(a, "--out")) { VALUE(); o.out_dir = v; }
+    else if (!strcmp(a, "--seq-len")) INT(2, 1 << 20, o.seq_len);
+    else if (!strcmp(a, "--eval-seqs")) INT(0, 1 << 20, o.eval_seqs);
+    else if (!strcmp(a, "--draft-layers")) INT(1, 256, o.draft_layers);
+    else if (!strcmp(a, "--block-size")) INT(1, 64, o.block_size);
+    else if (!strcmp(a, "--target-layers")) INT(1, DS_MAX_TARGET_LAYERS, o.n_target_layers);
+    else if (!strcmp(a, "--target-layer-ids")) {
+      int32_t *ids;
+      int64_t cnt;
+      VALUE();
+      if (!cli_int_list(a, v, &ids, &cnt)) return 2;
+      if (cnt < 1 || cnt > DS_MAX_TARGET_LAYERS) { free(ids); fprintf(stderr, "dspark train: %s: 1..%d ids\n", a, DS_MAX_TARGET_LAYERS); return 2; }
+      memcpy(o.target_layer_ids, ids, (size_t)cnt * sizeof *ids);
+      o.n_explicit_layers = (int)cnt;
+      free(ids);
+    }
+    else if (!strcmp(a, "--mask-token-id")) INT(0, INT32_MAX, o.mask_token_id);
+    else if (!strcmp(a, "--markov")) {
+      VALUE();
+      if (ds_markov_type_parse(v, &o.markov_type) != DS_OK) return cli_report_error("train");
+    }
+    else if (!strcmp(a, "--markov-rank")) INT(0, 1 << 20, o.markov_rank);
+    else if (!strcmp(a, "--no-confidence-head")) o.confidence_head = 0;
+    else if (!strcmp(a, "--confidence-no-markov")) o.confidence_with_markov = 0;
+    else if (!strcmp(a, "--num-anchors")) INT(1, 1 << 20, o.num_anchors);
+    else if (!strcmp(a, "--alpha-ce")) NUM(0, 1e6, o.loss.alpha_ce);
+    else if (!strcmp(a, "--alpha-l1")) NUM(0, 1e6, o.loss.alpha_l1);
+    else if (!strcmp(a, "--alpha-conf")) NUM(0, 1e6, o.loss.alpha_conf);
+    else if (!strcmp(a, "--decay-gamma")) NUM(-1e6, 1e6, o.loss.decay_gamma);
+    else if (!strcmp(a, "--decay-paper")) o.loss.decay = DS_DSPARK_DECAY_PAPER;
+    else if (!strcmp(a, "--ce-only")) o.no_teacher = 1;
+    else if (!strcmp(a, "--chunk-rows")) INT(1, 1 << 20, o.loss.chunk_rows);
+    else if (!strcmp(a, "--steps")) INT(1, INT64_MAX / 2, o.steps);
+    else if (!strcmp(a, "--batch-seqs")) INT(1, 1 << 20, o.batch_seqs);
+    else if (!strcmp(a, "--lr")) NUM(0, 10, o.lr);
+    else if (!strcmp(a, "--warmup")) NUM(0, 1, o.warmup_frac);
+    else if (!strcmp(a, "--weight-decay")) NUM(0, 10, o.weight_decay);
+    else if (!strcmp(a, "--grad-clip")) NUM(0, 1e9, o.grad_clip);
+    else if (!strcmp(a, "--seed")) { INT(0, INT64_MAX, n); o.seed = (uint64_t)n; }
+    else if (!strcmp(a, "--skip-nonfinite")) o.skip_nonfinite = 1;
+    else if (!strcmp(a, "--save-every")) INT(1, INT64_MAX / 2, o.save_every);
+    else if (!strcmp(a, "--eval-every")) INT(0, INT64_MAX / 2, o.eval_every);
+    else if (!strcmp(a, "--resume")) o.resume = 1;
+    else if (!strcmp(a, "--stop-after")) INT(0, INT64_MAX / 2, o.stop_after);
+    else if (!strcmp(a, "--threads")) INT(1, 1024, o.threads);
+    else if (!strcmp(a, "--quiet")) o.quiet = 1;
+    else {
+      fprintf(stderr, "dspark train: unknown option '%s' (see --help)\n", a);
+      return 2;
+    }
+#undef VALUE
+#undef INT
+#undef NUM
+  }
+  if (!o.target_dir || !o.data_path || !o.out_dir) {
+    fprintf(stderr, "dspark train: --target, --data and --out are required (see --help)\n");
+    return 2;
+  }
+  if (o.markov_type == DS_MARKOV_NONE) o.markov_rank = 0;
+  else if (o.markov_rank == 0) o.markov_type = DS_MARKOV_NONE;
+  if (ds_train_draft(&o) != DS_OK) return cli_report_error("train");
+  return 0;
+}

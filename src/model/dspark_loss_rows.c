@@ -1,0 +1,343 @@
+/* The row-chunk core of the DSpark loss (include/dspark/dspark_loss.h): per supervised row one
+ * fp32 log-softmax of the draft (and of the target) feeding CE, the raw L1, the accept label,
+ * the confidence BCE and the gradient rows.
+ *
+ * Per supervised row (x = draft row [V], t = target row [V], gr = gradient row [V]):
+ *   pass 1  scan:   max and validity of x (and t)
+ *   pass 2  sumexp: ls = log sum exp(x - max)       -> logq_v = (x_v - max) - ls, ce
+ *   pass 3  q, p:   q_v = exp(logq_v), p_v likewise; l1 = sum |q - p|, qs = sum q sign(q - p);
+ *                   q is kept in gr (which may be x itself), p in a per-thread scratch row
+ *   pass 4  grad:   gr_v = q_v (A + B sign(q_v - p_v)), gr[x*] -= c_ce
+ *                   with c_ce = scale w alpha_ce, c_l1 = scale w alpha_l1, A = c_ce - c_l1 qs, B = c_l1
+ * Row sums use LANES fixed partial sums in double, combined in lane order: the result does not
+ * depend on threads, chunking or the compiler's vectorization choices. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dspark/dspark_loss.h"
+
+/* Row loops work on blocks of LANES floats with GCC/clang vector extensions: the lanes, and
+ * so the order of every partial sum, are fixed by the source, not by the compiler or the
+ * target ISA (without AVX-512 a vector op is split into narrower ones with the same result). */
+enum { LANES = 16 };
+typedef float vf __attribute__((vector_size(64)));    /* 16 floats */
+typedef int32_t vi __attribute__((vector_size(64)));  /* 16 int32, and comparison masks of vf */
+typedef uint32_t vu __attribute__((vector_size(64)));
+typedef double vd __attribute__((vector_size(128))); /* 16 doubles: the partial sums of a vf */
+/* Vectors never cross a function boundary by value (that would tie the code to AVX-512's
+ * calling convention): helpers take pointers or are macros, and inline away. */
+#define VF_SPLAT(a) ((vf){0} + (float)(a))
+/* mask ? a : b lane-wise, mask lanes all-ones or zero (a comparison result) */
+#define VF_SELECT(mask, a, b) ((vf)(((vi)(a) & (mask)) | ((vi)(b) & ~(mask))))
+/* sign(q - p) lane-wise in {-1, 0, 1} */
+#define VF_SIGN_DIFF(q, p) (VF_SELECT((q) > (p), VF_SPLAT(1), VF_SPLAT(0)) - VF_SELECT((q) < (p), VF_SPLAT(1), VF_SPLAT(0)))
+
+/* Per-row outcome of the parallel part; the first bad row in row order is reported. */
+enum { ROW_OK = 0, ROW_BAD_DRAFT, ROW_BAD_TARGET, ROW_BAD_CONF, ROW_BAD_CE, ROW_NOMEM };
+
+/* *r = p[0 .. n-1] padded with `pad` up to LANES lanes (unaligned is fine). */
+static inline void vf_load(vf *r, const float *p, int64_t n, float pad) {
+  if (n >= LANES) {
+    memcpy(r, p, sizeof *r);
+  } else {
+    float tmp[LANES];
+    for (int j = 0; j < LANES; j++) tmp[j] = j < n ? p[j] : pad;
+    memcpy(r, tmp, sizeof *r);
+  }
+}
+
+/* p[0 .. min(n, LANES)-1] = lanes of *v */
+static inline void vf_store(float *p, const vf *v, int64_t n) {
+  if (n >= LANES) {
+    memcpy(p, v, sizeof *v);
+  } else {
+    float tmp[LANES];
+    memcpy(tmp, v, sizeof tmp);
+    for (int j = 0; j < n; j++) p[j] = tmp[j];
+  }
+}
+
+/* *acc += *v lane-wise, in double */
+static inline void vd_accumulate(vd *acc, const vf *v) { *acc += __builtin_convertvector(*v, vd); }
+
+/* The lanes' sum in lane order. */
+static inline double vd_sum(const vd *acc) {
+  double s = 0.0;
+  for (int j = 0; j < LANES; j++) s += (*acc)[j];
+  return s;
+}
+
+/* *out = exp(*x) lane-wise in fp32, for finite x or -inf (never NaN or +inf: the scan refuses
+ * those). Cephes range reduction x = n ln2 + r, |r| <= ln2/2, degree-7 polynomial, 2^n built
+ * from the exponent bits; within 2 ulp of expf. Below -87.3 (exp < FLT_MIN) it gives 0.
+ * Elementwise, hence deterministic. */
+static inline void vexp(vf *out, const vf *x) {
+  const vf lo = VF_SPLAT(-87.3f), hi = VF_SPLAT(88.3f);
+  vi under = *x < lo;
+  vf xc = VF_SELECT(under, lo, *x);
+  xc = VF_SELECT(xc > hi, hi, xc);
+  const float round_magic = 12582912.0f; /* 1.5 * 2^23: adding and subtracting rounds to integer */
+  vf n = (xc * 1.44269504088896341f + round_magic) - round_magic;
+  vf r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  vf y = VF_SPLAT(1.9875691500e-4f);
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * (r * r) + r + 1.0f;
+  vi e = __builtin_convertvector(n, vi) + 127; /* n in [-126, 127]: a normal exponent */
+  vf scale = (vf)(e << 23);
+  *out = VF_SELECT(under, VF_SPLAT(0), y * scale);
+}
+
+/* x [V] -> max over x; *bad = 1 if x holds a NaN or +inf. */
+static float row_scan(const float *x, int64_t V, int *bad) {
+  vf m = VF_SPLAT(-INFINITY), xv;
+  vi b = {0};
+  const vu abs_mask = (vu){0} + 0x7fffffffu, inf_bits = (vu){0} + 0x7f800000u;
+  for (int64_t v = 0; v < V; v += LANES) {
+    vf_load(&xv, x + v, V - v, -INFINITY);
+    vu u = (vu)xv;
+    b |= ((u & abs_mask) > inf_bits) | (u == inf_bits);
+    m = VF_SELECT(xv > m, xv, m);
+  }
+  float mx = m[0];
+  int any = b[0] != 0;
+  for (int j = 1; j < LANES; j++) mx = m[j] > mx ? m[j] : mx, any |= b[j] != 0;
+  *bad = any;
+  return mx;
+}
+
+/* x [V], finite mx = max x -> log sum_v exp(x_v - mx) (in [0, log V]). */
+static double row_log_sumexp(const float *x, int64_t V, float mx) {
+  vd acc = {0};
+  vf xv, e;
+  for (int64_t v = 0; v < V; v += LANES) {
+    vf_load(&xv, x + v, V - v, -INFINITY); /* padding lanes: exp(-inf) = 0 */
+    xv = xv - mx;
+    vexp(&e, &xv);
+    vd_accumulate(&acc, &e);
+  }
+  return log(vd_sum(&acc));
+}
+
+/* gq[v] = c * exp((x_v - mx) - ls): the CE gradient without its one-hot part.
+ *   x [V] (may alias gq), gq [V] */
+static void row_softmax_scaled(float *gq, const float *x, int64_t V, float mx, float ls, float c) {
+  vf xv, e;
+  for (int64_t v = 0; v < V; v += LANES) {
+    vf_load(&xv, x + v, V - v, -INFINITY);
+    xv = (xv - mx) - ls;
+    vexp(&e, &xv);
+    e = c * e;
+    vf_store(gq + v, &e, V - v);
+  }
+}
+
+/* q = exp((x - mx) - lsx), p = exp((t - mt) - lst): returns l1 = sum |q - p| and *qs = sum q sign(q - p).
+ * When gq and sp are non-NULL, q goes to gq [V] (which may alias x) and p to sp [V]. */
+static double row_l1(float *gq, float *sp, const float *x, const float *t, int64_t V, float mx, float lsx, float mt,
+                     float lst, double *qs) {
+  vd l1 = {0}, qsum = {0};
+  const vi abs_mask = (vi){0} + 0x7fffffff;
+  vf xv, tv, q, p;
+  for (int64_t v = 0; v < V; v += LANES) {
+    vf_load(&xv, x + v, V - v, -INFINITY); /* padding lanes: q = p = 0 */
+    vf_load(&tv, t + v, V - v, -INFINITY);
+    xv = (xv - mx) - lsx;
+    tv = (tv - mt) - lst;
+    vexp(&q, &xv);
+    vexp(&p, &tv);
+    vf ad = (vf)((vi)(q - p) & abs_mask); /* |q - p| of the fp32 difference */
+    vf sq = VF_SIGN_DIFF(q, p) * q;
+    vd_accumulate(&l1, &ad);
+    vd_accumulate(&qsum, &sq);
+    if (gq) {
+      vf_store(gq + v, &q, V - v);
+      vf_store(sp + v, &p, V - v);
+    }
+  }
+  *qs = vd_sum(&qsum);
+  return vd_sum(&l1);
+}
+
+/* gq [V] holds q, sp [V] holds p: gq_v = q_v (a + b sign(q_v - p_v)). */
+static void row_grad_l1(float *gq, const float *sp, int64_t V, float a, float b) {
+  vf q, p;
+  for (int64_t v = 0; v < V; v += LANES) {
+    vf_load(&q, gq + v, V - v, 0.0f);
+    vf_load(&p, sp + v, V - v, 0.0f);
+    q = q * (a + b * VF_SIGN_DIFF(q, p));
+    vf_store(gq + v, &q, V - v);
+  }
+}
+
+static double sigmoid(double z) {
+  if (z >= 0) return 1.0 / (1.0 + exp(-z));
+  double e = exp(z);
+  return e / (1.0 + e);
+}
+
+/* ids [n], sup [n]: supervised ids in [0, V) */
+ds_status ds_dspark_loss_check_ids(int64_t row0, int64_t g, int64_t n, int64_t V, const int32_t *ids,
+                                   const uint8_t *sup) {
+  if (n > 0 && (!ids || !sup)) return DS_FAIL(DS_ERR_ARG, "dspark loss: target ids or supervision mask is NULL");
+  if (g < 1) return DS_FAIL(DS_ERR_ARG, "dspark loss: block size %lld < 1", (long long)g);
+  for (int64_t i = 0; i < n; i++)
+    if (sup[i] && (ids[i] < 0 || (int64_t)ids[i] >= V)) {
+      int64_t r = row0 + i;
+      return DS_FAIL(DS_ERR_RANGE,
+                     "dspark loss: target id %d at block %lld slot %lld (row %lld) is supervised but outside "
+                     "[0, %lld)",
+                     (int)ids[i], (long long)(r / g), (long long)(r % g), (long long)r, (long long)V);
+    }
+  return DS_OK;
+}
+
+/* One supervised row: fills the row's values and gradient; returns a ROW_* code.
+ *   x [V], t [V] or NULL, gr [V] or NULL (may alias x), sp [V] scratch (when t && gr) */
+static int row_one(const ds_dspark_loss_config *cfg, int64_t V, const float *x, const float *t, int32_t id,
+                   double w, const float *conf, double scale, float *gr, float *sp, double *ce, double *l1,
+                   double *accept, double *bce, float *gconf) {
+  int bad;
+  float mx = row_scan(x, V, &bad);
+  if (bad || mx == -INFINITY) return ROW_BAD_DRAFT;
+  float mt = 0.0f;
+  if (t) {
+    mt = row_scan(t, V, &bad);
+    if (bad || mt == -INFINITY) return ROW_BAD_TARGET;
+  }
+  int conf_on = t && conf;
+  if (conf_on && !isfinite(*conf)) return ROW_BAD_CONF;
+
+  double lsx = row_log_sumexp(x, V, mx);
+  *ce = lsx - ((double)x[id] - (double)mx);
+  if (!isfinite(*ce)) return ROW_BAD_CE;
+  double c_ce = scale * w * cfg->alpha_ce, c_l1 = scale * w * cfg->alpha_l1;
+  float lsx_f = (float)lsx;
+  if (!t) {
+    *l1 = *accept = *bce = 0.0;
+    if (gr) {
+      row_softmax_scaled(gr, x, V, mx, lsx_f, (float)c_ce);
+      gr[id] -= (float)c_ce;
+    }
+    if (gconf) *gconf = 0.0f;
+    return ROW_OK;
+  }
+  double lst = row_log_sumexp(t, V, mt), qs;
+  *l1 = row_l1(gr, gr ? sp : NULL, x, t, V, mx, lsx_f, mt, (float)lst, &qs);
+  double a = 1.0 - 0.5 * *l1;
+  a = a < 0.0 ? 0.0 : (a > 1.0 ? 1.0 : a);
+  *accept = a;
+  if (gr) {
+    row_grad_l1(gr, sp, V, (float)(c_ce - c_l1 * qs), (float)c_l1);
+    gr[id] -= (float)c_ce;
+  }
+  if (conf_on) {
+    double z = (double)*conf;
+    *bce = (z > 0.0 ? z : 0.0) - z * a + log1p(exp(-fabs(z)));
+    if (gconf) *gconf = (float)(scale * w * cfg->alpha_conf * (sigmoid(z) - a));
+  } else {
+    *bce = 0.0;
+    if (gconf) *gconf = 0.0f;
+  }
+  return ROW_OK;
+}
+
+/* draft [c, V], target [c, V], ids/sup/w/conf [c] -> rows [c] each, grad_draft [c, V], grad_conf [c] */
+ds_status ds_dspark_loss_rows(const ds_dspark_loss_config *cfg, int64_t row0, int64_t g, int64_t c, int64_t V,
+                              const float *draft, const float *target, const int32_t *ids, const uint8_t *sup,
+                              const double *w, const float *conf, double grad_scale,
+                              const ds_dspark_row_stats *rows, float *grad_draft, float *grad_conf) {
+  DS_TRY(ds_dspark_loss_config_check(cfg));
+  if (c < 0 || V < 1 || g < 1 || row0 < 0)
+    return DS_FAIL(DS_ERR_ARG, "dspark loss: bad chunk sizes (row0 %lld, c %lld, V %lld, g %lld)",
+                   (long long)row0, (long long)c, (long long)V, (long long)g);
+  if (c > 0 && (!draft || !ids || !sup || !w || !rows || !rows->ce || !rows->l1 || !rows->accept || !rows->bce))
+    return DS_FAIL(DS_ERR_ARG, "dspark loss: NULL draft logits, ids, mask, weights or row outputs");
+  if (!!cfg->has_teacher != (target != NULL))
+    return DS_FAIL(DS_ERR_ARG, "dspark loss: has_teacher is %d but the target logits are %s", cfg->has_teacher,
+                   target ? "given" : "NULL");
+  if (!!cfg->has_conf != (conf != NULL))
+    return DS_FAIL(DS_ERR_ARG, "dspark loss: has_conf is %d but the confidence logits are %s", cfg->has_conf,
+                   conf ? "given" : "NULL");
+  if (!isfinite(grad_scale)) return DS_FAIL(DS_ERR_ARG, "dspark loss: grad_scale %g is not finite", grad_scale);
+  if (c > INT64_MAX / V) return DS_FAIL(DS_ERR_ARG, "dspark loss: %lld x %lld overflows", (long long)c, (long long)V);
+  DS_TRY(ds_dspark_loss_check_ids(row0, g, c, V, ids, sup));
+  for (int64_t i = 0; i < c; i++)
+    if (sup[i] && !(isfinite(w[i]) && w[i] >= 0.0)) {
+      int64_t r = row0 + i;
+      return DS_FAIL(DS_ERR_ARG, "dspark loss: weight %g at block %lld slot %lld (row %lld) is not finite and >= 0",
+                     w[i], (long long)(r / g), (long long)(r % g), (long long)r);
+    }
+  if (c == 0) return DS_OK;
+
+  uint8_t *status = ds_calloc((size_t)c, 1, "dspark loss row status");
+  if (!status) return DS_ERR_NOMEM;
+  int need_scratch = target && grad_draft;
+
+  /* OpenMP over the rows; each row is reduced by one thread in a fixed order */
+#ifdef DSPARK_USE_OPENMP
+#pragma omp parallel if (c > 1)
+#endif
+  {
+    float *sp = need_scratch ? malloc((size_t)V * sizeof(float)) : NULL;
+#ifdef DSPARK_USE_OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+    for (int64_t i = 0; i < c; i++) {
+      float *gr = grad_draft ? grad_draft + i * V : NULL;
+      float *gc = grad_conf ? grad_conf + i : NULL;
+      if (!sup[i]) { /* selected out: never read, exact +0.0 everywhere */
+        rows->ce[i] = rows->l1[i] = rows->accept[i] = rows->bce[i] = 0.0;
+        if (gr) memset(gr, 0, (size_t)V * sizeof(float));
+        if (gc) *gc = 0.0f;
+        continue;
+      }
+      if (need_scratch && !sp) {
+        status[i] = ROW_NOMEM;
+        continue;
+      }
+      status[i] = (uint8_t)row_one(cfg, V, draft + i * V, target ? target + i * V : NULL, ids[i], w[i],
+                                   conf ? conf + i : NULL, grad_scale, gr, sp, &rows->ce[i], &rows->l1[i],
+                                   &rows->accept[i], &rows->bce[i], gc);
+    }
+    free(sp);
+  }
+
+  ds_status st = DS_OK;
+  for (int64_t i = 0; i < c && st == DS_OK; i++) {
+    if (status[i] == ROW_OK) continue;
+    int64_t r = row0 + i;
+    long long b = (long long)(r / g), k = (long long)(r % g);
+    switch (status[i]) {
+    case ROW_BAD_DRAFT:
+      st = DS_FAIL(DS_ERR_NUMERIC,
+                   "dspark loss: draft logits at block %lld slot %lld (row %lld) hold NaN or +inf, or no finite "
+                   "value, at a supervised position", b, k, (long long)r);
+      break;
+    case ROW_BAD_TARGET:
+      st = DS_FAIL(DS_ERR_NUMERIC,
+                   "dspark loss: target logits at block %lld slot %lld (row %lld) hold NaN or +inf, or no finite "
+                   "value, at a supervised position", b, k, (long long)r);
+      break;
+    case ROW_BAD_CONF:
+      st = DS_FAIL(DS_ERR_NUMERIC,
+                   "dspark loss: confidence logit at block %lld slot %lld (row %lld) is not finite at a "
+                   "supervised position", b, k, (long long)r);
+      break;
+    case ROW_BAD_CE:
+      st = DS_FAIL(DS_ERR_NUMERIC,
+                   "dspark loss: target id %d at block %lld slot %lld (row %lld) has draft probability 0 "
+                   "(its logit is -inf): infinite cross-entropy", (int)ids[i], b, k, (long long)r);
+      break;
+    default:
+      st = DS_FAIL(DS_ERR_NOMEM, "dspark loss: cannot allocate a %lld-float scratch row", (long long)V);
+    }
+  }
+  free(status);
+  return st;
+}
