@@ -53,6 +53,7 @@ typedef struct {
   int64_t save_every;       /* checkpoint every N steps (50) and at the end */
   int64_t eval_every;       /* evaluate every N steps (50), at step 0 and at the end */
   int64_t stop_after;       /* stop (as if killed) after this many steps in this process; 0 = never */
+  int64_t inject_nan_step;  /* testing aid: poison the gradient at this step (0-based); -1 = never */
   int threads;              /* 0 = default */
   int quiet;                /* no progress line */
 } ds_train_options;

@@ -40,6 +40,7 @@ static void usage(FILE *f) {
     "run:\n"
     "  --save-every N (50)  --eval-every N (50)  --resume (continue from RUN_DIR's checkpoint)\n"
     "  --stop-after N          stop after N steps in this process (as if killed; for tests)\n"
+    "  --inject-nan-step N     poison the gradient at step N (tests the non-finite handling)\n"
     "  --threads N  --quiet\n");
 }
 
@@ -100,6 +101,7 @@ int cmd_train(int argc, char **argv) {
     else if (!strcmp(a, "--eval-every")) INT(0, INT64_MAX / 2, o.eval_every);
     else if (!strcmp(a, "--resume")) o.resume = 1;
     else if (!strcmp(a, "--stop-after")) INT(0, INT64_MAX / 2, o.stop_after);
+    else if (!strcmp(a, "--inject-nan-step")) INT(0, INT64_MAX / 2, o.inject_nan_step);
     else if (!strcmp(a, "--threads")) INT(1, 1024, o.threads);
     else if (!strcmp(a, "--quiet")) o.quiet = 1;
     else {

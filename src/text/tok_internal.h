@@ -53,7 +53,7 @@ void tk_pairmap_free(tk_pairmap *m);
 int tk_pairmap_get(const tk_pairmap *m, uint32_t a, uint32_t b, uint32_t *rank, int32_t *val);
 ds_status tk_pairmap_put(tk_pairmap *m, uint32_t a, uint32_t b, uint32_t rank, int32_t val);
 
-/* ---- Unicode (tok_unicode.c, tok_nfc.c, tok_unicode_data.c) ---- */
+/* ---- Unicode (tok_utf8.c, tok_nfc.c, tok_unicode_data.c) ---- */
 
 /* Length of the longest valid UTF-8 prefix of s (== n when all of s is valid). Valid means
  * Rust's str: no overlong forms, no surrogates, nothing above U+10FFFF. */
@@ -89,7 +89,7 @@ int tk_nfc_is_quick(const tk_nfc *n, const unsigned char *s, size_t len);
 /* Appends NFC(s) to out; only the segments that fail the quick check are re-composed. */
 ds_status tk_nfc_append(const tk_nfc *n, const unsigned char *s, size_t len, tk_buf *out);
 
-/* ---- pre-tokenizer (tok_pretok.c) ---- */
+/* ---- pre-tokenizer steps (run in tokenizer.c; regexes in tok_regex.c) ---- */
 typedef enum {
   TK_SPLIT_REMOVED,
   TK_SPLIT_ISOLATED,
@@ -116,7 +116,7 @@ enum { TK_MAX_STEPS = 8 };
 pcre2_code *tk_regex_compile(const char *pattern, int literal, int *jit, char *err, size_t errcap);
 extern const char tk_gpt2_pattern[];
 
-/* ---- added tokens (tok_added.c) ---- */
+/* ---- added tokens (tok_trie.c; matched in tokenizer.c) ---- */
 typedef struct {
   int32_t id;
   char *content; /* as in the file */

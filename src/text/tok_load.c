@@ -1,108 +1,17 @@
-/* Loading a HF tokenizer.json into a ds_tokenizer. Every refusal names the file and the JSON
- * field ("tokenizer.json: model.merges[12]: unknown token 'xy'"); anything this build does
- * not implement is refused as unsupported rather than approximated. Ids follow HF exactly:
- * added tokens get the id HF assigns (their vocab id, or the next free one in file order),
- * and a file whose stated ids disagree is refused instead of silently renumbered. */
-#include <cjson/cJSON.h>
-#include <stdarg.h>
+/* Loading a HF tokenizer.json into a ds_tokenizer: the BPE model, the added tokens, the
+ * per-id tables; the pipeline sections are in tok_load_pipeline.c. Every refusal names the
+ * file and the JSON field ("tokenizer.json: model.merges[12]: unknown token 'xy'");
+ * anything this build does not implement is refused as unsupported rather than
+ * approximated. Ids follow HF exactly: added tokens get the id HF assigns (their vocab id,
+ * or the next free one in file order), and a file whose stated ids disagree is refused
+ * instead of silently renumbered. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dspark/fileio.h"
 #include "io/json_util.h"
-#include "text/tok_internal.h"
-
-typedef struct {
-  ds_tokenizer *tok;
-  const char *label;
-  const cJSON *vocab;   /* model.vocab */
-  tk_strmap specials;   /* contents of special added tokens */
-} loader;
-
-static ds_status fail(const loader *L, ds_status st, const char *path, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static ds_status fail(const loader *L, ds_status st, const char *path, const char *fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  return DS_FAIL(st, "%s: %s: %s", L->label, path, msg);
-}
-
-/* A printable excerpt of a token for messages: at most 40 bytes, control bytes escaped. */
-static const char *show(const char *s, char buf[200]) {
-  size_t o = 0;
-  for (size_t i = 0; s[i] && o < 190; i++) {
-    unsigned char c = (unsigned char)s[i];
-    if (i >= 40 && (c & 0xC0) != 0x80) { memcpy(buf + o, "...", 3); o += 3; break; } /* at a character start */
-    if (c < 0x20 || c == 0x7F) o += (size_t)snprintf(buf + o, 200 - o, "\\x%02X", c);
-    else buf[o++] = (char)c;
-  }
-  buf[o] = 0;
-  return buf;
-}
-
-static const char *type_name(const cJSON *v) {
-  if (!v) return "missing";
-  if (cJSON_IsNull(v)) return "null";
-  if (cJSON_IsBool(v)) return "a boolean";
-  if (cJSON_IsNumber(v)) return "a number";
-  if (cJSON_IsString(v)) return "a string";
-  if (cJSON_IsArray(v)) return "an array";
-  return "an object";
-}
-
-static int is_null(const cJSON *v) { return !v || cJSON_IsNull(v); }
-
-/* Optional boolean: absent or null gives def. */
-static ds_status get_bool(const loader *L, const cJSON *obj, const char *key, int def, int *out,
-                          const char *path) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-  *out = def;
-  if (is_null(v)) return DS_OK;
-  if (!cJSON_IsBool(v)) return fail(L, DS_ERR_FORMAT, path, "'%s' must be a boolean, got %s", key, type_name(v));
-  *out = cJSON_IsTrue(v);
-  return DS_OK;
-}
-
-static ds_status need_bool(const loader *L, const cJSON *obj, const char *key, int *out, const char *path) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-  if (!cJSON_IsBool(v)) return fail(L, DS_ERR_FORMAT, path, "'%s' must be a boolean, got %s", key, type_name(v));
-  *out = cJSON_IsTrue(v);
-  return DS_OK;
-}
-
-static ds_status get_id(const loader *L, const cJSON *v, int32_t *out, const char *path) {
-  double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
-  if (!cJSON_IsNumber(v) || d < 0 || d >= (double)INT32_MAX || d != (double)(int64_t)d)
-    return fail(L, DS_ERR_FORMAT, path, "token id must be an integer in [0, 2^31-1), got %s",
-                cJSON_IsNumber(v) ? "an out-of-range number" : type_name(v));
-  *out = (int32_t)d;
-  return DS_OK;
-}
-
-static ds_status check_utf8(const loader *L, const char *s, const char *path) {
-  size_t n = strlen(s);
-  if (tk_utf8_valid_prefix((const unsigned char *)s, n) != n)
-    return fail(L, DS_ERR_FORMAT, path, "string is not valid UTF-8");
-  return DS_OK;
-}
-
-static const char *type_of(const loader *L, const cJSON *obj, const char *path, ds_status *st) {
-  const cJSON *t = cJSON_GetObjectItemCaseSensitive(obj, "type");
-  *st = DS_OK;
-  if (!cJSON_IsObject(obj)) {
-    *st = fail(L, DS_ERR_FORMAT, path, "expected an object, got %s", type_name(obj));
-    return NULL;
-  }
-  if (!cJSON_IsString(t)) {
-    *st = fail(L, DS_ERR_FORMAT, path, "'type' must be a string, got %s", type_name(t));
-    return NULL;
-  }
-  return t->valuestring;
-}
+#include "text/tok_json.h"
 
 /* ---- the GPT-2 byte <-> character map ---- */
 
@@ -132,63 +41,37 @@ static int byte_level_bytes(const char *s, const int16_t u2b[324], tk_buf *out, 
   return 1;
 }
 
-/* ---- normalizer ---- */
-
-static ds_status load_normalizer(loader *L, const cJSON *n, const char *path, int depth) {
-  if (is_null(n)) return DS_OK;
-  ds_status st;
-  const char *type = type_of(L, n, path, &st);
-  if (!type) return st;
-  if (!strcmp(type, "NFC")) {
-    if (!L->tok->nfc) DS_TRY(tk_nfc_build(&L->tok->nfc));
-    return DS_OK;
-  }
-  if (!strcmp(type, "Sequence") && depth < 4) {
-    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(n, "normalizers"), *it;
-    if (!cJSON_IsArray(arr))
-      return fail(L, DS_ERR_FORMAT, path, "'normalizers' must be an array, got %s", type_name(arr));
-    size_t i = 0;
-    cJSON_ArrayForEach(it, arr) {
-      char sub[96];
-      snprintf(sub, sizeof sub, "%s.normalizers[%zu]", path, i++);
-      DS_TRY(load_normalizer(L, it, sub, depth + 1));
-    }
-    return DS_OK;
-  }
-  return fail(L, DS_ERR_UNSUPPORTED, path, "normalizer type '%s' is not supported (only NFC)", type);
-}
-
 /* ---- model ---- */
 
-static ds_status load_model(loader *L, const cJSON *m) {
+static ds_status load_model(tk_loader *L, const cJSON *m) {
   ds_tokenizer *tok = L->tok;
   ds_status st;
-  const char *type = type_of(L, m, "model", &st);
+  const char *type = tk_type_of(L, m, "model", &st);
   if (!type) return st;
   if (strcmp(type, "BPE"))
-    return fail(L, DS_ERR_UNSUPPORTED, "model.type", "model type '%s' is not supported (only BPE)", type);
+    return tk_fail(L, DS_ERR_UNSUPPORTED, "model.type", "model type '%s' is not supported (only BPE)", type);
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, "dropout");
-  if (!is_null(v) && !(cJSON_IsNumber(v) && v->valuedouble == 0.0))
-    return fail(L, DS_ERR_UNSUPPORTED, "model.dropout", "BPE dropout is not supported (must be null)");
+  if (!tk_is_null(v) && !(cJSON_IsNumber(v) && v->valuedouble == 0.0))
+    return tk_fail(L, DS_ERR_UNSUPPORTED, "model.dropout", "BPE dropout is not supported (must be null)");
   const char *affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
   for (size_t i = 0; i < 2; i++) {
     v = cJSON_GetObjectItemCaseSensitive(m, affixes[i]);
-    if (!is_null(v) && !(cJSON_IsString(v) && !v->valuestring[0]))
-      return fail(L, DS_ERR_UNSUPPORTED, "model", "'%s' is not supported (must be null or \"\")", affixes[i]);
+    if (!tk_is_null(v) && !(cJSON_IsString(v) && !v->valuestring[0]))
+      return tk_fail(L, DS_ERR_UNSUPPORTED, "model", "'%s' is not supported (must be null or \"\")", affixes[i]);
   }
   int byte_fallback;
-  DS_TRY(get_bool(L, m, "ignore_merges", 0, &tok->ignore_merges, "model"));
-  DS_TRY(get_bool(L, m, "byte_fallback", 0, &byte_fallback, "model"));
+  DS_TRY(tk_get_bool(L, m, "ignore_merges", 0, &tok->ignore_merges, "model"));
+  DS_TRY(tk_get_bool(L, m, "byte_fallback", 0, &byte_fallback, "model"));
   int fuse;
-  DS_TRY(get_bool(L, m, "fuse_unk", 0, &fuse, "model"));
+  DS_TRY(tk_get_bool(L, m, "fuse_unk", 0, &fuse, "model"));
   const cJSON *unk = cJSON_GetObjectItemCaseSensitive(m, "unk_token");
-  if (!is_null(unk) && !cJSON_IsString(unk))
-    return fail(L, DS_ERR_FORMAT, "model.unk_token", "must be a string or null, got %s", type_name(unk));
+  if (!tk_is_null(unk) && !cJSON_IsString(unk))
+    return tk_fail(L, DS_ERR_FORMAT, "model.unk_token", "must be a string or null, got %s", tk_type_name(unk));
 
   /* vocab: string -> id */
   const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(m, "vocab"), *it;
   if (!cJSON_IsObject(vocab))
-    return fail(L, DS_ERR_FORMAT, "model.vocab", "must be an object of token -> id, got %s", type_name(vocab));
+    return tk_fail(L, DS_ERR_FORMAT, "model.vocab", "must be an object of token -> id, got %s", tk_type_name(vocab));
   L->vocab = vocab;
   uint32_t b2u[256];
   int16_t u2b[324];
@@ -199,9 +82,9 @@ static ds_status load_model(loader *L, const cJSON *m) {
   st = DS_OK;
   cJSON_ArrayForEach(it, vocab) {
     char path[300], sb[200];
-    snprintf(path, sizeof path, "model.vocab['%s']", show(it->string, sb));
+    snprintf(path, sizeof path, "model.vocab['%s']", tk_show(it->string, sb));
     int32_t id = 0;
-    if ((st = check_utf8(L, it->string, path)) != DS_OK || (st = get_id(L, it, &id, path)) != DS_OK ||
+    if ((st = tk_check_utf8(L, it->string, path)) != DS_OK || (st = tk_get_id(L, it, &id, path)) != DS_OK ||
         (st = tk_strmap_put(&tok->model_str, it->string, strlen(it->string), id, NULL)) != DS_OK)
       break;
     bytes.len = 0;
@@ -216,9 +99,9 @@ static ds_status load_model(loader *L, const cJSON *m) {
   for (int b = 0; b < 256; b++) {
     unsigned char c = (unsigned char)b;
     tok->byte_id[b] = tk_strmap_get(&tok->vocab_bytes, &c, 1);
-    if (tok->byte_id[b] < 0 && (!is_null(unk) || byte_fallback)) {
+    if (tok->byte_id[b] < 0 && (!tk_is_null(unk) || byte_fallback)) {
       tk_buf_free(&bytes);
-      return fail(L, DS_ERR_UNSUPPORTED, "model.vocab",
+      return tk_fail(L, DS_ERR_UNSUPPORTED, "model.vocab",
                   "byte 0x%02X has no token and unk_token/byte_fallback are not supported", b);
     }
   }
@@ -227,7 +110,7 @@ static ds_status load_model(loader *L, const cJSON *m) {
   const cJSON *merges = cJSON_GetObjectItemCaseSensitive(m, "merges");
   if (!cJSON_IsArray(merges)) {
     tk_buf_free(&bytes);
-    return fail(L, DS_ERR_FORMAT, "model.merges", "must be an array, got %s", type_name(merges));
+    return tk_fail(L, DS_ERR_FORMAT, "model.merges", "must be an array, got %s", tk_type_name(merges));
   }
   uint32_t rank = 0;
   size_t i = 0;
@@ -242,7 +125,7 @@ static ds_status load_model(loader *L, const cJSON *m) {
       if (!strncmp(s, "#version", 8)) continue; /* legacy merges.txt header */
       const char *sp = strchr(s, ' ');
       if (!sp || strchr(sp + 1, ' ')) {
-        st = fail(L, DS_ERR_FORMAT, path, "expected \"left right\" with exactly one space, got '%s'", show(s, sa));
+        st = tk_fail(L, DS_ERR_FORMAT, path, "expected \"left right\" with exactly one space, got '%s'", tk_show(s, sa));
         break;
       }
       a = s;
@@ -254,8 +137,8 @@ static ds_status load_model(loader *L, const cJSON *m) {
       alen = strlen(a);
       b = it->child->next->valuestring;
     } else {
-      st = fail(L, DS_ERR_FORMAT, path, "expected a \"left right\" string or a [left, right] pair, got %s",
-                type_name(it));
+      st = tk_fail(L, DS_ERR_FORMAT, path, "expected a \"left right\" string or a [left, right] pair, got %s",
+                tk_type_name(it));
       break;
     }
     size_t blen = strlen(b);
@@ -264,7 +147,7 @@ static ds_status load_model(loader *L, const cJSON *m) {
       char tmp[256];
       snprintf(tmp, sizeof tmp, "%.*s", (int)(a_id < 0 ? (alen < 200 ? alen : 200) : (blen < 200 ? blen : 200)),
                a_id < 0 ? a : b);
-      st = fail(L, DS_ERR_FORMAT, path, "unknown token '%s'", show(tmp, sa));
+      st = tk_fail(L, DS_ERR_FORMAT, path, "unknown token '%s'", tk_show(tmp, sa));
       break;
     }
     bytes.len = 0;
@@ -272,7 +155,7 @@ static ds_status load_model(loader *L, const cJSON *m) {
     int32_t new_id = tk_strmap_get(&tok->model_str, bytes.p, bytes.len);
     if (new_id < 0) {
       if ((st = tk_buf_append(&bytes, "", 1)) != DS_OK) break;
-      st = fail(L, DS_ERR_FORMAT, path, "merged token '%s' is not in model.vocab", show((char *)bytes.p, sbb));
+      st = tk_fail(L, DS_ERR_FORMAT, path, "merged token '%s' is not in model.vocab", tk_show((char *)bytes.p, sbb));
       break;
     }
     if ((st = tk_pairmap_put(&tok->merges, (uint32_t)a_id, (uint32_t)b_id, rank++, new_id)) != DS_OK) break;
@@ -283,11 +166,11 @@ static ds_status load_model(loader *L, const cJSON *m) {
 
 /* ---- added tokens ---- */
 
-static ds_status load_added(loader *L, const cJSON *arr) {
+static ds_status load_added(tk_loader *L, const cJSON *arr) {
   ds_tokenizer *tok = L->tok;
-  if (is_null(arr)) return DS_OK;
+  if (tk_is_null(arr)) return DS_OK;
   if (!cJSON_IsArray(arr))
-    return fail(L, DS_ERR_FORMAT, "added_tokens", "must be an array, got %s", type_name(arr));
+    return tk_fail(L, DS_ERR_FORMAT, "added_tokens", "must be an array, got %s", tk_type_name(arr));
   size_t cap = (size_t)cJSON_GetArraySize(arr);
   tok->added = calloc(cap ? cap : 1, sizeof *tok->added);
   if (!tok->added) return DS_FAIL(DS_ERR_NOMEM, "cannot allocate %zu added tokens", cap);
@@ -298,22 +181,22 @@ static ds_status load_added(loader *L, const cJSON *arr) {
   cJSON_ArrayForEach(it, arr) {
     char path[64], sb[200];
     snprintf(path, sizeof path, "added_tokens[%zu]", i++);
-    if (!cJSON_IsObject(it)) return fail(L, DS_ERR_FORMAT, path, "expected an object, got %s", type_name(it));
+    if (!cJSON_IsObject(it)) return tk_fail(L, DS_ERR_FORMAT, path, "expected an object, got %s", tk_type_name(it));
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
     if (!cJSON_IsString(content))
-      return fail(L, DS_ERR_FORMAT, path, "'content' must be a string, got %s", type_name(content));
-    DS_TRY(check_utf8(L, content->valuestring, path));
+      return tk_fail(L, DS_ERR_FORMAT, path, "'content' must be a string, got %s", tk_type_name(content));
+    DS_TRY(tk_check_utf8(L, content->valuestring, path));
     int32_t file_id = 0;
     char idpath[80];
     snprintf(idpath, sizeof idpath, "%s.id", path);
-    DS_TRY(get_id(L, cJSON_GetObjectItemCaseSensitive(it, "id"), &file_id, idpath));
+    DS_TRY(tk_get_id(L, cJSON_GetObjectItemCaseSensitive(it, "id"), &file_id, idpath));
     tk_added a = {0};
     int f[5];
-    DS_TRY(get_bool(L, it, "single_word", 0, &f[0], path));
-    DS_TRY(get_bool(L, it, "lstrip", 0, &f[1], path));
-    DS_TRY(get_bool(L, it, "rstrip", 0, &f[2], path));
-    DS_TRY(get_bool(L, it, "normalized", 1, &f[3], path));
-    DS_TRY(get_bool(L, it, "special", 0, &f[4], path));
+    DS_TRY(tk_get_bool(L, it, "single_word", 0, &f[0], path));
+    DS_TRY(tk_get_bool(L, it, "lstrip", 0, &f[1], path));
+    DS_TRY(tk_get_bool(L, it, "rstrip", 0, &f[2], path));
+    DS_TRY(tk_get_bool(L, it, "normalized", 1, &f[3], path));
+    DS_TRY(tk_get_bool(L, it, "special", 0, &f[4], path));
     a.single_word = f[0] != 0;
     a.lstrip = f[1] != 0;
     a.rstrip = f[2] != 0;
@@ -333,15 +216,15 @@ static ds_status load_added(loader *L, const cJSON *arr) {
     } else {
       id = tk_strmap_get(&tok->model_str, c, clen);
       if (id < 0) {
-        if (next_id >= INT32_MAX) return fail(L, DS_ERR_RANGE, path, "too many tokens");
+        if (next_id >= INT32_MAX) return tk_fail(L, DS_ERR_RANGE, path, "too many tokens");
         id = (int32_t)next_id++;
       }
       for (slot = 0; slot < tok->n_added && tok->added[slot].id != id; slot++) {}
     }
     if (id != file_id)
-      return fail(L, DS_ERR_FORMAT, idpath,
+      return tk_fail(L, DS_ERR_FORMAT, idpath,
                   "'%s' has id %d but HF tokenizers gives it id %d (its model.vocab id, or the next free id "
-                  "after the vocab in file order)", show(c, sb), (int)file_id, (int)id);
+                  "after the vocab in file order)", tk_show(c, sb), (int)file_id, (int)id);
     DS_TRY(tk_strmap_put(&tok->added_str, c, clen, id, NULL));
     if (a.special) DS_TRY(tk_strmap_put(&L->specials, c, clen, 1, NULL));
     a.id = id;
@@ -358,7 +241,7 @@ static ds_status load_added(loader *L, const cJSON *arr) {
 }
 
 /* Patterns (NFC'd for normalized tokens under an NFC normalizer) go into the two tries. */
-static ds_status build_added_tries(loader *L) {
+static ds_status build_added_tries(tk_loader *L) {
   ds_tokenizer *tok = L->tok;
   int need_word = 0;
   for (size_t i = 0; i < tok->n_added; i++) {
@@ -388,171 +271,9 @@ static ds_status build_added_tries(loader *L) {
   return DS_OK;
 }
 
-/* ---- pre-tokenizer ---- */
-
-static ds_status add_step(loader *L, const char *path, tk_pretok_step s) {
-  ds_tokenizer *tok = L->tok;
-  if (tok->n_steps == TK_MAX_STEPS) {
-    if (s.re) pcre2_code_free(s.re);
-    return fail(L, DS_ERR_UNSUPPORTED, path, "more than %d pre-tokenizer steps", TK_MAX_STEPS);
-  }
-  tok->steps[tok->n_steps++] = s;
-  return DS_OK;
-}
-
-static ds_status load_pretok(loader *L, const cJSON *p, const char *path, int depth) {
-  ds_status st;
-  const char *type = type_of(L, p, path, &st);
-  if (!type) return st;
-  char err[512];
-  if (!strcmp(type, "ByteLevel")) {
-    tk_pretok_step s = {0};
-    int use_regex;
-    s.byte_level = 1;
-    s.behavior = TK_SPLIT_ISOLATED;
-    DS_TRY(need_bool(L, p, "add_prefix_space", &s.add_prefix_space, path));
-    DS_TRY(get_bool(L, p, "use_regex", 1, &use_regex, path));
-    if (use_regex && !(s.re = tk_regex_compile(tk_gpt2_pattern, 0, &s.jit, err, sizeof err)))
-      return DS_FAIL(DS_ERR_INTERNAL, "GPT-2 regex: %s", err);
-    return add_step(L, path, s);
-  }
-  if (!strcmp(type, "Split")) {
-    static const char *const names[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext",
-                                        "Contiguous"};
-    tk_pretok_step s = {0};
-    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
-    const cJSON *re = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
-    const cJSON *str = cJSON_GetObjectItemCaseSensitive(pat, "String");
-    const cJSON *beh = cJSON_GetObjectItemCaseSensitive(p, "behavior");
-    if (!cJSON_IsObject(pat) || !(cJSON_IsString(re) || cJSON_IsString(str)))
-      return fail(L, DS_ERR_FORMAT, path, "'pattern' must be {\"Regex\": string} or {\"String\": string}");
-    if (!cJSON_IsString(beh)) return fail(L, DS_ERR_FORMAT, path, "'behavior' must be a string, got %s", type_name(beh));
-    size_t b = 0;
-    while (b < 5 && strcmp(beh->valuestring, names[b])) b++;
-    if (b == 5) return fail(L, DS_ERR_FORMAT, path, "unknown split behavior '%s'", beh->valuestring);
-    s.behavior = (tk_split_behavior)b;
-    DS_TRY(need_bool(L, p, "invert", &s.invert, path));
-    const char *text = cJSON_IsString(re) ? re->valuestring : str->valuestring;
-    DS_TRY(check_utf8(L, text, path));
-    s.re = tk_regex_compile(text, !cJSON_IsString(re), &s.jit, err, sizeof err);
-    if (!s.re) return fail(L, DS_ERR_FORMAT, path, "pattern: %s", err);
-    return add_step(L, path, s);
-  }
-  if (!strcmp(type, "Sequence") && depth < 4) {
-    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers"), *it;
-    if (!cJSON_IsArray(arr))
-      return fail(L, DS_ERR_FORMAT, path, "'pretokenizers' must be an array, got %s", type_name(arr));
-    size_t i = 0;
-    cJSON_ArrayForEach(it, arr) {
-      char sub[128];
-      snprintf(sub, sizeof sub, "%s.pretokenizers[%zu]", path, i++);
-      DS_TRY(load_pretok(L, it, sub, depth + 1));
-    }
-    return DS_OK;
-  }
-  return fail(L, DS_ERR_UNSUPPORTED, path,
-              "pre-tokenizer type '%s' is not supported (ByteLevel, Split, Sequence)", type);
-}
-
-/* ---- post-processor ---- */
-
-static ds_status push_template_ids(loader *L, const cJSON *specials, const char *name, ds_ids *dst,
-                                   const char *path) {
-  const cJSON *sp = cJSON_GetObjectItemCaseSensitive(specials, name);
-  const cJSON *ids = cJSON_GetObjectItemCaseSensitive(sp, "ids"), *it;
-  char sb[200];
-  if (!cJSON_IsArray(ids))
-    return fail(L, DS_ERR_FORMAT, path, "special token '%s' is not in special_tokens (with an 'ids' array)",
-                show(name, sb));
-  cJSON_ArrayForEach(it, ids) {
-    int32_t id = 0;
-    DS_TRY(get_id(L, it, &id, path));
-    DS_TRY(ds_ids_push(dst, id));
-  }
-  return DS_OK;
-}
-
-static ds_status load_post(loader *L, const cJSON *p, const char *path, int depth) {
-  ds_tokenizer *tok = L->tok;
-  if (is_null(p)) return DS_OK;
-  ds_status st;
-  const char *type = type_of(L, p, path, &st);
-  if (!type) return st;
-  if (!strcmp(type, "ByteLevel")) return DS_OK; /* only trims offsets */
-  if (!strcmp(type, "TemplateProcessing")) {
-    const cJSON *single = cJSON_GetObjectItemCaseSensitive(p, "single"), *it;
-    const cJSON *specials = cJSON_GetObjectItemCaseSensitive(p, "special_tokens");
-    if (!cJSON_IsArray(single))
-      return fail(L, DS_ERR_FORMAT, path, "'single' must be an array, got %s", type_name(single));
-    ds_ids pre = {0}, suf = {0};
-    int seen_a = 0;
-    size_t i = 0;
-    st = DS_OK;
-    cJSON_ArrayForEach(it, single) {
-      char sub[128];
-      snprintf(sub, sizeof sub, "%s.single[%zu]", path, i++);
-      const cJSON *sp = cJSON_GetObjectItemCaseSensitive(it, "SpecialToken");
-      const cJSON *seq = cJSON_GetObjectItemCaseSensitive(it, "Sequence");
-      const cJSON *id = cJSON_GetObjectItemCaseSensitive(sp ? sp : seq, "id");
-      if (!(sp || seq) || !cJSON_IsString(id)) {
-        st = fail(L, DS_ERR_FORMAT, sub, "expected {\"SpecialToken\": {\"id\": ...}} or {\"Sequence\": {\"id\": \"A\"}}");
-        break;
-      }
-      if (seq) {
-        if (strcmp(id->valuestring, "A") || seen_a) {
-          st = fail(L, DS_ERR_UNSUPPORTED, sub, "a single-sequence template must contain sequence A exactly once");
-          break;
-        }
-        seen_a = 1;
-      } else if ((st = push_template_ids(L, specials, id->valuestring, seen_a ? &suf : &pre, sub)) != DS_OK) {
-        break;
-      }
-    }
-    if (st == DS_OK && !seen_a) st = fail(L, DS_ERR_FORMAT, path, "'single' has no {\"Sequence\": {\"id\": \"A\"}}");
-    /* A later processor wraps the earlier result: prefix = new + old, suffix = old + new. */
-    for (size_t k = 0; st == DS_OK && k < tok->post_prefix.len; k++) st = ds_ids_push(&pre, tok->post_prefix.ids[k]);
-    for (size_t k = 0; st == DS_OK && k < suf.len; k++) st = ds_ids_push(&tok->post_suffix, suf.ids[k]);
-    ds_ids_free(&suf);
-    if (st != DS_OK) { ds_ids_free(&pre); return st; }
-    ds_ids_free(&tok->post_prefix);
-    tok->post_prefix = pre;
-    return DS_OK;
-  }
-  if (!strcmp(type, "Sequence") && depth < 4) {
-    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(p, "processors"), *it;
-    if (!cJSON_IsArray(arr))
-      return fail(L, DS_ERR_FORMAT, path, "'processors' must be an array, got %s", type_name(arr));
-    size_t i = 0;
-    cJSON_ArrayForEach(it, arr) {
-      char sub[128];
-      snprintf(sub, sizeof sub, "%s.processors[%zu]", path, i++);
-      DS_TRY(load_post(L, it, sub, depth + 1));
-    }
-    return DS_OK;
-  }
-  return fail(L, DS_ERR_UNSUPPORTED, path,
-              "post-processor type '%s' is not supported (ByteLevel, TemplateProcessing, Sequence)", type);
-}
-
-static ds_status load_decoder(loader *L, const cJSON *d, const char *path, int depth) {
-  ds_status st;
-  if (is_null(d)) return fail(L, DS_ERR_UNSUPPORTED, path, "a ByteLevel decoder is required, got null");
-  const char *type = type_of(L, d, path, &st);
-  if (!type) return st;
-  if (!strcmp(type, "ByteLevel")) return DS_OK;
-  if (!strcmp(type, "Sequence") && depth < 4) {
-    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(d, "decoders"), *it;
-    if (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) != 1)
-      return fail(L, DS_ERR_UNSUPPORTED, path, "only a Sequence of one ByteLevel decoder is supported");
-    cJSON_ArrayForEach(it, arr) DS_TRY(load_decoder(L, it, "decoder.decoders[0]", depth + 1));
-    return DS_OK;
-  }
-  return fail(L, DS_ERR_UNSUPPORTED, path, "decoder type '%s' is not supported (only ByteLevel)", type);
-}
-
 /* ---- per-id tables ---- */
 
-static ds_status set_id(loader *L, int32_t id, const char *str, const char *dec_str, int added,
+static ds_status set_id(tk_loader *L, int32_t id, const char *str, const char *dec_str, int added,
                         const int16_t u2b[324]) {
   ds_tokenizer *tok = L->tok;
   ds_status st;
@@ -575,7 +296,7 @@ static ds_status set_id(loader *L, int32_t id, const char *str, const char *dec_
 /* A whole-word cache computed once: the tokens whose own bytes BPE-merge back into exactly
  * themselves. A pre-tokenized word equal to such a token is emitted with one lookup (most
  * words of real text are single tokens), with ids identical to running the merges. */
-static ds_status mark_self_merging(loader *L, const int16_t u2b[324]) {
+static ds_status mark_self_merging(tk_loader *L, const int16_t u2b[324]) {
   ds_tokenizer *tok = L->tok;
   tk_buf bytes = {0};
   tk_bpe_scratch scratch = {0};
@@ -600,7 +321,7 @@ static ds_status mark_self_merging(loader *L, const int16_t u2b[324]) {
   return st;
 }
 
-static ds_status build_ids(loader *L) {
+static ds_status build_ids(tk_loader *L) {
   ds_tokenizer *tok = L->tok;
   int64_t max_id = -1;
   const cJSON *it;
@@ -610,7 +331,7 @@ static ds_status build_ids(loader *L) {
    * (real vocabularies are dense) rather than allocate gigabytes for a typo. */
   size_t n_tokens = tok->model_str.count + tok->n_added;
   if ((uint64_t)max_id >= 2 * (uint64_t)n_tokens + 65536)
-    return fail(L, DS_ERR_FORMAT, "model.vocab", "id %lld is far beyond the %zu tokens: ids must be dense",
+    return tk_fail(L, DS_ERR_FORMAT, "model.vocab", "id %lld is far beyond the %zu tokens: ids must be dense",
                 (long long)max_id, n_tokens);
   tok->n_ids = max_id + 1;
   size_t n = (size_t)tok->n_ids;
@@ -631,8 +352,8 @@ static ds_status build_ids(loader *L) {
     if (tk_strmap_get(&L->tok->model_str, it->string, strlen(it->string)) != id) continue;
     if (tok->id_flags[id]) {
       char sa[200], sb[200];
-      return fail(L, DS_ERR_FORMAT, "model.vocab", "id %d is used by both '%s' and '%s'", (int)id,
-                  show((const char *)tok->strs.p + tok->str_off[id], sa), show(it->string, sb));
+      return tk_fail(L, DS_ERR_FORMAT, "model.vocab", "id %d is used by both '%s' and '%s'", (int)id,
+                  tk_show((const char *)tok->strs.p + tok->str_off[id], sa), tk_show(it->string, sb));
     }
     DS_TRY(set_id(L, id, it->string, it->string, 0, u2b));
   }
@@ -645,32 +366,32 @@ static ds_status build_ids(loader *L) {
   for (size_t k = 0; k < tok->post_prefix.len + tok->post_suffix.len; k++) {
     int32_t id = k < tok->post_prefix.len ? tok->post_prefix.ids[k] : tok->post_suffix.ids[k - tok->post_prefix.len];
     if (id >= tok->n_ids || !tok->id_flags[id])
-      return fail(L, DS_ERR_FORMAT, "post_processor", "template token id %d is not in the vocabulary", (int)id);
+      return tk_fail(L, DS_ERR_FORMAT, "post_processor", "template token id %d is not in the vocabulary", (int)id);
   }
   return DS_OK;
 }
 
-static ds_status load_root(loader *L, const cJSON *root) {
+static ds_status load_root(tk_loader *L, const cJSON *root) {
   ds_tokenizer *tok = L->tok;
   if (!cJSON_IsObject(root)) return DS_FAIL(DS_ERR_FORMAT, "%s: top level must be a JSON object", L->label);
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "version");
-  if (!is_null(v) && !(cJSON_IsString(v) && !strcmp(v->valuestring, "1.0")))
-    return fail(L, DS_ERR_UNSUPPORTED, "version", "tokenizer.json version must be \"1.0\"");
-  DS_TRY(load_normalizer(L, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), "normalizer", 0));
+  if (!tk_is_null(v) && !(cJSON_IsString(v) && !strcmp(v->valuestring, "1.0")))
+    return tk_fail(L, DS_ERR_UNSUPPORTED, "version", "tokenizer.json version must be \"1.0\"");
+  DS_TRY(tk_load_normalizer(L, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), "normalizer", 0));
   const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
-  if (!model) return fail(L, DS_ERR_FORMAT, "model", "missing");
+  if (!model) return tk_fail(L, DS_ERR_FORMAT, "model", "missing");
   DS_TRY(load_model(L, model));
   DS_TRY(load_added(L, cJSON_GetObjectItemCaseSensitive(root, "added_tokens")));
   DS_TRY(build_added_tries(L));
   const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
-  if (is_null(pre)) return fail(L, DS_ERR_UNSUPPORTED, "pre_tokenizer", "a ByteLevel pre-tokenizer is required");
-  DS_TRY(load_pretok(L, pre, "pre_tokenizer", 0));
+  if (tk_is_null(pre)) return tk_fail(L, DS_ERR_UNSUPPORTED, "pre_tokenizer", "a ByteLevel pre-tokenizer is required");
+  DS_TRY(tk_load_pretok(L, pre, "pre_tokenizer", 0));
   for (size_t i = 0; i < tok->n_steps; i++)
     if (tok->steps[i].byte_level != (i + 1 == tok->n_steps))
-      return fail(L, DS_ERR_UNSUPPORTED, "pre_tokenizer",
+      return tk_fail(L, DS_ERR_UNSUPPORTED, "pre_tokenizer",
                   "ByteLevel must be the last step (after any Split), and present exactly once");
-  DS_TRY(load_post(L, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), "post_processor", 0));
-  DS_TRY(load_decoder(L, cJSON_GetObjectItemCaseSensitive(root, "decoder"), "decoder", 0));
+  DS_TRY(tk_load_post(L, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), "post_processor", 0));
+  DS_TRY(tk_load_decoder(L, cJSON_GetObjectItemCaseSensitive(root, "decoder"), "decoder", 0));
   return build_ids(L);
 }
 
@@ -682,7 +403,7 @@ ds_status ds_tokenizer_load_memory(const char *json, size_t len, const char *lab
   ds_status st;
   cJSON *root = ds_json_parse(json, len, label, &st);
   if (!root) return st;
-  loader L = {0};
+  tk_loader L = {0};
   L.label = label;
   L.tok = calloc(1, sizeof *L.tok);
   if (!L.tok || !(L.tok->label = strdup(label))) {

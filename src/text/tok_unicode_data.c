@@ -789,7 +789,7 @@ const size_t tk_decomp_count = sizeof tk_decomps / sizeof tk_decomps[0];
 
 /* The generator:
 
-# python gen.py > src/text/tok_unicode_data.c
+# Save this script as gen.py, then: $VENV/bin/python gen.py > src/text/tok_unicode_data.c
 # Generates src/text/tok_unicode_data.c: canonical combining classes and one-level canonical
 # decompositions as HF tokenizers' NFC sees them (Python's unicodedata corrected against
 # tokenizers.normalizers.NFC/NFD, whose tables are older than Python's).

@@ -40,6 +40,7 @@ void ds_train_options_default(ds_train_options *o) {
   o->grad_clip = 1.0;
   o->save_every = 50;
   o->eval_every = 50;
+  o->inject_nan_step = -1;
 }
 
 typedef struct {
@@ -288,9 +289,9 @@ static ds_status train_step(trainer *t, double *tokens, ds_dspark_loss_result *r
   for (int64_t j = 0; j < o->batch_seqs && W > 0; j++) {
     int64_t idx = train_sequence(t, t->step, j);
     int64_t nb = sample_blocks(t, idx, ds_anchor_seed(o->seed, 0, t->step, j));
-    DS_TRY(target_features(t, idx));
+    ds_status st = target_features(t, idx);
     ds_draft_seq s = make_seq(t, idx, nb);
-    ds_status st = ds_draft_loss_seq(t->draft, &s, &o->loss, 1.0 / W, 1, r, pa, pc);
+    if (st == DS_OK) st = ds_draft_loss_seq(t->draft, &s, &o->loss, 1.0 / W, 1, r, pa, pc);
     if (st != DS_OK)
       return ds_error_wrap(st, "step %lld, batch sequence %lld (data sequence %lld)", (long long)t->step, (long long)j,
                            (long long)idx);
@@ -299,6 +300,7 @@ static ds_status train_step(trainer *t, double *tokens, ds_dspark_loss_result *r
   *lr = ds_lr_at(t->step, o->steps, o->warmup_frac, o->lr);
   float *grads = ds_draft_grads(t->draft);
   size_t n = ds_draft_num_params(t->draft);
+  if (t->step == o->inject_nan_step) grads[n / 2] = NAN; /* fault injection for the tests */
   int finite = isfinite(r->numerator) && all_finite(grads, n);
   if (!finite) {
     if (!o->skip_nonfinite)
