@@ -109,8 +109,8 @@ static ds_status parse_draft_object(cJSON *root, const char *label, ds_draft_con
   /* The target fields (sizes, rope) go through the target parser: present the object as the
    * target it was copied from. */
   const char *arch[] = {"Qwen3ForCausalLM"};
-  cJSON_ReplaceItemInObjectCaseSensitive(root, "architectures", cJSON_CreateStringArray(arch, 1));
-  cJSON_ReplaceItemInObjectCaseSensitive(root, "num_hidden_layers", cJSON_CreateNumber((double)n_target));
+  DS_TRY(set_item(root, "architectures", cJSON_CreateStringArray(arch, 1)));
+  DS_TRY(set_item(root, "num_hidden_layers", cJSON_CreateNumber((double)n_target)));
   cJSON_DeleteItemFromObjectCaseSensitive(root, "layer_types");
   char *text = cJSON_PrintUnformatted(root);
   if (!text) return DS_FAIL(DS_ERR_NOMEM, "%s: out of memory", label);
