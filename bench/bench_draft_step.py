@@ -190,7 +190,8 @@ def worker(args):
         wr = w[rows]
         return A_CE * (wr * ce).sum() + A_L1 * (wr * l1).sum() + A_CONF * (wr * bce).sum()
 
-    opt = torch.optim.AdamW(params, lr=6e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    kind = {"fused": {"fused": True}, "foreach": {"foreach": True}, "loop": {"foreach": False}}[args.adamw]
+    opt = torch.optim.AdamW(params, lr=6e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, **kind)
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -214,6 +215,11 @@ def worker(args):
         return num, norm, t_mid
 
     rss_ready = vm_rss_mib()
+    if args.torch_profile:  # one step under torch.profiler, the top ops on stderr, then the run as usual
+        step()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            step()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), file=sys.stderr)
     times, loss_times, opt_times, nums, norm0 = [], [], [], [], None
     for s in range(args.steps + 1):
         t0 = time.perf_counter()
@@ -263,6 +269,8 @@ def main():
     ap.add_argument("--steps", type=int, default=5, help="timed steps per side (after one warm-up)")
     ap.add_argument("--gqa", choices=["repeat", "sdpa"], default="repeat",
                     help="torch GQA: repeat_interleave of k/v (HF eager) or SDPA's enable_gqa")
+    ap.add_argument("--adamw", choices=["fused", "foreach", "loop"], default="fused",
+                    help="torch.optim.AdamW implementation (fused=True is the fastest on CPU)")
     ap.add_argument("--no-chunked", action="store_true", help="skip the torch chunked-loss variant")
     ap.add_argument("--no-native-blas", action="store_true", help="skip ours with OpenBLAS's own kernel")
     ap.add_argument("--no-profile", action="store_true", help="skip our per-kernel profile run")
@@ -270,6 +278,7 @@ def main():
     ap.add_argument("--tmp", default="/tmp/dspark-bench-draft-step")
     ap.add_argument("--worker", choices=["chunked", "unchunked"], help=argparse.SUPPRESS)
     ap.add_argument("--dump", help=argparse.SUPPRESS)
+    ap.add_argument("--torch-profile", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args)
@@ -322,7 +331,7 @@ def main():
     modes = ["unchunked"] + ([] if args.no_chunked else ["chunked"])
     for mode in modes:
         res, err, rss = run_timed([sys.executable, os.path.abspath(__file__), "--worker", mode, "--dump", dump,
-                                   "--threads", str(args.threads), "--steps", str(args.steps), "--gqa", args.gqa], env)
+                                   "--threads", str(args.threads), "--steps", str(args.steps), "--gqa", args.gqa, "--adamw", args.adamw], env)
         res["time_v_rss_mib"] = rss
         res["label"] = f"torch {mode}"
         sides["torch_" + mode] = res

@@ -486,7 +486,7 @@ const ds_tensor_view *ds_st_find(const ds_safetensors *st, const char *name) {
 }
 
 const char *ds_st_metadata(const ds_safetensors *st, const char *key) {
-  if (!st || !key) return NULL;
+  if (!st || !key || st->n_meta == 0) return NULL; /* bsearch on a NULL array is undefined */
   st_meta probe = {(char *)key, NULL};
   const st_meta *m = bsearch(&probe, st->meta, st->n_meta, sizeof *st->meta, cmp_meta_key);
   return m ? m->value : NULL;

@@ -185,13 +185,15 @@ static ds_status target_features(trainer *t, int64_t idx) {
   const ds_dataset *ds = &t->data;
   DS_TRY(ds_kv_cache_crop(t->cache, 0));
   ds_target_seq seq = {ds->ids + idx * ds->seq_len, ds->lengths[idx], t->cache};
-  ds_target_outputs out = {t->layer_ids, t->n_layers, t->ctx, t->o->no_teacher ? NULL : t->last, NULL, 0, NULL};
+  ds_target_outputs out = {t->layer_ids, t->n_layers, t->ctx, t->last, NULL, 0, NULL};
   return ds_target_forward(t->target, &seq, 1, &out);
 }
 
-static ds_draft_seq make_seq(trainer *t, int64_t idx, int64_t n_blocks) {
+/* with_teacher = 0 gives the CE-only objective; evaluation always uses the teacher so that
+ * acceptance and tau are measured the same way for every objective. */
+static ds_draft_seq make_seq(trainer *t, int64_t idx, int64_t n_blocks, int with_teacher) {
   const ds_dataset *ds = &t->data;
-  ds_draft_seq s = {ds->lengths[idx], t->ctx, t->o->no_teacher ? NULL : t->last, ds->ids + idx * ds->seq_len,
+  ds_draft_seq s = {ds->lengths[idx], t->ctx, with_teacher ? t->last : NULL, ds->ids + idx * ds->seq_len,
                     n_blocks, t->anchors, t->keep, t->eval};
   return s;
 }
@@ -246,7 +248,7 @@ static ds_status evaluate(trainer *t, double elapsed) {
     int64_t idx = t->n_train + e;
     int64_t nb = sample_blocks(t, idx, ds_anchor_seed(t->o->seed, 0, -1, e)); /* fixed: the same every eval */
     DS_TRY(target_features(t, idx));
-    ds_draft_seq s = make_seq(t, idx, nb);
+    ds_draft_seq s = make_seq(t, idx, nb, 1);
     DS_TRY(ds_draft_loss_seq(t->draft, &s, &t->o->loss, 1.0, 0, &r, pa, pc));
   }
   write_metrics(t, "eval", &r, pa, pc, -1, -1, -1, elapsed);
@@ -290,7 +292,7 @@ static ds_status train_step(trainer *t, double *tokens, ds_dspark_loss_result *r
     int64_t idx = train_sequence(t, t->step, j);
     int64_t nb = sample_blocks(t, idx, ds_anchor_seed(o->seed, 0, t->step, j));
     ds_status st = target_features(t, idx);
-    ds_draft_seq s = make_seq(t, idx, nb);
+    ds_draft_seq s = make_seq(t, idx, nb, !o->no_teacher);
     if (st == DS_OK) st = ds_draft_loss_seq(t->draft, &s, &o->loss, 1.0 / W, 1, r, pa, pc);
     if (st != DS_OK)
       return ds_error_wrap(st, "step %lld, batch sequence %lld (data sequence %lld)", (long long)t->step, (long long)j,
