@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "dspark/dspark_loss.h"
+#include "nn/fast_exp.h"
 
 /* Row loops work on blocks of LANES floats with GCC/clang vector extensions: the lanes, and
  * so the order of every partial sum, are fixed by the source, not by the compiler or the
@@ -68,29 +69,10 @@ static inline double vd_sum(const vd *acc) {
   return s;
 }
 
-/* *out = exp(*x) lane-wise in fp32, for finite x or -inf (never NaN or +inf: the scan refuses
- * those). Cephes range reduction x = n ln2 + r, |r| <= ln2/2, degree-7 polynomial, 2^n built
- * from the exponent bits; within 2 ulp of expf. Below -87.3 (exp < FLT_MIN) it gives 0.
- * Elementwise, hence deterministic. */
+/* *out = exp(*x) lane-wise with the engine's one fast exp (nn/fast_exp.h); the lane loop
+ * vectorizes. */
 static inline void vexp(vf *out, const vf *x) {
-  const vf lo = VF_SPLAT(-87.3f), hi = VF_SPLAT(88.3f);
-  vi under = *x < lo;
-  vf xc = VF_SELECT(under, lo, *x);
-  xc = VF_SELECT(xc > hi, hi, xc);
-  const float round_magic = 12582912.0f; /* 1.5 * 2^23: adding and subtracting rounds to integer */
-  vf n = (xc * 1.44269504088896341f + round_magic) - round_magic;
-  vf r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  vf y = VF_SPLAT(1.9875691500e-4f);
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * (r * r) + r + 1.0f;
-  vi e = __builtin_convertvector(n, vi) + 127; /* n in [-126, 127]: a normal exponent */
-  vf scale = (vf)(e << 23);
-  *out = VF_SELECT(under, VF_SPLAT(0), y * scale);
+  for (int j = 0; j < LANES; j++) (*out)[j] = ds_fast_expf((*x)[j]);
 }
 
 /* x [V] -> max over x; *bad = 1 if x holds a NaN or +inf. */

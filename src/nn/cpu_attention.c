@@ -15,6 +15,7 @@
 
 #include "dspark/backend.h"
 #include "nn/cpu_kernels.h"
+#include "nn/fast_exp.h"
 
 /* ---------------------------------------------------------------- causal attention (KV cache) */
 
@@ -66,31 +67,6 @@ void ds_cpu_attention_causal(float *out, const float *q, int64_t q_stride, const
 }
 
 /* ---------------------------------------------------------------- block attention */
-
-/* exp(x), relative error about 2e-7 (Cephes expf: degree-6 polynomial on [-ln2/2, ln2/2],
- * 2^n through the exponent bits). Branch-free so the softmax loops that call it vectorize;
- * meant for softmax arguments (x <= ~0): below -87.3 (FLT_MIN) it returns 0, as does -inf. */
-static inline float fast_expf(float x) {
-  const float lo = -87.3365448f, hi = 88.0f;
-  float xc = x < lo ? lo : (x > hi ? hi : x);
-  float fn = xc * 1.44269504088896341f;
-  fn = (fn + 12582912.0f) - 12582912.0f; /* round to nearest integer (1.5 * 2^23 trick) */
-  float r = xc - fn * 0.693359375f;      /* ln 2 split in two for an exact first step */
-  r = r - fn * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  union {
-    int32_t i;
-    float f;
-  } two_n;
-  two_n.i = ((int32_t)fn + 127) << 23;
-  return x < lo ? 0.0f : p * two_n.f;
-}
 
 /* The problem, as the backend.h entry describes it. */
 typedef struct {
@@ -178,7 +154,7 @@ static void block_forward_tile(float *out, float *lse, const float *q, const flo
     }
     DS_OMP(simd reduction(+ : sum))
     for (int64_t t = 0; t < T; t++) {
-      row[t] = fast_expf(row[t] - mx);
+      row[t] = ds_fast_expf(row[t] - mx);
       sum += row[t];
     }
     inv[r] = 1.0f / sum; /* sum >= 1: the maximum contributes exp(0) */
@@ -240,7 +216,7 @@ static void block_backward_tile(const bgrads *gr, const float *dout, const float
   for (int64_t r = 0; r < m; r++) {
     float *row = w->p + r * T, l = lse[lse_index(a, b, kvh, r)], scale = a->scale;
     DS_OMP(simd)
-    for (int64_t t = 0; t < T; t++) row[t] = fast_expf(row[t] * scale - l);
+    for (int64_t t = 0; t < T; t++) row[t] = ds_fast_expf(row[t] * scale - l);
   }
   /* dV: P^T @ dO, context rows then the block's own rows. */
   if (gr->dv_ctx) ds_cpu_sgemm(1, 0, L, hd, m, w->p, T, w->dot, hd, 1.0f, gr->dv_ctx, gr->ld_ctx);
