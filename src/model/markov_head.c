@@ -18,6 +18,20 @@ static void concat_rows(float *dst, const float *x, int64_t a, const float *y, i
   }
 }
 
+/* z_in (nb, 2r + d) of slot k of every block: [s_{k-1} ; e_k ; h_k], with s_{-1} = 0. */
+static void rnn_inputs(const ds_draft *d, float *zin, int64_t k, int64_t nb) {
+  const draft_acts *a = &d->acts;
+  int64_t r = d->cfg.markov_rank, dm = d->cfg.hidden_size, g = d->cfg.block_size, in = 2 * r + dm;
+  for (int64_t b = 0; b < nb; b++) {
+    int64_t row = b * g + k;
+    float *zi = zin + b * in;
+    if (k == 0) memset(zi, 0, (size_t)r * sizeof(float));
+    else memcpy(zi, a->rnn_s + (row - 1) * r, (size_t)r * sizeof(float));
+    memcpy(zi + r, a->e + row * r, (size_t)r * sizeof(float));
+    memcpy(zi + 2 * r, a->h + row * dm, (size_t)dm * sizeof(float));
+  }
+}
+
 static void rnn_forward(ds_draft *d, int64_t R) {
   const ds_draft_config *c = &d->cfg;
   draft_acts *a = &d->acts;
@@ -26,15 +40,7 @@ static void rnn_forward(ds_draft *d, int64_t R) {
   float *aco = ds_malloc_aligned((size_t)(nb * 3 * r) * sizeof(float), "rnn head gates");
   DS_CHECK(zin && aco);
   for (int64_t k = 0; k < g; k++) {
-    /* z_in = [s_{k-1} ; e_k ; h_k], s_{-1} = 0 */
-    for (int64_t b = 0; b < nb; b++) {
-      int64_t row = b * g + k;
-      float *zi = zin + b * in;
-      if (k == 0) memset(zi, 0, (size_t)r * sizeof(float));
-      else memcpy(zi, a->rnn_s + (row - 1) * r, (size_t)r * sizeof(float));
-      memcpy(zi + r, a->e + row * r, (size_t)r * sizeof(float));
-      memcpy(zi + 2 * r, a->h + row * dm, (size_t)dm * sizeof(float));
-    }
+    rnn_inputs(d, zin, k, nb);
     d->be->linear(aco, zin, d->w.joint_w, d->w.joint_b, nb, in, 3 * r);
     for (int64_t b = 0; b < nb; b++) {
       int64_t row = b * g + k;
@@ -96,13 +102,10 @@ static void rnn_backward(ds_draft *d, int64_t R, const float *dz, float *de, flo
   float *ds = ds_calloc((size_t)(nb * r), sizeof(float), "rnn state grad"); /* dL/ds_k carried back */
   DS_CHECK(zin && dzin && daco && ds);
   for (int64_t k = g - 1; k >= 0; k--) {
+    rnn_inputs(d, zin, k, nb);
     for (int64_t b = 0; b < nb; b++) {
       int64_t row = b * g + k;
-      float *zi = zin + b * in;
-      if (k == 0) memset(zi, 0, (size_t)r * sizeof(float));
-      else memcpy(zi, a->rnn_s + (row - 1) * r, (size_t)r * sizeof(float));
-      memcpy(zi + r, a->e + row * r, (size_t)r * sizeof(float));
-      memcpy(zi + 2 * r, a->h + row * dm, (size_t)dm * sizeof(float));
+      const float *zi = zin + b * in;
       const float *pre = a->rnn_aco + row * 3 * r;
       float *dp = daco + b * 3 * r;
       for (int64_t j = 0; j < r; j++) {
