@@ -39,6 +39,8 @@ ds_status ds_write_file_atomic(const char *path, const void *data, size_t n);
 /* Joins dir and name with '/'; returns a malloc'd string or NULL (error recorded). */
 char *ds_path_join(const char *dir, const char *name);
 int ds_file_exists(const char *path);
+/* mkdir -p: creates path and its missing parents (0755); an existing directory is fine. */
+ds_status ds_mkdir_p(const char *path);
 
 #ifdef __cplusplus
 }

@@ -151,3 +151,23 @@ char *ds_path_join(const char *dir, const char *name) {
 }
 
 int ds_file_exists(const char *path) { struct stat st; return stat(path, &st) == 0; }
+
+ds_status ds_mkdir_p(const char *path) {
+  size_t n = strlen(path);
+  char *buf = ds_malloc(n + 1, "path");
+  if (!buf) return DS_ERR_NOMEM;
+  memcpy(buf, path, n + 1);
+  for (size_t i = 1; i <= n; i++) {
+    if (buf[i] != '/' && buf[i] != 0) continue;
+    char c = buf[i];
+    buf[i] = 0;
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
+      ds_status st = DS_FAIL(DS_ERR_IO, "%s: cannot create directory: %s", buf, strerror(errno));
+      free(buf);
+      return st;
+    }
+    buf[i] = c;
+  }
+  free(buf);
+  return DS_OK;
+}

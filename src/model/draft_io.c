@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "dspark/fileio.h"
 #include "io/json_util.h"
@@ -60,10 +59,7 @@ ds_status ds_draft_export_hf(const ds_draft *d, const char *target_config_json, 
   ds_st_writer *w = NULL;
   ds_status st = ds_draft_hf_config_json(d, target_config_json, &text);
   if (st != DS_OK) return st;
-  if (mkdir(out_dir, 0755) != 0 && !ds_file_exists(out_dir)) {
-    st = DS_FAIL(DS_ERR_IO, "%s: cannot create the export directory", out_dir);
-    goto done;
-  }
+  if ((st = ds_mkdir_p(out_dir)) != DS_OK) goto done;
   cfg_path = ds_path_join(out_dir, "config.json");
   st_path = ds_path_join(out_dir, "model.safetensors");
   w = ds_st_writer_new();

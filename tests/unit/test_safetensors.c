@@ -18,27 +18,14 @@
 
 #include "dspark/dtype.h"
 #include "dspark/safetensors.h"
+#include "dspark/fileio.h"
 #include "test_util.h"
 
 static char g_tmp[1024]; /* this run's scratch directory */
 
 /* ---------------------------------------------------------------- helpers */
 
-static int mkdir_p(const char *path) {
-  char buf[1024];
-  size_t n = strlen(path);
-  if (n == 0 || n >= sizeof buf) return -1;
-  memcpy(buf, path, n + 1);
-  for (size_t i = 1; i <= n; i++) {
-    if (buf[i] == '/' || buf[i] == 0) {
-      char c = buf[i];
-      buf[i] = 0;
-      if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
-      buf[i] = c;
-    }
-  }
-  return 0;
-}
+static int mkdir_p(const char *path) { return ds_mkdir_p(path) == DS_OK ? 0 : -1; }
 
 /* Removes a scratch tree this test created (files and directories only). */
 static void rm_rf(const char *path) {

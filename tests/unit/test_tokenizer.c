@@ -522,21 +522,7 @@ static void test_files(const char *dir) {
   EXPECT(strstr(ds_last_error(), "missing.json") != NULL);
 }
 
-static int mkdir_p(const char *path) {
-  char buf[1024];
-  size_t n = strlen(path);
-  if (n == 0 || n >= sizeof buf) return -1;
-  memcpy(buf, path, n + 1);
-  for (size_t i = 1; i <= n; i++) {
-    if (buf[i] == '/' || buf[i] == 0) {
-      char c = buf[i];
-      buf[i] = 0;
-      if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
-      buf[i] = c;
-    }
-  }
-  return 0;
-}
+static int mkdir_p(const char *path) { return ds_mkdir_p(path) == DS_OK ? 0 : -1; }
 
 static char g_dir[1024];
 static void test_files_run(void) { test_files(g_dir); }
