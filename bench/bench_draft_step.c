@@ -17,9 +17,10 @@
  * [0, T-2], every block kept, eval mask from ds_anchor_eval_mask with a loss mask of ones.
  *
  * After one warm-up step (whose loss is that of the initial weights), --steps timed steps.
- * Prints one JSON line on stdout: best / median / every step time, the split of the median
- * step into loss_seq (forward + loss + backward) and optimizer (clip + AdamW), the first and
- * last numerators and W, the grad norm of the first step, the peak RSS (VmHWM) in MiB, sizes.
+ * Prints one JSON line on stdout: best / median / every step time, each step's two parts
+ * (loss_seq: zero grads + forward + loss + backward; optimizer: clip + AdamW) and their medians,
+ * the first and last numerators and W, the grad norm of the first step, the RSS after setup and
+ * the peak RSS (VmHWM) in MiB, sizes. Progress per step on stderr.
  *
  * --dump FILE writes, before any step, the inputs (input.ctx, input.last, input.ids I32,
  * input.anchors I64, input.block_keep U8, input.eval_mask U8) and every draft tensor under its
@@ -117,15 +118,17 @@ static float *uniform(size_t n, ds_rng *r, float amp) {
   return p;
 }
 
-/* Peak resident set (VmHWM) of this process in MiB; 0 if unknown. */
-static double peak_rss_mib(void) {
+/* A memory line of /proc/self/status ("VmHWM:" = peak resident set, "VmRSS:" = current) in
+ * MiB; 0 if unknown. */
+static double status_mib(const char *key) {
   FILE *f = fopen("/proc/self/status", "r");
   if (!f) return 0;
   char line[256];
   double kib = 0;
+  size_t n = strlen(key);
   while (fgets(line, sizeof line, f))
-    if (!strncmp(line, "VmHWM:", 6)) {
-      sscanf(line + 6, "%lf", &kib);
+    if (!strncmp(line, key, n)) {
+      sscanf(line + n, "%lf", &kib);
       break;
     }
   fclose(f);
@@ -279,6 +282,7 @@ int main(int argc, char **argv) {
   free(lm_head);
   inputs in;
   make_inputs(&o, &rng, &in);
+  double rss_init = status_mib("VmRSS:");
   if (o.dump) dump(&o, &c, d, &in, o.dump);
 
   ds_draft_seq seq = {in.T, in.ctx, in.last, in.ids, in.n_blocks, in.anchors, in.keep, in.eval_mask};
@@ -334,7 +338,7 @@ int main(int argc, char **argv) {
   const double *timed = t_step + 1;
   double best = timed[0];
   for (int s = 1; s < o.steps; s++) best = timed[s] < best ? timed[s] : best;
-  double rss = peak_rss_mib();
+  double rss = status_mib("VmHWM:");
   if (o.profile) {
     double tot = 0;
     for (int s = 1; s < total; s++) tot += t_loss[s];
@@ -347,6 +351,10 @@ int main(int argc, char **argv) {
          o.threads, ds_blas_kernel_name(), o.steps, best, median(timed, o.steps), median(t_loss + 1, o.steps),
          median(t_opt + 1, o.steps), t_step[0]);
   for (int s = 0; s < o.steps; s++) printf("%s%.6f", s ? ", " : "", timed[s]);
+  printf("], \"loss_seq_times_s\": [");
+  for (int s = 0; s < o.steps; s++) printf("%s%.6f", s ? ", " : "", t_loss[s + 1]);
+  printf("], \"optimizer_times_s\": [");
+  for (int s = 0; s < o.steps; s++) printf("%s%.6f", s ? ", " : "", t_opt[s + 1]);
   printf("], \"numerators\": [");
   for (int s = 0; s < total; s++) printf("%s%.17g", s ? ", " : "", num[s]);
   printf("], \"first_numerator\": %.17g, \"W\": %.17g, \"first_loss\": %.9g, \"last_loss\": %.9g, "
@@ -354,13 +362,13 @@ int main(int argc, char **argv) {
          "\"first_grad_norm\": %.9g, \"num_tokens\": %lld, \"peak_rss_mib\": %.1f, \"n_params\": %zu, "
          "\"vocab\": %lld, \"hidden\": %lld, \"layers\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, "
          "\"inter\": %lld, \"captured\": %lld, \"block\": %lld, \"anchors\": %lld, \"seq_len\": %lld, \"rank\": %lld, "
-         "\"chunk_rows\": %lld, \"profile\": %d}\n",
+         "\"chunk_rows\": %lld, \"profile\": %d, \"rss_after_init_mib\": %.1f}\n",
          num[0], W, num[0] / W, num[total - 1] / W, first_res.pair[DS_DSPARK_PAIR_CE][0] / W,
          first_res.pair[DS_DSPARK_PAIR_L1][0] / W, first_res.pair[DS_DSPARK_PAIR_CONF][0] / W,
          first_res.pair[DS_DSPARK_PAIR_ACCEPT][0] / first_res.pair[DS_DSPARK_PAIR_ACCEPT][1], first_norm,
          (long long)first_res.num_tokens, rss, n, (long long)o.V, (long long)o.D, (long long)o.layers, (long long)o.H,
          (long long)o.KV, (long long)o.HD, (long long)o.I, (long long)o.M, (long long)o.G, (long long)o.anchors,
-         (long long)o.T, (long long)o.rank, (long long)o.chunk, o.profile);
+         (long long)o.T, (long long)o.rank, (long long)o.chunk, o.profile, rss_init);
 
   free(t_step);
   free(t_loss);

@@ -12,16 +12,25 @@ Sides, each in its own process (so each peak RSS is its own), under /usr/bin/tim
                     OpenBLAS to an AVX2 kernel through OPENBLAS_CORETYPE)
   ours native-blas  the same with OpenBLAS choosing its own kernel (only when the environment
                     pins one)
+  ours mmap 1M      the first with MALLOC_MMAP_THRESHOLD_=1048576: a probe of how much of our
+                    peak RSS is glibc heap retention of the loss buffers ds_draft_loss_seq
+                    allocates and frees on every call (not a default setting)
   torch unchunked   eager float32: blocks batched, SDPA with a boolean [B, 1, g, T+g] mask,
                     GQA by repeat_interleave, HF-style RMSNorm / rotate_half rope / SwiGLU,
                     vanilla Markov head, confidence head; the loss of spec section 4 computed
                     the straightforward way over [B*g, V] with autograd; clip_grad_norm_ and
-                    torch.optim.AdamW; frozen embed / lm_head (requires_grad False)
+                    torch.optim.AdamW(fused=True) (the fastest CPU AdamW; --adamw foreach|loop
+                    for the others); frozen embed / lm_head (requires_grad False)
   torch chunked     the same, with the loss in 128-row chunks: h and e detached into leaves,
                     each chunk's logits + loss + backward done in turn (gradients accumulate
                     into the leaves, W2 and the confidence head), then one backward through
                     the draft from the leaves' gradients (the DeepSpec pattern)
-Every side runs one warm-up step, then --steps timed ones; the table gives best and median.
+  torch chunked +sdpa-gqa   chunked, and GQA by scaled_dot_product_attention(enable_gqa=True)
+                    instead of repeat_interleave (the leanest eager variant here)
+  (--torch picks the torch sides)
+Every side runs one warm-up step, then --steps timed ones, and the sides take turns for
+--rounds rounds (times pooled: best and median over all; peak RSS the max), so that a change
+in the machine's load does not fall on one side only. The load average is printed with the table.
 All sides run the SAME numbers: ours writes its random inputs and initial weights to a
 safetensors dump (in a separate run, so that the dump does not count in ours' peak RSS; the
 same seed gives the same numbers), the torch workers read it straight into their parameters
@@ -29,12 +38,14 @@ same seed gives the same numbers), the torch workers read it straight into their
 is checked against ours within 1e-4 relative.
 
     ~/.cache/dspark/venv/bin/python bench/bench_draft_step.py --build build/release [--threads 2] [--steps 5]
+        [--rounds 2] [--torch unchunked:repeat,chunked:repeat,chunked:sdpa] [--adamw fused|foreach|loop]
+        [--no-native-blas] [--no-profile]
 
-Prints a table and writes bench/out/draft_step.json.
+Prints a table (and our per-kernel profile) and writes bench/out/draft_step.json; exits 1 if
+a torch side's first-step numerator is off by more than 1e-4 relative.
 """
 import argparse
 import json
-import math
 import os
 import platform
 import re
@@ -89,8 +100,9 @@ def worker(args):
     torch.set_num_threads(args.threads)
     rss_import = vm_rss_mib()
     data, meta = read_safetensors(args.dump, torch)
+    rss_loaded = vm_rss_mib()
     cfg = json.loads(meta["config"])
-    V, D, I = cfg["vocab_size"], cfg["hidden_size"], cfg["intermediate_size"]
+    D = cfg["hidden_size"]
     HQ, HKV, HD = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     ND, G, EPS, THETA = cfg["num_layers"], cfg["block_size"], cfg["rms_norm_eps"], cfg["rope_theta"]
     MASK = cfg["mask_token_id"]
@@ -215,11 +227,12 @@ def worker(args):
         return num, norm, t_mid
 
     rss_ready = vm_rss_mib()
-    if args.torch_profile:  # one step under torch.profiler, the top ops on stderr, then the run as usual
+    if args.torch_profile:  # a warm-up step, then one under torch.profiler: the top ops on stderr
         step()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             step()
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), file=sys.stderr)
+        return 0
     times, loss_times, opt_times, nums, norm0 = [], [], [], [], None
     for s in range(args.steps + 1):
         t0 = time.perf_counter()
@@ -237,10 +250,11 @@ def worker(args):
               f"loss {num / W:.6f}, grad norm {norm:.4g}", file=sys.stderr, flush=True)
     print(json.dumps({"best_s": min(times), "median_s": median(times), "times_s": times, "warmup_s": warm,
                       "median_loss_seq_s": median(loss_times), "median_optimizer_s": median(opt_times),
+                      "loss_seq_times_s": loss_times, "optimizer_times_s": opt_times,
                       "numerators": nums, "first_numerator": nums[0], "W": W, "first_loss": nums[0] / W,
                       "last_loss": nums[-1] / W, "first_grad_norm": norm0,
                       "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "rss_after_import_mib": rss_import, "rss_ready_mib": rss_ready,
+                      "rss_after_import_mib": rss_import, "rss_loaded_mib": rss_loaded, "rss_ready_mib": rss_ready,
                       "torch": torch.__version__, "threads": torch.get_num_threads()}))
 
 
@@ -262,17 +276,42 @@ def load_avg():
         return (float("nan"),) * 3
 
 
+def merge(runs):
+    """One side's runs (rounds): times pooled (best = min, median over all), peak RSS = max."""
+    out = dict(runs[0])
+    times = [t for r in runs for t in r["times_s"]]
+    out["times_s"] = times
+    out["best_s"] = min(times)
+    out["median_s"] = median(times)
+    for part in ("loss_seq", "optimizer"):
+        pooled = [t for r in runs for t in r[part + "_times_s"]]
+        out[part + "_times_s"] = pooled
+        out[f"median_{part}_s"] = median(pooled)
+    out["peak_rss_mib"] = max(r["peak_rss_mib"] for r in runs)
+    out["time_v_rss_mib"] = max(r["time_v_rss_mib"] for r in runs)
+    out["first_numerators"] = [r["first_numerator"] for r in runs]
+    out["rounds"] = len(runs)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", help="the build directory holding bench_draft_step")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=5, help="timed steps per side (after one warm-up)")
-    ap.add_argument("--gqa", choices=["repeat", "sdpa"], default="repeat",
-                    help="torch GQA: repeat_interleave of k/v (HF eager) or SDPA's enable_gqa")
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per side and round (after one warm-up)")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="the sides run in turn this many times (times pooled), so a change in the machine's "
+                         "load hits every side")
+    ap.add_argument("--torch", default="unchunked:repeat,chunked:repeat,chunked:sdpa",
+                    help="torch sides, LOSS:GQA comma-separated: LOSS unchunked|chunked, GQA repeat "
+                         "(repeat_interleave of k/v, as HF eager) | sdpa (scaled_dot_product_attention's enable_gqa)")
+    ap.add_argument("--gqa", choices=["repeat", "sdpa"], default="repeat", help=argparse.SUPPRESS)
     ap.add_argument("--adamw", choices=["fused", "foreach", "loop"], default="fused",
                     help="torch.optim.AdamW implementation (fused=True is the fastest on CPU)")
-    ap.add_argument("--no-chunked", action="store_true", help="skip the torch chunked-loss variant")
     ap.add_argument("--no-native-blas", action="store_true", help="skip ours with OpenBLAS's own kernel")
+    ap.add_argument("--no-malloc-probe", action="store_true",
+                    help="skip ours with MALLOC_MMAP_THRESHOLD_=1 MiB (shows the peak RSS our per-step loss "
+                         "buffers cost through glibc's heap; not a default setting)")
     ap.add_argument("--no-profile", action="store_true", help="skip our per-kernel profile run")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))
     ap.add_argument("--tmp", default="/tmp/dspark-bench-draft-step")
@@ -284,6 +323,8 @@ def main():
         return worker(args)
     if not args.build:
         ap.error("--build is required")
+    if args.steps < 1 or args.rounds < 1 or args.threads < 1:
+        ap.error("--steps, --rounds and --threads must be >= 1")
     exe = os.path.join(args.build, "bench_draft_step")
     if not os.path.exists(exe):
         sys.exit(f"{exe} not found: cmake --build {args.build} --target bench_draft_step")
@@ -296,7 +337,7 @@ def main():
     load_before = load_avg()
     t_start = time.perf_counter()
 
-    # 1. the dump (its own run: the dump's buffers must not count in ours' peak)
+    # The dump, in its own run: its buffers must not count in ours' peak RSS.
     p = subprocess.run([exe, "--steps", "1", "--dump", dump] + common, capture_output=True, text=True, env=env)
     if p.returncode != 0:
         sys.exit(f"{exe} --dump failed ({p.returncode}):\n{p.stderr[-4000:]}")
@@ -304,87 +345,105 @@ def main():
     print(f"dump written: {os.path.getsize(dump) / 2**20:.0f} MiB, first numerator {dump_run['first_numerator']:.9g}",
           flush=True)
 
-    sides = {}
-    # 2. ours, timed
-    res, _, rss = run_timed([exe, "--steps", str(args.steps)] + common, env)
-    res["time_v_rss_mib"] = rss
-    res["label"] = f"ours ({res['blas']})"
-    sides["ours"] = res
-    print(f"ours: best {res['best_s']:.3f} s, median {res['median_s']:.3f} s, peak RSS {res['peak_rss_mib']:.0f} MiB",
-          flush=True)
-    if res["first_numerator"] != dump_run["first_numerator"]:
-        print(f"WARNING: the timed run's first numerator {res['first_numerator']!r} differs from the dump run's "
-              f"{dump_run['first_numerator']!r}", flush=True)
+    sides = [("ours", "ours", [exe, "--steps", str(args.steps)] + common, env)]
     if not args.no_native_blas and native_env != env:
-        res, _, rss = run_timed([exe, "--steps", str(args.steps)] + common, native_env)
-        res["time_v_rss_mib"] = rss
-        res["label"] = f"ours ({res['blas']})"
-        sides["ours_native_blas"] = res
-        print(f"ours, OpenBLAS {res['blas']}: best {res['best_s']:.3f} s, median {res['median_s']:.3f} s", flush=True)
+        sides.append(("ours_native_blas", "ours", [exe, "--steps", str(args.steps)] + common, native_env))
+    if not args.no_malloc_probe:
+        sides.append(("ours_mmap_1m", "ours mmap", [exe, "--steps", str(args.steps)] + common,
+                      dict(env, MALLOC_MMAP_THRESHOLD_=str(1 << 20))))
+    for variant in args.torch.split(","):
+        mode, _, gqa = variant.partition(":")
+        gqa = gqa or "repeat"
+        if mode not in ("unchunked", "chunked") or gqa not in ("repeat", "sdpa"):
+            ap.error(f"--torch: '{variant}' is not LOSS:GQA with LOSS unchunked|chunked and GQA repeat|sdpa")
+        sides.append((f"torch_{mode}_{gqa}", f"torch {mode}" + (" +sdpa-gqa" if gqa == "sdpa" else ""),
+                      [sys.executable, os.path.abspath(__file__), "--worker", mode, "--dump", dump, "--threads",
+                       str(args.threads), "--steps", str(args.steps), "--gqa", gqa, "--adamw", args.adamw], env))
+    runs = {key: [] for key, _, _, _ in sides}
+    labels = {}
+    for rnd in range(args.rounds):
+        for key, label, cmd, side_env in sides:
+            res, _, rss = run_timed(cmd, side_env)
+            res["time_v_rss_mib"] = rss
+            labels[key] = f"ours ({res['blas']})" if label == "ours" else \
+                f"ours ({res['blas']}) mmap 1M" if label == "ours mmap" else label
+            runs[key].append(res)
+            print(f"round {rnd + 1}/{args.rounds} {labels[key]}: best {res['best_s']:.3f} s, median "
+                  f"{res['median_s']:.3f} s, peak RSS {res['peak_rss_mib']:.0f} MiB (load {load_avg()[0]:.1f})",
+                  flush=True)
     profile = None
     if not args.no_profile:
         p = subprocess.run([exe, "--steps", "2", "--profile"] + common, capture_output=True, text=True, env=env)
         if p.returncode == 0:
             profile = p.stderr[p.stderr.find("profile of"):]
-
-    # 3. torch
-    modes = ["unchunked"] + ([] if args.no_chunked else ["chunked"])
-    for mode in modes:
-        res, err, rss = run_timed([sys.executable, os.path.abspath(__file__), "--worker", mode, "--dump", dump,
-                                   "--threads", str(args.threads), "--steps", str(args.steps), "--gqa", args.gqa, "--adamw", args.adamw], env)
-        res["time_v_rss_mib"] = rss
-        res["label"] = f"torch {mode}"
-        sides["torch_" + mode] = res
-        print(f"torch {mode}: best {res['best_s']:.3f} s, median {res['median_s']:.3f} s, "
-              f"peak RSS {res['peak_rss_mib']:.0f} MiB", flush=True)
     os.remove(dump)
     load_after = load_avg()
 
-    ours = sides["ours"]
-    ref_num = ours["first_numerator"]
+    merged = {key: merge(r) for key, r in runs.items()}
+    for key, s in merged.items():
+        s["label"] = labels[key]
+    ours = merged["ours"]
+    ref_num = dump_run["first_numerator"]  # the initial weights' loss on the dumped numbers
     ok = True
-    for key, s in sides.items():
-        s["rel_diff_first_numerator"] = abs(s["first_numerator"] - ref_num) / abs(ref_num)
+    notes = []
+    for key, s in merged.items():
+        s["rel_diff_first_numerator"] = max(abs(n - ref_num) / abs(ref_num) for n in s["first_numerators"])
         if key.startswith("torch"):
             s["numerator_ok"] = s["rel_diff_first_numerator"] <= TOL
             ok &= s["numerator_ok"]
+        elif s["rel_diff_first_numerator"] != 0:
+            notes.append(f"{s['label']}: first numerator differs from the dump run's by "
+                         f"{s['rel_diff_first_numerator']:.1e} (not bit-identical across runs)")
 
     import torch
     print(f"\nDSpark draft optimizer step: V={ours['vocab']} d={ours['hidden']} n_d={ours['layers']} "
           f"heads {ours['heads']}/{ours['kv_heads']}x{ours['head_dim']} I={ours['inter']} m={ours['captured']} "
           f"T={ours['seq_len']} {ours['anchors']} anchors x g={ours['block']} rank {ours['rank']} "
           f"chunk {ours['chunk_rows']}; {ours['n_params'] / 1e6:.1f}M trainable parameters; "
-          f"{args.threads} threads; torch {torch.__version__} (GQA: {args.gqa})")
+          f"{args.threads} threads; torch {torch.__version__} (AdamW {args.adamw}); "
+          f"{args.rounds} rounds x {args.steps} steps per side")
     print(f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after ({os.cpu_count()} CPUs)")
-    hdr = (f"{'side':<24} {'best s':>7} {'median s':>9} {'loss+bwd':>9} {'optim':>7} {'peak RSS':>9} "
-           f"{'time -v':>8} {'t/ours':>7} {'RSS/ours':>8} {'first loss':>11} {'rel diff num':>12}")
+    hdr = (f"{'side':<26} {'best s':>7} {'median s':>9} {'fwd+bwd':>8} {'optim':>6} {'best/ours':>9} "
+           f"{'med/ours':>8} {'peak RSS':>9} {'time -v':>8} {'RSS/ours':>8} {'first loss':>11} {'rel diff num':>12}")
     print(hdr)
     print("-" * len(hdr))
-    for key, s in sides.items():
-        print(f"{s['label']:<24} {s['best_s']:>7.3f} {s['median_s']:>9.3f} {s['median_loss_seq_s']:>9.3f} "
-              f"{s['median_optimizer_s']:>7.3f} {s['peak_rss_mib']:>9.0f} {s['time_v_rss_mib']:>8.0f} "
-              f"{s['median_s'] / ours['median_s']:>6.2f}x {s['peak_rss_mib'] / ours['peak_rss_mib']:>7.2f}x "
-              f"{s['first_loss']:>11.6f} {s['rel_diff_first_numerator']:>12.1e}")
-    print("(times: one step = zero grads + forward + loss + backward + clip + AdamW; t/ours and RSS/ours are "
-          "the torch side's median time and peak RSS over ours'; peak RSS in MiB, from the process's own report, "
-          "'time -v' the /usr/bin/time cross-check)")
-    for key in ("torch_unchunked", "torch_chunked"):
-        if key in sides:
-            s = sides[key]
+    for key, s in merged.items():
+        print(f"{s['label']:<26} {s['best_s']:>7.3f} {s['median_s']:>9.3f} {s['median_loss_seq_s']:>8.3f} "
+              f"{s['median_optimizer_s']:>6.3f} {s['best_s'] / ours['best_s']:>8.2f}x "
+              f"{s['median_s'] / ours['median_s']:>7.2f}x {s['peak_rss_mib']:>9.0f} {s['time_v_rss_mib']:>8.0f} "
+              f"{s['peak_rss_mib'] / ours['peak_rss_mib']:>7.2f}x {s['first_loss']:>11.6f} "
+              f"{s['rel_diff_first_numerator']:>12.1e}")
+    print("(a step = zero grads + forward + loss + backward + clip + AdamW, seconds; fwd+bwd and optim: medians of "
+          "the two parts of a step; best/ours, med/ours, RSS/ours: that side's best time, median time and peak RSS over ours' "
+          "(first row: the environment's BLAS); peak RSS in MiB from the process's own report (VmHWM / "
+          "ru_maxrss), 'time -v' the /usr/bin/time cross-check; rel diff num: the first step's loss numerator "
+          "(initial weights) against ours)")
+    state = (4 * ours["n_params"] + 2 * ours["vocab"] * ours["hidden"]) * 4 / 2**20
+    print(f"model state common to every side (params, grads, AdamW m and v, frozen embed + lm_head): {state:.0f} MiB; "
+          f"ours after init (draft + inputs, before any step): {ours['rss_after_init_mib']:.0f} MiB")
+    for key, s in merged.items():
+        if key.startswith("torch"):
             print(f"{s['label']}: RSS after import torch {s['rss_after_import_mib']:.0f} MiB, with weights and inputs "
-                  f"loaded {s['rss_ready_mib']:.0f} MiB")
-    print(f"first-step numerator agreement (<= {TOL:g} relative): {'OK' if ok else 'FAILED'}")
+                  f"read {s['rss_loaded_mib']:.0f} MiB, after building torch.optim.AdamW (before any step) "
+                  f"{s['rss_ready_mib']:.0f} MiB")
+    if "ours_mmap_1m" in merged:
+        print("mmap 1M: ours with MALLOC_MMAP_THRESHOLD_=1048576 (glibc serves every block >= 1 MiB by mmap and "
+              "returns it at free), a probe of how much of our peak is heap retention, not a default setting")
+    for n in notes:
+        print("note: " + n)
+    print(f"first-step numerator agreement with ours (<= {TOL:g} relative): {'OK' if ok else 'FAILED'}")
     if profile:
-        print("\nour per-kernel profile (environment BLAS):\n" + profile.rstrip())
+        print("\nour per-kernel profile (environment BLAS, ds_draft_loss_seq only):\n" + profile.rstrip())
     report = {"benchmark": "dspark draft optimizer step", "machine": platform.processor() or platform.machine(),
-              "cpus": os.cpu_count(), "threads": args.threads, "steps": args.steps, "torch": torch.__version__,
-              "gqa": args.gqa, "load_avg_before": load_before, "load_avg_after": load_after,
-              "numerator_tolerance": TOL, "numerators_agree": ok, "sides": sides, "our_profile": profile,
-              "wall_s": time.perf_counter() - t_start}
+              "cpus": os.cpu_count(), "threads": args.threads, "steps": args.steps, "rounds": args.rounds,
+              "torch": torch.__version__, "adamw": args.adamw, "load_avg_before": load_before,
+              "load_avg_after": load_after, "numerator_tolerance": TOL, "numerators_agree": ok,
+              "dump_first_numerator": ref_num, "model_state_mib": state, "sides": merged, "runs": runs,
+              "our_profile": profile, "wall_s": time.perf_counter() - t_start}
     path = os.path.join(args.out, "draft_step.json")
     with open(path, "w") as f:
         json.dump(report, f, indent=1)
-    print(f"wrote {path}")
+    print(f"wrote {path} ({time.perf_counter() - t_start:.0f} s)")
     return 0 if ok else 1
 
 

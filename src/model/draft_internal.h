@@ -105,6 +105,9 @@ struct ds_draft {
   draft_acts acts;
   float *dscratch;    /* backward scratch arena */
   size_t dscratch_floats;
+  void *loss_arena;   /* the fused loss pass's buffers (draft_train.c), grow-only: a step
+                         allocates nothing, so the allocator cannot inflate the peak */
+  size_t loss_arena_bytes;
 };
 
 ds_status draft_forward(ds_draft *d, const ds_draft_seq *seq);

@@ -4,7 +4,6 @@
  * (c, V) = last[a+k] @ lm_head^T, the loss core turns the draft logits into their gradient in
  * place, which flows to dh (through the frozen lm_head) and to dz and W2. Peak extra memory
  * is three (c, V) buffers, independent of the number of blocks. */
-#include <stdlib.h>
 #include <string.h>
 
 #include "model/draft_internal.h"
@@ -21,39 +20,40 @@ typedef struct {
   float *dconf;                      /* (R) */
 } train_buffers;
 
-static void buffers_free(train_buffers *b) {
-  ds_free_aligned(b->logits);
-  ds_free_aligned(b->teacher);
-  ds_free_aligned(b->scratch);
-  ds_free_aligned(b->last_rows);
-  free(b->ids);
-  free(b->sup);
-  free(b->w);
-  free(b->stats);
-  ds_free_aligned(b->dh);
-  ds_free_aligned(b->dz);
-  free(b->dconf);
+/* Carves the buffers from the draft's grow-only loss arena (64-byte aligned pieces); with
+ * base NULL only counts the bytes. */
+static size_t layout_buffers(train_buffers *b, char *base, int64_t R, int64_t c, int64_t V, int64_t dm, int64_t r) {
+  size_t off = 0;
+#define TAKE(ptr, bytes)                                  \
+  do {                                                    \
+    if (base) (ptr) = (void *)(base + off);               \
+    off += ((size_t)(bytes) + 63) & ~(size_t)63;          \
+  } while (0)
+  TAKE(b->logits, (size_t)(c * V) * sizeof(float));
+  TAKE(b->teacher, (size_t)(c * V) * sizeof(float));
+  TAKE(b->scratch, (size_t)(c * V) * sizeof(float));
+  TAKE(b->last_rows, (size_t)(c * dm) * sizeof(float));
+  TAKE(b->ids, (size_t)R * sizeof(int32_t));
+  TAKE(b->sup, (size_t)R);
+  TAKE(b->w, (size_t)R * sizeof(double));
+  TAKE(b->stats, (size_t)(4 * R) * sizeof(double));
+  TAKE(b->dh, (size_t)(R * dm) * sizeof(float));
+  TAKE(b->dz, (size_t)(R * (r ? r : 1)) * sizeof(float));
+  TAKE(b->dconf, (size_t)R * sizeof(float));
+#undef TAKE
+  return off;
 }
 
-static ds_status buffers_alloc(train_buffers *b, int64_t R, int64_t c, int64_t V, int64_t dm, int64_t r) {
+static ds_status buffers_alloc(ds_draft *d, train_buffers *b, int64_t R, int64_t c, int64_t V, int64_t dm, int64_t r) {
   memset(b, 0, sizeof *b);
-  size_t cv = (size_t)(c * V) * sizeof(float);
-  b->logits = ds_malloc_aligned(cv, "loss chunk");
-  b->teacher = ds_malloc_aligned(cv, "loss chunk");
-  b->scratch = ds_malloc_aligned(cv, "loss chunk");
-  b->last_rows = ds_malloc_aligned((size_t)(c * dm) * sizeof(float), "loss chunk");
-  b->ids = ds_malloc((size_t)R * sizeof(int32_t), "target ids");
-  b->sup = ds_malloc((size_t)R, "supervision mask");
-  b->w = ds_malloc((size_t)R * sizeof(double), "loss weights");
-  b->stats = ds_malloc((size_t)(4 * R) * sizeof(double), "loss row stats");
-  b->dh = ds_malloc_aligned((size_t)(R * dm) * sizeof(float), "draft hidden grad");
-  b->dz = ds_malloc_aligned((size_t)(R * (r ? r : 1)) * sizeof(float), "markov grad");
-  b->dconf = ds_malloc((size_t)R * sizeof(float), "confidence grad");
-  if (!b->logits || !b->teacher || !b->scratch || !b->last_rows || !b->ids || !b->sup || !b->w || !b->stats ||
-      !b->dh || !b->dz || !b->dconf) {
-    buffers_free(b);
-    return DS_ERR_NOMEM;
+  size_t need = layout_buffers(b, NULL, R, c, V, dm, r);
+  if (need > d->loss_arena_bytes) {
+    ds_free_aligned(d->loss_arena);
+    d->loss_arena = ds_malloc_aligned(need, "loss buffers");
+    d->loss_arena_bytes = d->loss_arena ? need : 0;
+    if (!d->loss_arena) return DS_ERR_NOMEM;
   }
+  layout_buffers(b, d->loss_arena, R, c, V, dm, r);
   memset(b->dh, 0, (size_t)(R * dm) * sizeof(float));
   memset(b->dz, 0, (size_t)(R * (r ? r : 1)) * sizeof(float));
   memset(b->dconf, 0, (size_t)R * sizeof(float));
@@ -74,7 +74,7 @@ ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *s, const ds_dspark_
 
   DS_TRY(draft_forward(d, s));
   train_buffers b;
-  DS_TRY(buffers_alloc(&b, R, chunk, V, dm, r));
+  DS_TRY(buffers_alloc(d, &b, R, chunk, V, dm, r));
   ds_status st = DS_OK;
   for (int64_t blk = 0; blk < s->n_blocks; blk++)
     for (int64_t k = 0; k < g; k++) {
@@ -125,6 +125,5 @@ ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *s, const ds_dspark_
     st = draft_backward(d, s, b.dh);
   }
 done:
-  buffers_free(&b);
   return st;
 }
