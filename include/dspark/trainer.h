@@ -1,5 +1,10 @@
-/* The DSpark draft trainer (online: the live target runs on each batch). One call runs a
- * whole training job into a run directory:
+/* The DSpark draft trainer: online (the live target runs on each batch) or from an offline
+ * cache written by `dspark capture` (include/dspark/cache.h), in which case the cache's
+ * sequences, features and frozen tables replace the target and the target need not be loaded.
+ * Everything else (order, anchors, evaluation split, loss) is the same code, so training from
+ * an f32 cache is bit-identical to online training with the same data and seed; from a bf16 /
+ * f16 cache the only difference is the features' rounding to that dtype (round to nearest
+ * even, as ds_convert_from_f32). One call runs a whole training job into a run directory:
  *   RUN/run.json              the full configuration (written at start)
  *   RUN/target_config.json    the target's config.json (export needs it)
  *   RUN/metrics.jsonl         one JSON object per step, and one per evaluation
@@ -18,11 +23,16 @@ extern "C" {
 #endif
 
 typedef struct {
-  const char *target_dir;
-  const char *data_path;
+  const char *target_dir;   /* optional with cache_dir: then its weight, config and tokenizer hashes are checked */
+  const char *data_path;    /* optional with cache_dir: then its hash is checked */
   const char *out_dir;
   int resume;
-  /* data */
+  /* offline cache */
+  const char *cache_dir;    /* NULL: online */
+  int cache_preload;        /* convert the whole cache to fp32 in memory before training (benchmarks) */
+  int cache_prefetch;       /* prefetch ring slots (4) */
+  /* data; with cache_dir, seq_len 0 and n_target_layers 0 (without explicit ids) mean "the
+   * cache's", any other value must equal the cache's */
   int64_t seq_len;          /* 512 */
   int64_t eval_seqs;        /* held-out sequences taken from the end of the data (8) */
   /* draft */

@@ -1,4 +1,5 @@
-/* dspark train: trains a DSpark draft for a target, online (the target runs on every batch). */
+/* dspark train: trains a DSpark draft for a target, online (the target runs on every batch) or
+ * from an offline cache written by `dspark capture`. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,8 +11,17 @@
 static void usage(FILE *f) {
   fprintf(f,
     "usage: dspark train --target DIR --data FILE --out RUN_DIR [options]\n"
-    "Trains a DSpark draft (spec/dspark.md) against the live target and writes RUN_DIR/\n"
+    "       dspark train --cache CACHE --out RUN_DIR [--target DIR] [--data FILE] [options]\n"
+    "Trains a DSpark draft (spec/dspark.md) against the live target, or from a cache written by\n"
+    "`dspark capture` (its sequences and features; the target is not loaded), and writes RUN_DIR/\n"
     "{run.json, target_config.json, metrics.jsonl, checkpoint.safetensors}.\n"
+    "cache:\n"
+    "  --cache CACHE           train from CACHE; every manifest field is checked against the options\n"
+    "                          (seq len, layers; with --target its weights, config and tokenizer hashes;\n"
+    "                          with --data its hash). --seq-len / --target-layers default to the cache's.\n"
+    "                          An f32 cache gives the online run bit for bit; bf16/f16 round the features.\n"
+    "  --cache-prefetch N      samples converted ahead by the prefetch thread (4; at least 2)\n"
+    "  --cache-preload         convert the whole cache to fp32 in memory first (benchmarks, small caches)\n"
     "data:\n"
     "  --data FILE             .txt (plain text) or .jsonl ({\"text\": ...} or {\"messages\": [...]} per line)\n"
     "  --seq-len N             tokens per training sequence (512)\n"
@@ -47,6 +57,7 @@ static void usage(FILE *f) {
 int cmd_train(int argc, char **argv) {
   ds_train_options o;
   ds_train_options_default(&o);
+  int seq_len_given = 0, layers_given = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = NULL;
     int64_t n;
@@ -58,11 +69,14 @@ int cmd_train(int argc, char **argv) {
     else if (!strcmp(a, "--target")) { VALUE(); o.target_dir = v; }
     else if (!strcmp(a, "--data")) { VALUE(); o.data_path = v; }
     else if (!strcmp(a, "--out")) { VALUE(); o.out_dir = v; }
-    else if (!strcmp(a, "--seq-len")) INT(2, 1 << 20, o.seq_len);
+    else if (!strcmp(a, "--cache")) { VALUE(); o.cache_dir = v; }
+    else if (!strcmp(a, "--cache-prefetch")) INT(2, 1024, o.cache_prefetch);
+    else if (!strcmp(a, "--cache-preload")) o.cache_preload = 1;
+    else if (!strcmp(a, "--seq-len")) { INT(2, 1 << 20, o.seq_len); seq_len_given = 1; }
     else if (!strcmp(a, "--eval-seqs")) INT(0, 1 << 20, o.eval_seqs);
     else if (!strcmp(a, "--draft-layers")) INT(1, 256, o.draft_layers);
     else if (!strcmp(a, "--block-size")) INT(1, 64, o.block_size);
-    else if (!strcmp(a, "--target-layers")) INT(1, DS_MAX_TARGET_LAYERS, o.n_target_layers);
+    else if (!strcmp(a, "--target-layers")) { INT(1, DS_MAX_TARGET_LAYERS, o.n_target_layers); layers_given = 1; }
     else if (!strcmp(a, "--target-layer-ids")) {
       int32_t *ids;
       int64_t cnt;
@@ -112,9 +126,13 @@ int cmd_train(int argc, char **argv) {
 #undef INT
 #undef NUM
   }
-  if (!o.target_dir || !o.data_path || !o.out_dir) {
-    fprintf(stderr, "dspark train: --target, --data and --out are required (see --help)\n");
+  if (!o.out_dir || (!o.cache_dir && (!o.target_dir || !o.data_path))) {
+    fprintf(stderr, "dspark train: --out and either --cache or both --target and --data are required (see --help)\n");
     return 2;
+  }
+  if (o.cache_dir) { /* unset: the cache's */
+    if (!seq_len_given) o.seq_len = 0;
+    if (!layers_given) o.n_target_layers = 0;
   }
   if (o.markov_type == DS_MARKOV_NONE) o.markov_rank = 0;
   else if (o.markov_rank == 0) o.markov_type = DS_MARKOV_NONE;

@@ -1,5 +1,6 @@
-/* The online DSpark trainer: data -> target features -> anchors -> draft loss/backward ->
- * AdamW, with checkpoints, metrics, evaluation and resume. See include/dspark/trainer.h. */
+/* The DSpark trainer: data -> target features (live target, or an offline cache through
+ * draft_trainer_cache.c) -> anchors -> draft loss/backward -> AdamW, with checkpoints, metrics,
+ * evaluation and resume. See include/dspark/trainer.h. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include "dspark/tokenizer.h"
 #include "dspark/trainer.h"
 #include "io/json_util.h"
+#include "train/draft_trainer_internal.h"
 #include "train/train_log.h"
 
 void ds_train_options_default(ds_train_options *o) {
@@ -41,132 +43,30 @@ void ds_train_options_default(ds_train_options *o) {
   o->save_every = 50;
   o->eval_every = 50;
   o->inject_nan_step = -1;
-}
-
-typedef struct {
-  const ds_train_options *o;
-  ds_target *target;
-  ds_tokenizer *tok;
-  ds_dataset data;
-  int64_t n_train, n_eval;
-  ds_draft *draft;
-  ds_adamw opt;
-  ds_adamw_config acfg;
-  ds_kv_cache *cache;
-  int32_t layer_ids[DS_MAX_TARGET_LAYERS];
-  int n_layers;
-  float *ctx, *last;          /* (S, m*d), (S, d) */
-  int64_t *anchors;           /* (A) */
-  uint8_t *keep, *eval;       /* (A), (A * g) */
-  uint8_t *sup;               /* (A * g) */
-  double *w;                  /* (A * g) */
-  int64_t *perm;              /* (n_train) the current epoch's order */
-  int64_t perm_epoch;
-  char *target_config, *train_config, *draft_config;
-  FILE *metrics;
-  int64_t step, skipped;
-} trainer;
-
-/* ------------------------------------------------------------------ configuration */
-
-static const char *k_mask_candidates[] = {"<|mask|>", "<mask>", "<|MASK|>", "[MASK]", "<|mask_token|>"};
-
-static ds_status resolve_mask_token(const trainer *t, int32_t *out) {
-  if (t->o->mask_token_id >= 0) {
-    *out = t->o->mask_token_id;
-    return DS_OK;
-  }
-  for (size_t i = 0; i < sizeof k_mask_candidates / sizeof k_mask_candidates[0]; i++) {
-    int32_t id = ds_tokenizer_token_to_id(t->tok, k_mask_candidates[i]);
-    if (id >= 0) {
-      *out = id;
-      return DS_OK;
-    }
-  }
-  return DS_FAIL(DS_ERR_ARG,
-                 "%s/tokenizer.json has no reserved mask token (looked for <|mask|>, <mask>, <|MASK|>, [MASK], "
-                 "<|mask_token|>); pass --mask-token-id with an id the target never produces", t->o->target_dir);
-}
-
-static char *train_config_json(const ds_train_options *o, const ds_draft_config *dc, uint64_t data_hash) {
-  cJSON *j = cJSON_CreateObject();
-  char hash[32];
-  snprintf(hash, sizeof hash, "%016llx", (unsigned long long)data_hash);
-  cJSON_AddStringToObject(j, "target", o->target_dir);
-  cJSON_AddStringToObject(j, "data", o->data_path);
-  cJSON_AddStringToObject(j, "data_hash", hash);
-  cJSON_AddNumberToObject(j, "seq_len", (double)o->seq_len);
-  cJSON_AddNumberToObject(j, "eval_seqs", (double)o->eval_seqs);
-  cJSON_AddNumberToObject(j, "draft_layers", (double)dc->num_layers);
-  cJSON_AddNumberToObject(j, "block_size", (double)dc->block_size);
-  cJSON_AddItemToObject(j, "target_layer_ids", cJSON_CreateIntArray(dc->target_layer_ids, dc->n_target_layers));
-  cJSON_AddNumberToObject(j, "mask_token_id", dc->mask_token_id);
-  cJSON_AddStringToObject(j, "markov_head_type", ds_markov_type_name(dc->markov_type));
-  cJSON_AddNumberToObject(j, "markov_rank", (double)dc->markov_rank);
-  cJSON_AddBoolToObject(j, "confidence_head", dc->enable_confidence_head);
-  cJSON_AddBoolToObject(j, "confidence_head_with_markov", dc->confidence_head_with_markov);
-  cJSON_AddNumberToObject(j, "num_anchors", (double)o->num_anchors);
-  cJSON_AddNumberToObject(j, "alpha_ce", o->loss.alpha_ce);
-  cJSON_AddNumberToObject(j, "alpha_l1", o->loss.alpha_l1);
-  cJSON_AddNumberToObject(j, "alpha_conf", o->loss.alpha_conf);
-  cJSON_AddNumberToObject(j, "decay_gamma", o->loss.decay_gamma);
-  cJSON_AddStringToObject(j, "decay", o->loss.decay == DS_DSPARK_DECAY_PAPER ? "paper" : "deepspec");
-  cJSON_AddNumberToObject(j, "chunk_rows", (double)o->loss.chunk_rows);
-  cJSON_AddBoolToObject(j, "no_teacher", o->no_teacher);
-  cJSON_AddNumberToObject(j, "steps", (double)o->steps);
-  cJSON_AddNumberToObject(j, "batch_seqs", (double)o->batch_seqs);
-  cJSON_AddNumberToObject(j, "lr", o->lr);
-  cJSON_AddNumberToObject(j, "warmup_frac", o->warmup_frac);
-  cJSON_AddNumberToObject(j, "weight_decay", o->weight_decay);
-  cJSON_AddNumberToObject(j, "grad_clip", o->grad_clip);
-  cJSON_AddNumberToObject(j, "seed", (double)o->seed);
-  cJSON_AddBoolToObject(j, "skip_nonfinite", o->skip_nonfinite);
-  char *text = cJSON_Print(j);
-  cJSON_Delete(j);
-  return text;
-}
-
-/* A resumed run must be the same run: every field equal, or an error naming it. */
-static ds_status check_same_config(const char *saved, const char *now, const char *ckpt_path) {
-  ds_status st;
-  cJSON *a = ds_json_parse(saved, strlen(saved), ckpt_path, &st), *b = NULL;
-  if (!a) return st;
-  b = ds_json_parse(now, strlen(now), "current options", &st);
-  if (!b) { cJSON_Delete(a); return st; }
-  st = DS_OK;
-  const cJSON *it;
-  cJSON_ArrayForEach(it, b) {
-    const cJSON *other = cJSON_GetObjectItemCaseSensitive(a, it->string);
-    if (!other || !cJSON_Compare(it, other, 1)) {
-      char *x = other ? cJSON_PrintUnformatted(other) : NULL, *y = cJSON_PrintUnformatted(it);
-      st = DS_FAIL(DS_ERR_ARG, "cannot resume from %s: option '%s' was %s, now %s", ckpt_path, it->string,
-                   x ? x : "(absent)", y ? y : "?");
-      free(x);
-      free(y);
-      break;
-    }
-  }
-  cJSON_Delete(a);
-  cJSON_Delete(b);
-  return st;
+  o->cache_prefetch = 4;
 }
 
 /* ------------------------------------------------------------------ data */
 
-static int64_t train_sequence(trainer *t, int64_t step, int64_t j) {
-  int64_t i = step * t->o->batch_seqs + j, epoch = i / t->n_train;
-  if (epoch != t->perm_epoch) {
+int64_t ds_trainer_order(const ds_train_options *o, int64_t n_train, int64_t *perm, int64_t *perm_epoch,
+                         int64_t step, int64_t j) {
+  int64_t i = step * o->batch_seqs + j, epoch = i / n_train;
+  if (epoch != *perm_epoch) {
     ds_rng rng;
-    ds_rng_seed(&rng, ds_seed_mix(t->o->seed ^ 0x5eed5eedull, (uint64_t)epoch));
-    for (int64_t k = 0; k < t->n_train; k++) t->perm[k] = k;
-    for (int64_t k = t->n_train - 1; k > 0; k--) {
-      int64_t r = (int64_t)(ds_rng_next_u64(&rng) % (uint64_t)(k + 1)), tmp = t->perm[k];
-      t->perm[k] = t->perm[r];
-      t->perm[r] = tmp;
+    ds_rng_seed(&rng, ds_seed_mix(o->seed ^ 0x5eed5eedull, (uint64_t)epoch));
+    for (int64_t k = 0; k < n_train; k++) perm[k] = k;
+    for (int64_t k = n_train - 1; k > 0; k--) {
+      int64_t r = (int64_t)(ds_rng_next_u64(&rng) % (uint64_t)(k + 1)), tmp = perm[k];
+      perm[k] = perm[r];
+      perm[r] = tmp;
     }
-    t->perm_epoch = epoch;
+    *perm_epoch = epoch;
   }
-  return t->perm[i % t->n_train];
+  return perm[i % n_train];
+}
+
+static int64_t train_sequence(trainer *t, int64_t step, int64_t j) {
+  return ds_trainer_order(t->o, t->n_train, t->perm, &t->perm_epoch, step, j);
 }
 
 /* Anchors of dataset sequence idx under a stream seed; returns the number of blocks kept
@@ -182,7 +82,10 @@ static int64_t sample_blocks(trainer *t, int64_t idx, uint64_t stream) {
 }
 
 static ds_status target_features(trainer *t, int64_t idx) {
+  if (t->fc) return ds_trainer_cache_features(t, idx);
   const ds_dataset *ds = &t->data;
+  t->cur_ctx = t->ctx;
+  t->cur_last = t->last;
   DS_TRY(ds_kv_cache_crop(t->cache, 0));
   ds_target_seq seq = {ds->ids + idx * ds->seq_len, ds->lengths[idx], t->cache};
   ds_target_outputs out = {t->layer_ids, t->n_layers, t->ctx, t->last, NULL, 0, NULL};
@@ -193,7 +96,7 @@ static ds_status target_features(trainer *t, int64_t idx) {
  * acceptance and tau are measured the same way for every objective. */
 static ds_draft_seq make_seq(trainer *t, int64_t idx, int64_t n_blocks, int with_teacher) {
   const ds_dataset *ds = &t->data;
-  ds_draft_seq s = {ds->lengths[idx], t->ctx, with_teacher ? t->last : NULL, ds->ids + idx * ds->seq_len,
+  ds_draft_seq s = {ds->lengths[idx], t->cur_ctx, with_teacher ? t->cur_last : NULL, ds->ids + idx * ds->seq_len,
                     n_blocks, t->anchors, t->keep, t->eval};
   return s;
 }
@@ -263,7 +166,7 @@ static ds_status evaluate(trainer *t, double elapsed) {
 
 static ds_status save(trainer *t, const char *path) {
   ds_checkpoint_info info = {t->step, t->skipped, t->draft_config, t->train_config};
-  return ds_checkpoint_save(path, t->draft, &t->opt, &info);
+  return ds_checkpoint_save(path, t->draft, &t->opt_state, &info);
 }
 
 static int all_finite(const float *x, size_t n) {
@@ -288,10 +191,11 @@ static ds_status train_step(trainer *t, double *tokens, ds_dspark_loss_result *r
   }
   ds_draft_zero_grads(t->draft);
   *tokens = 0;
-  for (int64_t j = 0; j < o->batch_seqs && W > 0; j++) {
+  for (int64_t j = 0; j < o->batch_seqs && (W > 0 || t->stream); j++) {
     int64_t idx = train_sequence(t, t->step, j);
     int64_t nb = sample_blocks(t, idx, ds_anchor_seed(o->seed, 0, t->step, j));
     ds_status st = target_features(t, idx);
+    if (st == DS_OK && W <= 0) continue; /* a cache stream delivers the planned features regardless */
     ds_draft_seq s = make_seq(t, idx, nb, !o->no_teacher);
     if (st == DS_OK) st = ds_draft_loss_seq(t->draft, &s, &o->loss, 1.0 / W, 1, r, pa, pc);
     if (st != DS_OK)
@@ -317,45 +221,16 @@ static ds_status train_step(trainer *t, double *tokens, ds_dspark_loss_result *r
     return DS_OK;
   }
   *grad_norm = ds_clip_grad_norm(grads, n, o->grad_clip);
-  if (W > 0) ds_adamw_step(&t->opt, &t->acfg, *lr, ds_draft_params(t->draft), grads);
+  if (W > 0) ds_adamw_step(&t->opt_state, &t->acfg, *lr, ds_draft_params(t->draft), grads);
   return DS_OK;
 }
 
 /* ------------------------------------------------------------------ setup */
 
-/* On resume, metrics of steps after the checkpoint (logged before the run was killed) are
- * dropped so the file reads as one uninterrupted run. */
-static ds_status trim_metrics(const char *path, int64_t last_step) {
-  if (!ds_file_exists(path)) return DS_OK;
-  char *text;
-  size_t len;
-  DS_TRY(ds_read_file(path, &text, &len));
-  char *out = ds_malloc(len + 1, "metrics");
-  if (!out) { free(text); return DS_ERR_NOMEM; }
-  size_t n = 0;
-  for (char *line = text; line < text + len;) {
-    char *nl = memchr(line, '\n', (size_t)(text + len - line));
-    size_t l = nl ? (size_t)(nl - line) + 1 : (size_t)(text + len - line);
-    const char *sp = strstr(line, "\"step\":");
-    long long step = sp && sp < line + l ? atoll(sp + 7) : 0;
-    if (step <= last_step) {
-      memcpy(out + n, line, l);
-      n += l;
-    }
-    line += l;
-  }
-  ds_status st = ds_write_file_atomic(path, out, n);
-  free(text);
-  free(out);
-  return st;
-}
-
-static ds_status setup(trainer *t, const ds_train_options *o, const char *ckpt_path) {
-  t->o = o;
-  t->perm_epoch = -1;
-  if (o->threads > 0) ds_set_num_threads(o->threads);
-  if (mkdir(o->out_dir, 0755) != 0 && !ds_file_exists(o->out_dir))
-    return DS_FAIL(DS_ERR_IO, "%s: cannot create the run directory", o->out_dir);
+/* Online: the target, its tokenizer and config, and the data packed here. */
+static ds_status setup_online(trainer *t) {
+  const ds_train_options *o = t->o;
+  if (!o->target_dir || !o->data_path) return DS_FAIL(DS_ERR_ARG, "training needs --target and --data (or --cache)");
   DS_TRY(ds_target_load(o->target_dir, ds_backend_cpu(), &t->target));
   const ds_model_config *tc = ds_target_config(t->target);
   char *path = ds_path_join(o->target_dir, "tokenizer.json");
@@ -367,17 +242,32 @@ static ds_status setup(trainer *t, const ds_train_options *o, const char *ckpt_p
   st = path ? ds_read_file(path, &t->target_config, &len) : DS_ERR_NOMEM;
   free(path);
   if (st != DS_OK) return st;
-
+  t->cfg_target = o->target_dir;
+  t->cfg_data = o->data_path;
   int32_t eos = tc->n_eos ? (int32_t)tc->eos_token_ids[0] : -1;
-  DS_TRY(ds_dataset_load(o->data_path, t->tok, o->seq_len, eos, 2, &t->data));
+  return ds_dataset_load(o->data_path, t->tok, o->seq_len, eos, 2, &t->data);
+}
+
+static ds_status setup(trainer *t, const char *ckpt_path) {
+  const ds_train_options *o = t->o;
+  t->perm_epoch = -1;
+  t->plan.perm_epoch = -1;
+  if (o->threads > 0) ds_set_num_threads(o->threads);
+  if (mkdir(o->out_dir, 0755) != 0 && !ds_file_exists(o->out_dir))
+    return DS_FAIL(DS_ERR_IO, "%s: cannot create the run directory", o->out_dir);
+  snprintf(t->tokenizer_label, sizeof t->tokenizer_label, "%s/tokenizer.json", o->target_dir ? o->target_dir : "?");
+  DS_TRY(o->cache_dir ? ds_trainer_cache_setup(t) : setup_online(t));
+  ds_model_config tc;
+  DS_TRY(ds_config_parse(t->target_config, strlen(t->target_config), "the target's config.json", &tc));
+
   t->n_eval = o->eval_seqs < t->data.n_seqs ? o->eval_seqs : t->data.n_seqs - 1;
   t->n_train = t->data.n_seqs - t->n_eval;
   if (t->n_train < 1)
-    return DS_FAIL(DS_ERR_ARG, "%s: %lld sequences leave none for training after %lld held out", o->data_path,
+    return DS_FAIL(DS_ERR_ARG, "%s: %lld sequences leave none for training after %lld held out", t->cfg_data,
                    (long long)t->data.n_seqs, (long long)t->n_eval);
 
   ds_draft_config dc;
-  DS_TRY(ds_draft_config_default(tc, o->draft_layers, o->n_target_layers, &dc));
+  DS_TRY(ds_draft_config_default(&tc, o->draft_layers, o->n_target_layers, &dc));
   if (o->n_explicit_layers) {
     dc.n_target_layers = o->n_explicit_layers;
     memcpy(dc.target_layer_ids, o->target_layer_ids, sizeof(int32_t) * (size_t)o->n_explicit_layers);
@@ -388,49 +278,57 @@ static ds_status setup(trainer *t, const ds_train_options *o, const char *ckpt_p
   dc.enable_confidence_head = o->confidence_head;
   dc.confidence_head_with_markov = o->confidence_head && o->confidence_with_markov && dc.markov_rank > 0;
   dc.num_anchors = o->num_anchors;
-  DS_TRY(resolve_mask_token(t, &dc.mask_token_id));
+  DS_TRY(ds_trainer_resolve_mask_token(t, &dc.mask_token_id));
   DS_TRY(ds_draft_config_check(&dc));
   t->n_layers = dc.n_target_layers;
   memcpy(t->layer_ids, dc.target_layer_ids, sizeof(int32_t) * (size_t)dc.n_target_layers);
-  t->train_config = train_config_json(o, &dc, t->data.source_hash);
-  if (!t->train_config) return DS_FAIL(DS_ERR_NOMEM, "out of memory");
+  DS_TRY(ds_trainer_config_texts(t, &dc, t->data.source_hash));
 
+  ds_status st;
   t->acfg = ds_adamw_defaults();
   t->acfg.weight_decay = o->weight_decay;
   if (o->resume && ds_file_exists(ckpt_path)) {
     ds_checkpoint_info info;
-    DS_TRY(ds_checkpoint_load(ckpt_path, ds_backend_cpu(), &t->draft, &t->opt, &info));
-    st = check_same_config(info.train_config, t->train_config, ckpt_path);
+    DS_TRY(ds_checkpoint_load(ckpt_path, ds_backend_cpu(), &t->draft, &t->opt_state, &info));
+    st = ds_trainer_check_same_config(info.train_config, t->train_config, ckpt_path);
     t->step = info.step;
     t->skipped = info.skipped_steps;
     ds_checkpoint_info_free(&info);
     if (st != DS_OK) return st;
   } else {
-    DS_TRY(ds_draft_new(&dc, ds_target_embed(t->target), ds_target_lm_head(t->target), o->seed, ds_backend_cpu(),
-                        &t->draft));
-    DS_TRY(ds_adamw_init(&t->opt, ds_draft_num_params(t->draft)));
+    const float *embed = t->target ? ds_target_embed(t->target) : t->embed;
+    const float *lm_head = t->target ? ds_target_lm_head(t->target) : t->lm_head;
+    DS_TRY(ds_draft_new(&dc, embed, lm_head, o->seed, ds_backend_cpu(), &t->draft));
+    DS_TRY(ds_adamw_init(&t->opt_state, ds_draft_num_params(t->draft)));
   }
+  ds_free_aligned(t->embed); /* the draft holds its own replicas */
+  ds_free_aligned(t->lm_head);
+  t->embed = t->lm_head = NULL;
   DS_TRY(ds_draft_hf_config_json(t->draft, t->target_config, &t->draft_config));
 
-  int64_t S = o->seq_len, A = o->num_anchors, g = o->block_size, d = tc->hidden_size;
-  DS_TRY(ds_kv_cache_new(t->target, S, &t->cache));
-  t->ctx = ds_malloc_aligned((size_t)(S * t->n_layers * d) * sizeof(float), "target features");
-  t->last = ds_malloc_aligned((size_t)(S * d) * sizeof(float), "target features");
+  int64_t S = o->seq_len, A = o->num_anchors, g = o->block_size, d = tc.hidden_size;
+  if (t->target) {
+    DS_TRY(ds_kv_cache_new(t->target, S, &t->cache));
+    t->ctx = ds_malloc_aligned((size_t)(S * t->n_layers * d) * sizeof(float), "target features");
+    t->last = ds_malloc_aligned((size_t)(S * d) * sizeof(float), "target features");
+    if (!t->ctx || !t->last) return DS_ERR_NOMEM;
+  }
   t->anchors = ds_malloc((size_t)A * sizeof(int64_t), "anchors");
   t->keep = ds_malloc((size_t)A, "anchors");
   t->eval = ds_malloc((size_t)(A * g), "anchors");
   t->sup = ds_malloc((size_t)(A * g), "anchors");
   t->w = ds_malloc((size_t)(A * g) * sizeof(double), "anchors");
   t->perm = ds_malloc((size_t)t->n_train * sizeof(int64_t), "data order");
-  if (!t->ctx || !t->last || !t->anchors || !t->keep || !t->eval || !t->sup || !t->w || !t->perm) return DS_ERR_NOMEM;
+  if (!t->anchors || !t->keep || !t->eval || !t->sup || !t->w || !t->perm) return DS_ERR_NOMEM;
+  if (t->fc) DS_TRY(ds_trainer_cache_start(t));
 
   /* run.json and target_config.json describe the run next to its outputs. */
   char *run_json = ds_path_join(o->out_dir, "run.json"), *tc_json = ds_path_join(o->out_dir, "target_config.json");
   char *metrics = ds_path_join(o->out_dir, "metrics.jsonl");
   st = run_json && tc_json && metrics ? DS_OK : DS_ERR_NOMEM;
-  if (st == DS_OK) st = ds_write_file_atomic(run_json, t->train_config, strlen(t->train_config));
+  if (st == DS_OK) st = ds_write_file_atomic(run_json, t->run_config, strlen(t->run_config));
   if (st == DS_OK) st = ds_write_file_atomic(tc_json, t->target_config, strlen(t->target_config));
-  if (st == DS_OK && t->step > 0) st = trim_metrics(metrics, t->step);
+  if (st == DS_OK && t->step > 0) st = ds_trainer_trim_metrics(metrics, t->step);
   if (st == DS_OK) {
     t->metrics = fopen(metrics, t->step > 0 ? "a" : "w");
     if (!t->metrics) st = DS_FAIL(DS_ERR_IO, "%s: cannot open for writing", metrics);
@@ -443,8 +341,9 @@ static ds_status setup(trainer *t, const ds_train_options *o, const char *ckpt_p
 
 static void teardown(trainer *t) {
   if (t->metrics) fclose(t->metrics);
+  ds_trainer_cache_free(t);
   ds_draft_free(t->draft);
-  ds_adamw_free(&t->opt);
+  ds_adamw_free(&t->opt_state);
   ds_kv_cache_free(t->cache);
   ds_target_free(t->target);
   ds_tokenizer_free(t->tok);
@@ -459,6 +358,7 @@ static void teardown(trainer *t) {
   free(t->perm);
   free(t->target_config);
   free(t->train_config);
+  free(t->run_config);
   free(t->draft_config);
 }
 
@@ -468,9 +368,12 @@ ds_status ds_train_draft(const ds_train_options *o) {
     return DS_FAIL(DS_ERR_ARG, "--steps, --batch-seqs and --num-anchors must be at least 1");
   trainer t;
   memset(&t, 0, sizeof t);
+  t.opt = *o;
+  t.o = &t.opt;
+  o = t.o; /* from here on, the effective options */
   char *ckpt = ds_path_join(o->out_dir, "checkpoint.safetensors");
   if (!ckpt) return DS_ERR_NOMEM;
-  ds_status st = setup(&t, o, ckpt);
+  ds_status st = setup(&t, ckpt);
   double t0 = ds_time_sec(), tokens_total = 0;
   int64_t first = t.step, done_here = 0;
   if (st == DS_OK && t.step == 0) st = evaluate(&t, 0);
@@ -502,6 +405,9 @@ ds_status ds_train_draft(const ds_train_options *o) {
       break;
     }
   }
+  if (t.stream && !o->quiet)
+    fprintf(stderr, "cache: the training loop waited %.3f s in total for prefetched features\n",
+            ds_cache_stream_wait_s(t.stream));
   teardown(&t);
   free(ckpt);
   return st;

@@ -1,0 +1,210 @@
+/* The offline cache (spec/dspark.md section 6, spec/kd.md section 1): the target's supervision
+ * captured once, for training many drafts (DSpark features) or students (sparse KD log-probs).
+ *
+ * A cache is a directory:
+ *   manifest.json              every field that makes the cache valid for a run (below), the
+ *                              `complete` flag and the list of shards with their checksums
+ *   shard-%06d.safetensors     n samples each (the manifest's shard_size; the last may hold fewer):
+ *       lengths                  [n]          I64  real tokens of each sample (min_length..S)
+ *       input_ids                [n, S]       I32  ids; 0 at padding (t >= length)
+ *       loss_mask                [n, S]       U8   1 = supervised; 0 at padding
+ *       target_hidden_states     [n, S, m*d]  dtype  captured layers, concatenated in
+ *                                             target_layer_ids order (features only)
+ *       target_last_hidden_states[n, S, d]    dtype  final-normed hidden state (features only)
+ *       topk_ids                 [n, S, K]    I32  teacher top-K ids, by descending probability (KD)
+ *       topk_logprobs            [n, S, K]    dtype  FULL-vocabulary log-probs of those ids (KD)
+ *     Every value at padding is zero, except KD entries, which are sentinels there.
+ *   target_weights.safetensors embed_tokens.weight, lm_head.weight [V, d] F32 (frozen tables)
+ *   target_config.json, tokenizer.json   copies of the target's files (hashes in the manifest)
+ *
+ * KD entries (spec/kd.md section 1): for logits x of a position, lse = logsumexp(x / T) over the
+ * whole vocabulary, q_i = x_i / T - lse for the K most probable ids (ties: the smaller id first),
+ * sorted descending. With top_p < 1 a prefix is kept: entry i survives iff
+ * (sum_{j<i} exp q_j) < top_p or i < max(min_k, 1). A dropped entry, and every entry of a padding
+ * position, is the sentinel id -1 with log-prob -inf; the id is authoritative.
+ *
+ * Every file is written atomically and deterministically (no time, pid or host in any byte), so
+ * a capture killed at any point and rerun ends byte-identical to an uninterrupted one. */
+#ifndef DSPARK_CACHE_H
+#define DSPARK_CACHE_H
+
+#include "dspark/common.h"
+#include "dspark/dataset.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { DS_CACHE_FORMAT_VERSION = 1, DS_CACHE_MAX_LAYERS = 64 };
+
+#define DS_CACHE_FORMAT "dspark-cache"
+#define DS_CACHE_CHAT_TEMPLATE "chatml-v1" /* the built-in ChatML template's version string */
+#define DS_CACHE_WEIGHTS_HASH_COVERS                                                                  \
+  "xxh64 (seed 0) over every tensor of the checkpoint in name order: name, NUL, dtype name, NUL, ndim " \
+  "and shape as little-endian int64, raw data bytes; metadata and file layout excluded"
+
+typedef struct {
+  char file[32];       /* "shard-000000.safetensors" */
+  int64_t num_samples;
+  uint64_t xxh64;      /* of the whole file */
+} ds_cache_shard_info;
+
+typedef struct {
+  int format_version;
+  int complete;
+  char *target_path;             /* as given to the capture (malloc'd) */
+  char target_architecture[64];
+  uint64_t target_weights_xxh64; /* see DS_CACHE_WEIGHTS_HASH_COVERS */
+  uint64_t target_config_xxh64;  /* of config.json's bytes */
+  uint64_t tokenizer_xxh64;      /* of tokenizer.json's bytes */
+  char chat_template[32];
+  uint64_t chat_template_xxh64;  /* of the chat_template string */
+  int64_t vocab_size, hidden_size, num_hidden_layers;
+  int32_t target_layer_ids[DS_CACHE_MAX_LAYERS];
+  int n_layers;                  /* m */
+  ds_dtype dtype;                /* BF16, F16 or F32: features and KD log-probs */
+  int64_t seq_length;            /* S */
+  int64_t eos_token_id;          /* joins plain-text documents (-1: none) */
+  int64_t min_length;            /* shorter sequences were dropped */
+  int64_t num_samples, num_tokens, shard_size;
+  char *data_path;               /* as given (malloc'd) */
+  uint64_t data_xxh64;           /* of the data file's bytes */
+  uint64_t seed;                 /* recorded for provenance; the capture itself draws nothing */
+  int features;                  /* DSpark features present */
+  int64_t kd_topk;               /* K; 0 = no KD data */
+  double kd_top_p, kd_temperature;
+  int64_t kd_min_k;
+  uint64_t target_weights_file_xxh64; /* of target_weights.safetensors; 0 until written */
+  ds_cache_shard_info *shards;
+  int64_t n_shards;
+} ds_cache_manifest;
+
+void ds_cache_manifest_free(ds_cache_manifest *m);
+/* Deterministic JSON text (malloc'd). */
+char *ds_cache_manifest_json(const ds_cache_manifest *m);
+/* Strict: every field present with its type and a valid value, no unknown field, shards
+ * named in sequence with consistent counts. label names the file in messages. */
+ds_status ds_cache_manifest_parse(const char *json, size_t len, const char *label, ds_cache_manifest *out);
+/* Compares every field that identifies the capture (all but complete, shards and the
+ * target_weights file hash); the first difference is an error naming the field and both values. */
+ds_status ds_cache_manifest_same_capture(const ds_cache_manifest *have, const ds_cache_manifest *want,
+                                         const char *label);
+/* "shard-%06d.safetensors" */
+void ds_cache_shard_name(int64_t i, char *buf, size_t n);
+
+/* What a run requires of a cache; -1 / 0 leave a field unchecked. */
+typedef struct {
+  int64_t seq_length;
+  int n_layers;                  /* -1: any; else layer_ids[0..n) must equal the cache's */
+  int32_t layer_ids[DS_CACHE_MAX_LAYERS];
+  int dtype;                     /* -1: any */
+  int64_t vocab_size, hidden_size, num_hidden_layers;
+  int check_weights;  uint64_t target_weights_xxh64;
+  int check_config;   uint64_t target_config_xxh64;
+  int check_tokenizer; uint64_t tokenizer_xxh64;
+  int check_data;     uint64_t data_xxh64;
+  int need_features, need_kd;
+  int allow_incomplete;          /* inspect only */
+} ds_cache_expect;
+
+void ds_cache_expect_any(ds_cache_expect *e);
+/* The strict checks, with messages "LABEL: field 'F' is A in the cache but B in this run". */
+ds_status ds_cache_manifest_check(const ds_cache_manifest *m, const ds_cache_expect *e, const char *label);
+
+/* Hashes (xxh64, seed 0). */
+ds_status ds_cache_hash_file(const char *path, uint64_t *out);
+ds_status ds_cache_hash_target_weights(const char *model_dir, uint64_t *out);
+uint64_t ds_cache_hash_string(const char *s);
+void ds_cache_hex(uint64_t h, char out[17]);
+
+/* ---------------------------------------------------------------- KD selection */
+
+/* One position: logits x[V] -> ids[K] and full-vocabulary log-probs lp[K] as documented above
+ * (temperature T > 0, 1 <= K <= V, top_p in (0, 1]: 1 keeps all K). scratch: V floats.
+ * Returns the number of entries kept. */
+int64_t ds_kd_select(const float *x, int64_t V, double temperature, int64_t K, double top_p, int64_t min_k,
+                     float *scratch, int32_t *ids, float *lp);
+
+/* ---------------------------------------------------------------- capture */
+
+typedef struct {
+  const char *target_dir, *data_path, *out_dir;
+  int n_target_layers;           /* 5 (spread over [1, L-2] as `dspark train`) */
+  int32_t target_layer_ids[DS_CACHE_MAX_LAYERS];
+  int n_explicit_layers;
+  ds_dtype dtype;                /* DS_BF16 */
+  int64_t seq_len;               /* 512 */
+  int64_t shard_size;            /* 64 */
+  int features;                  /* 1; 0 = KD data only */
+  int64_t topk;                  /* 0 = no KD data */
+  double top_p, temperature;     /* 1, 1 */
+  int64_t min_k;                 /* 1 */
+  uint64_t seed;
+  int threads, quiet;
+  int forward_only;              /* benchmark: run the target (and the logits for KD) only; write nothing */
+  int64_t throttle_ms;           /* testing aid: sleep after each shard */
+} ds_capture_options;
+
+void ds_capture_options_default(ds_capture_options *o);
+/* Captures (or resumes capturing) into o->out_dir. Prints progress on stderr unless quiet and
+ * one JSON summary line on stdout. A write error leaves the cache resumable and says so. */
+ds_status ds_cache_capture(const ds_capture_options *o);
+
+/* ---------------------------------------------------------------- reader */
+
+typedef struct ds_cache ds_cache;
+
+/* Reads and checks the manifest against e, checks every shard's header and shapes against
+ * the manifest and every sample's tokens (lengths, ids in the vocabulary, masks 0/1, zero
+ * padding). Checksums are verified on a shard's first feature read (or by ds_cache_verify). */
+ds_status ds_cache_open(const char *dir, const ds_cache_expect *e, ds_cache **out);
+void ds_cache_close(ds_cache *c);
+const ds_cache_manifest *ds_cache_get_manifest(const ds_cache *c);
+const char *ds_cache_path(const ds_cache *c);
+/* The samples' tokens (ids, loss_mask, lengths; source_hash = data_xxh64), moved to the caller
+ * (free with ds_dataset_free); a second call is an error. */
+ds_status ds_cache_take_tokens(ds_cache *c, ds_dataset *out);
+/* target_config.json / tokenizer.json of the cache, their hashes checked (malloc'd text). */
+ds_status ds_cache_read_target_config(const ds_cache *c, char **text, size_t *len);
+ds_status ds_cache_read_tokenizer(const ds_cache *c, char **text, size_t *len);
+/* embed_tokens / lm_head as fp32 [V, d] (64-byte aligned; free with ds_free_aligned), the file's
+ * hash checked against the manifest. */
+ds_status ds_cache_load_target_weights(const ds_cache *c, float **embed, float **lm_head);
+/* Verifies shard i's checksum (once; remembered). */
+ds_status ds_cache_verify_shard(ds_cache *c, int64_t i);
+/* Verifies every shard, then the target weights and the copied json files. */
+ds_status ds_cache_verify_all(ds_cache *c);
+/* Converts rows [0, length) of sample idx to fp32; any output may be NULL.
+ *   ctx [S, m*d], last [S, d], topk_ids [S, K], topk_logprobs [S, K] */
+ds_status ds_cache_read_sample(ds_cache *c, int64_t idx, float *ctx, float *last, int32_t *topk_ids,
+                               float *topk_logprobs);
+int64_t ds_cache_sample_length(const ds_cache *c, int64_t idx);
+
+/* Prefetching stream: a background thread converts the pushed samples, in order, into a ring
+ * of `depth` fp32 slots (depth >= 2: one held by the consumer, the rest ahead), verifying each
+ * shard's checksum on its first use. The consumer pushes the indices it will need and takes
+ * them back in the same order. Only the stream touches the cache until it is freed. */
+typedef struct ds_cache_stream ds_cache_stream;
+
+typedef struct {
+  int64_t index, length;
+  const float *ctx;            /* [length, m*d] (NULL without features) */
+  const float *last;           /* [length, d] */
+  const int32_t *topk_ids;     /* [length, K] (NULL unless want_kd) */
+  const float *topk_logprobs;  /* [length, K] */
+} ds_cache_sample;
+
+ds_status ds_cache_stream_start(ds_cache *c, int depth, int want_kd, ds_cache_stream **out);
+/* How many more indices may be pushed now. */
+int ds_cache_stream_space(const ds_cache_stream *s);
+ds_status ds_cache_stream_push(ds_cache_stream *s, int64_t index);
+/* Releases the previous sample and waits for the oldest pushed one. Its pointers stay valid
+ * until the next call. Seconds spent waiting accumulate in ds_cache_stream_wait_s. */
+ds_status ds_cache_stream_next(ds_cache_stream *s, ds_cache_sample *out);
+double ds_cache_stream_wait_s(const ds_cache_stream *s);
+void ds_cache_stream_free(ds_cache_stream *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

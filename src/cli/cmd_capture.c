@@ -1,0 +1,117 @@
+/* dspark capture: runs the target once over the training sequences and writes the offline cache
+ * (DSpark features and/or sparse KD log-probs); rerunning the same command resumes it. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "dspark/cache.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+    "usage: dspark capture --target DIR --data FILE --out CACHE [options]\n"
+    "Runs the target once over the training sequences (packed exactly as `dspark train` packs them)\n"
+    "and writes CACHE/{manifest.json, shard-%%06d.safetensors, target_weights.safetensors,\n"
+    "target_config.json, tokenizer.json} (format: README \"File formats\"). Rerunning the same\n"
+    "command after an interruption (kill, full disk) resumes from the last complete shard; the\n"
+    "finished cache is byte-identical to an uninterrupted capture.\n"
+    "  --target-layers N        captured layers spread over [1, L-2] (5), as `dspark train`\n"
+    "  --target-layer-ids L,..  explicit layer ids (strictly increasing, -1 = embeddings, at most L-2)\n"
+    "  --dtype bf16|f16|f32     storage dtype of the features and KD log-probs (bf16)\n"
+    "  --seq-len N              tokens per sequence (512)\n"
+    "  --shard-size N           samples per shard (64); two shards are held in memory (one written in the background)\n"
+    "  --no-features            write no DSpark features (KD data only; needs --topk)\n"
+    "KD (spec/kd.md section 1), written when --topk is given:\n"
+    "  --topk K                 teacher top-K ids with full-vocabulary log-probs\n"
+    "  --top-p P                keep the prefix whose probability mass before each entry is < P (1: all K)\n"
+    "  --min-k M                ... but always at least M entries (1)\n"
+    "  --temperature T          log-probs of softmax(x / T) (1)\n"
+    "  --seed S                 recorded in the manifest (0)\n"
+    "  --threads N  --quiet\n"
+    "  --forward-only           benchmark: run only the target forward (and the KD logits); write nothing\n"
+    "  --throttle-ms N          testing aid: sleep N ms after each shard\n");
+}
+
+static int parse_dtype(const char *v, ds_dtype *out) {
+  if (!strcmp(v, "bf16")) *out = DS_BF16;
+  else if (!strcmp(v, "f16")) *out = DS_F16;
+  else if (!strcmp(v, "f32")) *out = DS_F32;
+  else {
+    fprintf(stderr, "dspark capture: --dtype expects bf16, f16 or f32, got '%s'\n", v);
+    return 0;
+  }
+  return 1;
+}
+
+int cmd_capture(int argc, char **argv) {
+  ds_capture_options o;
+  ds_capture_options_default(&o);
+  int kd_flags = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = NULL;
+    int64_t n;
+    double x;
+#define VALUE() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
+#define INT(lo, hi, dst) do { VALUE(); if (!cli_int(a, v, lo, hi, &n)) return 2; dst = n; } while (0)
+#define NUM(lo, hi, dst) do { VALUE(); if (!cli_float(a, v, lo, hi, &x)) return 2; dst = x; } while (0)
+    if (cli_is_help(a)) { usage(stdout); return 0; }
+    else if (!strcmp(a, "--target")) { VALUE(); o.target_dir = v; }
+    else if (!strcmp(a, "--data")) { VALUE(); o.data_path = v; }
+    else if (!strcmp(a, "--out")) { VALUE(); o.out_dir = v; }
+    else if (!strcmp(a, "--target-layers")) INT(1, DS_CACHE_MAX_LAYERS, o.n_target_layers);
+    else if (!strcmp(a, "--target-layer-ids")) {
+      int32_t *ids;
+      int64_t cnt;
+      VALUE();
+      if (!cli_int_list(a, v, &ids, &cnt)) return 2;
+      if (cnt < 1 || cnt > DS_CACHE_MAX_LAYERS) {
+        free(ids);
+        fprintf(stderr, "dspark capture: %s: 1..%d ids\n", a, DS_CACHE_MAX_LAYERS);
+        return 2;
+      }
+      memcpy(o.target_layer_ids, ids, (size_t)cnt * sizeof *ids);
+      o.n_explicit_layers = (int)cnt;
+      free(ids);
+    }
+    else if (!strcmp(a, "--dtype")) { VALUE(); if (!parse_dtype(v, &o.dtype)) return 2; }
+    else if (!strcmp(a, "--seq-len")) INT(2, 1 << 20, o.seq_len);
+    else if (!strcmp(a, "--shard-size")) INT(1, 1 << 24, o.shard_size);
+    else if (!strcmp(a, "--no-features")) o.features = 0;
+    else if (!strcmp(a, "--topk")) INT(1, INT32_MAX, o.topk);
+    else if (!strcmp(a, "--top-p")) { NUM(1e-12, 1, o.top_p); kd_flags = 1; }
+    else if (!strcmp(a, "--min-k")) { INT(0, INT32_MAX, o.min_k); kd_flags = 1; }
+    else if (!strcmp(a, "--temperature")) { NUM(1e-6, 1e6, o.temperature); kd_flags = 1; }
+    else if (!strcmp(a, "--seed")) { INT(0, INT64_C(1) << 53, n); o.seed = (uint64_t)n; }
+    else if (!strcmp(a, "--threads")) INT(1, 1024, o.threads);
+    else if (!strcmp(a, "--quiet")) o.quiet = 1;
+    else if (!strcmp(a, "--forward-only")) o.forward_only = 1;
+    else if (!strcmp(a, "--throttle-ms")) INT(0, 60000, o.throttle_ms);
+    else {
+      fprintf(stderr, "dspark capture: unknown option '%s' (see --help)\n", a);
+      return 2;
+    }
+#undef VALUE
+#undef INT
+#undef NUM
+  }
+  if (!o.target_dir || !o.data_path || (!o.out_dir && !o.forward_only)) {
+    fprintf(stderr, "dspark capture: --target, --data and --out are required (see --help)\n");
+    return 2;
+  }
+  if (kd_flags && !o.topk) {
+    fprintf(stderr, "dspark capture: --top-p, --min-k and --temperature need --topk\n");
+    return 2;
+  }
+  if (!o.features && !o.topk) {
+    fprintf(stderr, "dspark capture: --no-features needs --topk (otherwise nothing is captured)\n");
+    return 2;
+  }
+  if (!o.out_dir) o.out_dir = "";
+  /* A file-size limit (or a quota) must surface as a write error the capture reports and can
+   * resume from, not as a SIGXFSZ that kills the process mid-shard. */
+  signal(SIGXFSZ, SIG_IGN);
+  if (ds_cache_capture(&o) != DS_OK) return cli_report_error("capture");
+  return 0;
+}

@@ -1,0 +1,505 @@
+/* dspark capture: one pass of the target over the training sequences writes the DSpark
+ * features and/or the sparse KD log-probs into a cache (include/dspark/cache.h), resumably.
+ *
+ * The sequences are exactly the trainer's (ds_dataset_load with the same seq_len, EOS and
+ * minimum length) and each is run alone through a KV cache of capacity seq_len, as the online
+ * trainer does, so an f32 cache holds the very bits online training computes. */
+#include <dirent.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "dspark/cache.h"
+#include "dspark/draft.h"
+#include "dspark/dtype.h"
+#include "dspark/fileio.h"
+#include "dspark/safetensors.h"
+#include "dspark/target.h"
+#include "dspark/tokenizer.h"
+#include "io/cache_internal.h"
+
+enum { KD_CHUNK_ROWS = 32 };
+
+void ds_capture_options_default(ds_capture_options *o) {
+  memset(o, 0, sizeof *o);
+  o->n_target_layers = 5;
+  o->dtype = DS_BF16;
+  o->seq_len = 512;
+  o->shard_size = 64;
+  o->features = 1;
+  o->top_p = 1.0;
+  o->temperature = 1.0;
+  o->min_k = 1;
+}
+
+typedef struct {
+  const ds_capture_options *o;
+  ds_target *target;
+  ds_tokenizer *tok;
+  ds_dataset data;
+  char *config_text, *tok_text;
+  size_t config_len, tok_len;
+  ds_cache_manifest m;
+  ds_kv_cache *kv;
+  int64_t S, d, md, K, V, n_shards_total;
+  float *ctx, *last;          /* (S, m*d), (S, d): one sample, fp32 */
+  float *logits, *scratch;    /* (KD_CHUNK_ROWS, V) each */
+  int32_t *kd_ids;            /* (S, K) */
+  float *kd_lp;               /* (S, K) */
+  ds_shard_buf buf[2];        /* shard k fills buf[k % 2] while shard k - 1 is written */
+  /* seconds in the target (with the KD logits), in the KD selection, writing shards (in the
+   * background) and waiting for those writes */
+  double t_forward, t_select, t_write, t_wait;
+  int64_t bytes_written;
+} capture;
+
+/* ---------------------------------------------------------------- setup */
+
+static ds_status load_inputs(capture *c) {
+  const ds_capture_options *o = c->o;
+  DS_TRY(ds_target_load(o->target_dir, ds_backend_cpu(), &c->target));
+  const ds_model_config *tc = ds_target_config(c->target);
+  char *path = ds_path_join(o->target_dir, "config.json");
+  ds_status st = path ? ds_read_file(path, &c->config_text, &c->config_len) : DS_ERR_NOMEM;
+  free(path);
+  if (st != DS_OK) return st;
+  path = ds_path_join(o->target_dir, "tokenizer.json");
+  st = path ? ds_read_file(path, &c->tok_text, &c->tok_len) : DS_ERR_NOMEM;
+  if (st == DS_OK) st = ds_tokenizer_load_memory(c->tok_text, c->tok_len, path, &c->tok);
+  free(path);
+  if (st != DS_OK) return st;
+
+  ds_cache_manifest *m = &c->m;
+  m->format_version = DS_CACHE_FORMAT_VERSION;
+  m->vocab_size = tc->vocab_size;
+  m->hidden_size = tc->hidden_size;
+  m->num_hidden_layers = tc->num_hidden_layers;
+  snprintf(m->target_architecture, sizeof m->target_architecture, "%s", tc->architecture);
+  /* The captured layers: the same default as `dspark train` (ds_draft_config_default). */
+  if (o->n_explicit_layers) {
+    m->n_layers = o->n_explicit_layers;
+    memcpy(m->target_layer_ids, o->target_layer_ids, sizeof(int32_t) * (size_t)o->n_explicit_layers);
+  } else {
+    ds_draft_config dc;
+    DS_TRY(ds_draft_config_default(tc, 1, o->n_target_layers, &dc));
+    m->n_layers = dc.n_target_layers;
+    memcpy(m->target_layer_ids, dc.target_layer_ids, sizeof(int32_t) * (size_t)dc.n_target_layers);
+  }
+  DS_TRY(ds_target_check_capture_layers(c->target, m->target_layer_ids, m->n_layers));
+  if (o->topk > tc->vocab_size)
+    return DS_FAIL(DS_ERR_ARG, "--topk %lld exceeds the vocabulary size %lld", (long long)o->topk,
+                   (long long)tc->vocab_size);
+  if (o->min_k > o->topk && o->topk)
+    return DS_FAIL(DS_ERR_ARG, "--min-k %lld exceeds --topk %lld", (long long)o->min_k, (long long)o->topk);
+
+  m->eos_token_id = tc->n_eos ? tc->eos_token_ids[0] : -1;
+  m->min_length = 2;
+  DS_TRY(ds_dataset_load(o->data_path, c->tok, o->seq_len, (int32_t)m->eos_token_id, m->min_length, &c->data));
+  m->dtype = o->dtype;
+  m->seq_length = o->seq_len;
+  m->num_samples = c->data.n_seqs;
+  for (int64_t i = 0; i < c->data.n_seqs; i++) m->num_tokens += c->data.lengths[i];
+  m->shard_size = o->shard_size;
+  m->data_xxh64 = c->data.source_hash;
+  m->target_config_xxh64 = XXH64(c->config_text, c->config_len, 0);
+  m->tokenizer_xxh64 = XXH64(c->tok_text, c->tok_len, 0);
+  snprintf(m->chat_template, sizeof m->chat_template, "%s", DS_CACHE_CHAT_TEMPLATE);
+  m->chat_template_xxh64 = ds_cache_hash_string(DS_CACHE_CHAT_TEMPLATE);
+  m->seed = o->seed;
+  m->features = o->features;
+  m->kd_topk = o->topk;
+  m->kd_top_p = o->topk ? o->top_p : 1.0;
+  m->kd_min_k = o->topk ? o->min_k : 1;
+  m->kd_temperature = o->topk ? o->temperature : 1.0;
+  m->target_path = ds_malloc(strlen(o->target_dir) + 1, "path");
+  m->data_path = ds_malloc(strlen(o->data_path) + 1, "path");
+  if (!m->target_path || !m->data_path) return DS_ERR_NOMEM;
+  strcpy(m->target_path, o->target_dir);
+  strcpy(m->data_path, o->data_path);
+  if (!o->forward_only) DS_TRY(ds_cache_hash_target_weights(o->target_dir, &m->target_weights_xxh64));
+
+  c->S = o->seq_len;
+  c->d = tc->hidden_size;
+  c->md = c->d * m->n_layers;
+  c->K = o->topk;
+  c->V = tc->vocab_size;
+  c->n_shards_total = (m->num_samples + m->shard_size - 1) / m->shard_size;
+  return DS_OK;
+}
+
+static ds_status alloc_buffers(capture *c) {
+  int64_t S = c->S, n = c->o->shard_size;
+  DS_TRY(ds_kv_cache_new(c->target, S, &c->kv));
+  c->ctx = ds_malloc_aligned((size_t)(S * c->md) * sizeof(float), "captured features");
+  c->last = ds_malloc_aligned((size_t)(S * c->d) * sizeof(float), "captured features");
+  if (!c->ctx || !c->last) return DS_ERR_NOMEM;
+  if (c->K) {
+    c->logits = ds_malloc_aligned((size_t)(KD_CHUNK_ROWS * c->V) * sizeof(float), "KD logits");
+    c->scratch = ds_malloc_aligned((size_t)(KD_CHUNK_ROWS * c->V) * sizeof(float), "KD scratch");
+    c->kd_ids = ds_malloc((size_t)(S * c->K) * sizeof(int32_t), "KD ids");
+    c->kd_lp = ds_malloc((size_t)(S * c->K) * sizeof(float), "KD log-probs");
+    if (!c->logits || !c->scratch || !c->kd_ids || !c->kd_lp) return DS_ERR_NOMEM;
+  }
+  if (c->o->forward_only) return DS_OK;
+  DS_TRY(ds_shard_buf_alloc(&c->buf[0], &c->m, n));
+  if (c->n_shards_total > 1) DS_TRY(ds_shard_buf_alloc(&c->buf[1], &c->m, n));
+  return DS_OK;
+}
+
+static void free_capture(capture *c) {
+  ds_kv_cache_free(c->kv);
+  ds_target_free(c->target);
+  ds_tokenizer_free(c->tok);
+  ds_dataset_free(&c->data);
+  free(c->config_text);
+  free(c->tok_text);
+  ds_cache_manifest_free(&c->m);
+  ds_free_aligned(c->ctx);
+  ds_free_aligned(c->last);
+  ds_free_aligned(c->logits);
+  ds_free_aligned(c->scratch);
+  free(c->kd_ids);
+  free(c->kd_lp);
+  ds_shard_buf_free(&c->buf[0]);
+  ds_shard_buf_free(&c->buf[1]);
+}
+
+/* ---------------------------------------------------------------- one sample */
+
+/* The target over sample i (alone, from position 0), then the KD selection of every row. */
+static ds_status run_sample(capture *c, int64_t i) {
+  int64_t len = c->data.lengths[i];
+  double t0 = ds_time_sec();
+  DS_TRY(ds_kv_cache_crop(c->kv, 0));
+  ds_target_seq seq = {c->data.ids + i * c->S, len, c->kv};
+  ds_target_outputs out = {c->m.target_layer_ids, c->m.n_layers, c->m.features ? c->ctx : NULL, c->last, NULL, 0, NULL};
+  ds_status st = ds_target_forward(c->target, &seq, 1, &out);
+  if (st != DS_OK) return ds_error_wrap(st, "%s: sample %lld", c->o->data_path, (long long)i);
+  c->t_forward += ds_time_sec() - t0;
+  for (int64_t r = 0; c->K && r < len; r += KD_CHUNK_ROWS) {
+    int64_t rows = len - r < KD_CHUNK_ROWS ? len - r : KD_CHUNK_ROWS;
+    double t1 = ds_time_sec();
+    ds_backend_cpu()->linear(c->logits, c->last + r * c->d, ds_target_lm_head(c->target), NULL, rows, c->d, c->V);
+    double t2 = ds_time_sec();
+    c->t_forward += t2 - t1; /* the teacher's logits are part of its forward */
+    if (c->o->forward_only) continue;
+    /* Rows are independent (each has its own scratch), so the selection is parallel and
+     * still deterministic. */
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < rows; k++)
+      ds_kd_select(c->logits + k * c->V, c->V, c->m.kd_temperature, c->K, c->m.kd_top_p, c->m.kd_min_k,
+                   c->scratch + k * c->V, c->kd_ids + (r + k) * c->K, c->kd_lp + (r + k) * c->K);
+    c->t_select += ds_time_sec() - t2;
+  }
+  return DS_OK;
+}
+
+/* ---------------------------------------------------------------- files */
+
+static ds_status write_manifest(capture *c) {
+  char *text = ds_cache_manifest_json(&c->m), *path = ds_path_join(c->o->out_dir, "manifest.json");
+  ds_status st = text && path ? ds_write_file_atomic(path, text, strlen(text)) : DS_FAIL(DS_ERR_NOMEM, "manifest");
+  free(text);
+  free(path);
+  return st;
+}
+
+static ds_status write_target_weights(capture *c) {
+  char *path = ds_path_join(c->o->out_dir, "target_weights.safetensors");
+  ds_st_writer *w = ds_st_writer_new();
+  ds_status st = path && w ? DS_OK : DS_ERR_NOMEM;
+  int64_t shape[2] = {c->V, c->d};
+  if (st == DS_OK) st = ds_st_writer_set_metadata(w, "format", "dspark-cache-target-weights");
+  if (st == DS_OK) st = ds_st_writer_add(w, "embed_tokens.weight", DS_F32, 2, shape, ds_target_embed(c->target));
+  if (st == DS_OK) st = ds_st_writer_add(w, "lm_head.weight", DS_F32, 2, shape, ds_target_lm_head(c->target));
+  if (st == DS_OK) st = ds_st_writer_write(w, path);
+  if (st == DS_OK) st = ds_cache_hash_file(path, &c->m.target_weights_file_xxh64);
+  ds_st_writer_free(w);
+  free(path);
+  return st;
+}
+
+static ds_status write_copy(capture *c, const char *name, const char *text, size_t len) {
+  char *path = ds_path_join(c->o->out_dir, name);
+  ds_status st = path ? ds_write_file_atomic(path, text, len) : DS_ERR_NOMEM;
+  free(path);
+  return st;
+}
+
+/* Temp files of a killed writer ("NAME.tmp.PID") are garbage: they never became the real file. */
+static void remove_stale_temps(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    const char *n = e->d_name;
+    int ours = !strncmp(n, "shard-", 6) || !strncmp(n, "manifest.json", 13) || !strncmp(n, "target_", 7) ||
+               !strncmp(n, "tokenizer.json", 14);
+    if (ours && strstr(n, ".tmp.")) {
+      char *p = ds_path_join(dir, n);
+      if (p) unlink(p);
+      free(p);
+    }
+  }
+  closedir(d);
+}
+
+/* ---------------------------------------------------------------- resume */
+
+/* Reads an existing manifest: it must describe the same capture; keeps the contiguous prefix
+ * of listed shards whose checksums verify. *done = 1 when the cache is already complete. */
+static ds_status resume_state(capture *c, int64_t *kept, int *weights_ok, int *done) {
+  *kept = 0;
+  *weights_ok = *done = 0;
+  char *path = ds_path_join(c->o->out_dir, "manifest.json"), *text = NULL;
+  if (!path) return DS_ERR_NOMEM;
+  if (!ds_file_exists(path)) { free(path); return DS_OK; }
+  size_t len;
+  ds_cache_manifest old;
+  ds_status st = ds_read_file(path, &text, &len);
+  if (st == DS_OK) st = ds_cache_manifest_parse(text, len, path, &old);
+  free(text);
+  if (st != DS_OK) {
+    free(path);
+    return ds_error_wrap(st, "cannot resume the capture in %s (use a new --out, or delete that directory)",
+                         c->o->out_dir);
+  }
+  st = ds_cache_manifest_same_capture(&old, &c->m, path);
+  free(path);
+  if (st != DS_OK) {
+    ds_cache_manifest_free(&old);
+    return ds_error_wrap(st, "%s holds a different capture (use a new --out, or delete that directory)", c->o->out_dir);
+  }
+  for (int64_t i = 0; i < old.n_shards; i++) {
+    char *p = ds_path_join(c->o->out_dir, old.shards[i].file);
+    uint64_t h = 0;
+    int ok = p && ds_file_exists(p) && ds_cache_hash_file(p, &h) == DS_OK && h == old.shards[i].xxh64;
+    free(p);
+    if (!ok) break;
+    c->m.shards[i] = old.shards[i];
+    (*kept)++;
+  }
+  if (old.target_weights_file_xxh64) {
+    char *p = ds_path_join(c->o->out_dir, "target_weights.safetensors");
+    uint64_t h = 0;
+    *weights_ok = p && ds_file_exists(p) && ds_cache_hash_file(p, &h) == DS_OK && h == old.target_weights_file_xxh64;
+    if (*weights_ok) c->m.target_weights_file_xxh64 = h;
+    free(p);
+  }
+  *done = old.complete && *kept == old.n_shards && *weights_ok;
+  if (!c->o->quiet && *kept < old.n_shards)
+    fprintf(stderr, "capture: shard %lld of the earlier run is missing or corrupt: rewriting from there\n",
+            (long long)*kept);
+  ds_cache_manifest_free(&old);
+  ds_error_clear();
+  return DS_OK;
+}
+
+/* ---------------------------------------------------------------- the loop */
+
+static void fmt_time(double s, char *buf, size_t n) {
+  long t = s < 0 || s > 1e7 ? -1 : (long)(s + 0.5);
+  if (t < 0) snprintf(buf, n, "?");
+  else if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+  else if (t >= 60) snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+  else snprintf(buf, n, "%lds", t);
+}
+
+/* Rewritten in place on a terminal after every sample; one line per shard otherwise. */
+static void progress(const capture *c, int64_t done, int64_t first, double elapsed, double tokens, int shard_done) {
+  int tty = isatty(fileno(stderr));
+  if (c->o->quiet || tty == (shard_done != 0)) return;
+  char el[32], eta[32];
+  double rate = elapsed > 0 ? tokens / elapsed : 0;
+  fmt_time(elapsed, el, sizeof el);
+  fmt_time(done > first ? elapsed / (double)(done - first) * (double)(c->m.num_samples - done) : -1, eta, sizeof eta);
+  fprintf(stderr, "%scapture: sample %lld/%lld (shard %lld/%lld) | %.1f tok/s | elapsed %s ETA %s%s",
+          tty ? "\r\033[K" : "", (long long)done, (long long)c->m.num_samples,
+          (long long)((done + c->m.shard_size - 1) / c->m.shard_size), (long long)c->n_shards_total, rate, el, eta,
+          tty && done < c->m.num_samples ? "" : "\n");
+  fflush(stderr);
+}
+
+static void summary(const capture *c, int64_t samples, double tokens, double loop_s, int64_t first_shard) {
+  printf("{\"samples\": %lld, \"tokens\": %.0f, \"loop_s\": %.6f, \"forward_s\": %.6f, \"kd_select_s\": %.6f, "
+         "\"write_s\": %.6f, \"write_wait_s\": %.6f, \"tokens_per_s\": %.3f, \"bytes\": %lld, \"resumed_from_shard\": %lld, \"forward_only\": %s}\n",
+         (long long)samples, tokens, loop_s, c->t_forward, c->t_select, c->t_write, c->t_wait, loop_s > 0 ? tokens / loop_s : 0.0,
+         (long long)c->bytes_written, (long long)first_shard, c->o->forward_only ? "true" : "false");
+  fflush(stdout);
+}
+
+static ds_status forward_only(capture *c) {
+  double t0 = ds_time_sec(), tokens = 0;
+  for (int64_t i = 0; i < c->m.num_samples; i++) {
+    DS_TRY(run_sample(c, i));
+    tokens += (double)c->data.lengths[i];
+  }
+  summary(c, c->m.num_samples, tokens, ds_time_sec() - t0, 0);
+  return DS_OK;
+}
+
+/* ---------------------------------------------------------------- background shard writes */
+
+/* Shard k is written (file, checksum, then the manifest listing it) by a thread while the
+ * target computes shard k + 1; at most one write is in flight, so at most one shard of work
+ * is lost to an error, and the manifest on disk always lists exactly the committed shards. */
+typedef struct {
+  capture *c;
+  int64_t k, n;
+  int busy;             /* started and not joined */
+  pthread_t thread;
+  ds_status st;
+  char error[2048];     /* the writer thread's message */
+  double seconds;
+} shard_job;
+
+static void *write_job(void *arg) {
+  shard_job *j = arg;
+  capture *c = j->c;
+  double t0 = ds_time_sec();
+  char name[32];
+  ds_cache_shard_name(j->k, name, sizeof name);
+  char *path = ds_path_join(c->o->out_dir, name);
+  uint64_t h = 0;
+  int64_t bytes = 0;
+  ds_status st = path ? ds_shard_write(&c->buf[j->k % 2], &c->m, j->n, path, &h, &bytes) : DS_ERR_NOMEM;
+  free(path);
+  if (st == DS_OK) {
+    ds_cache_shard_info *s = &c->m.shards[j->k];
+    snprintf(s->file, sizeof s->file, "%s", name);
+    s->num_samples = j->n;
+    s->xxh64 = h;
+    c->m.n_shards = j->k + 1;
+    c->bytes_written += bytes;
+    st = write_manifest(c);
+  }
+  if (st != DS_OK) snprintf(j->error, sizeof j->error, "%s", ds_last_error());
+  j->st = st;
+  j->seconds = ds_time_sec() - t0;
+  return NULL;
+}
+
+static ds_status join_job(capture *c, shard_job *j) {
+  if (!j->busy) return DS_OK;
+  double t0 = ds_time_sec();
+  pthread_join(j->thread, NULL);
+  j->busy = 0;
+  c->t_wait += ds_time_sec() - t0;
+  c->t_write += j->seconds;
+  return j->st == DS_OK ? DS_OK : DS_FAIL(j->st, "%s", j->error);
+}
+
+static void start_job(shard_job *j, int64_t k, int64_t n) {
+  j->k = k;
+  j->n = n;
+  j->st = DS_OK;
+  j->busy = pthread_create(&j->thread, NULL, write_job, j) == 0;
+  if (!j->busy) write_job(j); /* no thread: write in place */
+}
+
+static ds_status resumable(ds_status st, const capture *c, int64_t kept_samples) {
+  return ds_error_wrap(st,
+                       "capture stopped by an error; the cache in %s is resumable (complete: false, %lld of %lld samples "
+                       "safely written): fix the cause (e.g. free disk space) and rerun the same command",
+                       c->o->out_dir, (long long)kept_samples, (long long)c->m.num_samples);
+}
+
+/* Computes shard k into buf[k % 2], then hands it to the writer once shard k - 1 is committed. */
+static ds_status shard_loop(capture *c, shard_job *job, int64_t first_shard, double t0, double *tokens) {
+  int64_t first_sample = first_shard * c->m.shard_size;
+  for (int64_t k = first_shard; k < c->n_shards_total; k++) {
+    int64_t base = k * c->m.shard_size, left = c->m.num_samples - base;
+    int64_t n = left < c->m.shard_size ? left : c->m.shard_size;
+    ds_shard_buf *b = &c->buf[k % 2];
+    for (int64_t j = 0; j < n; j++) {
+      int64_t i = base + j;
+      DS_TRY(run_sample(c, i));
+      DS_TRY(ds_shard_store(b, &c->m, j, c->data.lengths[i], c->data.ids + i * c->S, c->data.loss_mask + i * c->S,
+                            c->ctx, c->last, c->kd_ids, c->kd_lp));
+      *tokens += (double)c->data.lengths[i];
+      progress(c, i + 1, first_sample, ds_time_sec() - t0, *tokens, 0);
+    }
+    ds_status st = join_job(c, job);
+    if (st != DS_OK) return resumable(st, c, (k - 1) * c->m.shard_size);
+    if (k > first_shard) progress(c, base, first_sample, ds_time_sec() - t0, *tokens, 1);
+    if (c->o->throttle_ms > 0 && k > first_shard) {
+      struct timespec ts = {c->o->throttle_ms / 1000, (c->o->throttle_ms % 1000) * 1000000L};
+      nanosleep(&ts, NULL);
+    }
+    start_job(job, k, n);
+  }
+  return DS_OK;
+}
+
+static ds_status capture_shards(capture *c, int64_t first_shard) {
+  double t0 = ds_time_sec(), tokens = 0;
+  shard_job job;
+  memset(&job, 0, sizeof job);
+  job.c = c;
+  ds_status st = shard_loop(c, &job, first_shard, t0, &tokens);
+  ds_status wst = join_job(c, &job); /* never leave the writer running */
+  if (st != DS_OK) return st;
+  if (wst != DS_OK) return resumable(wst, c, job.k * c->m.shard_size);
+  progress(c, c->m.num_samples, first_shard * c->m.shard_size, ds_time_sec() - t0, tokens, 1);
+  c->m.complete = 1;
+  st = write_manifest(c);
+  if (st != DS_OK) return resumable(st, c, c->m.num_samples);
+  summary(c, c->m.num_samples - first_shard * c->m.shard_size, tokens, ds_time_sec() - t0, first_shard);
+  return DS_OK;
+}
+
+static ds_status run_capture(capture *c) {
+  const ds_capture_options *o = c->o;
+  DS_TRY(load_inputs(c));
+  DS_TRY(alloc_buffers(c));
+  if (o->forward_only) return forward_only(c);
+  c->m.shards = ds_calloc((size_t)c->n_shards_total + 1, sizeof *c->m.shards, "manifest shards");
+  if (!c->m.shards) return DS_ERR_NOMEM;
+  DS_TRY(ds_mkdir_p(o->out_dir));
+  int64_t kept;
+  int weights_ok, done;
+  DS_TRY(resume_state(c, &kept, &weights_ok, &done));
+  if (done) {
+    if (!o->quiet) fprintf(stderr, "capture: %s is already complete (every checksum verified)\n", o->out_dir);
+    summary(c, 0, 0, 0, kept);
+    return DS_OK;
+  }
+  remove_stale_temps(o->out_dir);
+  c->m.n_shards = kept;
+  if (!o->quiet && kept)
+    fprintf(stderr, "capture: resuming %s at shard %lld of %lld\n", o->out_dir, (long long)kept,
+            (long long)c->n_shards_total);
+  ds_status st = write_manifest(c);
+  if (st == DS_OK) st = write_copy(c, "target_config.json", c->config_text, c->config_len);
+  if (st == DS_OK) st = write_copy(c, "tokenizer.json", c->tok_text, c->tok_len);
+  if (st == DS_OK && !weights_ok) st = write_target_weights(c);
+  if (st == DS_OK) st = write_manifest(c);
+  if (st != DS_OK) return resumable(st, c, kept * c->m.shard_size);
+  return capture_shards(c, kept);
+}
+
+ds_status ds_cache_capture(const ds_capture_options *o) {
+  if (!o->target_dir || !o->data_path || !o->out_dir)
+    return DS_FAIL(DS_ERR_ARG, "capture: the target, the data and the output directory are required");
+  if (!o->features && o->topk <= 0)
+    return DS_FAIL(DS_ERR_ARG, "capture: --no-features without --topk would capture nothing");
+  if (o->dtype != DS_BF16 && o->dtype != DS_F16 && o->dtype != DS_F32)
+    return DS_FAIL(DS_ERR_ARG, "capture: dtype must be bf16, f16 or f32");
+  if (o->seq_len < 2 || o->shard_size < 1 || o->topk < 0 || !(o->top_p > 0 && o->top_p <= 1) ||
+      !(o->temperature > 0) || o->min_k < 0 || o->seed > (UINT64_C(1) << 53))
+    return DS_FAIL(DS_ERR_ARG, "capture: invalid option (seq_len >= 2, shard_size >= 1, top_p in (0, 1], "
+                   "temperature > 0, min_k >= 0, seed <= 2^53)");
+  if (o->threads > 0) ds_set_num_threads(o->threads);
+  capture c;
+  memset(&c, 0, sizeof c);
+  c.o = o;
+  ds_status st = run_capture(&c);
+  free_capture(&c);
+  return st;
+}

@@ -1,0 +1,193 @@
+/* The trainer's offline feature source: the cache checked strictly against the run, its
+ * sequences and frozen tables in place of the target's, and the features streamed by a
+ * prefetch thread in exactly the order the training loop will ask for them (the plan below
+ * replays the loop's order: evaluations, then batch_seqs sequences per step, an evaluation
+ * after the steps the loop evaluates at). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "dspark/draft.h"
+#include "dspark/fileio.h"
+#include "train/draft_trainer_internal.h"
+
+/* ---------------------------------------------------------------- setup */
+
+static ds_status hash_target_file(const char *dir, const char *name, uint64_t *h, char **text, size_t *len) {
+  char *path = ds_path_join(dir, name);
+  if (!path) return DS_ERR_NOMEM;
+  ds_status st = ds_read_file(path, text, len);
+  free(path);
+  if (st == DS_OK) *h = XXH64(*text, *len, 0);
+  return st;
+}
+
+static const char *dtype_label(ds_dtype dt) { return dt == DS_BF16 ? "bf16" : dt == DS_F16 ? "f16" : "f32"; }
+
+static void ids_text(const int32_t *ids, int n, char *buf, size_t cap) {
+  size_t at = (size_t)snprintf(buf, cap, "[");
+  for (int i = 0; i < n && at < cap; i++) at += (size_t)snprintf(buf + at, cap - at, "%s%d", i ? "," : "", ids[i]);
+  if (at < cap) snprintf(buf + at, cap - at, "]");
+}
+
+ds_status ds_trainer_cache_setup(trainer *t) {
+  ds_train_options *o = &t->opt;
+  ds_cache_expect e;
+  ds_cache_expect_any(&e);
+  e.need_features = 1;
+  if (o->seq_len > 0) e.seq_length = o->seq_len;
+  if (o->n_explicit_layers) {
+    e.n_layers = o->n_explicit_layers;
+    memcpy(e.layer_ids, o->target_layer_ids, sizeof(int32_t) * (size_t)o->n_explicit_layers);
+  }
+  char *tok_text = NULL;
+  size_t tok_len = 0, len;
+  if (o->target_dir) { /* the target named too: it must be the captured one */
+    DS_TRY(ds_cache_hash_target_weights(o->target_dir, &e.target_weights_xxh64));
+    e.check_weights = 1;
+    DS_TRY(hash_target_file(o->target_dir, "config.json", &e.target_config_xxh64, &t->target_config, &len));
+    e.check_config = 1;
+    DS_TRY(hash_target_file(o->target_dir, "tokenizer.json", &e.tokenizer_xxh64, &tok_text, &tok_len));
+    e.check_tokenizer = 1;
+  }
+  if (o->data_path) {
+    DS_TRY(ds_cache_hash_file(o->data_path, &e.data_xxh64));
+    e.check_data = 1;
+  }
+  ds_status st = ds_cache_open(o->cache_dir, &e, &t->fc);
+  if (st != DS_OK) {
+    free(tok_text);
+    return st;
+  }
+  const ds_cache_manifest *m = ds_cache_get_manifest(t->fc);
+  if (!t->target_config) st = ds_cache_read_target_config(t->fc, &t->target_config, &len);
+  if (st == DS_OK && !tok_text) {
+    st = ds_cache_read_tokenizer(t->fc, &tok_text, &tok_len);
+    snprintf(t->tokenizer_label, sizeof t->tokenizer_label, "%s/tokenizer.json", o->cache_dir);
+  }
+  if (st == DS_OK) st = ds_tokenizer_load_memory(tok_text, tok_len, t->tokenizer_label, &t->tok);
+  free(tok_text);
+  if (st != DS_OK) return st;
+
+  /* The cache's shapes must be the target config's. */
+  ds_model_config tc;
+  DS_TRY(ds_config_parse(t->target_config, strlen(t->target_config), "the target's config.json", &tc));
+  if (tc.vocab_size != m->vocab_size || tc.hidden_size != m->hidden_size || tc.num_hidden_layers != m->num_hidden_layers)
+    return DS_FAIL(DS_ERR_FORMAT, "%s: manifest sizes (vocab %lld, hidden %lld, layers %lld) disagree with the target "
+                   "config.json (vocab %lld, hidden %lld, layers %lld)", o->cache_dir, (long long)m->vocab_size,
+                   (long long)m->hidden_size, (long long)m->num_hidden_layers, (long long)tc.vocab_size,
+                   (long long)tc.hidden_size, (long long)tc.num_hidden_layers);
+  /* Layers: explicit ids were checked at open; a count must give the cache's ids; none = the cache's. */
+  if (!o->n_explicit_layers && o->n_target_layers > 0) {
+    ds_draft_config dc;
+    DS_TRY(ds_draft_config_default(&tc, 1, o->n_target_layers, &dc));
+    if (dc.n_target_layers != m->n_layers ||
+        memcmp(dc.target_layer_ids, m->target_layer_ids, sizeof(int32_t) * (size_t)m->n_layers)) {
+      char a[512], b[512];
+      ids_text(m->target_layer_ids, m->n_layers, a, sizeof a);
+      ids_text(dc.target_layer_ids, dc.n_target_layers, b, sizeof b);
+      return DS_FAIL(DS_ERR_ARG, "%s/manifest.json: field 'target_layer_ids' is %s in the cache but %s in this run "
+                     "(--target-layers %d)", o->cache_dir, a, b, o->n_target_layers);
+    }
+  }
+  o->n_explicit_layers = m->n_layers;
+  memcpy(o->target_layer_ids, m->target_layer_ids, sizeof(int32_t) * (size_t)m->n_layers);
+  o->n_target_layers = m->n_layers;
+  o->seq_len = m->seq_length;
+  t->cfg_target = m->target_path;
+  t->cfg_data = m->data_path;
+  t->feature_dtype = m->dtype == DS_F32 ? NULL : dtype_label(m->dtype);
+  DS_TRY(ds_cache_take_tokens(t->fc, &t->data));
+  /* The frozen tables: a resumed run takes them from its checkpoint instead. */
+  char *ck = ds_path_join(o->out_dir, "checkpoint.safetensors");
+  int resuming = o->resume && ck && ds_file_exists(ck);
+  free(ck);
+  if (!resuming) DS_TRY(ds_cache_load_target_weights(t->fc, &t->embed, &t->lm_head));
+  return DS_OK;
+}
+
+/* ---------------------------------------------------------------- the plan */
+
+static int plan_next(trainer *t, int64_t *idx) {
+  const ds_train_options *o = t->o;
+  feature_plan *p = &t->plan;
+  for (;;) {
+    if (p->in_eval) {
+      if (p->j < t->n_eval) {
+        *idx = t->n_train + p->j++;
+        return 1;
+      }
+      p->in_eval = 0;
+      p->j = 0;
+      continue;
+    }
+    if (p->step >= o->steps) return 0;
+    if (p->j < o->batch_seqs) {
+      *idx = ds_trainer_order(o, t->n_train, p->perm, &p->perm_epoch, p->step, p->j);
+      p->j++;
+      return 1;
+    }
+    p->step++;
+    p->j = 0;
+    p->in_eval = o->eval_every > 0 && (p->step % o->eval_every == 0 || p->step == o->steps);
+  }
+}
+
+static ds_status top_up(trainer *t) {
+  int64_t idx;
+  while (ds_cache_stream_space(t->stream) > 0 && plan_next(t, &idx)) DS_TRY(ds_cache_stream_push(t->stream, idx));
+  return DS_OK;
+}
+
+ds_status ds_trainer_cache_start(trainer *t) {
+  const ds_cache_manifest *m = ds_cache_get_manifest(t->fc);
+  int64_t n = t->data.n_seqs, S = m->seq_length, d = m->hidden_size, md = d * m->n_layers;
+  if (t->o->cache_preload) {
+    t->pre_ctx = ds_malloc_aligned((size_t)(n * S * md) * sizeof(float), "preloaded features");
+    t->pre_last = ds_malloc_aligned((size_t)(n * S * d) * sizeof(float), "preloaded features");
+    if (!t->pre_ctx || !t->pre_last) return DS_ERR_NOMEM;
+    for (int64_t i = 0; i < n; i++)
+      DS_TRY(ds_cache_read_sample(t->fc, i, t->pre_ctx + i * S * md, t->pre_last + i * S * d, NULL, NULL));
+    return DS_OK;
+  }
+  t->plan.step = t->step;
+  t->plan.j = 0;
+  t->plan.in_eval = t->step == 0;
+  t->plan.perm_epoch = -1;
+  t->plan.perm = ds_malloc((size_t)t->n_train * sizeof(int64_t), "prefetch order");
+  if (!t->plan.perm) return DS_ERR_NOMEM;
+  int depth = t->o->cache_prefetch >= 2 ? t->o->cache_prefetch : 2;
+  DS_TRY(ds_cache_stream_start(t->fc, depth, 0, &t->stream));
+  return top_up(t);
+}
+
+ds_status ds_trainer_cache_features(trainer *t, int64_t idx) {
+  if (t->pre_ctx) {
+    const ds_cache_manifest *m = ds_cache_get_manifest(t->fc);
+    int64_t S = m->seq_length, d = m->hidden_size;
+    t->cur_ctx = t->pre_ctx + idx * S * d * m->n_layers;
+    t->cur_last = t->pre_last + idx * S * d;
+    return DS_OK;
+  }
+  ds_cache_sample s;
+  DS_TRY(ds_cache_stream_next(t->stream, &s));
+  if (s.index != idx)
+    return DS_FAIL(DS_ERR_INTERNAL, "cache stream out of order: the loop wants sample %lld, the plan gave %lld",
+                   (long long)idx, (long long)s.index);
+  t->cur_ctx = s.ctx;
+  t->cur_last = s.last;
+  return top_up(t);
+}
+
+void ds_trainer_cache_free(trainer *t) {
+  ds_cache_stream_free(t->stream);
+  t->stream = NULL;
+  ds_cache_close(t->fc);
+  t->fc = NULL;
+  free(t->plan.perm);
+  ds_free_aligned(t->pre_ctx);
+  ds_free_aligned(t->pre_last);
+  ds_free_aligned(t->embed);
+  ds_free_aligned(t->lm_head);
+}
