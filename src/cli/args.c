@@ -64,3 +64,18 @@ int cli_int_list(const char *opt, const char *s, int32_t **out, int64_t *n) {
 }
 
 int cli_is_help(const char *arg) { return !strcmp(arg, "-h") || !strcmp(arg, "--help"); }
+
+int cli_layer_ids(const char *opt, const char *s, int32_t *dst, int *n, int max) {
+  int32_t *ids;
+  int64_t cnt;
+  if (!cli_int_list(opt, s, &ids, &cnt)) return 0;
+  if (cnt < 1 || cnt > max) {
+    free(ids);
+    fprintf(stderr, "dspark: %s takes 1 to %d layer ids\n", opt, max);
+    return 0;
+  }
+  memcpy(dst, ids, (size_t)cnt * sizeof *ids);
+  *n = (int)cnt;
+  free(ids);
+  return 1;
+}

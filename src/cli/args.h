@@ -12,5 +12,14 @@ int cli_float(const char *opt, const char *s, double lo, double hi, double *out)
 /* "1,2,3" -> malloc'd array; returns 0 on a malformed list. */
 int cli_int_list(const char *opt, const char *s, int32_t **out, int64_t *n);
 int cli_is_help(const char *arg);
+/* "L1,L2,.." -> dst[0..*n) with 1 <= *n <= max; 0 (after a message naming opt) otherwise. */
+int cli_layer_ids(const char *opt, const char *s, int32_t *dst, int *n, int max);
+
+/* Option-loop helpers for the subcommands with many options. They expect locals
+ * `int i`, `const char *a` (= argv[i]), `const char *v`, `int64_t n`, `double x` and return 2
+ * from the command on a usage error (the message names the option). */
+#define CLI_VALUE() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
+#define CLI_INT(lo, hi, dst) do { CLI_VALUE(); if (!cli_int(a, v, lo, hi, &n)) return 2; dst = n; } while (0)
+#define CLI_NUM(lo, hi, dst) do { CLI_VALUE(); if (!cli_float(a, v, lo, hi, &x)) return 2; dst = x; } while (0)
 
 #endif

@@ -53,48 +53,32 @@ int cmd_capture(int argc, char **argv) {
     const char *a = argv[i], *v = NULL;
     int64_t n;
     double x;
-#define VALUE() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
-#define INT(lo, hi, dst) do { VALUE(); if (!cli_int(a, v, lo, hi, &n)) return 2; dst = n; } while (0)
-#define NUM(lo, hi, dst) do { VALUE(); if (!cli_float(a, v, lo, hi, &x)) return 2; dst = x; } while (0)
     if (cli_is_help(a)) { usage(stdout); return 0; }
-    else if (!strcmp(a, "--target")) { VALUE(); o.target_dir = v; }
-    else if (!strcmp(a, "--data")) { VALUE(); o.data_path = v; }
-    else if (!strcmp(a, "--out")) { VALUE(); o.out_dir = v; }
-    else if (!strcmp(a, "--target-layers")) INT(1, DS_CACHE_MAX_LAYERS, o.n_target_layers);
+    else if (!strcmp(a, "--target")) { CLI_VALUE(); o.target_dir = v; }
+    else if (!strcmp(a, "--data")) { CLI_VALUE(); o.data_path = v; }
+    else if (!strcmp(a, "--out")) { CLI_VALUE(); o.out_dir = v; }
+    else if (!strcmp(a, "--target-layers")) CLI_INT(1, DS_CACHE_MAX_LAYERS, o.n_target_layers);
     else if (!strcmp(a, "--target-layer-ids")) {
-      int32_t *ids;
-      int64_t cnt;
-      VALUE();
-      if (!cli_int_list(a, v, &ids, &cnt)) return 2;
-      if (cnt < 1 || cnt > DS_CACHE_MAX_LAYERS) {
-        free(ids);
-        fprintf(stderr, "dspark capture: %s: 1..%d ids\n", a, DS_CACHE_MAX_LAYERS);
-        return 2;
-      }
-      memcpy(o.target_layer_ids, ids, (size_t)cnt * sizeof *ids);
-      o.n_explicit_layers = (int)cnt;
-      free(ids);
+      CLI_VALUE();
+      if (!cli_layer_ids(a, v, o.target_layer_ids, &o.n_explicit_layers, DS_CACHE_MAX_LAYERS)) return 2;
     }
-    else if (!strcmp(a, "--dtype")) { VALUE(); if (!parse_dtype(v, &o.dtype)) return 2; }
-    else if (!strcmp(a, "--seq-len")) INT(2, 1 << 20, o.seq_len);
-    else if (!strcmp(a, "--shard-size")) INT(1, 1 << 24, o.shard_size);
+    else if (!strcmp(a, "--dtype")) { CLI_VALUE(); if (!parse_dtype(v, &o.dtype)) return 2; }
+    else if (!strcmp(a, "--seq-len")) CLI_INT(2, 1 << 20, o.seq_len);
+    else if (!strcmp(a, "--shard-size")) CLI_INT(1, 1 << 24, o.shard_size);
     else if (!strcmp(a, "--no-features")) o.features = 0;
-    else if (!strcmp(a, "--topk")) INT(1, INT32_MAX, o.topk);
-    else if (!strcmp(a, "--top-p")) { NUM(1e-12, 1, o.top_p); kd_flags = 1; }
-    else if (!strcmp(a, "--min-k")) { INT(0, INT32_MAX, o.min_k); kd_flags = 1; }
-    else if (!strcmp(a, "--temperature")) { NUM(1e-6, 1e6, o.temperature); kd_flags = 1; }
-    else if (!strcmp(a, "--seed")) { INT(0, INT64_C(1) << 53, n); o.seed = (uint64_t)n; }
-    else if (!strcmp(a, "--threads")) INT(1, 1024, o.threads);
+    else if (!strcmp(a, "--topk")) CLI_INT(1, INT32_MAX, o.topk);
+    else if (!strcmp(a, "--top-p")) { CLI_NUM(1e-12, 1, o.top_p); kd_flags = 1; }
+    else if (!strcmp(a, "--min-k")) { CLI_INT(0, INT32_MAX, o.min_k); kd_flags = 1; }
+    else if (!strcmp(a, "--temperature")) { CLI_NUM(1e-6, 1e6, o.temperature); kd_flags = 1; }
+    else if (!strcmp(a, "--seed")) { CLI_INT(0, INT64_C(1) << 53, n); o.seed = (uint64_t)n; }
+    else if (!strcmp(a, "--threads")) CLI_INT(1, 1024, o.threads);
     else if (!strcmp(a, "--quiet")) o.quiet = 1;
     else if (!strcmp(a, "--forward-only")) o.forward_only = 1;
-    else if (!strcmp(a, "--throttle-ms")) INT(0, 60000, o.throttle_ms);
+    else if (!strcmp(a, "--throttle-ms")) CLI_INT(0, 60000, o.throttle_ms);
     else {
       fprintf(stderr, "dspark capture: unknown option '%s' (see --help)\n", a);
       return 2;
     }
-#undef VALUE
-#undef INT
-#undef NUM
   }
   if (!o.target_dir || !o.data_path || (!o.out_dir && !o.forward_only)) {
     fprintf(stderr, "dspark capture: --target, --data and --out are required (see --help)\n");

@@ -62,69 +62,57 @@ int cmd_train(int argc, char **argv) {
     const char *a = argv[i], *v = NULL;
     int64_t n;
     double x;
-#define VALUE() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
-#define INT(lo, hi, dst) do { VALUE(); if (!cli_int(a, v, lo, hi, &n)) return 2; dst = n; } while (0)
-#define NUM(lo, hi, dst) do { VALUE(); if (!cli_float(a, v, lo, hi, &x)) return 2; dst = x; } while (0)
     if (cli_is_help(a)) { usage(stdout); return 0; }
-    else if (!strcmp(a, "--target")) { VALUE(); o.target_dir = v; }
-    else if (!strcmp(a, "--data")) { VALUE(); o.data_path = v; }
-    else if (!strcmp(a, "--out")) { VALUE(); o.out_dir = v; }
-    else if (!strcmp(a, "--cache")) { VALUE(); o.cache_dir = v; }
-    else if (!strcmp(a, "--cache-prefetch")) INT(2, 1024, o.cache_prefetch);
+    else if (!strcmp(a, "--target")) { CLI_VALUE(); o.target_dir = v; }
+    else if (!strcmp(a, "--data")) { CLI_VALUE(); o.data_path = v; }
+    else if (!strcmp(a, "--out")) { CLI_VALUE(); o.out_dir = v; }
+    else if (!strcmp(a, "--cache")) { CLI_VALUE(); o.cache_dir = v; }
+    else if (!strcmp(a, "--cache-prefetch")) CLI_INT(2, 1024, o.cache_prefetch);
     else if (!strcmp(a, "--cache-preload")) o.cache_preload = 1;
-    else if (!strcmp(a, "--seq-len")) { INT(2, 1 << 20, o.seq_len); seq_len_given = 1; }
-    else if (!strcmp(a, "--eval-seqs")) INT(0, 1 << 20, o.eval_seqs);
-    else if (!strcmp(a, "--draft-layers")) INT(1, 256, o.draft_layers);
-    else if (!strcmp(a, "--block-size")) INT(1, 64, o.block_size);
-    else if (!strcmp(a, "--target-layers")) { INT(1, DS_MAX_TARGET_LAYERS, o.n_target_layers); layers_given = 1; }
+    else if (!strcmp(a, "--seq-len")) { CLI_INT(2, 1 << 20, o.seq_len); seq_len_given = 1; }
+    else if (!strcmp(a, "--eval-seqs")) CLI_INT(0, 1 << 20, o.eval_seqs);
+    else if (!strcmp(a, "--draft-layers")) CLI_INT(1, 256, o.draft_layers);
+    else if (!strcmp(a, "--block-size")) CLI_INT(1, 64, o.block_size);
+    else if (!strcmp(a, "--target-layers")) { CLI_INT(1, DS_MAX_TARGET_LAYERS, o.n_target_layers); layers_given = 1; }
     else if (!strcmp(a, "--target-layer-ids")) {
-      int32_t *ids;
-      int64_t cnt;
-      VALUE();
-      if (!cli_int_list(a, v, &ids, &cnt)) return 2;
-      if (cnt < 1 || cnt > DS_MAX_TARGET_LAYERS) { free(ids); fprintf(stderr, "dspark train: %s: 1..%d ids\n", a, DS_MAX_TARGET_LAYERS); return 2; }
-      memcpy(o.target_layer_ids, ids, (size_t)cnt * sizeof *ids);
-      o.n_explicit_layers = (int)cnt;
-      free(ids);
+      CLI_VALUE();
+      if (!cli_layer_ids(a, v, o.target_layer_ids, &o.n_explicit_layers, DS_MAX_TARGET_LAYERS)) return 2;
     }
-    else if (!strcmp(a, "--mask-token-id")) INT(0, INT32_MAX, o.mask_token_id);
+    else if (!strcmp(a, "--mask-token-id")) CLI_INT(0, INT32_MAX, o.mask_token_id);
     else if (!strcmp(a, "--markov")) {
-      VALUE();
+      CLI_VALUE();
       if (ds_markov_type_parse(v, &o.markov_type) != DS_OK) return cli_report_error("train");
     }
-    else if (!strcmp(a, "--markov-rank")) INT(0, 1 << 20, o.markov_rank);
+    else if (!strcmp(a, "--markov-rank")) CLI_INT(0, 1 << 20, o.markov_rank);
     else if (!strcmp(a, "--no-confidence-head")) o.confidence_head = 0;
     else if (!strcmp(a, "--confidence-no-markov")) o.confidence_with_markov = 0;
-    else if (!strcmp(a, "--num-anchors")) INT(1, 1 << 20, o.num_anchors);
-    else if (!strcmp(a, "--alpha-ce")) NUM(0, 1e6, o.loss.alpha_ce);
-    else if (!strcmp(a, "--alpha-l1")) NUM(0, 1e6, o.loss.alpha_l1);
-    else if (!strcmp(a, "--alpha-conf")) NUM(0, 1e6, o.loss.alpha_conf);
-    else if (!strcmp(a, "--decay-gamma")) NUM(-1e6, 1e6, o.loss.decay_gamma);
+    else if (!strcmp(a, "--num-anchors")) CLI_INT(1, 1 << 20, o.num_anchors);
+    else if (!strcmp(a, "--alpha-ce")) CLI_NUM(0, 1e6, o.loss.alpha_ce);
+    else if (!strcmp(a, "--alpha-l1")) CLI_NUM(0, 1e6, o.loss.alpha_l1);
+    else if (!strcmp(a, "--alpha-conf")) CLI_NUM(0, 1e6, o.loss.alpha_conf);
+    else if (!strcmp(a, "--decay-gamma")) CLI_NUM(-1e6, 1e6, o.loss.decay_gamma);
     else if (!strcmp(a, "--decay-paper")) o.loss.decay = DS_DSPARK_DECAY_PAPER;
     else if (!strcmp(a, "--ce-only")) o.no_teacher = 1;
-    else if (!strcmp(a, "--chunk-rows")) INT(1, 1 << 20, o.loss.chunk_rows);
-    else if (!strcmp(a, "--steps")) INT(1, INT64_MAX / 2, o.steps);
-    else if (!strcmp(a, "--batch-seqs")) INT(1, 1 << 20, o.batch_seqs);
-    else if (!strcmp(a, "--lr")) NUM(0, 10, o.lr);
-    else if (!strcmp(a, "--warmup")) NUM(0, 1, o.warmup_frac);
-    else if (!strcmp(a, "--weight-decay")) NUM(0, 10, o.weight_decay);
-    else if (!strcmp(a, "--grad-clip")) NUM(0, 1e9, o.grad_clip);
-    else if (!strcmp(a, "--seed")) { INT(0, INT64_MAX, n); o.seed = (uint64_t)n; }
+    else if (!strcmp(a, "--chunk-rows")) CLI_INT(1, 1 << 20, o.loss.chunk_rows);
+    else if (!strcmp(a, "--steps")) CLI_INT(1, INT64_MAX / 2, o.steps);
+    else if (!strcmp(a, "--batch-seqs")) CLI_INT(1, 1 << 20, o.batch_seqs);
+    else if (!strcmp(a, "--lr")) CLI_NUM(0, 10, o.lr);
+    else if (!strcmp(a, "--warmup")) CLI_NUM(0, 1, o.warmup_frac);
+    else if (!strcmp(a, "--weight-decay")) CLI_NUM(0, 10, o.weight_decay);
+    else if (!strcmp(a, "--grad-clip")) CLI_NUM(0, 1e9, o.grad_clip);
+    else if (!strcmp(a, "--seed")) { CLI_INT(0, INT64_MAX, n); o.seed = (uint64_t)n; }
     else if (!strcmp(a, "--skip-nonfinite")) o.skip_nonfinite = 1;
-    else if (!strcmp(a, "--save-every")) INT(1, INT64_MAX / 2, o.save_every);
-    else if (!strcmp(a, "--eval-every")) INT(0, INT64_MAX / 2, o.eval_every);
+    else if (!strcmp(a, "--save-every")) CLI_INT(1, INT64_MAX / 2, o.save_every);
+    else if (!strcmp(a, "--eval-every")) CLI_INT(0, INT64_MAX / 2, o.eval_every);
     else if (!strcmp(a, "--resume")) o.resume = 1;
-    else if (!strcmp(a, "--stop-after")) INT(0, INT64_MAX / 2, o.stop_after);
-    else if (!strcmp(a, "--inject-nan-step")) INT(0, INT64_MAX / 2, o.inject_nan_step);
-    else if (!strcmp(a, "--threads")) INT(1, 1024, o.threads);
+    else if (!strcmp(a, "--stop-after")) CLI_INT(0, INT64_MAX / 2, o.stop_after);
+    else if (!strcmp(a, "--inject-nan-step")) CLI_INT(0, INT64_MAX / 2, o.inject_nan_step);
+    else if (!strcmp(a, "--threads")) CLI_INT(1, 1024, o.threads);
     else if (!strcmp(a, "--quiet")) o.quiet = 1;
     else {
       fprintf(stderr, "dspark train: unknown option '%s' (see --help)\n", a);
       return 2;
     }
-#undef VALUE
-#undef INT
-#undef NUM
   }
   if (!o.out_dir || (!o.cache_dir && (!o.target_dir || !o.data_path))) {
     fprintf(stderr, "dspark train: --out and either --cache or both --target and --data are required (see --help)\n");

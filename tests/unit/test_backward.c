@@ -58,15 +58,6 @@ static double *to_double(const float *x, size_t n) {
   return p;
 }
 
-/* max |a - b| / max |b| over fp32 results. */
-static double rel_err(const float *a, const float *b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; i++) {
-    num = fmax(num, fabs((double)a[i] - b[i]));
-    den = fmax(den, fabs((double)b[i]));
-  }
-  return num / (den > 0 ? den : 1);
-}
 
 /* The same against a double reference (finite differences). */
 static double rel_err_d(const float *a, const double *b, size_t n) {
@@ -104,7 +95,7 @@ static int all_zero(const float *x, size_t n) {
 static double doubled_err(const float *twice, const float *once, size_t n) {
   float *want = dup_f(once, n);
   for (size_t i = 0; i < n; i++) want[i] *= 2.0f;
-  double e = rel_err(twice, want, n);
+  double e = test_rel_err(twice, want, n);
   free(want);
   return e;
 }
@@ -170,9 +161,9 @@ static void test_linear_backward(void) {
       }
       free(c.x); free(c.w); free(c.b); free(c.dy); free(fx); free(fw); free(fb);
     }
-    expect_err(rel_err(g[0][0], g[1][0], nx), SAME_TOL, "linear dx cpu vs ref");
-    expect_err(rel_err(g[0][1], g[1][1], nw), SAME_TOL, "linear dw cpu vs ref");
-    expect_err(rel_err(g[0][2], g[1][2], nb), SAME_TOL, "linear db cpu vs ref");
+    expect_err(test_rel_err(g[0][0], g[1][0], nx), SAME_TOL, "linear dx cpu vs ref");
+    expect_err(test_rel_err(g[0][1], g[1][1], nw), SAME_TOL, "linear dw cpu vs ref");
+    expect_err(test_rel_err(g[0][2], g[1][2], nb), SAME_TOL, "linear db cpu vs ref");
     /* Accumulation: a second call doubles; a non-zero start is added to; NULL skips. */
     for (int k = 0; k < 2; k++) {
       float *dx2 = dup_f(g[k][0], nx), *dw2 = dup_f(g[k][1], nw), *db2 = dup_f(g[k][2], nb);
@@ -182,10 +173,10 @@ static void test_linear_backward(void) {
       expect_err(doubled_err(db2, g[k][2], nb), 1e-6, "linear db twice");
       float *only_dw = zeros(nw), *start = rand_buf(nb, 1), *db_start = dup_f(start, nb);
       backend(k)->linear_backward(NULL, only_dw, NULL, dy, x, w, n, in, out);
-      expect_err(rel_err(only_dw, g[k][1], nw), 1e-6, "linear dw alone (dx, db NULL)");
+      expect_err(test_rel_err(only_dw, g[k][1], nw), 1e-6, "linear dw alone (dx, db NULL)");
       backend(k)->linear_backward(NULL, NULL, db_start, dy, x, w, n, in, out);
       for (size_t i = 0; i < nb; i++) start[i] += g[k][2][i];
-      expect_err(rel_err(db_start, start, nb), 1e-6, "linear db onto a non-zero buffer");
+      expect_err(test_rel_err(db_start, start, nb), 1e-6, "linear db onto a non-zero buffer");
       free(dx2); free(dw2); free(db2); free(only_dw); free(start); free(db_start);
     }
     for (int k = 0; k < 2; k++) free(g[k][0]), free(g[k][1]), free(g[k][2]);
@@ -237,15 +228,15 @@ static void test_rmsnorm_backward(void) {
       }
       free(c.x); free(c.w); free(c.dy); free(fx); free(fw);
     }
-    expect_err(rel_err(dx[0], dx[1], nx), SAME_TOL, "rmsnorm dx cpu vs ref");
-    expect_err(rel_err(dw[0], dw[1], (size_t)d), SAME_TOL, "rmsnorm dw cpu vs ref");
+    expect_err(test_rel_err(dx[0], dx[1], nx), SAME_TOL, "rmsnorm dx cpu vs ref");
+    expect_err(test_rel_err(dw[0], dw[1], (size_t)d), SAME_TOL, "rmsnorm dw cpu vs ref");
     for (int k = 0; k < 2; k++) {
       float *dx2 = dup_f(dx[k], nx), *dw2 = dup_f(dw[k], (size_t)d), *dx_only = zeros(nx);
       backend(k)->rmsnorm_backward(dx2, dw2, dy, x, w, rstd[k], n, d);
       expect_err(doubled_err(dx2, dx[k], nx), 1e-6, "rmsnorm dx twice");
       expect_err(doubled_err(dw2, dw[k], (size_t)d), 1e-6, "rmsnorm dw twice");
       backend(k)->rmsnorm_backward(dx_only, NULL, dy, x, w, rstd[k], n, d);
-      expect_err(rel_err(dx_only, dx[k], nx), 1e-6, "rmsnorm dx alone (dw NULL)");
+      expect_err(test_rel_err(dx_only, dx[k], nx), 1e-6, "rmsnorm dx alone (dw NULL)");
       free(dx2); free(dw2); free(dx_only);
       free(rstd[k]); free(dx[k]); free(dw[k]);
     }
@@ -305,10 +296,10 @@ static void test_rope_backward(void) {
     float *r = dup_f(x, nx);
     backend(k)->rope(r, stride, pos, inv, n, heads, hd);
     backend(k)->rope_backward(r, stride, pos, inv, n, heads, hd);
-    expect_err(rel_err(r, x, nx), 1e-6, "rope round trip");
+    expect_err(test_rel_err(r, x, nx), 1e-6, "rope round trip");
     free(r);
   }
-  expect_err(rel_err(dx[0], dx[1], nx), SAME_TOL, "rope dx cpu vs ref");
+  expect_err(test_rel_err(dx[0], dx[1], nx), SAME_TOL, "rope dx cpu vs ref");
   free(dx[0]); free(dx[1]); free(x); free(dy); free(c.x); free(c.dy); free(fx);
 }
 
@@ -348,7 +339,7 @@ static void test_swiglu_backward(void) {
     expect_err(doubled_err(twice, dgu[k], ngu), 1e-6, "swiglu dgu twice");
     free(twice);
   }
-  expect_err(rel_err(dgu[0], dgu[1], ngu), SAME_TOL, "swiglu dgu cpu vs ref");
+  expect_err(test_rel_err(dgu[0], dgu[1], ngu), SAME_TOL, "swiglu dgu cpu vs ref");
   free(dgu[0]); free(dgu[1]); free(gu); free(dout); free(c.gu); free(c.dout); free(fg);
 }
 
@@ -507,7 +498,7 @@ static void attn_check_same(const attn_case *a, int threads, const char *label) 
       continue;
     }
     snprintf(what, sizeof what, "%s (%d threads) %s cpu vs ref", label, threads, names[p]);
-    expect_err(rel_err(x0[p], x1[p], n[p]), SAME_TOL, what);
+    expect_err(test_rel_err(x0[p], x1[p], n[p]), SAME_TOL, what);
     EXPECT(all_finite(x0[p], n[p]));
   }
   res_free(&r0);
@@ -616,7 +607,7 @@ static void test_block_attention_accumulate(void) {
         be->block_attention_backward(alone[0], alone[1], alone[2], alone[3], alone[4], a.dout, r.out, r.lse, a.q,
                                      a.kc, a.vc, a.kb, a.vb, a.ctx_len, a.n_ctx, a.n_blocks, a.g, a.n_heads, a.n_kv,
                                      a.hd, a.scale);
-        expect_err(rel_err(alone[p], once[p], n[p]), 1e-6, "attention grad alone (others NULL)");
+        expect_err(test_rel_err(alone[p], once[p], n[p]), 1e-6, "attention grad alone (others NULL)");
         free(alone[p]);
       }
       /* lse NULL is allowed in the forward (inference) and gives the same output */
@@ -653,7 +644,7 @@ static void test_block_attention_vs_causal(void) {
     float *causal = zeros((size_t)(g * qs));
     ds_backend_reference()->attention_causal(causal, a.q + b * g * qs, qs, kcache, vcache, g, L, cap, hq, hkv, hd,
                                              a.scale);
-    expect_err(rel_err(out + (b * g + g - 1) * qs, causal + (g - 1) * qs, (size_t)qs), SAME_TOL,
+    expect_err(test_rel_err(out + (b * g + g - 1) * qs, causal + (g - 1) * qs, (size_t)qs), SAME_TOL,
                "block attention last slot vs attention_causal");
     free(kcache); free(vcache); free(causal);
   }

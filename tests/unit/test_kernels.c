@@ -16,15 +16,6 @@ static float *rand_buf(size_t n, float scale) {
   return p;
 }
 
-/* max |a - b| / max |b| */
-static double rel_err(const float *a, const float *b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; i++) {
-    num = fmax(num, fabs((double)a[i] - b[i]));
-    den = fmax(den, fabs((double)b[i]));
-  }
-  return num / (den > 0 ? den : 1);
-}
 
 static void test_linear(void) {
   const ds_backend *cpu = ds_backend_cpu(), *ref = ds_backend_reference();
@@ -36,7 +27,7 @@ static void test_linear(void) {
     for (int with_bias = 0; with_bias < 2; with_bias++) {
       cpu->linear(y1, x, w, with_bias ? b : NULL, n, in, out);
       ref->linear(y2, x, w, with_bias ? b : NULL, n, in, out);
-      EXPECT(rel_err(y1, y2, (size_t)(n * out)) < 1e-5);
+      EXPECT(test_rel_err(y1, y2, (size_t)(n * out)) < 1e-5);
     }
     free(x); free(w); free(b); free(y1); free(y2);
   }
@@ -48,11 +39,11 @@ static void test_rmsnorm(void) {
   float y1[9 * 80], y2[9 * 80], r1[9], r2[9];
   ds_backend_cpu()->rmsnorm(y1, r1, x, w, n, d, 1e-6f);
   ds_backend_reference()->rmsnorm(y2, r2, x, w, n, d, 1e-6f);
-  EXPECT(rel_err(y1, y2, (size_t)(n * d)) < 1e-6);
-  EXPECT(rel_err(r1, r2, (size_t)n) < 1e-6);
+  EXPECT(test_rel_err(y1, y2, (size_t)(n * d)) < 1e-6);
+  EXPECT(test_rel_err(r1, r2, (size_t)n) < 1e-6);
   /* In place (y aliases x) gives the same values. */
   ds_backend_cpu()->rmsnorm(x, NULL, x, w, n, d, 1e-6f);
-  EXPECT(rel_err(x, y2, (size_t)(n * d)) < 1e-6);
+  EXPECT(test_rel_err(x, y2, (size_t)(n * d)) < 1e-6);
   free(x); free(w);
 }
 
@@ -66,7 +57,7 @@ static void test_rope(void) {
   ds_backend_cpu()->rope(x1, stride, pos, inv, n, heads, hd);
   ds_backend_reference()->rope(x2, stride, pos, inv, n, heads, hd);
   /* Both compute the fp32 angle; the reference rotates in double. */
-  EXPECT(rel_err(x1, x2, (size_t)(n * stride)) < 2e-5);
+  EXPECT(test_rel_err(x1, x2, (size_t)(n * stride)) < 2e-5);
   /* Columns past heads * hd in each row are untouched. */
   int untouched = 1;
   for (int64_t t = 0; t < n; t++)
@@ -87,7 +78,7 @@ static void test_attention(void) {
     float scale = 0.25f;
     ds_backend_cpu()->attention_causal(o1, q, q_stride, k, v, n, past, cap, hq, hkv, hd, scale);
     ds_backend_reference()->attention_causal(o2, q, q_stride, k, v, n, past, cap, hq, hkv, hd, scale);
-    EXPECT(rel_err(o1, o2, (size_t)(n * hq * hd)) < 1e-5);
+    EXPECT(test_rel_err(o1, o2, (size_t)(n * hq * hd)) < 1e-5);
     free(q); free(k); free(v); free(o1); free(o2);
   }
 }
@@ -98,7 +89,7 @@ static void test_swiglu_add(void) {
   float o1[4 * 37], o2[4 * 37];
   ds_backend_cpu()->swiglu(o1, gu, n, inter);
   ds_backend_reference()->swiglu(o2, gu, n, inter);
-  EXPECT(rel_err(o1, o2, (size_t)(n * inter)) < 1e-6);
+  EXPECT(test_rel_err(o1, o2, (size_t)(n * inter)) < 1e-6);
   float y[3] = {1, 2, 3}, x[3] = {0.5f, -2, 4};
   ds_backend_cpu()->add(y, x, 3);
   EXPECT(y[0] == 1.5f && y[1] == 0.0f && y[2] == 7.0f);

@@ -47,4 +47,14 @@ static int g_test_failures;
 
 #define TEST_RESULT() (g_test_failures ? 1 : 0)
 
+/* max |a - b| / max |b|: the normwise (infinity-norm) relative error of a whole result. */
+static inline double test_rel_err(const float *a, const float *b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    num = fmax(num, fabs((double)a[i] - b[i]));
+    den = fmax(den, fabs((double)b[i]));
+  }
+  return num / (den > 0 ? den : 1);
+}
+
 #endif
