@@ -33,4 +33,4 @@ grep '"kind":"eval"' "$demo/run/metrics.jsonl" | "$venv/bin/python" -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    print(f"step {m[\"step\"]:5d}: accept rate {m[\"accept_rate\"]:.3f}, tau {m[\"tau\"]:.3f}")'
+    print("step %5d: accept rate %.3f, tau %.3f" % (m["step"], m["accept_rate"], m["tau"]))'
