@@ -18,48 +18,6 @@ const char *ds_arch_name(ds_arch arch) {
   return "?";
 }
 
-/* Field readers: absent -> default (or an error when required); present with a wrong type
- * or out of range -> an error naming the field. */
-static ds_status get_int(const cJSON *obj, const char *key, int required, int64_t dflt, int64_t lo,
-                         int64_t hi, const char *label, int64_t *out) {
-  const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
-  if (!it || cJSON_IsNull(it)) {
-    if (required) return DS_FAIL(DS_ERR_FORMAT, "%s: required field '%s' is missing", label, key);
-    *out = dflt;
-    return DS_OK;
-  }
-  if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble))
-    return DS_FAIL(DS_ERR_FORMAT, "%s: field '%s' must be an integer", label, key);
-  double v = it->valuedouble;
-  if (v < (double)lo || v > (double)hi)
-    return DS_FAIL(DS_ERR_FORMAT, "%s: field '%s' = %.0f is outside [%lld, %lld]", label, key, v,
-                   (long long)lo, (long long)hi);
-  *out = (int64_t)v;
-  return DS_OK;
-}
-
-static ds_status get_num(const cJSON *obj, const char *key, int required, double dflt, const char *label,
-                         double *out) {
-  const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
-  if (!it || cJSON_IsNull(it)) {
-    if (required) return DS_FAIL(DS_ERR_FORMAT, "%s: required field '%s' is missing", label, key);
-    *out = dflt;
-    return DS_OK;
-  }
-  if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble))
-    return DS_FAIL(DS_ERR_FORMAT, "%s: field '%s' must be a finite number", label, key);
-  *out = it->valuedouble;
-  return DS_OK;
-}
-
-static ds_status get_bool(const cJSON *obj, const char *key, int dflt, const char *label, int *out) {
-  const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
-  if (!it || cJSON_IsNull(it)) { *out = dflt; return DS_OK; }
-  if (!cJSON_IsBool(it)) return DS_FAIL(DS_ERR_FORMAT, "%s: field '%s' must be true or false", label, key);
-  *out = cJSON_IsTrue(it);
-  return DS_OK;
-}
-
 static ds_status parse_rope(const cJSON *root, const char *label, ds_model_config *c) {
   /* 5.x: rope_parameters {rope_theta, rope_type, ...}; 4.x: rope_theta + rope_scaling {type|rope_type}. */
   const cJSON *params = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
@@ -70,14 +28,14 @@ static ds_status parse_rope(const cJSON *root, const char *label, ds_model_confi
   }
   if (params && !cJSON_IsNull(params) && !cJSON_IsObject(params))
     return DS_FAIL(DS_ERR_FORMAT, "%s: field '%s' must be an object or null", label, params_key);
-  DS_TRY(get_num(root, "rope_theta", 0, 10000.0, label, &c->rope_theta));
+  DS_TRY(ds_json_num(root, "rope_theta", 0, 10000.0, label, &c->rope_theta));
   c->rope_type = DS_ROPE_DEFAULT;
   if (!params || cJSON_IsNull(params)) return DS_OK;
 
   char sub[160];
   snprintf(sub, sizeof sub, "%s: %s", label, params_key);
   if (cJSON_GetObjectItemCaseSensitive(params, "rope_theta"))
-    DS_TRY(get_num(params, "rope_theta", 1, 0, sub, &c->rope_theta));
+    DS_TRY(ds_json_num(params, "rope_theta", 1, 0, sub, &c->rope_theta));
   if (!(c->rope_theta > 0)) return DS_FAIL(DS_ERR_FORMAT, "%s: rope_theta must be > 0", label);
   const cJSON *type = cJSON_GetObjectItemCaseSensitive(params, "rope_type");
   if (!type) type = cJSON_GetObjectItemCaseSensitive(params, "type");
@@ -87,13 +45,13 @@ static ds_status parse_rope(const cJSON *root, const char *label, ds_model_confi
     c->rope_type = DS_ROPE_DEFAULT;
   } else if (!strcmp(t, "linear")) {
     c->rope_type = DS_ROPE_LINEAR;
-    DS_TRY(get_num(params, "factor", 1, 1.0, sub, &c->rope_factor));
+    DS_TRY(ds_json_num(params, "factor", 1, 1.0, sub, &c->rope_factor));
   } else if (!strcmp(t, "llama3")) {
     c->rope_type = DS_ROPE_LLAMA3;
-    DS_TRY(get_num(params, "factor", 1, 1.0, sub, &c->rope_factor));
-    DS_TRY(get_num(params, "low_freq_factor", 1, 1.0, sub, &c->rope_low_freq_factor));
-    DS_TRY(get_num(params, "high_freq_factor", 1, 4.0, sub, &c->rope_high_freq_factor));
-    DS_TRY(get_int(params, "original_max_position_embeddings", 1, 0, 1, INT64_C(1) << 40, sub,
+    DS_TRY(ds_json_num(params, "factor", 1, 1.0, sub, &c->rope_factor));
+    DS_TRY(ds_json_num(params, "low_freq_factor", 1, 1.0, sub, &c->rope_low_freq_factor));
+    DS_TRY(ds_json_num(params, "high_freq_factor", 1, 4.0, sub, &c->rope_high_freq_factor));
+    DS_TRY(ds_json_int(params, "original_max_position_embeddings", 1, 0, 1, INT64_C(1) << 40, sub,
                    &c->rope_original_max_position_embeddings));
     if (!(c->rope_high_freq_factor > c->rope_low_freq_factor))
       return DS_FAIL(DS_ERR_FORMAT, "%s: high_freq_factor must exceed low_freq_factor", sub);
@@ -112,7 +70,7 @@ static ds_status parse_eos(const cJSON *root, const char *label, ds_model_config
   if (!eos || cJSON_IsNull(eos)) return DS_OK;
   if (cJSON_IsNumber(eos)) {
     int64_t v;
-    DS_TRY(get_int(root, "eos_token_id", 1, 0, 0, INT32_MAX, label, &v));
+    DS_TRY(ds_json_int(root, "eos_token_id", 1, 0, 0, INT32_MAX, label, &v));
     c->eos_token_ids[c->n_eos++] = v;
     return DS_OK;
   }
@@ -160,33 +118,33 @@ static ds_status parse_root(const cJSON *root, const char *label, ds_model_confi
   }
 
   const int64_t big = INT64_C(1) << 31;
-  DS_TRY(get_int(root, "vocab_size", 1, 0, 1, big, label, &c->vocab_size));
-  DS_TRY(get_int(root, "hidden_size", 1, 0, 1, 1 << 20, label, &c->hidden_size));
-  DS_TRY(get_int(root, "intermediate_size", 1, 0, 1, 1 << 24, label, &c->intermediate_size));
-  DS_TRY(get_int(root, "num_hidden_layers", 1, 0, 1, 4096, label, &c->num_hidden_layers));
-  DS_TRY(get_int(root, "num_attention_heads", 1, 0, 1, 4096, label, &c->num_attention_heads));
-  DS_TRY(get_int(root, "num_key_value_heads", 0, c->num_attention_heads, 1, 4096, label, &c->num_key_value_heads));
+  DS_TRY(ds_json_int(root, "vocab_size", 1, 0, 1, big, label, &c->vocab_size));
+  DS_TRY(ds_json_int(root, "hidden_size", 1, 0, 1, 1 << 20, label, &c->hidden_size));
+  DS_TRY(ds_json_int(root, "intermediate_size", 1, 0, 1, 1 << 24, label, &c->intermediate_size));
+  DS_TRY(ds_json_int(root, "num_hidden_layers", 1, 0, 1, 4096, label, &c->num_hidden_layers));
+  DS_TRY(ds_json_int(root, "num_attention_heads", 1, 0, 1, 4096, label, &c->num_attention_heads));
+  DS_TRY(ds_json_int(root, "num_key_value_heads", 0, c->num_attention_heads, 1, 4096, label, &c->num_key_value_heads));
   if (c->num_attention_heads % c->num_key_value_heads != 0)
     return DS_FAIL(DS_ERR_FORMAT, "%s: num_attention_heads (%lld) is not a multiple of num_key_value_heads (%lld)",
                    label, (long long)c->num_attention_heads, (long long)c->num_key_value_heads);
   int64_t default_hd = c->hidden_size / c->num_attention_heads;
-  DS_TRY(get_int(root, "head_dim", 0, default_hd, 2, 4096, label, &c->head_dim));
+  DS_TRY(ds_json_int(root, "head_dim", 0, default_hd, 2, 4096, label, &c->head_dim));
   if (c->head_dim % 2) return DS_FAIL(DS_ERR_FORMAT, "%s: head_dim (%lld) must be even for RoPE", label, (long long)c->head_dim);
   if (!cJSON_GetObjectItemCaseSensitive(root, "head_dim") && default_hd * c->num_attention_heads != c->hidden_size)
     return DS_FAIL(DS_ERR_FORMAT, "%s: hidden_size %lld is not divisible by num_attention_heads %lld and no head_dim is given",
                    label, (long long)c->hidden_size, (long long)c->num_attention_heads);
-  DS_TRY(get_int(root, "max_position_embeddings", 0, 2048, 1, INT64_C(1) << 40, label, &c->max_position_embeddings));
-  DS_TRY(get_num(root, "rms_norm_eps", 0, 1e-6, label, &c->rms_norm_eps));
+  DS_TRY(ds_json_int(root, "max_position_embeddings", 0, 2048, 1, INT64_C(1) << 40, label, &c->max_position_embeddings));
+  DS_TRY(ds_json_num(root, "rms_norm_eps", 0, 1e-6, label, &c->rms_norm_eps));
   if (!(c->rms_norm_eps > 0)) return DS_FAIL(DS_ERR_FORMAT, "%s: rms_norm_eps must be > 0", label);
   DS_TRY(parse_rope(root, label, c));
-  DS_TRY(get_bool(root, "tie_word_embeddings", 0 /* False for all three families */, label, &c->tie_word_embeddings));
+  DS_TRY(ds_json_bool(root, "tie_word_embeddings", 0, 0 /* False for all three families */, label, &c->tie_word_embeddings));
 
   const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
   if (act && !(cJSON_IsString(act) && !strcmp(act->valuestring, "silu")))
     return DS_FAIL(DS_ERR_UNSUPPORTED, "%s: hidden_act must be \"silu\" (SwiGLU MLP)", label);
 
   int use_sliding = 0;
-  DS_TRY(get_bool(root, "use_sliding_window", 0, label, &use_sliding));
+  DS_TRY(ds_json_bool(root, "use_sliding_window", 0, 0, label, &use_sliding));
   if (use_sliding && c->arch != DS_ARCH_LLAMA)
     return DS_FAIL(DS_ERR_UNSUPPORTED, "%s: use_sliding_window = true is not supported", label);
   const cJSON *ltypes = cJSON_GetObjectItemCaseSensitive(root, "layer_types");
@@ -203,21 +161,21 @@ static ds_status parse_root(const cJSON *root, const char *label, ds_model_confi
 
   switch (c->arch) {
     case DS_ARCH_LLAMA:
-      DS_TRY(get_bool(root, "attention_bias", 0, label, &c->attention_bias));
+      DS_TRY(ds_json_bool(root, "attention_bias", 0, 0, label, &c->attention_bias));
       c->o_proj_bias = c->attention_bias;
-      DS_TRY(get_bool(root, "mlp_bias", 0, label, &c->mlp_bias));
+      DS_TRY(ds_json_bool(root, "mlp_bias", 0, 0, label, &c->mlp_bias));
       break;
     case DS_ARCH_QWEN2:
       c->attention_bias = 1; /* q/k/v always carry a bias in Qwen2 */
       break;
     case DS_ARCH_QWEN3:
-      DS_TRY(get_bool(root, "attention_bias", 0, label, &c->attention_bias));
+      DS_TRY(ds_json_bool(root, "attention_bias", 0, 0, label, &c->attention_bias));
       c->o_proj_bias = c->attention_bias;
       c->qk_norm = 1;
       break;
   }
 
-  DS_TRY(get_int(root, "bos_token_id", 0, -1, 0, INT32_MAX, label, &c->bos_token_id));
+  DS_TRY(ds_json_int(root, "bos_token_id", 0, -1, 0, INT32_MAX, label, &c->bos_token_id));
   DS_TRY(parse_eos(root, label, c));
   const cJSON *dt = cJSON_GetObjectItemCaseSensitive(root, "dtype");
   if (!cJSON_IsString(dt)) dt = cJSON_GetObjectItemCaseSensitive(root, "torch_dtype");

@@ -1,5 +1,7 @@
 #include "io/json_util.h"
 
+#include <math.h>
+
 static void line_col(const char *buf, size_t at, size_t *line, size_t *col) {
   *line = 1;
   *col = 1;
@@ -29,3 +31,50 @@ cJSON *ds_json_parse(const char *buf, size_t len, const char *label, ds_status *
                 root ? " (content after the end of the JSON value)" : "");
   return NULL;
 }
+
+/* Field readers: absent -> default (or an error when required); present with a wrong type
+ * or out of range -> an error naming the field. */
+ds_status ds_json_int(const cJSON *obj, const char *key, int required, int64_t dflt, int64_t lo,
+                         int64_t hi, const char *label, int64_t *out) {
+  const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+  if (!it || cJSON_IsNull(it)) {
+    if (required) return DS_FAIL(DS_ERR_FORMAT, "%s: required field '%s' is missing", label, key);
+    *out = dflt;
+    return DS_OK;
+  }
+  if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble))
+    return DS_FAIL(DS_ERR_FORMAT, "%s: field '%s' must be an integer", label, key);
+  double v = it->valuedouble;
+  if (v < (double)lo || v > (double)hi)
+    return DS_FAIL(DS_ERR_FORMAT, "%s: field '%s' = %.0f is outside [%lld, %lld]", label, key, v,
+                   (long long)lo, (long long)hi);
+  *out = (int64_t)v;
+  return DS_OK;
+}
+
+ds_status ds_json_num(const cJSON *obj, const char *key, int required, double dflt, const char *label,
+                         double *out) {
+  const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+  if (!it || cJSON_IsNull(it)) {
+    if (required) return DS_FAIL(DS_ERR_FORMAT, "%s: required field '%s' is missing", label, key);
+    *out = dflt;
+    return DS_OK;
+  }
+  if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble))
+    return DS_FAIL(DS_ERR_FORMAT, "%s: field '%s' must be a finite number", label, key);
+  *out = it->valuedouble;
+  return DS_OK;
+}
+
+ds_status ds_json_bool(const cJSON *obj, const char *key, int required, int dflt, const char *label, int *out) {
+  const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+  if (!it || cJSON_IsNull(it)) {
+    if (required) return DS_FAIL(DS_ERR_FORMAT, "%s: required field '%s' is missing", label, key);
+    *out = dflt;
+    return DS_OK;
+  }
+  if (!cJSON_IsBool(it)) return DS_FAIL(DS_ERR_FORMAT, "%s: field '%s' must be true or false", label, key);
+  *out = cJSON_IsTrue(it);
+  return DS_OK;
+}
+

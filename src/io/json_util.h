@@ -13,4 +13,11 @@
  * recorded ("LABEL: malformed JSON at line L, column C") and *st set. Free with cJSON_Delete. */
 cJSON *ds_json_parse(const char *buf, size_t len, const char *label, ds_status *st);
 
+/* Field readers. Absent or null: *out = dflt, or an error when required. A wrong type or a
+ * value outside [lo, hi] (integers: also a fraction) is an error naming label and key. */
+ds_status ds_json_int(const cJSON *obj, const char *key, int required, int64_t dflt, int64_t lo, int64_t hi,
+                      const char *label, int64_t *out);
+ds_status ds_json_num(const cJSON *obj, const char *key, int required, double dflt, const char *label, double *out);
+ds_status ds_json_bool(const cJSON *obj, const char *key, int required, int dflt, const char *label, int *out);
+
 #endif

@@ -1,6 +1,7 @@
 /* The HF layout of an exported draft (spec section 7): config.json = the target's config
  * plus the draft keys, model.safetensors with the section 7 tensor names. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,28 +81,11 @@ done:
   return st;
 }
 
-static ds_status get_int_key(const cJSON *root, const char *label, const char *key, int64_t lo, int64_t hi, int64_t *out) {
-  const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, key);
-  if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int64_t)it->valuedouble || it->valuedouble < (double)lo ||
-      it->valuedouble > (double)hi)
-    return DS_FAIL(DS_ERR_FORMAT, "%s: field '%s' must be an integer in [%lld, %lld]", label, key, (long long)lo,
-                   (long long)hi);
-  *out = (int64_t)it->valuedouble;
-  return DS_OK;
-}
-
-static ds_status get_bool_key(const cJSON *root, const char *label, const char *key, int *out) {
-  const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, key);
-  if (!cJSON_IsBool(it)) return DS_FAIL(DS_ERR_FORMAT, "%s: field '%s' must be true or false", label, key);
-  *out = cJSON_IsTrue(it);
-  return DS_OK;
-}
-
 static ds_status parse_draft_object(cJSON *root, const char *label, ds_draft_config *c) {
   memset(c, 0, sizeof *c);
   int64_t n_layers = 0, n_target = 0, v = 0;
-  DS_TRY(get_int_key(root, label, "num_hidden_layers", 1, 256, &n_layers));
-  DS_TRY(get_int_key(root, label, "num_target_layers", 1, 4096, &n_target));
+  DS_TRY(ds_json_int(root, "num_hidden_layers", 1, 0, 1, 256, label, &n_layers));
+  DS_TRY(ds_json_int(root, "num_target_layers", 1, 0, 1, 4096, label, &n_target));
   /* The target fields (sizes, rope) go through the target parser: present the object as the
    * target it was copied from. */
   const char *arch[] = {"Qwen3ForCausalLM"};
@@ -124,13 +108,13 @@ static ds_status parse_draft_object(cJSON *root, const char *label, ds_draft_con
   c->rope_source = tc;
   c->num_layers = n_layers;
   c->num_target_layers = n_target;
-  DS_TRY(get_int_key(root, label, "block_size", 1, 64, &c->block_size));
-  DS_TRY(get_int_key(root, label, "mask_token_id", 0, tc.vocab_size - 1, &v));
+  DS_TRY(ds_json_int(root, "block_size", 1, 0, 1, 64, label, &c->block_size));
+  DS_TRY(ds_json_int(root, "mask_token_id", 1, 0, 0, tc.vocab_size - 1, label, &v));
   c->mask_token_id = (int32_t)v;
-  DS_TRY(get_int_key(root, label, "num_anchors", 1, INT32_MAX, &c->num_anchors));
-  DS_TRY(get_int_key(root, label, "markov_rank", 0, 1 << 20, &c->markov_rank));
-  DS_TRY(get_bool_key(root, label, "enable_confidence_head", &c->enable_confidence_head));
-  DS_TRY(get_bool_key(root, label, "confidence_head_with_markov", &c->confidence_head_with_markov));
+  DS_TRY(ds_json_int(root, "num_anchors", 1, 0, 1, INT32_MAX, label, &c->num_anchors));
+  DS_TRY(ds_json_int(root, "markov_rank", 1, 0, 0, 1 << 20, label, &c->markov_rank));
+  DS_TRY(ds_json_bool(root, "enable_confidence_head", 1, 0, label, &c->enable_confidence_head));
+  DS_TRY(ds_json_bool(root, "confidence_head_with_markov", 1, 0, label, &c->confidence_head_with_markov));
   const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "markov_head_type");
   if (!cJSON_IsString(mt)) return DS_FAIL(DS_ERR_FORMAT, "%s: field 'markov_head_type' must be a string", label);
   st = ds_markov_type_parse(mt->valuestring, &c->markov_type);
@@ -141,7 +125,10 @@ static ds_status parse_draft_object(cJSON *root, const char *label, ds_draft_con
                    DS_MAX_TARGET_LAYERS);
   const cJSON *it;
   cJSON_ArrayForEach(it, ids) {
-    if (!cJSON_IsNumber(it)) return DS_FAIL(DS_ERR_FORMAT, "%s: target_layer_ids entries must be integers", label);
+    /* The range check happens before the cast: a huge value must not overflow int32. */
+    if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) || it->valuedouble < -1 ||
+        it->valuedouble > 1 << 20)
+      return DS_FAIL(DS_ERR_FORMAT, "%s: target_layer_ids entries must be integers in [-1, 2^20]", label);
     c->target_layer_ids[c->n_target_layers++] = (int32_t)it->valuedouble;
   }
   st = ds_draft_config_check(c);
