@@ -96,7 +96,7 @@ static float row_scan(const float *x, int64_t V, int *bad) {
 /* x [V], finite mx = max x -> log sum_v exp(x_v - mx) (in [0, log V]). */
 static double row_log_sumexp(const float *x, int64_t V, float mx) {
   vd acc = {0};
-  vf xv, e;
+  vf xv, e = {0}; /* initialized: gcc 12 with -march=native on AVX-512 FP16 parts warns otherwise */
   for (int64_t v = 0; v < V; v += LANES) {
     vf_load(&xv, x + v, V - v, -INFINITY); /* padding lanes: exp(-inf) = 0 */
     xv = xv - mx;
@@ -109,7 +109,7 @@ static double row_log_sumexp(const float *x, int64_t V, float mx) {
 /* gq[v] = c * exp((x_v - mx) - ls): the CE gradient without its one-hot part.
  *   x [V] (may alias gq), gq [V] */
 static void row_softmax_scaled(float *gq, const float *x, int64_t V, float mx, float ls, float c) {
-  vf xv, e;
+  vf xv, e = {0}; /* initialized: gcc 12 with -march=native on AVX-512 FP16 parts warns otherwise */
   for (int64_t v = 0; v < V; v += LANES) {
     vf_load(&xv, x + v, V - v, -INFINITY);
     xv = (xv - mx) - ls;
