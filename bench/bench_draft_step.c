@@ -37,6 +37,7 @@
 #include "dspark/anchors.h"
 #include "dspark/backend.h"
 #include "dspark/draft.h"
+#include "dspark/draft_loss.h"
 #include "dspark/dspark_loss.h"
 #include "dspark/optim.h"
 #include "dspark/profile.h"

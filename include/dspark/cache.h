@@ -29,7 +29,8 @@
 #define DSPARK_CACHE_H
 
 #include "dspark/common.h"
-#include "dspark/dataset.h"
+#include "dspark/dtype.h"
+#include "dspark/sequences.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -117,38 +118,29 @@ ds_status ds_cache_hash_target_weights(const char *model_dir, uint64_t *out);
 uint64_t ds_cache_hash_string(const char *s);
 void ds_cache_hex(uint64_t h, char out[17]);
 
-/* ---------------------------------------------------------------- KD selection */
+/* ---------------------------------------------------------------- shard writer (capture) */
 
-/* One position: logits x[V] -> ids[K] and full-vocabulary log-probs lp[K] as documented above
- * (temperature T > 0, 1 <= K <= V, top_p in (0, 1]: 1 keeps all K). scratch: V floats.
- * Returns the number of entries kept. */
-int64_t ds_kd_select(const float *x, int64_t V, double temperature, int64_t K, double top_p, int64_t min_k,
-                     float *scratch, int32_t *ids, float *lp);
-
-/* ---------------------------------------------------------------- capture */
-
+/* One shard being filled, in the cache's layout (include/dspark/cache.h). */
 typedef struct {
-  const char *target_dir, *data_path, *out_dir;
-  int n_target_layers;           /* 5 (spread over [1, L-2] as `dspark train`) */
-  int32_t target_layer_ids[DS_CACHE_MAX_LAYERS];
-  int n_explicit_layers;
-  ds_dtype dtype;                /* DS_BF16 */
-  int64_t seq_len;               /* 512 */
-  int64_t shard_size;            /* 64 */
-  int features;                  /* 1; 0 = KD data only */
-  int64_t topk;                  /* 0 = no KD data */
-  double top_p, temperature;     /* 1, 1 */
-  int64_t min_k;                 /* 1 */
-  uint64_t seed;
-  int threads, quiet;
-  int forward_only;              /* benchmark: run the target (and the logits for KD) only; write nothing */
-  int64_t throttle_ms;           /* testing aid: sleep after each shard */
-} ds_capture_options;
+  int64_t *len;        /* (n) */
+  int32_t *ids;        /* (n, S) */
+  uint8_t *mask;       /* (n, S) */
+  unsigned char *ctx;  /* (n, S, m*d) dtype */
+  unsigned char *last; /* (n, S, d) dtype */
+  int32_t *kid;        /* (n, S, K) */
+  unsigned char *klp;  /* (n, S, K) dtype */
+} ds_shard_buf;
 
-void ds_capture_options_default(ds_capture_options *o);
-/* Captures (or resumes capturing) into o->out_dir. Prints progress on stderr unless quiet and
- * one JSON summary line on stdout. A write error leaves the cache resumable and says so. */
-ds_status ds_cache_capture(const ds_capture_options *o);
+ds_status ds_shard_buf_alloc(ds_shard_buf *b, const ds_cache_manifest *m, int64_t n);
+void ds_shard_buf_free(ds_shard_buf *b);
+/* Row j from one sample's fp32 outputs (ctx [len, m*d], last [len, d], kd_ids / kd_lp [len, K];
+ * unused ones may be NULL): padding becomes zeros, KD padding the sentinels. */
+ds_status ds_shard_store(ds_shard_buf *b, const ds_cache_manifest *m, int64_t j, int64_t len, const int32_t *ids,
+                         const uint8_t *mask, const float *ctx, const float *last, const int32_t *kd_ids,
+                         const float *kd_lp);
+/* Writes rows [0, n) atomically to path; returns the file's xxh64 and size. */
+ds_status ds_shard_write(const ds_shard_buf *b, const ds_cache_manifest *m, int64_t n, const char *path,
+                         uint64_t *hash, int64_t *bytes);
 
 /* ---------------------------------------------------------------- reader */
 

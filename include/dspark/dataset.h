@@ -9,26 +9,17 @@
 #define DSPARK_DATASET_H
 
 #include "dspark/common.h"
+#include "dspark/sequences.h"
 #include "dspark/tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef struct {
-  int64_t n_seqs;
-  int64_t seq_len;     /* S */
-  int32_t *ids;        /* (n_seqs, S); padding is 0 */
-  uint8_t *loss_mask;  /* (n_seqs, S); 0 on padding */
-  int64_t *lengths;    /* (n_seqs) real tokens of each sequence */
-  uint64_t source_hash;/* xxh64 of the file's bytes */
-} ds_dataset;
-
 /* eos_id < 0: plain-text documents are joined without a separator. min_len: sequences
  * shorter than this are dropped (at least 2: a draft needs a token to predict). */
 ds_status ds_dataset_load(const char *path, const ds_tokenizer *tok, int64_t seq_len, int32_t eos_id,
                           int64_t min_len, ds_dataset *out);
-void ds_dataset_free(ds_dataset *ds);
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,6 @@
 
 #include "dspark/backend.h"
 #include "dspark/common.h"
-#include "dspark/dspark_loss.h"
 #include "dspark/hfconfig.h"
 #include "dspark/safetensors.h"
 
@@ -101,15 +100,29 @@ typedef struct {
  * [rows, V] tensor. */
 ds_status ds_draft_forward_blocks(ds_draft *d, const ds_draft_seq *seq, float *logits, float *conf_logits);
 
-/* One training micro-step on one sequence: forward, the DSpark loss fused with the lm_head
- * matmul in row chunks of loss->chunk_rows (never a [rows, V] tensor for the whole batch),
- * and, when with_backward, backward. Gradients ACCUMULATE into ds_draft_grads, scaled by
- * grad_scale (pass 1 / global W over the whole step). The loss result and the per-position acceptance sums
- * pos_accept[g] / pos_count[g] (may be NULL) ACCUMULATE too. seq->last == NULL trains CE
- * only. A supervised target id outside the vocabulary is an error naming the position. */
-ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *seq, const ds_dspark_loss_config *loss,
-                            double grad_scale, int with_backward, ds_dspark_loss_result *result, double *pos_accept,
-                            double *pos_count);
+/* ---- Training hooks: what a loss over the draft's block logits composes (the DSpark loss in
+ * src/loss/draft_loss.c). Rows are b*g + k, R = n_blocks * g. ---- */
+
+/* Forward over the blocks of seq with teacher forcing, keeping the activations the backward
+ * needs (in the draft, until the next call). */
+ds_status ds_draft_forward_train(ds_draft *d, const ds_draft_seq *seq);
+/* Views into the last ds_draft_forward_train: final-normed h (R, d); confidence logits (R),
+ * NULL without the confidence head. */
+const float *ds_draft_final_hidden(const ds_draft *d);
+const float *ds_draft_conf_logits(const ds_draft *d);
+const ds_backend *ds_draft_backend(const ds_draft *d);
+/* logits (c, V) of rows [r0, r0+c): h @ lm_head^T plus the Markov bias z @ W2^T of the
+ * teacher-forced previous token; scratch (c, V) (unused at rank 0). */
+void ds_draft_rows_logits(ds_draft *d, int64_t r0, int64_t c, float *logits, float *scratch);
+/* Backward of those logits: dlogits (c, V) in; dh (c, d) += through the frozen lm_head;
+ * dz (c, r) += through W2 (may be NULL at rank 0), whose gradient accumulates. */
+void ds_draft_rows_logits_backward(ds_draft *d, int64_t r0, int64_t c, const float *dlogits, float *dh, float *dz);
+/* Backward through the heads (dz (R, r) or NULL, dconf (R) or NULL; both add into dh (R, d),
+ * which is modified) and the layers; every trainable gradient ACCUMULATES. */
+ds_status ds_draft_backward_train(ds_draft *d, const ds_draft_seq *seq, float *dh, float *dz, const float *dconf);
+/* A grow-only scratch buffer owned by the draft (64-byte aligned; NULL when out of memory):
+ * a training step allocates nothing once it has grown. */
+void *ds_draft_workspace(ds_draft *d, size_t bytes);
 
 /* Writes the HF draft layout of spec section 7 into out_dir: config.json (the target's
  * config.json object, target_config_json, plus the draft keys) and model.safetensors (F32,

@@ -7,7 +7,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
-#include "dspark/cache.h"
+#include "dspark/capture.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -96,6 +96,6 @@ int cmd_capture(int argc, char **argv) {
   /* A file-size limit (or a quota) must surface as a write error the capture reports and can
    * resume from, not as a SIGXFSZ that kills the process mid-shard. */
   signal(SIGXFSZ, SIG_IGN);
-  if (ds_cache_capture(&o) != DS_OK) return cli_report_error("capture");
+  if (ds_capture_run(&o) != DS_OK) return cli_report_error("capture");
   return 0;
 }

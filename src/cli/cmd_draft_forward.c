@@ -8,6 +8,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "dspark/draft_loss.h"
 #include "dspark/anchors.h"
 #include "dspark/checkpoint.h"
 #include "dspark/dtype.h"

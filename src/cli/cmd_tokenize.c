@@ -9,7 +9,7 @@
 #include "cli/commands.h"
 #include "dspark/fileio.h"
 #include "dspark/tokenizer.h"
-#include "io/json_util.h"
+#include "core/json_util.h"
 
 static const char k_usage[] =
     "usage: dspark tokenize TOKENIZER_JSON [--text STR | --input FILE] [--add-special] [--ids-out FILE.bin]\n"

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "dspark/cache.h"
-#include "io/json_util.h"
+#include "core/json_util.h"
 
 static const char *dtype_label(ds_dtype dt) {
   switch (dt) {

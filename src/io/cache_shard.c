@@ -4,9 +4,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "dspark/cache.h"
 #include "dspark/dtype.h"
 #include "dspark/safetensors.h"
-#include "io/cache_internal.h"
 
 ds_status ds_shard_buf_alloc(ds_shard_buf *b, const ds_cache_manifest *m, int64_t n) {
   memset(b, 0, sizeof *b);

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "dspark/fileio.h"
-#include "io/json_util.h"
+#include "core/json_util.h"
 
 const char *ds_arch_name(ds_arch arch) {
   switch (arch) {

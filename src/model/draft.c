@@ -162,7 +162,7 @@ void ds_draft_free(ds_draft *d) {
   if (!d) return;
   acts_free(&d->acts);
   ds_free_aligned(d->dscratch);
-  ds_free_aligned(d->loss_arena);
+  ds_free_aligned(d->workspace);
   for (size_t i = 0; i < d->n_specs; i++) free((char *)d->specs[i].name);
   free(d->specs);
   free(d->tensors);

@@ -1,5 +1,5 @@
 /* Internals shared by the draft's forward (draft.c), backward (draft_backward.c), heads
- * (markov_head.c) and the fused logits + loss pass (draft_train.c). */
+ * (markov_head.c) and the training hooks (draft_train.c). */
 #ifndef DSPARK_MODEL_DRAFT_INTERNAL_H
 #define DSPARK_MODEL_DRAFT_INTERNAL_H
 
@@ -105,9 +105,9 @@ struct ds_draft {
   draft_acts acts;
   float *dscratch;    /* backward scratch arena */
   size_t dscratch_floats;
-  void *loss_arena;   /* the fused loss pass's buffers (draft_train.c), grow-only: a step
+  void *workspace;    /* ds_draft_workspace: the fused loss pass's buffers, grow-only: a step
                          allocates nothing, so the allocator cannot inflate the peak */
-  size_t loss_arena_bytes;
+  size_t workspace_bytes;
 };
 
 ds_status draft_forward(ds_draft *d, const ds_draft_seq *seq);

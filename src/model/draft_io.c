@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "dspark/fileio.h"
-#include "io/json_util.h"
+#include "core/json_util.h"
 #include "dspark/dtype.h"
 #include "model/draft_internal.h"
 

@@ -1,129 +1,39 @@
-/* One training micro-step of the draft on one sequence: forward, then the DSpark loss fused
- * with the vocabulary matmuls in row chunks, then the heads' and the layers' backward.
- * Per chunk of c rows: draft logits (c, V) = h @ lm_head^T + z @ W2^T, teacher logits
- * (c, V) = last[a+k] @ lm_head^T, the loss core turns the draft logits into their gradient in
- * place, which flows to dh (through the frozen lm_head) and to dz and W2. Peak extra memory
- * is three (c, V) buffers, independent of the number of blocks. */
+/* The draft's training hooks (include/dspark/draft.h): what a loss over the draft's block
+ * logits needs to run the forward, produce logits for row chunks, and send their gradient
+ * back through the heads and the layers. The DSpark loss composes them in
+ * src/loss/draft_loss.c. */
 #include <string.h>
 
 #include "model/draft_internal.h"
 
-typedef struct {
-  float *logits, *teacher, *scratch; /* (c, V) each */
-  float *last_rows;                  /* (c, d) gathered teacher hidden states */
-  int32_t *ids;                      /* (R) target ids x*_{a+k+1} */
-  uint8_t *sup;                      /* (R) */
-  double *w;                         /* (R) */
-  double *stats;                     /* (4 R) ce, l1, accept, bce */
-  float *dh;                         /* (R, d) */
-  float *dz;                         /* (R, r) */
-  float *dconf;                      /* (R) */
-} train_buffers;
+ds_status ds_draft_forward_train(ds_draft *d, const ds_draft_seq *seq) { return draft_forward(d, seq); }
 
-/* Carves the buffers from the draft's grow-only loss arena (64-byte aligned pieces); with
- * base NULL only counts the bytes. */
-static size_t layout_buffers(train_buffers *b, char *base, int64_t R, int64_t c, int64_t V, int64_t dm, int64_t r) {
-  size_t off = 0;
-#define TAKE(ptr, bytes)                                  \
-  do {                                                    \
-    if (base) (ptr) = (void *)(base + off);               \
-    off += ((size_t)(bytes) + 63) & ~(size_t)63;          \
-  } while (0)
-  TAKE(b->logits, (size_t)(c * V) * sizeof(float));
-  TAKE(b->teacher, (size_t)(c * V) * sizeof(float));
-  TAKE(b->scratch, (size_t)(c * V) * sizeof(float));
-  TAKE(b->last_rows, (size_t)(c * dm) * sizeof(float));
-  TAKE(b->ids, (size_t)R * sizeof(int32_t));
-  TAKE(b->sup, (size_t)R);
-  TAKE(b->w, (size_t)R * sizeof(double));
-  TAKE(b->stats, (size_t)(4 * R) * sizeof(double));
-  TAKE(b->dh, (size_t)(R * dm) * sizeof(float));
-  TAKE(b->dz, (size_t)(R * (r ? r : 1)) * sizeof(float));
-  TAKE(b->dconf, (size_t)R * sizeof(float));
-#undef TAKE
-  return off;
+const float *ds_draft_final_hidden(const ds_draft *d) { return d->acts.h; }
+
+const float *ds_draft_conf_logits(const ds_draft *d) { return d->cfg.enable_confidence_head ? d->acts.conf : NULL; }
+
+const ds_backend *ds_draft_backend(const ds_draft *d) { return d->be; }
+
+void ds_draft_rows_logits(ds_draft *d, int64_t r0, int64_t c, float *logits, float *scratch) {
+  draft_block_logits(d, r0, c, logits, scratch);
 }
 
-static ds_status buffers_alloc(ds_draft *d, train_buffers *b, int64_t R, int64_t c, int64_t V, int64_t dm, int64_t r) {
-  memset(b, 0, sizeof *b);
-  size_t need = layout_buffers(b, NULL, R, c, V, dm, r);
-  if (need > d->loss_arena_bytes) {
-    ds_free_aligned(d->loss_arena);
-    d->loss_arena = ds_malloc_aligned(need, "loss buffers");
-    d->loss_arena_bytes = d->loss_arena ? need : 0;
-    if (!d->loss_arena) return DS_ERR_NOMEM;
-  }
-  layout_buffers(b, d->loss_arena, R, c, V, dm, r);
-  memset(b->dh, 0, (size_t)(R * dm) * sizeof(float));
-  memset(b->dz, 0, (size_t)(R * (r ? r : 1)) * sizeof(float));
-  memset(b->dconf, 0, (size_t)R * sizeof(float));
-  return DS_OK;
+void ds_draft_rows_logits_backward(ds_draft *d, int64_t r0, int64_t c, const float *dlogits, float *dh, float *dz) {
+  int64_t dm = d->cfg.hidden_size, r = d->cfg.markov_rank, V = d->cfg.vocab_size;
+  d->be->linear_backward(dh, NULL, NULL, dlogits, d->acts.h + r0 * dm, d->lm_head, c, dm, V);
+  if (r > 0 && dz) d->be->linear_backward(dz, d->g.markov_w2, NULL, dlogits, d->acts.z + r0 * r, d->w.markov_w2, c, r, V);
 }
 
-ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *s, const ds_dspark_loss_config *loss_in,
-                            double grad_scale, int with_backward, ds_dspark_loss_result *result, double *pos_accept,
-                            double *pos_count) {
-  const ds_draft_config *c = &d->cfg;
-  const ds_backend *be = d->be;
-  int64_t g = c->block_size, R = s->n_blocks * g, V = c->vocab_size, dm = c->hidden_size, r = c->markov_rank;
-  ds_dspark_loss_config lc = *loss_in;
-  lc.has_teacher = s->last != NULL;
-  lc.has_conf = lc.has_teacher && c->enable_confidence_head;
-  DS_TRY(ds_dspark_loss_config_check(&lc));
-  int64_t chunk = lc.chunk_rows < R ? lc.chunk_rows : R;
+ds_status ds_draft_backward_train(ds_draft *d, const ds_draft_seq *seq, float *dh, float *dz, const float *dconf) {
+  markov_head_backward(d, seq->n_blocks * d->cfg.block_size, dz, dconf, dh);
+  return draft_backward(d, seq, dh);
+}
 
-  DS_TRY(draft_forward(d, s));
-  train_buffers b;
-  DS_TRY(buffers_alloc(d, &b, R, chunk, V, dm, r));
-  ds_status st = DS_OK;
-  for (int64_t blk = 0; blk < s->n_blocks; blk++)
-    for (int64_t k = 0; k < g; k++) {
-      int64_t t = s->anchors[blk] + k + 1;
-      b.ids[blk * g + k] = s->block_keep[blk] && t < s->T ? s->ids[t] : -1; /* -1: unsupervised there */
-    }
-  if ((st = ds_dspark_loss_weights(&lc, s->n_blocks, g, s->eval_mask, s->block_keep, b.sup, b.w)) != DS_OK) goto done;
-  if ((st = ds_dspark_loss_check_ids(0, g, R, V, b.ids, b.sup)) != DS_OK) goto done;
-
-  ds_dspark_row_stats rows = {b.stats, b.stats + R, b.stats + 2 * R, b.stats + 3 * R};
-  for (int64_t r0 = 0; r0 < R; r0 += chunk) {
-    int64_t n = R - r0 < chunk ? R - r0 : chunk;
-    int any = 0;
-    for (int64_t i = 0; i < n; i++) any |= b.sup[r0 + i];
-    if (!any) { /* nothing supervised: no matmul, zero stats */
-      for (int64_t i = 0; i < n; i++)
-        rows.ce[r0 + i] = rows.l1[r0 + i] = rows.accept[r0 + i] = rows.bce[r0 + i] = 0.0;
-      continue;
-    }
-    draft_block_logits(d, r0, n, b.logits, b.scratch);
-    if (lc.has_teacher) {
-      for (int64_t i = 0; i < n; i++) {
-        int64_t row = r0 + i, blk = row / g, t = s->anchors[blk] + row % g;
-        if (!s->block_keep[blk] || t >= s->T) t = 0; /* unsupervised row: any finite input */
-        memcpy(b.last_rows + i * dm, s->last + t * dm, (size_t)dm * sizeof(float));
-      }
-      be->linear(b.teacher, b.last_rows, d->lm_head, NULL, n, dm, V);
-    }
-    ds_dspark_row_stats chunk_rows = {rows.ce + r0, rows.l1 + r0, rows.accept + r0, rows.bce + r0};
-    st = ds_dspark_loss_rows(&lc, r0, g, n, V, b.logits, lc.has_teacher ? b.teacher : NULL, b.ids + r0, b.sup + r0,
-                             b.w + r0, lc.has_conf ? d->acts.conf + r0 : NULL, grad_scale, &chunk_rows, b.logits,
-                             lc.has_conf ? b.dconf + r0 : NULL);
-    if (st != DS_OK) goto done;
-    if (!with_backward) continue;
-    /* b.logits now holds d(loss)/d(logits): through lm_head (frozen) to h, through W2 to z. */
-    be->linear_backward(b.dh + r0 * dm, NULL, NULL, b.logits, d->acts.h + r0 * dm, d->lm_head, n, dm, V);
-    if (r > 0) be->linear_backward(b.dz + r0 * r, d->g.markov_w2, NULL, b.logits, d->acts.z + r0 * r, d->w.markov_w2, n, r, V);
+void *ds_draft_workspace(ds_draft *d, size_t bytes) {
+  if (bytes > d->workspace_bytes) {
+    ds_free_aligned(d->workspace);
+    d->workspace = ds_malloc_aligned(bytes, "draft workspace");
+    d->workspace_bytes = d->workspace ? bytes : 0;
   }
-  ds_dspark_loss_result res;
-  double pa[64], pc[64]; /* g <= 64 (ds_draft_config_check) */
-  if ((st = ds_dspark_loss_finish(&lc, s->n_blocks, g, b.sup, b.w, &rows, &res, pa, pc)) != DS_OK) goto done;
-  ds_dspark_loss_result_add(result, &res);
-  for (int64_t k = 0; pos_accept && k < g; k++) pos_accept[k] += pa[k];
-  for (int64_t k = 0; pos_count && k < g; k++) pos_count[k] += pc[k];
-
-  if (with_backward) {
-    markov_head_backward(d, R, r > 0 ? b.dz : NULL, lc.has_conf ? b.dconf : NULL, b.dh);
-    st = draft_backward(d, s, b.dh);
-  }
-done:
-  return st;
+  return d->workspace;
 }

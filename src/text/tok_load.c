@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "dspark/fileio.h"
-#include "io/json_util.h"
+#include "core/json_util.h"
 #include "text/tok_json.h"
 
 /* ---- the GPT-2 byte <-> character map ---- */

@@ -32,25 +32,6 @@ typedef struct {
 
 typedef ds_status (*piece_fn)(enc_ctx *c, const unsigned char *s, size_t n);
 
-void ds_ids_free(ds_ids *v) {
-  if (!v) return;
-  free(v->ids);
-  v->ids = NULL;
-  v->len = v->cap = 0;
-}
-
-ds_status ds_ids_push(ds_ids *v, int32_t id) {
-  if (v->len == v->cap) {
-    size_t cap = v->cap ? v->cap * 2 : 256;
-    int32_t *p = realloc(v->ids, cap * sizeof *p);
-    if (!p) return DS_FAIL(DS_ERR_NOMEM, "cannot grow an id list to %zu ids", cap);
-    v->ids = p;
-    v->cap = cap;
-  }
-  v->ids[v->len++] = id;
-  return DS_OK;
-}
-
 /* ---- BPE of one pre-tokenized word, through the cache ---- */
 
 static ds_status cache_store(enc_ctx *c, const unsigned char *w, size_t n, size_t first) {

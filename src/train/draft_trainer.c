@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "dspark/draft_loss.h"
 #include "dspark/anchors.h"
 #include "dspark/checkpoint.h"
 #include "dspark/dataset.h"
@@ -16,9 +17,9 @@
 #include "dspark/target.h"
 #include "dspark/tokenizer.h"
 #include "dspark/trainer.h"
-#include "io/json_util.h"
+#include "core/json_util.h"
 #include "train/draft_trainer_internal.h"
-#include "train/train_log.h"
+#include "dspark/progress.h"
 
 void ds_train_options_default(ds_train_options *o) {
   memset(o, 0, sizeof *o);
@@ -47,23 +48,6 @@ void ds_train_options_default(ds_train_options *o) {
 }
 
 /* ------------------------------------------------------------------ data */
-
-int64_t ds_trainer_order(const ds_train_options *o, int64_t n_train, int64_t *perm, int64_t *perm_epoch,
-                         int64_t step, int64_t j) {
-  int64_t i = step * o->batch_seqs + j, epoch = i / n_train;
-  if (epoch != *perm_epoch) {
-    ds_rng rng;
-    ds_rng_seed(&rng, ds_seed_mix(o->seed ^ 0x5eed5eedull, (uint64_t)epoch));
-    for (int64_t k = 0; k < n_train; k++) perm[k] = k;
-    for (int64_t k = n_train - 1; k > 0; k--) {
-      int64_t r = (int64_t)(ds_rng_next_u64(&rng) % (uint64_t)(k + 1)), tmp = perm[k];
-      perm[k] = perm[r];
-      perm[r] = tmp;
-    }
-    *perm_epoch = epoch;
-  }
-  return perm[i % n_train];
-}
 
 static int64_t train_sequence(trainer *t, int64_t step, int64_t j) {
   return ds_trainer_order(t->o, t->n_train, t->perm, &t->perm_epoch, step, j);

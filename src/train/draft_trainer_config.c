@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "dspark/fileio.h"
-#include "io/json_util.h"
+#include "core/json_util.h"
 #include "train/draft_trainer_internal.h"
 
 static const char *k_mask_candidates[] = {"<|mask|>", "<mask>", "<|MASK|>", "[MASK]", "<|mask_token|>"};

@@ -3,7 +3,7 @@
 
     python test_kernels_torch.py --dspark BUILD/dspark --tmp TMPDIR
 
-Uses the unit-test binary next to dspark (BUILD/test_backward --dump IN OUT): Python writes
+Uses the unit-test binary next to dspark (BUILD/kernel_dump IN OUT): Python writes
 seeded random fp32 inputs for each case (linear, rmsnorm, rope, swiglu, block attention) with
 safetensors; the binary runs forward and backward of every case on the cpu and the reference
 backends and writes outputs and gradients. PyTorch computes the same in float64 from the same
@@ -169,9 +169,9 @@ def build_cases(seed):
 
 def main():
     args = common.parse_args(__doc__.splitlines()[1])
-    exe = os.path.join(os.path.dirname(os.path.abspath(args.dspark)), "test_backward")
+    exe = os.path.join(os.path.dirname(os.path.abspath(args.dspark)), "kernel_dump")
     if not os.path.exists(exe):
-        print(f"FAIL: {exe} not found (build the test_backward target)", flush=True)
+        print(f"FAIL: {exe} not found (build the kernel_dump target)", flush=True)
         sys.exit(1)
     chk = common.Checker()
     cases = build_cases(seed=20240611)
@@ -185,7 +185,7 @@ def main():
     save_file(tensors, in_path, metadata={"cases": ",".join(order)})
     for threads in ("1", "2", "3"):  # one part per kv head, and per-part buffers (3 threads over 2 kv heads)
         env = dict(os.environ, OMP_NUM_THREADS=threads)
-        common.run([exe, "--dump", in_path, out_path], env=env)
+        common.run([exe, in_path, out_path], env=env)
         got = load_file(out_path)
         for prefix, (kind, t) in cases.items():
             want = REFS[kind](t)

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "dspark/cache.h"
+#include "dspark/kd_select.h"
 #include "dspark/fileio.h"
 #include "dspark/rng.h"
 #include "dspark/safetensors.h"

@@ -11,199 +11,10 @@
 #include "dspark/backend.h"
 #include "dspark/dspark_loss.h"
 #include "dspark/rng.h"
+#include "support/loss_batch.h"
 #include "test_util.h"
 
 static ds_rng g_rng;
-
-/* ---- a batch of n_blocks x g rows over V ---- */
-typedef struct {
-  int64_t nb, g, V, R;
-  float *draft, *target, *conf; /* [R, V], [R, V], [R] */
-  int32_t *ids;                 /* [R] */
-  uint8_t *em, *bk;             /* [R], [nb] */
-} batch;
-
-static float urand(float lo, float hi) { return lo + (hi - lo) * ds_rng_uniform_f32(&g_rng); }
-
-/* Random logits (scale s), ids, conf logits; every slot supervised unless changed. */
-static batch batch_new(int64_t nb, int64_t g, int64_t V, float s) {
-  batch b = {nb, g, V, nb * g, NULL, NULL, NULL, NULL, NULL, NULL};
-  b.draft = malloc((size_t)(b.R * V) * sizeof(float));
-  b.target = malloc((size_t)(b.R * V) * sizeof(float));
-  b.conf = malloc((size_t)(b.R ? b.R : 1) * sizeof(float));
-  b.ids = malloc((size_t)(b.R ? b.R : 1) * sizeof(int32_t));
-  b.em = malloc((size_t)(b.R ? b.R : 1));
-  b.bk = malloc((size_t)(nb ? nb : 1));
-  for (int64_t i = 0; i < b.R * V; i++) b.draft[i] = urand(-s, s), b.target[i] = urand(-s, s);
-  for (int64_t r = 0; r < b.R; r++) {
-    b.conf[r] = urand(-3, 3);
-    b.ids[r] = (int32_t)(ds_rng_next_u64(&g_rng) % (uint64_t)V);
-    b.em[r] = 1;
-  }
-  for (int64_t k = 0; k < nb; k++) b.bk[k] = 1;
-  return b;
-}
-
-static batch batch_copy(const batch *a) {
-  batch b = *a;
-  size_t rv = (size_t)(a->R * a->V) * sizeof(float), r = (size_t)(a->R ? a->R : 1);
-  b.draft = malloc(rv), b.target = malloc(rv), b.conf = malloc(r * sizeof(float));
-  b.ids = malloc(r * sizeof(int32_t)), b.em = malloc(r), b.bk = malloc((size_t)(a->nb ? a->nb : 1));
-  memcpy(b.draft, a->draft, rv), memcpy(b.target, a->target, rv), memcpy(b.conf, a->conf, r * sizeof(float));
-  memcpy(b.ids, a->ids, r * sizeof(int32_t)), memcpy(b.em, a->em, r), memcpy(b.bk, a->bk, (size_t)(a->nb ? a->nb : 1));
-  return b;
-}
-
-static void batch_free(batch *b) {
-  free(b->draft), free(b->target), free(b->conf), free(b->ids), free(b->em), free(b->bk);
-}
-
-static ds_dspark_loss_inputs inputs_of(const batch *b, const ds_dspark_loss_config *cfg) {
-  ds_dspark_loss_inputs in = {b->draft, cfg->has_teacher ? b->target : NULL, b->ids, b->em, b->bk,
-                              cfg->has_conf ? b->conf : NULL};
-  return in;
-}
-
-/* Everything one call produces. */
-typedef struct {
-  ds_status st;
-  ds_dspark_loss_result res;
-  double *pos_acc, *pos_cnt;          /* [g] */
-  double *ce, *l1, *acc, *bce;        /* [R] */
-  float *gd, *gc;                     /* [R, V], [R] */
-} run_out;
-
-static run_out run_loss(const ds_dspark_loss_config *cfg, const batch *b, double scale) {
-  run_out o;
-  memset(&o, 0, sizeof o);
-  size_t R = (size_t)(b->R ? b->R : 1);
-  o.pos_acc = malloc((size_t)b->g * sizeof(double)), o.pos_cnt = malloc((size_t)b->g * sizeof(double));
-  o.ce = malloc(R * sizeof(double)), o.l1 = malloc(R * sizeof(double));
-  o.acc = malloc(R * sizeof(double)), o.bce = malloc(R * sizeof(double));
-  o.gd = malloc((size_t)(b->R * b->V) * sizeof(float) + 4), o.gc = malloc(R * sizeof(float));
-  /* outputs start as garbage so that a missed write shows */
-  memset(o.gd, 0x7f, (size_t)(b->R * b->V) * sizeof(float));
-  memset(o.gc, 0x7f, R * sizeof(float));
-  ds_dspark_row_stats rows = {o.ce, o.l1, o.acc, o.bce};
-  ds_dspark_loss_inputs in = inputs_of(b, cfg);
-  o.st = ds_dspark_loss(cfg, b->nb, b->g, b->V, &in, scale, &o.res, o.pos_acc, o.pos_cnt, o.gd, o.gc, &rows);
-  return o;
-}
-
-static void run_free(run_out *o) {
-  free(o->pos_acc), free(o->pos_cnt), free(o->ce), free(o->l1), free(o->acc), free(o->bce), free(o->gd), free(o->gc);
-}
-
-static int same_bits(const void *a, const void *b, size_t n) { return memcmp(a, b, n) == 0; }
-
-/* Bitwise equality of two results: numerator, counts, every pair and its presence. */
-static int results_identical(const ds_dspark_loss_result *a, const ds_dspark_loss_result *b) {
-  int ok = same_bits(&a->numerator, &b->numerator, sizeof(double)) && a->num_tokens == b->num_tokens &&
-           same_bits(&a->W, &b->W, sizeof(double));
-  for (int i = 0; i < DS_DSPARK_PAIR_COUNT; i++)
-    ok = ok && a->pair_present[i] == b->pair_present[i] && same_bits(a->pair[i], b->pair[i], 2 * sizeof(double));
-  return ok;
-}
-
-/* Bitwise equality of two runs over the same shapes: result, pairs, per-position, rows, grads. */
-static int runs_identical(const run_out *a, const run_out *b, const batch *shape) {
-  size_t R = (size_t)shape->R, g = (size_t)shape->g;
-  int ok = a->st == b->st && results_identical(&a->res, &b->res);
-  ok = ok && same_bits(a->pos_acc, b->pos_acc, g * sizeof(double)) && same_bits(a->pos_cnt, b->pos_cnt, g * sizeof(double));
-  ok = ok && same_bits(a->ce, b->ce, R * sizeof(double)) && same_bits(a->l1, b->l1, R * sizeof(double)) &&
-       same_bits(a->acc, b->acc, R * sizeof(double)) && same_bits(a->bce, b->bce, R * sizeof(double));
-  ok = ok && same_bits(a->gd, b->gd, R * (size_t)shape->V * sizeof(float)) && same_bits(a->gc, b->gc, R * sizeof(float));
-  return ok;
-}
-
-/* ---- the double-precision reference, written from the spec ---- */
-typedef struct {
-  double num, W, ce, l1, bce, acc, acc_den, tau, tau_den;
-  int64_t tokens;
-  double pos_acc[64], pos_cnt[64];
-} ref_out;
-
-static double ref_decay(const ds_dspark_loss_config *cfg, int64_t k, int64_t g) {
-  if (cfg->decay == DS_DSPARK_DECAY_PAPER) return exp(-(double)((k + 1) - 1) / (double)g); /* 1-based k + 1 */
-  return cfg->decay_gamma > 0 ? exp(-(double)k / cfg->decay_gamma) : 1.0;
-}
-
-/* draft/target [R, V] and conf [R] in double; accept_fixed [R] replaces the computed label
- * (a detached label held fixed for finite differences); accept_out [R] receives it. */
-static void ref_loss(const ds_dspark_loss_config *cfg, const batch *b, const double *draft, const double *target,
-                     const double *conf, const double *accept_fixed, double *accept_out, ref_out *o) {
-  memset(o, 0, sizeof *o);
-  int64_t V = b->V;
-  int teacher = cfg->has_teacher, conf_on = cfg->has_teacher && cfg->has_conf;
-  double *q = malloc((size_t)V * sizeof(double)), *p = malloc((size_t)V * sizeof(double));
-  for (int64_t blk = 0; blk < b->nb; blk++) {
-    double cum = 1, tau_b = 1;
-    int valid = 0;
-    for (int64_t k = 0; k < b->g; k++) {
-      int64_t r = blk * b->g + k;
-      if (!(b->em[r] && b->bk[blk])) {
-        cum = 0;
-        continue;
-      }
-      valid = 1;
-      double w = ref_decay(cfg, k, b->g);
-      const double *x = draft + r * V;
-      double m = x[0], s = 0;
-      for (int64_t v = 1; v < V; v++) m = fmax(m, x[v]);
-      for (int64_t v = 0; v < V; v++) s += exp(x[v] - m);
-      for (int64_t v = 0; v < V; v++) q[v] = exp(x[v] - m) / s;
-      double ce = -(x[b->ids[r]] - m - log(s));
-      o->tokens++, o->W += w, o->ce += w * ce;
-      if (teacher) {
-        const double *t = target + r * V;
-        double mt = t[0], st = 0, l1 = 0;
-        for (int64_t v = 1; v < V; v++) mt = fmax(mt, t[v]);
-        for (int64_t v = 0; v < V; v++) st += exp(t[v] - mt);
-        for (int64_t v = 0; v < V; v++) p[v] = exp(t[v] - mt) / st, l1 += fabs(q[v] - p[v]);
-        double a = fmin(1.0, fmax(0.0, 1.0 - 0.5 * l1));
-        if (accept_out) accept_out[r] = a;
-        if (accept_fixed) a = accept_fixed[r];
-        o->l1 += w * l1, o->acc += a, o->acc_den += 1;
-        cum *= a, tau_b += cum;
-        o->pos_acc[k] += a, o->pos_cnt[k] += 1;
-        if (conf_on) {
-          double z = conf[r];
-          /* BCE_with_logits(z, a) = -(a log sigmoid(z) + (1 - a) log(1 - sigmoid(z))) */
-          double ls = -log1p(exp(-z)), lns = -log1p(exp(z));
-          o->bce += w * -(a * ls + (1 - a) * lns);
-        }
-      }
-    }
-    if (valid) o->tau += tau_b, o->tau_den += 1;
-  }
-  o->num = cfg->alpha_ce * o->ce + cfg->alpha_l1 * o->l1 + cfg->alpha_conf * o->bce;
-  free(q), free(p);
-}
-
-static double *to_double(const float *x, int64_t n) {
-  double *d = malloc((size_t)(n ? n : 1) * sizeof(double));
-  for (int64_t i = 0; i < n; i++) d[i] = x[i];
-  return d;
-}
-
-static void ref_of_batch(const ds_dspark_loss_config *cfg, const batch *b, ref_out *o) {
-  double *d = to_double(b->draft, b->R * b->V), *t = to_double(b->target, b->R * b->V), *z = to_double(b->conf, b->R);
-  ref_loss(cfg, b, d, t, z, NULL, NULL, o);
-  free(d), free(t), free(z);
-}
-
-static ds_dspark_loss_config cfg_with(int teacher, int conf) {
-  ds_dspark_loss_config c = ds_dspark_loss_config_default();
-  c.has_teacher = teacher, c.has_conf = conf;
-  return c;
-}
-
-/* max |a - b| / max |b| */
-static double rel_err_fd(const float *a, const double *b, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; i++) num = fmax(num, fabs((double)a[i] - b[i])), den = fmax(den, fabs(b[i]));
-  return num / (den > 0 ? den : 1);
-}
 
 /* ---- tests ---- */
 
@@ -238,7 +49,7 @@ static void test_decay(void) {
   c.decay = DS_DSPARK_DECAY_PAPER, c.decay_gamma = 4.0;
   for (int64_t k1 = 1; k1 <= 7; k1++) EXPECT_CLOSE(ds_dspark_loss_decay(&c, k1 - 1, 7), exp(-(double)(k1 - 1) / 7.0), 1e-15, 0);
   /* W and the weights through the whole call, for each variant */
-  batch b = batch_new(3, 5, 13, 2);
+  batch b = batch_new(&g_rng, 3, 5, 13, 2);
   b.em[4] = 0, b.em[8] = b.em[9] = 0, b.bk[2] = 0;
   for (int variant = 0; variant < 3; variant++) {
     ds_dspark_loss_config cfg = cfg_with(1, 1);
@@ -271,7 +82,7 @@ static void test_decay(void) {
 static void test_matches_reference(void) {
   const int64_t shapes[][3] = {{2, 7, 37}, {3, 4, 16}, {1, 1, 1}, {4, 3, 5}, {2, 3, 151936}};
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-    batch b = batch_new(shapes[s][0], shapes[s][1], shapes[s][2], 4);
+    batch b = batch_new(&g_rng, shapes[s][0], shapes[s][1], shapes[s][2], 4);
     if (b.R > 3) b.em[b.R - 1] = 0, b.em[1] = 0;
     for (int mode = 0; mode < 3; mode++) {
       ds_dspark_loss_config cfg = cfg_with(mode != 2, mode == 0);
@@ -307,7 +118,7 @@ static void test_matches_reference(void) {
 
 /* draft == target: l1 = 0 and accept = 1 exactly, tau = g + 1; the L1 gradient vanishes. */
 static void test_draft_equals_target(void) {
-  batch b = batch_new(3, 7, 29, 5);
+  batch b = batch_new(&g_rng, 3, 7, 29, 5);
   memcpy(b.target, b.draft, (size_t)(b.R * b.V) * sizeof(float));
   ds_dspark_loss_config cfg = cfg_with(1, 1);
   run_out o = run_loss(&cfg, &b, 1.0);
@@ -330,7 +141,7 @@ static void test_draft_equals_target(void) {
 static void test_disjoint_supports(void) {
   const int64_t Vs[] = {2, 16, 40};
   for (int i = 0; i < 3; i++) {
-    batch b = batch_new(2, 3, Vs[i], 1);
+    batch b = batch_new(&g_rng, 2, 3, Vs[i], 1);
     for (int64_t r = 0; r < b.R; r++)
       for (int64_t v = 0; v < b.V; v++) {
         b.draft[r * b.V + v] = v == r % b.V ? 30.0f : -30.0f;
@@ -351,7 +162,7 @@ static void test_disjoint_supports(void) {
 /* The training term is the RAW L1; the 1/2 belongs to the label only. V = 2, q = (3/4, 1/4),
  * p = (1/4, 3/4): l1 = 1 (not 1/2), accept = 1/2, d l1 / d x = q (s - q.s) = (3/8, -3/8). */
 static void test_raw_l1_half_label(void) {
-  batch b = batch_new(1, 1, 2, 1);
+  batch b = batch_new(&g_rng, 1, 1, 2, 1);
   b.draft[0] = logf(3.0f), b.draft[1] = 0.0f;
   b.target[0] = 0.0f, b.target[1] = logf(3.0f);
   ds_dspark_loss_config cfg = cfg_with(1, 0);
@@ -371,7 +182,7 @@ static void test_raw_l1_half_label(void) {
 /* Chunked == unchunked: values, pairs and gradients bitwise for chunk sizes 1, 3, 7, R, > R;
  * the trainer's path (core per chunk, gradient in place over the logits, then finish) too. */
 static void test_chunked_equals_unchunked(void) {
-  batch b = batch_new(5, 7, 53, 3);
+  batch b = batch_new(&g_rng, 5, 7, 53, 3);
   b.em[6] = 0, b.em[13] = 0, b.bk[3] = 0;
   for (int mode = 0; mode < 3; mode++) {
     ds_dspark_loss_config cfg = cfg_with(mode != 2, mode == 0);
@@ -416,7 +227,7 @@ static void test_chunked_equals_unchunked(void) {
 /* Dropping an anchor (block_keep = 0) == zeroing its eval mask: loss, token count, every pair
  * and the gradients identical, and the gradient exactly 0 on the dropped block. */
 static void test_drop_anchor_equals_zero_mask(void) {
-  batch b = batch_new(4, 7, 31, 3);
+  batch b = batch_new(&g_rng, 4, 7, 31, 3);
   b.em[5] = b.em[6] = 0; /* a prefix mask elsewhere */
   batch a = batch_copy(&b), z = batch_copy(&b);
   a.bk[2] = 0;
@@ -438,7 +249,7 @@ static void test_drop_anchor_equals_zero_mask(void) {
  * once gives the full-batch value (and, with grad_scale = 1 / global W, the full-batch
  * gradient bit for bit); the mean of per-micro-batch means does not. */
 static void test_uneven_microbatches(void) {
-  batch b = batch_new(6, 7, 41, 4);
+  batch b = batch_new(&g_rng, 6, 7, 41, 4);
   /* micro-batch 1 = blocks 0..3, fully supervised (28 tokens); micro-batch 2 = blocks 4..5
    * with one supervised slot each (2 tokens), and a sharper draft so its per-token loss differs */
   for (int64_t r = 28; r < 42; r++) {
@@ -489,7 +300,7 @@ static void test_uneven_microbatches(void) {
 
 /* numerator = sum alpha * term numerator, and the gradient is linear in the alphas. */
 static void test_loss_is_alpha_sum(void) {
-  batch b = batch_new(3, 5, 23, 3);
+  batch b = batch_new(&g_rng, 3, 5, 23, 3);
   ds_dspark_loss_config cfg = cfg_with(1, 1);
   cfg.alpha_ce = 0.3, cfg.alpha_l1 = 0.45, cfg.alpha_conf = 2.5;
   run_out o = run_loss(&cfg, &b, 1.0);
@@ -520,7 +331,7 @@ static void test_loss_is_alpha_sum(void) {
 /* Without a teacher: CE only; l1 and confidence report [0, W]; accept and tau are absent;
  * confidence logits, if given, get a zero gradient. */
 static void test_ce_only_without_teacher(void) {
-  batch b = batch_new(3, 7, 19, 3);
+  batch b = batch_new(&g_rng, 3, 7, 19, 3);
   b.em[20] = 0;
   for (int conf = 0; conf < 2; conf++) {
     ds_dspark_loss_config cfg = cfg_with(0, conf);
@@ -556,7 +367,7 @@ static void test_ce_only_without_teacher(void) {
 
 /* A batch with no supervised slot: numerator 0, count 0, W 0, no NaN anywhere, zero gradients. */
 static void test_zero_mask(void) {
-  batch b = batch_new(3, 4, 17, 3);
+  batch b = batch_new(&g_rng, 3, 4, 17, 3);
   memset(b.em, 0, (size_t)b.R);
   for (int mode = 0; mode < 3; mode++) {
     ds_dspark_loss_config cfg = cfg_with(mode != 2, mode == 0);
@@ -569,7 +380,7 @@ static void test_zero_mask(void) {
     run_free(&o);
   }
   /* no blocks at all */
-  batch e = batch_new(0, 7, 5, 1);
+  batch e = batch_new(&g_rng, 0, 7, 5, 1);
   ds_dspark_loss_config cfg = cfg_with(1, 1);
   run_out o = run_loss(&cfg, &e, 1.0);
   EXPECT_OK(o.st);
@@ -581,7 +392,7 @@ static void test_zero_mask(void) {
 
 /* With a teacher but no confidence logits, the confidence term reports [0, W], not [0, 0]. */
 static void test_disabled_conf_reports_0_over_W(void) {
-  batch b = batch_new(2, 7, 11, 3);
+  batch b = batch_new(&g_rng, 2, 7, 11, 3);
   ds_dspark_loss_config cfg = cfg_with(1, 0);
   run_out o = run_loss(&cfg, &b, 1.0);
   EXPECT_OK(o.st);
@@ -598,7 +409,7 @@ static void test_disabled_conf_reports_0_over_W(void) {
  * teacher (and confidence) at unsupervised slots, inside eval-masked tails and inside a dropped
  * block: every output bit-identical to clean padding, gradients there exactly +0.0. */
 static void test_poisoned_padding(void) {
-  batch clean = batch_new(5, 7, 37, 4);
+  batch clean = batch_new(&g_rng, 5, 7, 37, 4);
   for (int64_t k = 3; k < 7; k++) clean.em[7 + k] = 0; /* block 1: prefix of 3 */
   clean.em[4 * 7 + 6] = 0;                              /* block 4: prefix of 6 */
   clean.bk[2] = 0;                                      /* block 2 dropped, its eval mask all ones */
@@ -645,7 +456,7 @@ static void test_poisoned_padding(void) {
 /* A supervised id outside [0, V) is an error that names block, slot and row; nothing is
  * written. Non-finite values at supervised slots are errors too, as are inconsistent inputs. */
 static void test_errors(void) {
-  batch b = batch_new(3, 7, 20, 3);
+  batch b = batch_new(&g_rng, 3, 7, 20, 3);
   ds_dspark_loss_config cfg = cfg_with(1, 1);
   const int32_t bad_ids[3] = {-1, -100, 20};
   for (int i = 0; i < 3; i++) {
@@ -722,7 +533,7 @@ static void test_errors(void) {
  * detached label held fixed; and a check that without detaching the difference is visible. */
 static void test_grad_finite_differences(void) {
   for (int mode = 0; mode < 3; mode++) {
-    batch b = batch_new(2, 4, 11, 1.5f);
+    batch b = batch_new(&g_rng, 2, 4, 11, 1.5f);
     b.em[3] = 0;      /* an unsupervised row: FD 0, ours exactly 0 */
     b.em[6] = b.em[7] = 0;
     ds_dspark_loss_config cfg = cfg_with(mode != 2, mode == 0);
@@ -770,7 +581,7 @@ static void test_grad_finite_differences(void) {
 
 /* grad_scale multiplies both gradients (a power of two: exactly) and nothing else. */
 static void test_grad_scale(void) {
-  batch b = batch_new(2, 7, 33, 3);
+  batch b = batch_new(&g_rng, 2, 7, 33, 3);
   ds_dspark_loss_config cfg = cfg_with(1, 1);
   run_out a = run_loss(&cfg, &b, 1.0), q = run_loss(&cfg, &b, 0.25);
   EXPECT(results_identical(&a.res, &q.res));
@@ -783,7 +594,7 @@ static void test_grad_scale(void) {
 /* Same inputs, same bits: repeated calls, 1 / 2 / 3 threads, and the gradient written over
  * the logits in place. */
 static void test_determinism(void) {
-  batch b = batch_new(6, 7, 300, 4);
+  batch b = batch_new(&g_rng, 6, 7, 300, 4);
   b.em[10] = 0;
   ds_dspark_loss_config cfg = cfg_with(1, 1);
   cfg.chunk_rows = 16;

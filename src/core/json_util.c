@@ -1,4 +1,4 @@
-#include "io/json_util.h"
+#include "core/json_util.h"
 
 #include <math.h>
 

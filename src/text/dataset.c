@@ -7,7 +7,7 @@
 #include <xxhash.h>
 
 #include "dspark/fileio.h"
-#include "io/json_util.h"
+#include "core/json_util.h"
 
 typedef struct {
   ds_ids ids;
@@ -145,11 +145,4 @@ ds_status ds_dataset_load(const char *path, const ds_tokenizer *tok, int64_t seq
   out->loss_mask = b.mask;
   out->lengths = b.len;
   return DS_OK;
-}
-
-void ds_dataset_free(ds_dataset *ds) {
-  free(ds->ids);
-  free(ds->loss_mask);
-  free(ds->lengths);
-  memset(ds, 0, sizeof *ds);
 }

@@ -3,7 +3,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "dspark/cache.h"
+#include "dspark/kd_select.h"
 #include "nn/fast_exp.h"
 
 /* Heap entries ordered so that the root is the WORST kept entry: lower value, or equal value

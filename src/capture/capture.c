@@ -15,14 +15,16 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "dspark/cache.h"
+#include "dspark/capture.h"
+#include "dspark/kd_select.h"
+#include "dspark/progress.h"
+#include "dspark/dataset.h"
 #include "dspark/draft.h"
 #include "dspark/dtype.h"
 #include "dspark/fileio.h"
 #include "dspark/safetensors.h"
 #include "dspark/target.h"
 #include "dspark/tokenizer.h"
-#include "io/cache_internal.h"
 
 enum { KD_CHUNK_ROWS = 32 };
 
@@ -303,22 +305,14 @@ static ds_status resume_state(capture *c, int64_t *kept, int *weights_ok, int *d
 
 /* ---------------------------------------------------------------- the loop */
 
-static void fmt_time(double s, char *buf, size_t n) {
-  long t = s < 0 || s > 1e7 ? -1 : (long)(s + 0.5);
-  if (t < 0) snprintf(buf, n, "?");
-  else if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, (t / 60) % 60);
-  else if (t >= 60) snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
-  else snprintf(buf, n, "%lds", t);
-}
-
 /* Rewritten in place on a terminal after every sample; one line per shard otherwise. */
 static void progress(const capture *c, int64_t done, int64_t first, double elapsed, double tokens, int shard_done) {
   int tty = isatty(fileno(stderr));
   if (c->o->quiet || tty == (shard_done != 0)) return;
   char el[32], eta[32];
   double rate = elapsed > 0 ? tokens / elapsed : 0;
-  fmt_time(elapsed, el, sizeof el);
-  fmt_time(done > first ? elapsed / (double)(done - first) * (double)(c->m.num_samples - done) : -1, eta, sizeof eta);
+  ds_format_duration(elapsed, el, sizeof el);
+  ds_format_duration(done > first ? elapsed / (double)(done - first) * (double)(c->m.num_samples - done) : -1, eta, sizeof eta);
   fprintf(stderr, "%scapture: sample %lld/%lld (shard %lld/%lld) | %.1f tok/s | elapsed %s ETA %s%s",
           tty ? "\r\033[K" : "", (long long)done, (long long)c->m.num_samples,
           (long long)((done + c->m.shard_size - 1) / c->m.shard_size), (long long)c->n_shards_total, rate, el, eta,
@@ -484,7 +478,7 @@ static ds_status run_capture(capture *c) {
   return capture_shards(c, kept);
 }
 
-ds_status ds_cache_capture(const ds_capture_options *o) {
+ds_status ds_capture_run(const ds_capture_options *o) {
   if (!o->target_dir || !o->data_path || !o->out_dir)
     return DS_FAIL(DS_ERR_ARG, "capture: the target, the data and the output directory are required");
   if (!o->features && o->topk <= 0)

@@ -1,4 +1,4 @@
-#include "train/train_log.h"
+#include "dspark/progress.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -18,7 +18,7 @@ double ds_peak_rss_mib(void) {
   return kib / 1024.0;
 }
 
-static void format_duration(double s, char *buf, size_t n) {
+void ds_format_duration(double s, char *buf, size_t n) {
   if (s < 0 || s > 1e7) { snprintf(buf, n, "?"); return; }
   long t = (long)(s + 0.5);
   if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, (t / 60) % 60);
@@ -30,8 +30,8 @@ void ds_progress_line(FILE *f, int64_t done, int64_t total, double elapsed, doub
                       const char *extra) {
   char eta[32], el[32];
   double remaining = done > 0 ? elapsed / (double)done * (double)(total - done) : -1;
-  format_duration(remaining, eta, sizeof eta);
-  format_duration(elapsed, el, sizeof el);
+  ds_format_duration(remaining, eta, sizeof eta);
+  ds_format_duration(elapsed, el, sizeof el);
   int tty = isatty(fileno(f));
   fprintf(f, "%sstep %lld/%lld %s | %.1f %s | elapsed %s ETA %s%s", tty ? "\r\033[K" : "", (long long)done,
           (long long)total, extra, rate, unit, el, eta, tty ? "" : "\n");

@@ -1,0 +1,38 @@
+/* `dspark capture`: runs the frozen target once over the training sequences and writes the
+ * offline cache (format: dspark/cache.h): DSpark features and/or sparse KD log-probs. */
+#ifndef DSPARK_CAPTURE_H
+#define DSPARK_CAPTURE_H
+
+#include "dspark/cache.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  const char *target_dir, *data_path, *out_dir;
+  int n_target_layers;           /* 5 (spread over [1, L-2] as `dspark train`) */
+  int32_t target_layer_ids[DS_CACHE_MAX_LAYERS];
+  int n_explicit_layers;
+  ds_dtype dtype;                /* DS_BF16 */
+  int64_t seq_len;               /* 512 */
+  int64_t shard_size;            /* 64 */
+  int features;                  /* 1; 0 = KD data only */
+  int64_t topk;                  /* 0 = no KD data */
+  double top_p, temperature;     /* 1, 1 */
+  int64_t min_k;                 /* 1 */
+  uint64_t seed;
+  int threads, quiet;
+  int forward_only;              /* benchmark: run the target (and the logits for KD) only; write nothing */
+  int64_t throttle_ms;           /* testing aid: sleep after each shard */
+} ds_capture_options;
+
+void ds_capture_options_default(ds_capture_options *o);
+/* Captures (or resumes capturing) into o->out_dir. Prints progress on stderr unless quiet and
+ * one JSON summary line on stdout. A write error leaves the cache resumable and says so. */
+ds_status ds_capture_run(const ds_capture_options *o);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

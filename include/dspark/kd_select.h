@@ -1,0 +1,24 @@
+/* Sparse KD targets of one position (spec/kd.md section 1): the teacher's top-K ids with their
+ * FULL-vocabulary log-probs, the optional top-p prefix and its min_k floor. Used by capture to
+ * write the cache, and by the KD loss to apply top-p / min_k at training time. The cache's
+ * documentation (dspark/cache.h) gives the exact rule. */
+#ifndef DSPARK_KD_SELECT_H
+#define DSPARK_KD_SELECT_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One position: logits x[V] -> ids[K] and full-vocabulary log-probs lp[K], sorted descending
+ * (ties: the smaller id first; temperature T > 0, 1 <= K <= V, top_p in (0, 1]: 1 keeps all K).
+ * Entries past the kept prefix are the sentinels id -1, log-prob -inf. scratch: V floats.
+ * Returns the number of entries kept. */
+int64_t ds_kd_select(const float *x, int64_t V, double temperature, int64_t K, double top_p, int64_t min_k,
+                     float *scratch, int32_t *ids, float *lp);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

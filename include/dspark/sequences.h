@@ -1,0 +1,26 @@
+/* Packed training sequences: what the data loader (dspark/dataset.h) and the cache reader
+ * (dspark/cache.h) produce and the trainers and capture consume. */
+#ifndef DSPARK_SEQUENCES_H
+#define DSPARK_SEQUENCES_H
+
+#include "dspark/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  int64_t n_seqs;
+  int64_t seq_len;     /* S */
+  int32_t *ids;        /* (n_seqs, S); padding is 0 */
+  uint8_t *loss_mask;  /* (n_seqs, S); 0 on padding */
+  int64_t *lengths;    /* (n_seqs) real tokens of each sequence */
+  uint64_t source_hash;/* xxh64 of the file's bytes */
+} ds_dataset;
+
+void ds_dataset_free(ds_dataset *ds);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
