@@ -42,6 +42,20 @@ int ds_file_exists(const char *path);
 /* mkdir -p: creates path and its missing parents (0755); an existing directory is fine. */
 ds_status ds_mkdir_p(const char *path);
 
+/* One writer per directory: an exclusive flock on DIR/.lock, held until ds_dir_unlock or the
+ * process ends (a killed writer releases it at once). The holder's pid is written into the
+ * file, so a second writer is refused with "DIR: the WHAT is in use by another dspark process
+ * (pid N)". what names the directory's role in that message ("run directory", "cache"). */
+typedef struct {
+  int fd; /* -1 when not held */
+} ds_dir_lock;
+
+ds_status ds_dir_lock_acquire(const char *dir, const char *what, ds_dir_lock *out);
+void ds_dir_unlock(ds_dir_lock *l);
+/* Removes DIR's "NAME.tmp.PID" files left by killed writers (atomic writes' temp files).
+ * Call it while holding DIR's lock: then no live writer owns one. *removed may be NULL. */
+ds_status ds_remove_stale_temps(const char *dir, int *removed);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,6 +1,5 @@
 /* dspark capture: runs the target once over the training sequences and writes the offline cache
  * (DSpark features and/or sparse KD log-probs); rerunning the same command resumes it. */
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,9 +92,6 @@ int cmd_capture(int argc, char **argv) {
     return 2;
   }
   if (!o.out_dir) o.out_dir = "";
-  /* A file-size limit (or a quota) must surface as a write error the capture reports and can
-   * resume from, not as a SIGXFSZ that kills the process mid-shard. */
-  signal(SIGXFSZ, SIG_IGN);
   if (ds_capture_run(&o) != DS_OK) return cli_report_error("capture");
   return 0;
 }

@@ -1,4 +1,5 @@
 /* dspark: train DSpark drafts, distill students, and run speculative decoding. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -36,6 +37,10 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+  /* Past a file-size limit (ulimit -f) a write fails with EFBIG, which every writer reports
+   * naming the file and leaves resumable, instead of a SIGXFSZ that kills the process with
+   * no message and a stale temp file. */
+  signal(SIGXFSZ, SIG_IGN);
   if (argc < 2) { usage(stderr); return 2; }
   if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
     usage(stdout);

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -170,4 +172,74 @@ ds_status ds_mkdir_p(const char *path) {
   }
   free(buf);
   return DS_OK;
+}
+
+ds_status ds_dir_lock_acquire(const char *dir, const char *what, ds_dir_lock *out) {
+  out->fd = -1;
+  char *path = ds_path_join(dir, ".lock");
+  if (!path) return DS_ERR_NOMEM;
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    ds_status st = DS_FAIL(DS_ERR_IO, "%s: cannot open the %s's lock file: %s", path, what, strerror(errno));
+    free(path);
+    return st;
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int err = errno;
+    char holder[32] = "";
+    ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
+    holder[n > 0 ? n : 0] = 0;
+    holder[strcspn(holder, "\n")] = 0;
+    close(fd);
+    free(path);
+    if (err == EWOULDBLOCK)
+      return DS_FAIL(DS_ERR_IO, "%s: the %s is in use by another dspark process (pid %s); wait for it to finish, "
+                     "or use another directory", dir, what, holder[0] ? holder : "unknown");
+    return DS_FAIL(DS_ERR_IO, "%s: cannot lock the %s: %s", dir, what, strerror(err));
+  }
+  char pid[32];
+  int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)len, 0) != len) {
+    ds_status st = DS_FAIL(DS_ERR_IO, "%s: cannot write the %s's lock file: %s", path, what, strerror(errno));
+    close(fd);
+    free(path);
+    return st;
+  }
+  free(path);
+  out->fd = fd;
+  return DS_OK;
+}
+
+void ds_dir_unlock(ds_dir_lock *l) {
+  if (l->fd >= 0) close(l->fd); /* closing releases the flock */
+  l->fd = -1;
+}
+
+/* "NAME.tmp.DIGITS" */
+static int is_temp_name(const char *name) {
+  const char *t = strstr(name, ".tmp.");
+  if (!t || t == name) return 0;
+  const char *p = t + 5;
+  if (!*p) return 0;
+  for (; *p; p++)
+    if (*p < '0' || *p > '9') return 0;
+  return 1;
+}
+
+ds_status ds_remove_stale_temps(const char *dir, int *removed) {
+  if (removed) *removed = 0;
+  DIR *d = opendir(dir);
+  if (!d) return DS_FAIL(DS_ERR_IO, "%s: cannot list: %s", dir, strerror(errno));
+  ds_status st = DS_OK;
+  struct dirent *e;
+  while (st == DS_OK && (e = readdir(d)) != NULL) {
+    if (!is_temp_name(e->d_name)) continue;
+    char *p = ds_path_join(dir, e->d_name);
+    if (!p) { st = DS_ERR_NOMEM; break; }
+    if (unlink(p) != 0 && errno != ENOENT) st = DS_FAIL(DS_ERR_IO, "%s: cannot remove a stale temp file: %s", p, strerror(errno));
+    else if (removed) (*removed)++;
+    free(p);
+  }
+  closedir(d);
+  return st;
 }
