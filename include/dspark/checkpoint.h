@@ -1,15 +1,12 @@
-/* Training checkpoints: one safetensors file, written atomically, holding everything a
- * resumed run needs to continue the identical trajectory: every draft tensor (frozen replicas
- * included, so the file is self-contained), the AdamW moments, the step, and the run's
- * configuration. Layout:
- *   tensors  "draft.<export name>" (F32), "optim.m" [n], "optim.v" [n] (F32)
- *   metadata format = "dspark-draft-checkpoint", format_version = "1", step, optim_step,
- *            skipped_steps, draft_config (the export config.json text), train_config (JSON) */
+/* Reading a draft back from a training checkpoint (the trainer core's format, dspark/trainer.h,
+ * with the draft objective's tensors "draft.<export name>" and metadata "draft_config", see
+ * dspark/draft_trainer.h): what `dspark export` and `dspark draft-forward RUN_DIR` use.
+ * Format 2 is verified (every tensor's and the metadata's checksum); format 1 (older runs,
+ * no checksums) is still read. Either way every weight must be finite. */
 #ifndef DSPARK_CHECKPOINT_H
 #define DSPARK_CHECKPOINT_H
 
 #include "dspark/draft.h"
-#include "dspark/optim.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -18,15 +15,14 @@ extern "C" {
 typedef struct {
   int64_t step;          /* optimizer steps completed */
   int64_t skipped_steps; /* steps skipped for non-finite values (with the skip option) */
-  char *draft_config;    /* malloc'd JSON text */
+  int format_version;    /* 1 or 2 */
+  char *draft_config;    /* malloc'd: the exported config.json text (target config + draft keys) */
   char *train_config;    /* malloc'd JSON text */
 } ds_checkpoint_info;
 
-ds_status ds_checkpoint_save(const char *path, const ds_draft *d, const ds_adamw *opt, const ds_checkpoint_info *info);
-/* Builds the draft from the checkpoint's own config and restores it and the optimizer.
- * Errors name the file and the field or tensor. Free info with ds_checkpoint_info_free. */
-ds_status ds_checkpoint_load(const char *path, const ds_backend *backend, ds_draft **d, ds_adamw *opt,
-                             ds_checkpoint_info *info);
+/* Builds the draft from the checkpoint's own config and tensors. Errors name the file and the
+ * field or tensor. Free info with ds_checkpoint_info_free. */
+ds_status ds_checkpoint_load_draft(const char *path, const ds_backend *backend, ds_draft **d, ds_checkpoint_info *info);
 void ds_checkpoint_info_free(ds_checkpoint_info *info);
 
 #ifdef __cplusplus

@@ -76,6 +76,16 @@ ds_status ds_st_writer_set_metadata(ds_st_writer *w, const char *key, const char
 ds_status ds_st_writer_write(ds_st_writer *w, const char *path);
 void ds_st_writer_free(ds_st_writer *w);
 
+/* Checksums (xxh64, seed 0, as 16 lowercase hex digits), for files whose corruption must be
+ * detected (checkpoints): metadata "checksums" = a JSON object mapping every tensor's name to
+ * the hash of its raw bytes, and "metadata_xxh64" = the hash over every other metadata key and
+ * value in key order, each followed by a NUL byte. Call after the last add / set_metadata. */
+ds_status ds_st_writer_add_checksums(ds_st_writer *w);
+/* Verifies them: every tensor listed and matching, every listed name a tensor, the metadata
+ * hash matching; errors name the file and the tensor or field. A file without "checksums"
+ * passes with *present = 0 (present may be NULL). */
+ds_status ds_st_verify_checksums(const ds_safetensors *st, int *present);
+
 #ifdef __cplusplus
 }
 #endif

@@ -38,13 +38,9 @@ static ds_status load_draft(const char *dir, ds_draft **d) {
   if (!ckpt) return DS_ERR_NOMEM;
   ds_status st;
   if (ds_file_exists(ckpt)) {
-    ds_adamw opt;
     ds_checkpoint_info info;
-    st = ds_checkpoint_load(ckpt, ds_backend_cpu(), d, &opt, &info);
-    if (st == DS_OK) {
-      ds_adamw_free(&opt);
-      ds_checkpoint_info_free(&info);
-    }
+    st = ds_checkpoint_load_draft(ckpt, ds_backend_cpu(), d, &info);
+    if (st == DS_OK) ds_checkpoint_info_free(&info);
   } else {
     st = ds_draft_load_hf(dir, ds_backend_cpu(), d);
   }

@@ -36,13 +36,11 @@ int cmd_export(int argc, char **argv) {
   char *text = NULL;
   size_t len;
   ds_draft *d = NULL;
-  ds_adamw opt;
   ds_checkpoint_info info;
   int rc = 1;
   if (!ckpt || !tcfg) goto done;
   if (ds_read_file(tcfg, &text, &len) != DS_OK) goto report;
-  if (ds_checkpoint_load(ckpt, ds_backend_cpu(), &d, &opt, &info) != DS_OK) goto report;
-  ds_adamw_free(&opt);
+  if (ds_checkpoint_load_draft(ckpt, ds_backend_cpu(), &d, &info) != DS_OK) goto report;
   if (ds_draft_export_hf(d, text, out) != DS_OK) {
     ds_checkpoint_info_free(&info);
     goto report;

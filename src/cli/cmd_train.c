@@ -6,7 +6,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
-#include "dspark/trainer.h"
+#include "dspark/draft_trainer.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -48,15 +48,19 @@ static void usage(FILE *f) {
     "  --weight-decay X (0)  --grad-clip X (1.0; 0 disables)  --seed S (0)\n"
     "  --skip-nonfinite        skip a step with a non-finite loss or gradient instead of stopping\n"
     "run:\n"
-    "  --save-every N (50)  --eval-every N (50)  --resume (continue from RUN_DIR's checkpoint)\n"
+    "  --save-every N (50)  --eval-every N (50)\n"
+    "  --resume                continue RUN_DIR's run from its checkpoint (refuses changed options by name;\n"
+    "                          the target and data are recognized by content, so they may have moved)\n"
+    "  --overwrite             replace an existing run in RUN_DIR (without it, or --resume, it is refused)\n"
     "  --stop-after N          stop after N steps in this process (as if killed; for tests)\n"
-    "  --inject-nan-step N     poison the gradient at step N (tests the non-finite handling)\n"
+    "  --inject-nan-step N     poison the gradient of step N, counting from 1 (tests the non-finite handling)\n"
     "  --threads N  --quiet\n");
 }
 
 int cmd_train(int argc, char **argv) {
-  ds_train_options o;
-  ds_train_options_default(&o);
+  ds_draft_train_options o;
+  ds_draft_train_options_default(&o);
+  ds_loop_options *l = &o.loop;
   int seq_len_given = 0, layers_given = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = NULL;
@@ -65,7 +69,7 @@ int cmd_train(int argc, char **argv) {
     if (cli_is_help(a)) { usage(stdout); return 0; }
     else if (!strcmp(a, "--target")) { CLI_VALUE(); o.target_dir = v; }
     else if (!strcmp(a, "--data")) { CLI_VALUE(); o.data_path = v; }
-    else if (!strcmp(a, "--out")) { CLI_VALUE(); o.out_dir = v; }
+    else if (!strcmp(a, "--out")) { CLI_VALUE(); l->out_dir = v; }
     else if (!strcmp(a, "--cache")) { CLI_VALUE(); o.cache_dir = v; }
     else if (!strcmp(a, "--cache-prefetch")) CLI_INT(2, 1024, o.cache_prefetch);
     else if (!strcmp(a, "--cache-preload")) o.cache_preload = 1;
@@ -73,7 +77,10 @@ int cmd_train(int argc, char **argv) {
     else if (!strcmp(a, "--eval-seqs")) CLI_INT(0, 1 << 20, o.eval_seqs);
     else if (!strcmp(a, "--draft-layers")) CLI_INT(1, 256, o.draft_layers);
     else if (!strcmp(a, "--block-size")) CLI_INT(1, 64, o.block_size);
-    else if (!strcmp(a, "--target-layers")) { CLI_INT(1, DS_MAX_TARGET_LAYERS, o.n_target_layers); layers_given = 1; }
+    else if (!strcmp(a, "--target-layers")) {
+      CLI_INT(1, DS_MAX_TARGET_LAYERS, o.n_target_layers);
+      layers_given = o.target_layers_given = 1;
+    }
     else if (!strcmp(a, "--target-layer-ids")) {
       CLI_VALUE();
       if (!cli_layer_ids(a, v, o.target_layer_ids, &o.n_explicit_layers, DS_MAX_TARGET_LAYERS)) return 2;
@@ -94,27 +101,32 @@ int cmd_train(int argc, char **argv) {
     else if (!strcmp(a, "--decay-paper")) o.loss.decay = DS_DSPARK_DECAY_PAPER;
     else if (!strcmp(a, "--ce-only")) o.no_teacher = 1;
     else if (!strcmp(a, "--chunk-rows")) CLI_INT(1, 1 << 20, o.loss.chunk_rows);
-    else if (!strcmp(a, "--steps")) CLI_INT(1, INT64_MAX / 2, o.steps);
-    else if (!strcmp(a, "--batch-seqs")) CLI_INT(1, 1 << 20, o.batch_seqs);
-    else if (!strcmp(a, "--lr")) CLI_NUM(0, 10, o.lr);
-    else if (!strcmp(a, "--warmup")) CLI_NUM(0, 1, o.warmup_frac);
-    else if (!strcmp(a, "--weight-decay")) CLI_NUM(0, 10, o.weight_decay);
-    else if (!strcmp(a, "--grad-clip")) CLI_NUM(0, 1e9, o.grad_clip);
-    else if (!strcmp(a, "--seed")) { CLI_INT(0, INT64_MAX, n); o.seed = (uint64_t)n; }
-    else if (!strcmp(a, "--skip-nonfinite")) o.skip_nonfinite = 1;
-    else if (!strcmp(a, "--save-every")) CLI_INT(1, INT64_MAX / 2, o.save_every);
-    else if (!strcmp(a, "--eval-every")) CLI_INT(0, INT64_MAX / 2, o.eval_every);
-    else if (!strcmp(a, "--resume")) o.resume = 1;
-    else if (!strcmp(a, "--stop-after")) CLI_INT(0, INT64_MAX / 2, o.stop_after);
-    else if (!strcmp(a, "--inject-nan-step")) CLI_INT(0, INT64_MAX / 2, o.inject_nan_step);
-    else if (!strcmp(a, "--threads")) CLI_INT(1, 1024, o.threads);
-    else if (!strcmp(a, "--quiet")) o.quiet = 1;
+    else if (!strcmp(a, "--steps")) CLI_INT(1, INT64_MAX / 2, l->steps);
+    else if (!strcmp(a, "--batch-seqs")) CLI_INT(1, 1 << 20, l->batch_items);
+    else if (!strcmp(a, "--lr")) CLI_NUM(0, 10, l->lr);
+    else if (!strcmp(a, "--warmup")) CLI_NUM(0, 1, l->warmup_frac);
+    else if (!strcmp(a, "--weight-decay")) CLI_NUM(0, 10, l->weight_decay);
+    else if (!strcmp(a, "--grad-clip")) CLI_NUM(0, 1e9, l->grad_clip);
+    else if (!strcmp(a, "--seed")) { CLI_INT(0, INT64_MAX, n); l->seed = (uint64_t)n; }
+    else if (!strcmp(a, "--skip-nonfinite")) l->skip_nonfinite = 1;
+    else if (!strcmp(a, "--save-every")) CLI_INT(1, INT64_MAX / 2, l->save_every);
+    else if (!strcmp(a, "--eval-every")) CLI_INT(0, INT64_MAX / 2, l->eval_every);
+    else if (!strcmp(a, "--resume")) l->resume = 1;
+    else if (!strcmp(a, "--overwrite")) l->overwrite = 1;
+    else if (!strcmp(a, "--stop-after")) CLI_INT(0, INT64_MAX / 2, l->stop_after);
+    else if (!strcmp(a, "--inject-nan-step")) CLI_INT(1, INT64_MAX / 2, l->inject_nan_step);
+    else if (!strcmp(a, "--threads")) CLI_INT(1, 1024, l->threads);
+    else if (!strcmp(a, "--quiet")) l->quiet = 1;
     else {
       fprintf(stderr, "dspark train: unknown option '%s' (see --help)\n", a);
       return 2;
     }
   }
-  if (!o.out_dir || (!o.cache_dir && (!o.target_dir || !o.data_path))) {
+  if (l->resume && l->overwrite) {
+    fprintf(stderr, "dspark train: --resume and --overwrite contradict each other (see --help)\n");
+    return 2;
+  }
+  if (!l->out_dir || (!o.cache_dir && (!o.target_dir || !o.data_path))) {
     fprintf(stderr, "dspark train: --out and either --cache or both --target and --data are required (see --help)\n");
     return 2;
   }

@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "dspark/common.h"
+#include "dspark/progress.h"
 
 typedef struct {
   const char *name;
@@ -26,6 +27,7 @@ static const command k_commands[] = {
 };
 
 int cli_report_error(const char *what) {
+  ds_progress_break(stderr); /* a progress line left open on a terminal */
   fprintf(stderr, "dspark %s: %s\n", what, ds_last_error());
   return 1;
 }

@@ -29,6 +29,8 @@ void st_format_shape(char *buf, size_t cap, int ndim, const int64_t *shape);
 /* Reads a JSON number that must be an exact integer in [0, 2^53]. Returns 1 on success;
  * on failure *val holds the number (or NAN when it is not a number) for the message. */
 int st_json_index(const cJSON *j, uint64_t *out, double *val);
+/* xxh64 of the metadata entries (sorted by key) other than skip_key: key, NUL, value, NUL. */
+uint64_t st_metadata_hash(const st_meta *meta, size_t n, const char *skip_key);
 /* qsort comparators: views by name, C strings, metadata entries by key. */
 int st_cmp_view_name(const void *a, const void *b);
 int st_cmp_cstr(const void *a, const void *b);

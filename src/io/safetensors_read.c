@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "core/json_util.h"
 #include "dspark/dtype.h"
@@ -395,3 +396,44 @@ const char *ds_st_metadata_key(const ds_safetensors *st, size_t i) {
 
 const char *ds_st_path(const ds_safetensors *st) { return st ? st->path : NULL; }
 
+
+ds_status ds_st_verify_checksums(const ds_safetensors *st, int *present) {
+  if (present) *present = 0;
+  const char *text = ds_st_metadata(st, "checksums");
+  if (!text) return DS_OK;
+  if (present) *present = 1;
+  ds_status status = DS_OK;
+  cJSON *j = ds_json_parse(text, strlen(text), st->path, &status);
+  if (!j) return DS_FAIL(DS_ERR_FORMAT, "%s: metadata 'checksums' is not valid JSON", st->path);
+  char hex[17];
+  if (!cJSON_IsObject(j)) status = DS_FAIL(DS_ERR_FORMAT, "%s: metadata 'checksums' is not a JSON object", st->path);
+  for (size_t i = 0; status == DS_OK && i < st->n; i++) {
+    const ds_tensor_view *v = &st->tensors[i];
+    const cJSON *h = cJSON_GetObjectItemCaseSensitive(j, v->name);
+    if (!cJSON_IsString(h)) {
+      status = DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' has no checksum in metadata 'checksums' (the file was "
+                       "altered after it was written)", st->path, v->name);
+      break;
+    }
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)XXH64(v->data, v->nbytes, 0));
+    if (strcmp(hex, h->valuestring) != 0)
+      status = DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' fails its checksum (stored %s, computed %s): the file is "
+                       "corrupt", st->path, v->name, h->valuestring, hex);
+  }
+  const cJSON *it;
+  cJSON_ArrayForEach(it, j) {
+    if (status != DS_OK) break;
+    if (!ds_st_find(st, it->string))
+      status = DS_FAIL(DS_ERR_FORMAT, "%s: metadata 'checksums' lists tensor '%s', which the file lacks", st->path,
+                       it->string);
+  }
+  cJSON_Delete(j);
+  if (status != DS_OK) return status;
+  const char *mh = ds_st_metadata(st, "metadata_xxh64");
+  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)st_metadata_hash(st->meta, st->n_meta, "metadata_xxh64"));
+  if (!mh) return DS_FAIL(DS_ERR_FORMAT, "%s: metadata 'metadata_xxh64' is missing beside 'checksums'", st->path);
+  if (strcmp(mh, hex) != 0)
+    return DS_FAIL(DS_ERR_FORMAT, "%s: the metadata fails its checksum (stored %s, computed %s): a field was edited "
+                   "or the file is corrupt", st->path, mh, hex);
+  return DS_OK;
+}

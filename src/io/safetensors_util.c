@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "core/json_util.h"
 #include "dspark/dtype.h"
@@ -102,3 +103,17 @@ const ds_tensor_view *st_find_in_sorted(const ds_tensor_view *const *by_name, si
   return NULL;
 }
 
+
+uint64_t st_metadata_hash(const st_meta *meta, size_t n, const char *skip_key) {
+  XXH64_state_t *h = XXH64_createState();
+  if (!h) return 0;
+  XXH64_reset(h, 0);
+  for (size_t i = 0; i < n; i++) {
+    if (skip_key && !strcmp(meta[i].key, skip_key)) continue;
+    XXH64_update(h, meta[i].key, strlen(meta[i].key) + 1);
+    XXH64_update(h, meta[i].value, strlen(meta[i].value) + 1);
+  }
+  uint64_t v = XXH64_digest(h);
+  XXH64_freeState(h);
+  return v;
+}

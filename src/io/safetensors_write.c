@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "core/json_util.h"
 #include "dspark/dtype.h"
@@ -121,6 +122,25 @@ ds_status ds_st_writer_set_metadata(ds_st_writer *w, const char *key, const char
   w->meta[w->n_meta].value = v;
   w->n_meta++;
   return DS_OK;
+}
+
+ds_status ds_st_writer_add_checksums(ds_st_writer *w) {
+  if (!w) return DS_FAIL(DS_ERR_ARG, "ds_st_writer_add_checksums: writer is NULL");
+  cJSON *j = cJSON_CreateObject();
+  char hex[17];
+  for (size_t i = 0; j && i < w->n; i++) {
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)XXH64(w->t[i].data, (size_t)w->t[i].nbytes, 0));
+    if (!cJSON_AddStringToObject(j, w->t[i].name, hex)) { cJSON_Delete(j); j = NULL; }
+  }
+  char *text = j ? cJSON_PrintUnformatted(j) : NULL;
+  cJSON_Delete(j);
+  if (!text) return DS_FAIL(DS_ERR_NOMEM, "safetensors writer: out of memory for the checksums");
+  ds_status st = ds_st_writer_set_metadata(w, "checksums", text);
+  free(text);
+  if (st != DS_OK) return st;
+  qsort(w->meta, w->n_meta, sizeof *w->meta, st_cmp_meta_key);
+  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)st_metadata_hash(w->meta, w->n_meta, "metadata_xxh64"));
+  return ds_st_writer_set_metadata(w, "metadata_xxh64", hex);
 }
 
 /* A growable byte buffer for the header; `failed` latches the first allocation failure. */

@@ -118,12 +118,13 @@ def main():
 
     # non-finite gradient: stop, naming the step; the last good checkpoint stays loadable
     n = run_dir("run-nan")
-    _, err, rc = common.run(base + ["--out", n, "--save-every", "1", "--inject-nan-step", "2"], expect_rc=1)
-    ck.check("non-finite" in err and "step 2" in err and "batch" in err, f"non-finite message: {err}")
+    # steps count from 1 in messages as on the progress line: poisoning step 3 leaves step 2's checkpoint
+    _, err, rc = common.run(base + ["--out", n, "--save-every", "1", "--inject-nan-step", "3"], expect_rc=1)
+    ck.check("non-finite" in err and "step 3" in err and "batch" in err, f"non-finite message: {err}")
     _, err2, _ = common.run([args.dspark, "export", n, "--out", os.path.join(args.tmp, "exp-nan")])
     ck.check("step 2)" in err2, f"the last good checkpoint should be step 2: {err2}")
     s = run_dir("run-skip")
-    common.run(base + ["--out", s, "--inject-nan-step", "2", "--skip-nonfinite"])
+    common.run(base + ["--out", s, "--inject-nan-step", "3", "--skip-nonfinite"])
     last = [json.loads(l) for l in train_lines(s)][-1]
     ck.check(last["skipped_steps"] == 1, f"skipped_steps {last.get('skipped_steps')}")
 

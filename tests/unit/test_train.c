@@ -1,13 +1,11 @@
 /* Training utilities: anchor sampling (spec section 5), the eval-mask prefix rule, AdamW
  * against hand-computed PyTorch-order updates, the warmup + cosine schedule, gradient
- * clipping, and checkpoint save/load (bit-exact, with refusals). */
+ * clipping. The trainer core and its checkpoints: test_trainer_core.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "dspark/anchors.h"
-#include "dspark/checkpoint.h"
 #include "dspark/optim.h"
 #include "test_util.h"
 
@@ -82,66 +80,8 @@ static void test_adamw(void) {
   EXPECT(gs[0] == 0.3f && gs[1] == 0.4f);
 }
 
-static void test_checkpoint(void) {
-  ds_draft_config c;
-  memset(&c, 0, sizeof c);
-  c.vocab_size = 11; c.hidden_size = 8; c.intermediate_size = 12; c.num_attention_heads = 2;
-  c.num_key_value_heads = 1; c.head_dim = 4; c.rms_norm_eps = 1e-6; c.num_layers = 1; c.block_size = 3;
-  c.num_target_layers = 4; c.target_layer_ids[0] = 1; c.n_target_layers = 1; c.mask_token_id = 10;
-  c.markov_type = DS_MARKOV_GATED; c.markov_rank = 3; c.enable_confidence_head = 1;
-  c.confidence_head_with_markov = 1; c.num_anchors = 4;
-  c.rope_source.head_dim = 4; c.rope_source.rope_theta = 10000;
-  float table[11 * 8];
-  for (int i = 0; i < 88; i++) table[i] = (float)i / 88.0f;
-  ds_draft *d;
-  EXPECT_OK(ds_draft_new(&c, table, table, 4, ds_backend_cpu(), &d));
-  ds_adamw opt;
-  EXPECT_OK(ds_adamw_init(&opt, ds_draft_num_params(d)));
-  for (size_t i = 0; i < opt.n; i++) opt.m[i] = (float)i, opt.v[i] = 1.0f / (float)(i + 1);
-  opt.step = 17;
-  const char *target_cfg = "{\"model_type\": \"qwen3\", \"vocab_size\": 11, \"hidden_size\": 8, \"intermediate_size\": 12, "
-                           "\"num_hidden_layers\": 4, \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 4}";
-  char *cfg_json = NULL;
-  EXPECT_OK(ds_draft_hf_config_json(d, target_cfg, &cfg_json));
-  const char *dir = getenv("DSPARK_TEST_TMP") ? getenv("DSPARK_TEST_TMP") : "/tmp";
-  mkdir(dir, 0755);
-  char path[512];
-  snprintf(path, sizeof path, "%s/ckpt-test.safetensors", dir);
-  ds_checkpoint_info info = {42, 1, cfg_json, "{\"lr\": 0.1}"};
-  EXPECT_OK(ds_checkpoint_save(path, d, &opt, &info));
-  ds_draft *e = NULL;
-  ds_adamw opt2;
-  ds_checkpoint_info info2;
-  EXPECT_OK(ds_checkpoint_load(path, ds_backend_cpu(), &e, &opt2, &info2));
-  if (e) {
-    EXPECT(info2.step == 42 && info2.skipped_steps == 1 && opt2.step == 17);
-    EXPECT(!strcmp(info2.train_config, "{\"lr\": 0.1}"));
-    EXPECT(!memcmp(ds_draft_params(d), ds_draft_params(e), ds_draft_num_params(d) * sizeof(float)));
-    EXPECT(!memcmp(ds_draft_embed(d), ds_draft_embed(e), sizeof table));
-    EXPECT(!memcmp(opt.m, opt2.m, opt.n * sizeof(float)) && !memcmp(opt.v, opt2.v, opt.n * sizeof(float)));
-    ds_draft_free(e);
-    ds_adamw_free(&opt2);
-    ds_checkpoint_info_free(&info2);
-  }
-  /* A safetensors file that is not a checkpoint is refused by name. */
-  char other[512];
-  snprintf(other, sizeof other, "%s/not-a-ckpt.safetensors", dir);
-  ds_st_writer *w = ds_st_writer_new();
-  int64_t one = 1;
-  float x = 0;
-  ds_st_writer_add(w, "x", DS_F32, 1, &one, &x);
-  EXPECT_OK(ds_st_writer_write(w, other));
-  ds_st_writer_free(w);
-  EXPECT(ds_checkpoint_load(other, ds_backend_cpu(), &e, &opt2, &info2) == DS_ERR_FORMAT);
-  EXPECT(strstr(ds_last_error(), "format") != NULL);
-  free(cfg_json);
-  ds_adamw_free(&opt);
-  ds_draft_free(d);
-}
-
 int main(void) {
   TEST_RUN(test_anchors);
   TEST_RUN(test_adamw);
-  TEST_RUN(test_checkpoint);
   return TEST_RESULT();
 }

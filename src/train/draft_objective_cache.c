@@ -1,8 +1,8 @@
-/* The trainer's offline feature source: the cache checked strictly against the run, its
- * sequences and frozen tables in place of the target's, and the features streamed by a
- * prefetch thread in exactly the order the training loop will ask for them (the plan below
- * replays the loop's order: evaluations, then batch_seqs sequences per step, an evaluation
- * after the steps the loop evaluates at). */
+/* The draft objective's offline feature source: the cache checked strictly against the run,
+ * its sequences and frozen tables in place of the target's, and the features streamed by a
+ * prefetch thread in exactly the order the training loop will ask for them (the trainer
+ * core's plan, ds_trainer_plan_next, replays the loop's order from where this process
+ * begins: evaluations, then the batch sequences of each step). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,7 +10,7 @@
 
 #include "dspark/draft.h"
 #include "dspark/fileio.h"
-#include "train/draft_trainer_internal.h"
+#include "train/draft_objective_internal.h"
 
 /* ---------------------------------------------------------------- setup */
 
@@ -31,8 +31,8 @@ static void ids_text(const int32_t *ids, int n, char *buf, size_t cap) {
   if (at < cap) snprintf(buf + at, cap - at, "]");
 }
 
-ds_status ds_trainer_cache_setup(trainer *t) {
-  ds_train_options *o = &t->opt;
+ds_status ds_draft_cache_setup(draft_run *t) {
+  ds_draft_train_options *o = &t->opt;
   ds_cache_expect e;
   ds_cache_expect_any(&e);
   e.need_features = 1;
@@ -98,49 +98,28 @@ ds_status ds_trainer_cache_setup(trainer *t) {
   t->cfg_target = m->target_path;
   t->cfg_data = m->data_path;
   t->feature_dtype = m->dtype == DS_F32 ? NULL : dtype_label(m->dtype);
+  t->weights_xxh64 = m->target_weights_xxh64; /* as the online run computes them */
+  t->config_xxh64 = m->target_config_xxh64;
+  t->tokenizer_xxh64 = m->tokenizer_xxh64;
   DS_TRY(ds_cache_take_tokens(t->fc, &t->data));
   /* The frozen tables: a resumed run takes them from its checkpoint instead. */
-  char *ck = ds_path_join(o->out_dir, "checkpoint.safetensors");
-  int resuming = o->resume && ck && ds_file_exists(ck);
+  char *ck = ds_path_join(o->loop.out_dir, "checkpoint.safetensors");
+  int resuming = o->loop.resume && ck && ds_file_exists(ck);
   free(ck);
   if (!resuming) DS_TRY(ds_cache_load_target_weights(t->fc, &t->embed, &t->lm_head));
   return DS_OK;
 }
 
-/* ---------------------------------------------------------------- the plan */
+/* ---------------------------------------------------------------- the stream */
 
-static int plan_next(trainer *t, int64_t *idx) {
-  const ds_train_options *o = t->o;
-  feature_plan *p = &t->plan;
-  for (;;) {
-    if (p->in_eval) {
-      if (p->j < t->n_eval) {
-        *idx = t->n_train + p->j++;
-        return 1;
-      }
-      p->in_eval = 0;
-      p->j = 0;
-      continue;
-    }
-    if (p->step >= o->steps) return 0;
-    if (p->j < o->batch_seqs) {
-      *idx = ds_trainer_order(o, t->n_train, p->perm, &p->perm_epoch, p->step, p->j);
-      p->j++;
-      return 1;
-    }
-    p->step++;
-    p->j = 0;
-    p->in_eval = o->eval_every > 0 && (p->step % o->eval_every == 0 || p->step == o->steps);
-  }
-}
-
-static ds_status top_up(trainer *t) {
+static ds_status top_up(draft_run *t) {
   int64_t idx;
-  while (ds_cache_stream_space(t->stream) > 0 && plan_next(t, &idx)) DS_TRY(ds_cache_stream_push(t->stream, idx));
+  while (ds_cache_stream_space(t->stream) > 0 && ds_trainer_plan_next(&t->plan, &idx))
+    DS_TRY(ds_cache_stream_push(t->stream, idx));
   return DS_OK;
 }
 
-ds_status ds_trainer_cache_start(trainer *t) {
+ds_status ds_draft_cache_start(draft_run *t) {
   const ds_cache_manifest *m = ds_cache_get_manifest(t->fc);
   int64_t n = t->data.n_seqs, S = m->seq_length, d = m->hidden_size, md = d * m->n_layers;
   if (t->o->cache_preload) {
@@ -151,18 +130,13 @@ ds_status ds_trainer_cache_start(trainer *t) {
       DS_TRY(ds_cache_read_sample(t->fc, i, t->pre_ctx + i * S * md, t->pre_last + i * S * d, NULL, NULL));
     return DS_OK;
   }
-  t->plan.step = t->step;
-  t->plan.j = 0;
-  t->plan.in_eval = t->step == 0;
-  t->plan.perm_epoch = -1;
-  t->plan.perm = ds_malloc((size_t)t->n_train * sizeof(int64_t), "prefetch order");
-  if (!t->plan.perm) return DS_ERR_NOMEM;
+  DS_TRY(ds_trainer_plan_begin(t->core, &t->plan));
   int depth = t->o->cache_prefetch >= 2 ? t->o->cache_prefetch : 2;
   DS_TRY(ds_cache_stream_start(t->fc, depth, 0, &t->stream));
   return top_up(t);
 }
 
-ds_status ds_trainer_cache_features(trainer *t, int64_t idx) {
+ds_status ds_draft_cache_features(draft_run *t, int64_t idx) {
   if (t->pre_ctx) {
     const ds_cache_manifest *m = ds_cache_get_manifest(t->fc);
     int64_t S = m->seq_length, d = m->hidden_size;
@@ -180,12 +154,12 @@ ds_status ds_trainer_cache_features(trainer *t, int64_t idx) {
   return top_up(t);
 }
 
-void ds_trainer_cache_free(trainer *t) {
+void ds_draft_cache_free(draft_run *t) {
   ds_cache_stream_free(t->stream);
   t->stream = NULL;
   ds_cache_close(t->fc);
   t->fc = NULL;
-  free(t->plan.perm);
+  ds_trainer_plan_free(&t->plan);
   ds_free_aligned(t->pre_ctx);
   ds_free_aligned(t->pre_last);
   ds_free_aligned(t->embed);

@@ -1,0 +1,278 @@
+/* The trainer core's loop (include/dspark/trainer.h): data order, the step (global
+ * denominator, micro-batches, non-finite policy, clipping, AdamW), evaluations, checkpoints,
+ * progress. The objective supplies the model and the loss through ds_objective_ops. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dspark/backend.h"
+#include "dspark/progress.h"
+#include "dspark/rng.h"
+#include "train/trainer_internal.h"
+
+void ds_loop_options_default(ds_loop_options *o) {
+  memset(o, 0, sizeof *o);
+  o->steps = 100;
+  o->batch_items = 4;
+  o->lr = 6e-4;
+  o->warmup_frac = 0.04;
+  o->weight_decay = 0.0;
+  o->grad_clip = 1.0;
+  o->save_every = 50;
+  o->eval_every = 50;
+}
+
+const ds_loop_options *ds_trainer_options(const ds_trainer *t) { return &t->o; }
+
+/* ------------------------------------------------------------------ data order */
+
+/* Item j of step s: position step * batch + j of an endless stream of epochs, each a seeded
+ * permutation of the training items. */
+static int64_t order_at(const ds_loop_options *o, int64_t n_train, int64_t *perm, int64_t *perm_epoch, int64_t step,
+                        int64_t j) {
+  int64_t i = step * o->batch_items + j, epoch = i / n_train;
+  if (epoch != *perm_epoch) {
+    ds_rng rng;
+    ds_rng_seed(&rng, ds_seed_mix(o->seed ^ 0x5eed5eedull, (uint64_t)epoch));
+    for (int64_t k = 0; k < n_train; k++) perm[k] = k;
+    for (int64_t k = n_train - 1; k > 0; k--) {
+      int64_t r = (int64_t)(ds_rng_next_u64(&rng) % (uint64_t)(k + 1)), tmp = perm[k];
+      perm[k] = perm[r];
+      perm[r] = tmp;
+    }
+    *perm_epoch = epoch;
+  }
+  return perm[i % n_train];
+}
+
+int64_t ds_trainer_item(const ds_trainer *t, int64_t step, int64_t j) {
+  ds_trainer *m = (ds_trainer *)t; /* the permutation is a cache of a pure function */
+  return order_at(&t->o, t->obj->n_train, m->perm, &m->perm_epoch, step, j);
+}
+
+static int is_eval_step(const ds_loop_options *o, int64_t step) {
+  return o->eval_every > 0 && (step % o->eval_every == 0 || step == o->steps);
+}
+
+ds_status ds_trainer_plan_begin(const ds_trainer *t, ds_trainer_plan *p) {
+  memset(p, 0, sizeof *p);
+  p->t = t;
+  p->step = t->step;
+  p->in_eval = t->eval_first;
+  p->perm_epoch = -1;
+  p->perm = ds_malloc((size_t)t->obj->n_train * sizeof(int64_t), "prefetch order");
+  return p->perm ? DS_OK : DS_ERR_NOMEM;
+}
+
+int ds_trainer_plan_next(ds_trainer_plan *p, int64_t *index) {
+  const ds_trainer *t = p->t;
+  for (;;) {
+    if (p->in_eval) {
+      if (p->j < t->obj->n_eval) {
+        *index = t->obj->n_train + p->j++;
+        return 1;
+      }
+      p->in_eval = 0;
+      p->j = 0;
+      continue;
+    }
+    if (p->step >= t->o.steps) return 0;
+    if (p->j < t->o.batch_items) {
+      *index = order_at(&t->o, t->obj->n_train, p->perm, &p->perm_epoch, p->step, p->j);
+      p->j++;
+      return 1;
+    }
+    p->step++;
+    p->j = 0;
+    p->in_eval = is_eval_step(&t->o, p->step);
+  }
+}
+
+void ds_trainer_plan_free(ds_trainer_plan *p) {
+  free(p->perm);
+  p->perm = NULL;
+}
+
+/* ------------------------------------------------------------------ evaluation */
+
+static double pair_value(const ds_report *r, int i) { return r->pair[i][1] > 0 ? r->pair[i][0] / r->pair[i][1] : 0.0; }
+
+static ds_status evaluate(ds_trainer *t, double elapsed) {
+  ds_report r;
+  memset(&r, 0, sizeof r);
+  for (int64_t e = 0; e < t->obj->n_eval; e++) {
+    ds_status st = t->ops->eval_item(t->self, e, &r);
+    if (st != DS_OK)
+      return ds_error_wrap(st, "evaluation at step %lld, held-out item %lld", (long long)t->step, (long long)e);
+  }
+  DS_TRY(ds_trainer_metrics_write(t, "eval", &r, -1, -1, -1, elapsed));
+  if (!t->o.quiet) {
+    char line[512];
+    size_t at = 0;
+    for (int i = 0; i < t->ops->n_pairs && at < sizeof line; i++)
+      if (r.pair_present[i])
+        at += (size_t)snprintf(line + at, sizeof line - at, " %s %.4f", t->ops->pair_names[i], pair_value(&r, i));
+    ds_note("eval at step %lld:%s (%lld held-out items)", (long long)t->step, line, (long long)t->obj->n_eval);
+  }
+  return DS_OK;
+}
+
+/* ------------------------------------------------------------------ the step */
+
+static int all_finite(const float *x, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!isfinite(x[i])) return 0;
+  return 1;
+}
+
+/* One optimizer step (t->step is the 0-based index of the step being taken; messages say
+ * t->step + 1, as the progress line counts). */
+static ds_status train_step(ds_trainer *t, ds_report *r, double *grad_norm, double *lr) {
+  const ds_loop_options *o = &t->o;
+  int64_t shown = t->step + 1;
+  memset(r, 0, sizeof *r);
+  /* The GLOBAL denominator of the step first (masks only): every micro-batch's gradient is
+   * scaled by 1 / W_step, never by its own count. */
+  double W = 0;
+  for (int64_t j = 0; j < o->batch_items; j++) {
+    ds_step_item it = {t->step, j, ds_trainer_item(t, t->step, j)};
+    double w = 0;
+    ds_status st = t->ops->weight(t->self, &it, &w);
+    if (st != DS_OK)
+      return ds_error_wrap(st, "step %lld, batch item %lld (data item %lld)", (long long)shown, (long long)j,
+                           (long long)it.index);
+    W += w;
+  }
+  t->ops->zero_grads(t->self);
+  ds_status bad = DS_OK; /* a non-finite input (DS_ERR_NUMERIC) under the skip policy */
+  for (int64_t j = 0; j < o->batch_items; j++) {
+    ds_step_item it = {t->step, j, ds_trainer_item(t, t->step, j)};
+    /* After a skipped failure the remaining items are still consumed (W 0), so a streaming
+     * source stays in step with the plan. */
+    ds_status st = t->ops->micro_step(t->self, &it, bad == DS_OK ? W : 0.0, r);
+    if (st == DS_ERR_NUMERIC && o->skip_nonfinite && bad == DS_OK) {
+      ds_note("step %lld: %s", (long long)shown, ds_last_error());
+      bad = st;
+      continue;
+    }
+    if (st != DS_OK)
+      return ds_error_wrap(st, "step %lld, batch item %lld (data item %lld)", (long long)shown, (long long)j,
+                           (long long)it.index);
+  }
+  *lr = ds_lr_at(t->step, o->steps, o->warmup_frac, o->lr);
+  float *grads = t->ops->grads(t->self);
+  size_t n = t->ops->num_params(t->self);
+  if (shown == o->inject_nan_step && n > 0) grads[n / 2] = NAN; /* fault injection for the tests */
+  int finite = bad == DS_OK && isfinite(r->numerator) && all_finite(grads, n);
+  if (!finite) {
+    const char *what = bad != DS_OK ? "input" : isfinite(r->numerator) ? "gradient" : "loss";
+    if (!o->skip_nonfinite)
+      return DS_FAIL(DS_ERR_NUMERIC,
+                     "non-finite %s at step %lld (batch items %lld..%lld of the data order); the last good "
+                     "checkpoint (step %lld or earlier) is intact; --skip-nonfinite skips such steps instead",
+                     what, (long long)shown, (long long)(t->step * o->batch_items),
+                     (long long)(t->step * o->batch_items + o->batch_items - 1), (long long)t->step);
+    t->skipped++;
+    *grad_norm = NAN;
+    memset(r, 0, sizeof *r); /* a skipped step reports nothing */
+    ds_note("step %lld: non-finite %s, step skipped (%lld so far)", (long long)shown, what, (long long)t->skipped);
+    return DS_OK;
+  }
+  *grad_norm = ds_clip_grad_norm(grads, n, o->grad_clip);
+  if (W > 0) ds_adamw_step(&t->opt, &t->acfg, *lr, t->ops->params(t->self), grads);
+  return DS_OK;
+}
+
+/* ------------------------------------------------------------------ the run */
+
+static ds_status check_options(const ds_loop_options *o) {
+  if (!o->out_dir || !*o->out_dir) return DS_FAIL(DS_ERR_ARG, "the run directory (--out) is not set");
+  if (o->steps < 1 || o->batch_items < 1 || o->save_every < 1)
+    return DS_FAIL(DS_ERR_ARG, "--steps, --batch-seqs and --save-every must be at least 1");
+  if (o->eval_every < 0 || o->stop_after < 0 || o->inject_nan_step < 0)
+    return DS_FAIL(DS_ERR_ARG, "--eval-every, --stop-after and --inject-nan-step must be >= 0");
+  if (!(o->lr >= 0) || !(o->warmup_frac >= 0 && o->warmup_frac <= 1) || !(o->weight_decay >= 0) ||
+      !(o->grad_clip >= 0))
+    return DS_FAIL(DS_ERR_ARG, "--lr, --weight-decay, --grad-clip must be >= 0 and --warmup in [0, 1]");
+  return DS_OK;
+}
+
+static ds_status setup(ds_trainer *t, ds_objective *obj) {
+  DS_TRY(ds_trainer_run_dir_open(t));
+  DS_TRY(t->ops->setup(t->self, obj));
+  if (obj->n_train < 1) return DS_FAIL(DS_ERR_ARG, "%s: no training items", obj->data_label);
+  DS_TRY(ds_trainer_build_config(t));
+  t->perm_epoch = -1;
+  t->perm = ds_malloc((size_t)t->obj->n_train * sizeof(int64_t), "data order");
+  if (!t->perm) return DS_ERR_NOMEM;
+  t->acfg = ds_adamw_defaults();
+  t->acfg.weight_decay = t->o.weight_decay;
+  if (t->o.resume && ds_file_exists(t->ckpt_path)) {
+    DS_TRY(ds_trainer_load(t));
+  } else {
+    DS_TRY(t->ops->init(t->self, t->o.seed));
+    DS_TRY(ds_adamw_init(&t->opt, t->ops->num_params(t->self)));
+  }
+  t->first_step = t->step;
+  int has_eval = 0;
+  DS_TRY(ds_trainer_metrics_open(t, &has_eval));
+  /* Step 0 always evaluates first; a resumed run redoes an evaluation that a kill lost (the
+   * checkpoint is written before the evaluation of its step). */
+  t->eval_first = t->step == 0 || (is_eval_step(&t->o, t->step) && !has_eval);
+  DS_TRY(ds_trainer_write_run_json(t));
+  return t->ops->start(t->self, t);
+}
+
+ds_status ds_trainer_run(ds_objective *obj, const ds_loop_options *o) {
+  DS_TRY(check_options(o));
+  ds_trainer t;
+  memset(&t, 0, sizeof t);
+  t.obj = obj;
+  t.ops = obj->ops;
+  t.self = obj->self;
+  t.o = *o;
+  t.lock.fd = -1;
+  if (o->threads > 0) ds_set_num_threads(o->threads);
+  ds_status st = setup(&t, obj);
+  double t0 = ds_time_sec(), seen = 0;
+  int64_t done_here = 0;
+  if (st == DS_OK && t.eval_first) st = evaluate(&t, 0);
+  if (st == DS_OK && t.step >= o->steps && !o->quiet)
+    ds_note("%s: the run is already complete at step %lld of %lld; nothing to do", o->out_dir, (long long)t.step,
+            (long long)o->steps);
+  while (st == DS_OK && t.step < o->steps) {
+    ds_report r;
+    double gn = 0, lr = 0;
+    st = train_step(&t, &r, &gn, &lr);
+    if (st != DS_OK) break;
+    t.step++;
+    done_here++;
+    seen += r.seen_tokens;
+    double el = ds_time_sec() - t0, rate = seen / (el > 0 ? el : 1e-9);
+    st = ds_trainer_metrics_write(&t, "train", &r, lr, gn, rate, el);
+    if (st == DS_OK && !o->quiet) {
+      char extra[160];
+      int pp = t.ops->progress_pair;
+      if (pp >= 0)
+        snprintf(extra, sizeof extra, "loss %.4f %s %.3f", pair_value(&r, 0), t.ops->progress_label,
+                 pair_value(&r, pp));
+      else
+        snprintf(extra, sizeof extra, "loss %.4f", pair_value(&r, 0));
+      ds_progress_line(stderr, "step", t.step, o->steps, done_here, el, rate, "tok/s", extra);
+    }
+    if (st == DS_OK && (t.step % o->save_every == 0 || t.step == o->steps)) st = ds_trainer_save(&t);
+    if (st == DS_OK && is_eval_step(o, t.step)) st = evaluate(&t, ds_time_sec() - t0);
+    if (st == DS_OK && o->stop_after > 0 && done_here >= o->stop_after && t.step < o->steps) {
+      st = ds_trainer_save(&t);
+      if (st == DS_OK && !o->quiet)
+        ds_note("stopping after %lld steps as asked (--stop-after); resume with --resume", (long long)done_here);
+      break;
+    }
+  }
+  ds_progress_break(stderr);
+  ds_trainer_run_dir_close(&t);
+  ds_adamw_free(&t.opt);
+  free(t.perm);
+  free(t.train_config);
+  return st;
+}
