@@ -1,10 +1,14 @@
 /* A draft read back from a training checkpoint (include/dspark/checkpoint.h). */
 #include "dspark/checkpoint.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
+#include "core/json_util.h"
 #include "dspark/draft_trainer.h"
 #include "dspark/trainer.h"
 
@@ -13,17 +17,65 @@ static char *dup_meta(const ds_safetensors *st, const char *key) {
   return v ? strdup(v) : NULL;
 }
 
+/* The draft the checkpoint describes (draft_config) must be the one its run trained
+ * (train_config): a file whose two halves disagree was edited or assembled by hand. */
+static ds_status check_consistent(const char *path, const ds_draft_config *c, const char *train_config,
+                                  const ds_checkpoint_info *info, int64_t optim_step) {
+  ds_status st = DS_OK;
+  cJSON *j = ds_json_parse(train_config, strlen(train_config), path, &st);
+  if (!j) return st;
+  const cJSON *steps = cJSON_GetObjectItemCaseSensitive(j, "steps");
+  if (info->skipped_steps > info->step || optim_step > info->step - info->skipped_steps ||
+      (cJSON_IsNumber(steps) && (double)info->step > steps->valuedouble))
+    st = DS_FAIL(DS_ERR_FORMAT, "%s: inconsistent position: step %lld of %g, %lld optimizer updates, %lld skipped "
+                 "steps", path, (long long)info->step, cJSON_IsNumber(steps) ? steps->valuedouble : -1.0,
+                 (long long)optim_step, (long long)info->skipped_steps);
+  struct { const char *key; double value; } f[] = {
+      {"block_size", (double)c->block_size},       {"draft_layers", (double)c->num_layers},
+      {"markov_rank", (double)c->markov_rank},     {"mask_token_id", (double)c->mask_token_id},
+      {"num_anchors", (double)c->num_anchors},     {"confidence_head", (double)c->enable_confidence_head},
+      {"confidence_head_with_markov", (double)c->confidence_head_with_markov},
+  };
+  for (size_t i = 0; st == DS_OK && i < sizeof f / sizeof f[0]; i++) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, f[i].key);
+    double x = cJSON_IsBool(v) ? (double)cJSON_IsTrue(v) : cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (v && x != f[i].value)
+      st = DS_FAIL(DS_ERR_FORMAT, "%s: metadata 'draft_config' has %s = %g but 'train_config' says %g: the checkpoint "
+                   "was altered", path, f[i].key, f[i].value, x);
+  }
+  const cJSON *ids = cJSON_GetObjectItemCaseSensitive(j, "target_layer_ids");
+  if (st == DS_OK && cJSON_IsArray(ids)) {
+    int n = cJSON_GetArraySize(ids), same = n == c->n_target_layers;
+    for (int i = 0; same && i < n; i++) {
+      const cJSON *x = cJSON_GetArrayItem(ids, i);
+      same = cJSON_IsNumber(x) && x->valuedouble == c->target_layer_ids[i];
+    }
+    if (!same)
+      st = DS_FAIL(DS_ERR_FORMAT, "%s: metadata 'draft_config' and 'train_config' disagree on target_layer_ids: the "
+                   "checkpoint was altered", path);
+  }
+  const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "markov_head_type");
+  if (st == DS_OK && cJSON_IsString(mt) && strcmp(mt->valuestring, ds_markov_type_name(c->markov_type)) != 0)
+    st = DS_FAIL(DS_ERR_FORMAT, "%s: metadata 'draft_config' has markov_head_type %s but 'train_config' says %s: the "
+                 "checkpoint was altered", path, ds_markov_type_name(c->markov_type), mt->valuestring);
+  cJSON_Delete(j);
+  return st;
+}
+
 static ds_status load(const ds_safetensors *st, const ds_backend *backend, ds_draft **d, ds_checkpoint_info *info) {
   const char *path = ds_st_path(st);
   DS_TRY(ds_trainer_checkpoint_verify(st, DS_DRAFT_CHECKPOINT_FORMAT, &info->format_version));
   DS_TRY(ds_trainer_checkpoint_int(st, "step", &info->step));
   DS_TRY(ds_trainer_checkpoint_int(st, "skipped_steps", &info->skipped_steps));
+  int64_t optim_step;
+  DS_TRY(ds_trainer_checkpoint_int(st, "optim_step", &optim_step));
   info->draft_config = dup_meta(st, "draft_config");
   info->train_config = dup_meta(st, "train_config");
   if (!info->draft_config || !info->train_config)
     return DS_FAIL(DS_ERR_FORMAT, "%s: metadata 'draft_config' or 'train_config' is missing", path);
   ds_draft_config cfg;
   DS_TRY(ds_draft_config_from_json(info->draft_config, strlen(info->draft_config), path, &cfg));
+  DS_TRY(check_consistent(path, &cfg, info->train_config, info, optim_step));
   float *zeros = ds_calloc((size_t)(cfg.vocab_size * cfg.hidden_size), sizeof(float), "draft tables");
   if (!zeros) return DS_ERR_NOMEM;
   ds_status s = ds_draft_new(&cfg, zeros, zeros, 0, backend, d);
