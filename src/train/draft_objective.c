@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 
 #include "dspark/anchors.h"
 #include "dspark/dataset.h"
@@ -236,15 +235,6 @@ static const ds_objective_ops k_draft_ops = {
 
 /* ------------------------------------------------------------------ setup */
 
-static ds_status hash_file(const char *dir, const char *name, uint64_t *h, char **text, size_t *len) {
-  char *path = ds_path_join(dir, name);
-  if (!path) return DS_ERR_NOMEM;
-  ds_status st = ds_read_file(path, text, len);
-  free(path);
-  if (st == DS_OK) *h = XXH64(*text, *len, 0);
-  return st;
-}
-
 /* Online: the target, its tokenizer and config, and the data packed here. */
 static ds_status setup_online(draft_run *t) {
   const ds_draft_train_options *o = t->o;
@@ -253,11 +243,11 @@ static ds_status setup_online(draft_run *t) {
   const ds_model_config *tc = ds_target_config(t->target);
   char *tok_text = NULL;
   size_t len, tok_len;
-  DS_TRY(hash_file(o->target_dir, "tokenizer.json", &t->tokenizer_xxh64, &tok_text, &tok_len));
+  DS_TRY(ds_draft_read_target_file(o->target_dir, "tokenizer.json", &t->tokenizer_xxh64, &tok_text, &tok_len));
   ds_status st = ds_tokenizer_load_memory(tok_text, tok_len, t->tokenizer_label, &t->tok);
   free(tok_text);
   if (st != DS_OK) return st;
-  DS_TRY(hash_file(o->target_dir, "config.json", &t->config_xxh64, &t->target_config, &len));
+  DS_TRY(ds_draft_read_target_file(o->target_dir, "config.json", &t->config_xxh64, &t->target_config, &len));
   DS_TRY(ds_cache_hash_target_weights(o->target_dir, &t->weights_xxh64));
   t->cfg_target = o->target_dir;
   t->cfg_data = o->data_path;

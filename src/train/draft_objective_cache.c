@@ -6,22 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 
 #include "dspark/draft.h"
 #include "dspark/fileio.h"
 #include "train/draft_objective_internal.h"
 
 /* ---------------------------------------------------------------- setup */
-
-static ds_status hash_target_file(const char *dir, const char *name, uint64_t *h, char **text, size_t *len) {
-  char *path = ds_path_join(dir, name);
-  if (!path) return DS_ERR_NOMEM;
-  ds_status st = ds_read_file(path, text, len);
-  free(path);
-  if (st == DS_OK) *h = XXH64(*text, *len, 0);
-  return st;
-}
 
 static const char *dtype_label(ds_dtype dt) { return dt == DS_BF16 ? "bf16" : dt == DS_F16 ? "f16" : "f32"; }
 
@@ -46,9 +36,9 @@ ds_status ds_draft_cache_setup(draft_run *t) {
   if (o->target_dir) { /* the target named too: it must be the captured one */
     DS_TRY(ds_cache_hash_target_weights(o->target_dir, &e.target_weights_xxh64));
     e.check_weights = 1;
-    DS_TRY(hash_target_file(o->target_dir, "config.json", &e.target_config_xxh64, &t->target_config, &len));
+    DS_TRY(ds_draft_read_target_file(o->target_dir, "config.json", &e.target_config_xxh64, &t->target_config, &len));
     e.check_config = 1;
-    DS_TRY(hash_target_file(o->target_dir, "tokenizer.json", &e.tokenizer_xxh64, &tok_text, &tok_len));
+    DS_TRY(ds_draft_read_target_file(o->target_dir, "tokenizer.json", &e.tokenizer_xxh64, &tok_text, &tok_len));
     e.check_tokenizer = 1;
   }
   if (o->data_path) {

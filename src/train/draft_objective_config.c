@@ -6,8 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "core/json_util.h"
+#include "dspark/fileio.h"
 #include "train/draft_objective_internal.h"
 
 static const char *k_mask_candidates[] = {"<|mask|>", "<mask>", "<|MASK|>", "[MASK]", "<|mask_token|>"};
@@ -175,4 +177,13 @@ ds_status ds_draft_run_check_loaded(const draft_run *t, const ds_draft_config *s
                      "give %d; the checkpoint does not belong to this run", ckpt_path, i, saved->target_layer_ids[i],
                      want->target_layer_ids[i]);
   return DS_OK;
+}
+
+ds_status ds_draft_read_target_file(const char *dir, const char *name, uint64_t *h, char **text, size_t *len) {
+  char *path = ds_path_join(dir, name);
+  if (!path) return DS_ERR_NOMEM;
+  ds_status st = ds_read_file(path, text, len);
+  free(path);
+  if (st == DS_OK) *h = XXH64(*text, *len, 0);
+  return st;
 }

@@ -53,6 +53,9 @@ ds_status ds_draft_run_config_texts(draft_run *t);
 /* A checkpoint's draft config must be the one the options build, field by field. */
 ds_status ds_draft_run_check_loaded(const draft_run *t, const ds_draft_config *saved, const char *ckpt_path);
 
+/* DIR/NAME's bytes (malloc'd, NUL-terminated) and their xxh64 (as the cache records them). */
+ds_status ds_draft_read_target_file(const char *dir, const char *name, uint64_t *h, char **text, size_t *len);
+
 /* draft_objective_cache.c */
 /* Opens the cache, checks it against the options, and fills data, tokenizer, target config,
  * hashes, layer ids and the effective options. */

@@ -97,3 +97,26 @@ def build_tiny_model(arch, out_dir, seed=0, dtype="float32", tied=False, **overr
         model = model.to(torch.bfloat16)
     model.save_pretrained(out_dir)
     return model
+
+
+def build_bpe_target(tmp, n_files=40, vocab_size=400, seed=5, specials=("<|endoftext|>", "<|mask|>"), layers=4,
+                     name="target"):
+    """A tiny Qwen3 target in tmp/name with a byte-level BPE tokenizer trained (tokenizers) on the
+    first n_files of the standard library's sources; specials[0] is EOS. Built once per tmp."""
+    import glob
+    import sysconfig
+    mdir = os.path.join(tmp, name)
+    if os.path.exists(os.path.join(mdir, "tokenizer.json")):
+        return mdir
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    files = sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py")))[:n_files]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tr = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials),
+                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train(files, tr)
+    build_tiny_model("qwen3", mdir, seed=seed, vocab_size=tok.get_vocab_size(),
+                     eos_token_id=tok.token_to_id(specials[0]), num_hidden_layers=layers)
+    tok.save(os.path.join(mdir, "tokenizer.json"))
+    return mdir

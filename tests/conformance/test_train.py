@@ -31,22 +31,7 @@ def sha(path):
 
 
 def build_target(tmp):
-    mdir = os.path.join(tmp, "target")
-    if os.path.exists(os.path.join(mdir, "tokenizer.json")):
-        return mdir
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    lib = sysconfig.get_paths()["stdlib"]
-    files = sorted(glob.glob(os.path.join(lib, "*.py")))[:40]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tr = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<|mask|>"],
-                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train(files, tr)
-    common.build_tiny_model("qwen3", mdir, seed=5, vocab_size=tok.get_vocab_size(),
-                            eos_token_id=tok.token_to_id("<|endoftext|>"), num_hidden_layers=4)
-    tok.save(os.path.join(mdir, "tokenizer.json"))
-    return mdir
+    return common.build_bpe_target(tmp)
 
 
 def main():
