@@ -36,7 +36,9 @@
 extern "C" {
 #endif
 
-enum { DS_CACHE_FORMAT_VERSION = 1, DS_CACHE_MAX_LAYERS = 64 };
+/* Version 2 added manifest_xxh64 (the manifest's own checksum, below); version 1 caches are
+ * refused with a hint to recapture. */
+enum { DS_CACHE_FORMAT_VERSION = 2, DS_CACHE_MAX_LAYERS = 64 };
 
 #define DS_CACHE_FORMAT "dspark-cache"
 #define DS_CACHE_CHAT_TEMPLATE "chatml-v1" /* the built-in ChatML template's version string */
@@ -78,13 +80,22 @@ typedef struct {
   uint64_t target_weights_file_xxh64; /* of target_weights.safetensors; 0 until written */
   ds_cache_shard_info *shards;
   int64_t n_shards;
+  uint64_t manifest_xxh64;       /* the file's own checksum, as parsed (see DS_CACHE_MANIFEST_HASH) */
 } ds_cache_manifest;
+
+/* manifest.json starts with the field "manifest_xxh64": xxh64 (seed 0) of the file's bytes with
+ * that field's 16 hex digits replaced by sixteen '0' characters. The writer computes it last,
+ * the parser verifies it after every other check: an edited field (target_layer_ids, a shard's
+ * checksum, complete) is refused instead of flowing into training and export. */
+#define DS_CACHE_MANIFEST_HASH \
+  "xxh64 (seed 0) of manifest.json's bytes with this field's 16 hex digits replaced by '0'; written first"
 
 void ds_cache_manifest_free(ds_cache_manifest *m);
 /* Deterministic JSON text (malloc'd). */
 char *ds_cache_manifest_json(const ds_cache_manifest *m);
 /* Strict: every field present with its type and a valid value, no unknown field, shards
- * named in sequence with consistent counts. label names the file in messages. */
+ * named in sequence with consistent counts, and last the file's own checksum
+ * (manifest_xxh64, first in the file). label names the file in messages. */
 ds_status ds_cache_manifest_parse(const char *json, size_t len, const char *label, ds_cache_manifest *out);
 /* Compares every field that identifies the capture (all but complete, shards and the
  * target_weights file hash); the first difference is an error naming the field and both values. */

@@ -239,7 +239,7 @@ static void test_manifest_parse_refusals(void) {
     if (!strstr(ds_last_error(), word)) fprintf(stderr, "message: %s\n", ds_last_error()); \
     EXPECT(strstr(ds_last_error(), word) != NULL);                                     \
   } while (0)
-  BAD("\"format_version\":\t1", "\"format_version\":\t2", "format_version");
+  BAD("\"format_version\":\t2", "\"format_version\":\t1", "format_version");
   BAD("\"seed\"", "\"sed\"", "unknown field 'sed'");
   BAD("\"vocab_size\":\t37", "\"vocab_size\":\t\"37\"", "'vocab_size'");
   BAD("\"dtype\":\t\"bf16\"", "\"dtype\":\t\"int4\"", "'dtype'");
