@@ -157,9 +157,11 @@ ds_status ds_shard_write(const ds_shard_buf *b, const ds_cache_manifest *m, int6
 
 typedef struct ds_cache ds_cache;
 
-/* Reads and checks the manifest against e, checks every shard's header and shapes against
- * the manifest and every sample's tokens (lengths, ids in the vocabulary, masks 0/1, zero
- * padding). Checksums are verified on a shard's first feature read (or by ds_cache_verify). */
+/* Reads and checks the manifest (its own checksum included) against e, checks every shard's
+ * header and shapes against the manifest and every sample's tokens (lengths, ids in the
+ * vocabulary, masks 0/1, zero padding), and, for a complete cache, the copies
+ * target_config.json and tokenizer.json against their hashes. Shard checksums are verified on
+ * a shard's first feature read (or by ds_cache_verify_*). */
 ds_status ds_cache_open(const char *dir, const ds_cache_expect *e, ds_cache **out);
 void ds_cache_close(ds_cache *c);
 const ds_cache_manifest *ds_cache_get_manifest(const ds_cache *c);
@@ -177,7 +179,9 @@ ds_status ds_cache_load_target_weights(const ds_cache *c, float **embed, float *
 ds_status ds_cache_verify_shard(ds_cache *c, int64_t i);
 /* Verifies every shard, then the target weights and the copied json files. */
 ds_status ds_cache_verify_all(ds_cache *c);
-/* Converts rows [0, length) of sample idx to fp32; any output may be NULL.
+/* Converts rows [0, length) of sample idx to fp32; any output may be NULL. A NaN or infinite
+ * feature (a NaN or +inf log-prob) is a DS_ERR_NUMERIC naming the shard, the tensor, the
+ * sample and the position; the stream passes it on with its status.
  *   ctx [S, m*d], last [S, d], topk_ids [S, K], topk_logprobs [S, K] */
 ds_status ds_cache_read_sample(ds_cache *c, int64_t idx, float *ctx, float *last, int32_t *topk_ids,
                                float *topk_logprobs);
