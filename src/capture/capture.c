@@ -182,6 +182,7 @@ static ds_status run_sample(capture *c, int64_t i) {
   ds_target_seq seq = {c->data.ids + i * c->S, len, c->kv};
   ds_target_outputs out = {c->m.target_layer_ids, c->m.n_layers, c->m.features ? c->ctx : NULL, c->last, NULL, 0, NULL};
   ds_status st = ds_target_forward(c->target, &seq, 1, &out);
+  if (st == DS_OK) st = ds_target_check_finite(c->target, &out, len); /* never write a NaN into the cache */
   if (st != DS_OK) return ds_error_wrap(st, "%s: sample %lld", c->o->data_path, (long long)i);
   c->t_forward += ds_time_sec() - t0;
   for (int64_t r = 0; c->K && r < len; r += KD_CHUNK_ROWS) {
