@@ -24,7 +24,9 @@
  * position, is the sentinel id -1 with log-prob -inf; the id is authoritative.
  *
  * Every file is written atomically and deterministically (no time, pid or host in any byte), so
- * a capture killed at any point and rerun ends byte-identical to an uninterrupted one. */
+ * a capture killed at any point and rerun ends byte-identical to an uninterrupted one. The one
+ * exception is `.lock`, not part of the cache: the lock file of the capture that writes it
+ * (dspark/fileio.h ds_dir_lock_acquire), holding that process's pid. */
 #ifndef DSPARK_CACHE_H
 #define DSPARK_CACHE_H
 

@@ -39,7 +39,8 @@ def sha(path):
 
 
 def tree_hashes(d):
-    return {name: sha(os.path.join(d, name)) for name in sorted(os.listdir(d))}
+    """Every file of a cache; .lock (the last writer's pid) is not part of the cache."""
+    return {name: sha(os.path.join(d, name)) for name in sorted(os.listdir(d)) if name != ".lock"}
 
 
 def main():
