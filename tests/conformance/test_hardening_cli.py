@@ -25,7 +25,7 @@ T = 20
 MD = M * D
 
 
-def write_draft(path, seed=0):
+def write_draft(path, seed=0, edit=None):
     rng = np.random.default_rng(seed)
     os.makedirs(path, exist_ok=True)
 
@@ -50,6 +50,8 @@ def write_draft(path, seed=0):
            "num_anchors": 8, "enable_confidence_head": True, "confidence_head_with_markov": True,
            "markov_rank": R_MK, "markov_head_type": "vanilla", "tie_word_embeddings": False,
            "layer_types": ["full_attention"]}
+    if edit:
+        edit(p)
     json.dump(cfg, open(os.path.join(path, "config.json"), "w"))
     save_file(p, os.path.join(path, "model.safetensors"))
 
@@ -191,6 +193,30 @@ def main():
     env["ASAN_OPTIONS"] = (env.get("ASAN_OPTIONS", "") + ":allocator_may_return_null=1").lstrip(":")
     fwd("12M anchors", with_(anchors=np.zeros(big, dtype=np.int32), block_keep=None), 1,
         ["cannot allocate", "logits"], env=env)
+
+    # item 3: huge finite q/k-norm weights overflow the attention scores to inf, so NaN reaches
+    # the softmax's exp inside the draft: defined behaviour (the sanitizer build aborts on any
+    # UB), NaN logits without --loss, and with --loss a refusal naming the NaN, not a crash
+    def huge_norms(p):
+        p["layers.0.self_attn.q_norm.weight"][:] = 1e20
+        p["layers.0.self_attn.k_norm.weight"][:] = 1e20
+    hot = os.path.join(tmp, "draft-huge-norms")
+    write_draft(hot, edit=huge_norms)
+    n_case[0] += 1
+    hot_in, hot_out = os.path.join(tmp, "hot-in.safetensors"), os.path.join(tmp, "hot-out.safetensors")
+    save_file(base, hot_in)
+    expect("huge q/k norms: forward", [D_, "draft-forward", hot, "--inputs", hot_in, "--out", hot_out], 0, [])
+    from safetensors.numpy import load_file
+    ck.check(bool(np.isnan(load_file(hot_out)["logits"]).any()), "huge q/k norms: the logits should hold NaN")
+    expect("huge q/k norms: --loss", [D_, "draft-forward", hot, "--inputs", hot_in, "--out", hot_out, "--loss"], 1,
+           ["draft logits", "NaN"])
+    # a non-finite weight in the draft is named where it is read
+    def nan_fc(p):
+        p["fc.weight"][3, 4] = np.nan
+    bad = os.path.join(tmp, "draft-nan-weight")
+    write_draft(bad, edit=nan_fc)
+    expect("NaN weight in the draft", [D_, "draft-forward", bad, "--inputs", hot_in, "--out", hot_out], 1,
+           ["model.safetensors", "tensor 'fc.weight'", "NaN", "element %d" % (3 * MD + 4)])
 
     # ---------------------------------------------------------------- dspark loss inputs
     B, g, Vl = 3, 4, 11
