@@ -24,7 +24,9 @@
  * position, is the sentinel id -1 with log-prob -inf; the id is authoritative.
  *
  * Every file is written atomically and deterministically (no time, pid or host in any byte), so
- * a capture killed at any point and rerun ends byte-identical to an uninterrupted one. */
+ * a capture killed at any point and rerun ends byte-identical to an uninterrupted one. The one
+ * exception is `.lock`, not part of the cache: the lock file of the capture that writes it
+ * (dspark/fileio.h ds_dir_lock_acquire), holding that process's pid. */
 #ifndef DSPARK_CACHE_H
 #define DSPARK_CACHE_H
 
@@ -36,7 +38,9 @@
 extern "C" {
 #endif
 
-enum { DS_CACHE_FORMAT_VERSION = 1, DS_CACHE_MAX_LAYERS = 64 };
+/* Version 2 added manifest_xxh64 (the manifest's own checksum, below); version 1 caches are
+ * refused with a hint to recapture. */
+enum { DS_CACHE_FORMAT_VERSION = 2, DS_CACHE_MAX_LAYERS = 64 };
 
 #define DS_CACHE_FORMAT "dspark-cache"
 #define DS_CACHE_CHAT_TEMPLATE "chatml-v1" /* the built-in ChatML template's version string */
@@ -78,13 +82,22 @@ typedef struct {
   uint64_t target_weights_file_xxh64; /* of target_weights.safetensors; 0 until written */
   ds_cache_shard_info *shards;
   int64_t n_shards;
+  uint64_t manifest_xxh64;       /* the file's own checksum, as parsed (see DS_CACHE_MANIFEST_HASH) */
 } ds_cache_manifest;
+
+/* manifest.json starts with the field "manifest_xxh64": xxh64 (seed 0) of the file's bytes with
+ * that field's 16 hex digits replaced by sixteen '0' characters. The writer computes it last,
+ * the parser verifies it after every other check: an edited field (target_layer_ids, a shard's
+ * checksum, complete) is refused instead of flowing into training and export. */
+#define DS_CACHE_MANIFEST_HASH \
+  "xxh64 (seed 0) of manifest.json's bytes with this field's 16 hex digits replaced by '0'; written first"
 
 void ds_cache_manifest_free(ds_cache_manifest *m);
 /* Deterministic JSON text (malloc'd). */
 char *ds_cache_manifest_json(const ds_cache_manifest *m);
 /* Strict: every field present with its type and a valid value, no unknown field, shards
- * named in sequence with consistent counts. label names the file in messages. */
+ * named in sequence with consistent counts, and last the file's own checksum
+ * (manifest_xxh64, first in the file). label names the file in messages. */
 ds_status ds_cache_manifest_parse(const char *json, size_t len, const char *label, ds_cache_manifest *out);
 /* Compares every field that identifies the capture (all but complete, shards and the
  * target_weights file hash); the first difference is an error naming the field and both values. */
@@ -146,9 +159,11 @@ ds_status ds_shard_write(const ds_shard_buf *b, const ds_cache_manifest *m, int6
 
 typedef struct ds_cache ds_cache;
 
-/* Reads and checks the manifest against e, checks every shard's header and shapes against
- * the manifest and every sample's tokens (lengths, ids in the vocabulary, masks 0/1, zero
- * padding). Checksums are verified on a shard's first feature read (or by ds_cache_verify). */
+/* Reads and checks the manifest (its own checksum included) against e, checks every shard's
+ * header and shapes against the manifest and every sample's tokens (lengths, ids in the
+ * vocabulary, masks 0/1, zero padding), and, for a complete cache, the copies
+ * target_config.json and tokenizer.json against their hashes. Shard checksums are verified on
+ * a shard's first feature read (or by ds_cache_verify_*). */
 ds_status ds_cache_open(const char *dir, const ds_cache_expect *e, ds_cache **out);
 void ds_cache_close(ds_cache *c);
 const ds_cache_manifest *ds_cache_get_manifest(const ds_cache *c);
@@ -166,7 +181,9 @@ ds_status ds_cache_load_target_weights(const ds_cache *c, float **embed, float *
 ds_status ds_cache_verify_shard(ds_cache *c, int64_t i);
 /* Verifies every shard, then the target weights and the copied json files. */
 ds_status ds_cache_verify_all(ds_cache *c);
-/* Converts rows [0, length) of sample idx to fp32; any output may be NULL.
+/* Converts rows [0, length) of sample idx to fp32; any output may be NULL. A NaN or infinite
+ * feature (a NaN or +inf log-prob) is a DS_ERR_NUMERIC naming the shard, the tensor, the
+ * sample and the position; the stream passes it on with its status.
  *   ctx [S, m*d], last [S, d], topk_ids [S, K], topk_logprobs [S, K] */
 ds_status ds_cache_read_sample(ds_cache *c, int64_t idx, float *ctx, float *last, int32_t *topk_ids,
                                float *topk_logprobs);

@@ -59,6 +59,15 @@ ds_status ds_target_forward(ds_target *m, const ds_target_seq *seqs, int n_seqs,
  * [-1, L-2] (the last layer's HF output is already final-normed). */
 ds_status ds_target_check_capture_layers(const ds_target *m, const int32_t *ids, int n);
 
+/* After ds_target_forward(m, ..., out) over `rows` rows: every captured value and every final
+ * hidden value must be finite. A NaN or infinity is a DS_ERR_NUMERIC naming where the target
+ * went wrong: the lowest captured layer that holds one ("target layer 3 (HF
+ * hidden_states[4])", or the embedding output), else the final-normed hidden state, with the
+ * row and the feature, so that a bad target is blamed there and not later as "draft logits
+ * hold NaN". Callers add their context (data file, sequence, step) with ds_error_wrap. The
+ * logits are not checked. */
+ds_status ds_target_check_finite(const ds_target *m, const ds_target_outputs *out, int64_t rows);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,7 +4,6 @@
  * The sequences are exactly the trainer's (ds_dataset_load with the same seq_len, EOS and
  * minimum length) and each is run alone through a KV cache of capacity seq_len, as the online
  * trainer does, so an f32 cache holds the very bits online training computes. */
-#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -182,6 +181,7 @@ static ds_status run_sample(capture *c, int64_t i) {
   ds_target_seq seq = {c->data.ids + i * c->S, len, c->kv};
   ds_target_outputs out = {c->m.target_layer_ids, c->m.n_layers, c->m.features ? c->ctx : NULL, c->last, NULL, 0, NULL};
   ds_status st = ds_target_forward(c->target, &seq, 1, &out);
+  if (st == DS_OK) st = ds_target_check_finite(c->target, &out, len); /* never write a NaN into the cache */
   if (st != DS_OK) return ds_error_wrap(st, "%s: sample %lld", c->o->data_path, (long long)i);
   c->t_forward += ds_time_sec() - t0;
   for (int64_t r = 0; c->K && r < len; r += KD_CHUNK_ROWS) {
@@ -234,28 +234,20 @@ static ds_status write_copy(capture *c, const char *name, const char *text, size
   return st;
 }
 
-/* Temp files of a killed writer ("NAME.tmp.PID") are garbage: they never became the real file. */
-static void remove_stale_temps(const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d) return;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL) {
-    const char *n = e->d_name;
-    int ours = !strncmp(n, "shard-", 6) || !strncmp(n, "manifest.json", 13) || !strncmp(n, "target_", 7) ||
-               !strncmp(n, "tokenizer.json", 14);
-    if (ours && strstr(n, ".tmp.")) {
-      char *p = ds_path_join(dir, n);
-      if (p) unlink(p);
-      free(p);
-    }
-  }
-  closedir(d);
-}
-
 /* ---------------------------------------------------------------- resume */
 
 /* Reads an existing manifest: it must describe the same capture; keeps the contiguous prefix
  * of listed shards whose checksums verify. *done = 1 when the cache is already complete. */
+/* 1 when the cache's copy `name` exists and hashes to `want`; else says it will be rewritten. */
+static int copy_ok(const capture *c, const char *name, uint64_t want) {
+  char *p = ds_path_join(c->o->out_dir, name);
+  uint64_t h = 0;
+  int ok = p && ds_cache_hash_file(p, &h) == DS_OK && h == want;
+  free(p);
+  if (!ok && !c->o->quiet) fprintf(stderr, "capture: %s in the cache is missing or changed: rewriting it\n", name);
+  return ok;
+}
+
 static ds_status resume_state(capture *c, int64_t *kept, int *weights_ok, int *done) {
   *kept = 0;
   *weights_ok = *done = 0;
@@ -294,7 +286,10 @@ static ds_status resume_state(capture *c, int64_t *kept, int *weights_ok, int *d
     if (*weights_ok) c->m.target_weights_file_xxh64 = h;
     free(p);
   }
-  *done = old.complete && *kept == old.n_shards && *weights_ok;
+  /* the copies are verified too: "already complete" means every file of the cache checked */
+  int copies_ok = copy_ok(c, "target_config.json", old.target_config_xxh64);
+  copies_ok &= copy_ok(c, "tokenizer.json", old.tokenizer_xxh64);
+  *done = old.complete && *kept == old.n_shards && *weights_ok && copies_ok;
   if (!c->o->quiet && *kept < old.n_shards)
     fprintf(stderr, "capture: shard %lld of the earlier run is missing or corrupt: rewriting from there\n",
             (long long)*kept);
@@ -448,6 +443,8 @@ static ds_status capture_shards(capture *c, int64_t first_shard) {
   return DS_OK;
 }
 
+static ds_status capture_locked(capture *c);
+
 static ds_status run_capture(capture *c) {
   const ds_capture_options *o = c->o;
   DS_TRY(load_inputs(c));
@@ -456,15 +453,29 @@ static ds_status run_capture(capture *c) {
   c->m.shards = ds_calloc((size_t)c->n_shards_total + 1, sizeof *c->m.shards, "manifest shards");
   if (!c->m.shards) return DS_ERR_NOMEM;
   DS_TRY(ds_mkdir_p(o->out_dir));
+  /* One writer per cache: a second capture into the directory is refused by name (it would
+   * mix files, and its stale-temp cleanup would delete this one's live temp files). */
+  ds_dir_lock lock;
+  DS_TRY(ds_dir_lock_acquire(o->out_dir, "cache", &lock));
+  ds_status st = capture_locked(c);
+  ds_dir_unlock(&lock);
+  return st;
+}
+
+/* run_capture's part under the cache's lock. */
+static ds_status capture_locked(capture *c) {
+  const ds_capture_options *o = c->o;
+  DS_TRY(ds_remove_stale_temps(o->out_dir, NULL)); /* no live writer owns one: we hold the lock */
   int64_t kept;
   int weights_ok, done;
   DS_TRY(resume_state(c, &kept, &weights_ok, &done));
   if (done) {
-    if (!o->quiet) fprintf(stderr, "capture: %s is already complete (every checksum verified)\n", o->out_dir);
+    if (!o->quiet)
+      fprintf(stderr, "capture: %s is already complete (every checksum verified: the manifest, every shard, "
+              "target_weights.safetensors, target_config.json, tokenizer.json)\n", o->out_dir);
     summary(c, 0, 0, 0, kept);
     return DS_OK;
   }
-  remove_stale_temps(o->out_dir);
   c->m.n_shards = kept;
   if (!o->quiet && kept)
     fprintf(stderr, "capture: resuming %s at shard %lld of %lld\n", o->out_dir, (long long)kept,

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dspark/draft.h"
+
 const char *cli_value(int argc, char **argv, int *i) {
   if (*i + 1 >= argc) {
     fprintf(stderr, "dspark: option %s needs a value\n", argv[*i]);
@@ -45,13 +47,17 @@ int cli_int_list(const char *opt, const char *s, int32_t **out, int64_t *n) {
   size_t cap = 1;
   for (const char *p = s; *p; p++) cap += *p == ',';
   int32_t *v = malloc(cap * sizeof *v);
-  if (!v) return 0;
+  if (!v) {
+    fprintf(stderr, "dspark: out of memory reading %s\n", opt);
+    return 0;
+  }
   const char *p = s;
   while (*p) {
     char *end;
     errno = 0;
     long x = strtol(p, &end, 10);
-    if (errno || end == p || x < INT32_MIN || x > INT32_MAX || (*end && *end != ',')) {
+    /* every entry is a number: "1,,2" and "1,2," are refused, not read as shorter lists */
+    if (errno || end == p || x < INT32_MIN || x > INT32_MAX || (*end && (*end != ',' || !end[1]))) {
       fprintf(stderr, "dspark: %s expects comma-separated integers, got '%s'\n", opt, s);
       free(v);
       return 0;
@@ -63,15 +69,22 @@ int cli_int_list(const char *opt, const char *s, int32_t **out, int64_t *n) {
   return 1;
 }
 
+int cli_markov_type(const char *opt, const char *s, ds_markov_type *out) {
+  if (ds_markov_type_parse(s, out) == DS_OK) return 1;
+  fprintf(stderr, "dspark: %s expects none, vanilla, gated or rnn, got '%s'\n", opt, s);
+  return 0;
+}
+
 int cli_is_help(const char *arg) { return !strcmp(arg, "-h") || !strcmp(arg, "--help"); }
 
 int cli_layer_ids(const char *opt, const char *s, int32_t *dst, int *n, int max) {
   int32_t *ids;
   int64_t cnt;
   if (!cli_int_list(opt, s, &ids, &cnt)) return 0;
+  if (cnt == 0) fprintf(stderr, "dspark: %s needs at least one layer id\n", opt);
   if (cnt < 1 || cnt > max) {
     free(ids);
-    fprintf(stderr, "dspark: %s takes 1 to %d layer ids\n", opt, max);
+    if (cnt) fprintf(stderr, "dspark: %s takes 1 to %d layer ids, got %lld\n", opt, max, (long long)cnt);
     return 0;
   }
   memcpy(dst, ids, (size_t)cnt * sizeof *ids);

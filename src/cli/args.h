@@ -5,13 +5,18 @@
 
 #include <stdint.h>
 
+#include "dspark/draft.h"
+
 /* argv[*i] is an option that takes a value: returns argv[*i + 1] and advances *i, or NULL. */
 const char *cli_value(int argc, char **argv, int *i);
 int cli_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
 int cli_float(const char *opt, const char *s, double lo, double hi, double *out);
-/* "1,2,3" -> malloc'd array; returns 0 on a malformed list. */
+/* "1,2,3" -> malloc'd array; returns 0 (after a message) on a malformed list. The empty
+ * string gives n = 0: a caller that needs an entry says so. */
 int cli_int_list(const char *opt, const char *s, int32_t **out, int64_t *n);
 int cli_is_help(const char *arg);
+/* --markov's value: none, vanilla, gated or rnn; 0 after a usage message naming opt. */
+int cli_markov_type(const char *opt, const char *s, ds_markov_type *out);
 /* "L1,L2,.." -> dst[0..*n) with 1 <= *n <= max; 0 (after a message naming opt) otherwise. */
 int cli_layer_ids(const char *opt, const char *s, int32_t *dst, int *n, int max);
 

@@ -15,9 +15,12 @@ static void usage(FILE *f) {
     "and writes CACHE/{manifest.json, shard-%%06d.safetensors, target_weights.safetensors,\n"
     "target_config.json, tokenizer.json} (format: README \"File formats\"). Rerunning the same\n"
     "command after an interruption (kill, full disk) resumes from the last complete shard; the\n"
-    "finished cache is byte-identical to an uninterrupted capture.\n"
+    "finished cache is byte-identical to an uninterrupted capture; rerunning a finished capture checks\n"
+    "every file and rewrites a missing or changed one. One capture per directory at a time: CACHE/.lock\n"
+    "holds the writer's pid, and a second capture is refused naming it.\n"
     "  --target-layers N        captured layers spread over [1, L-2] (5), as `dspark train`\n"
-    "  --target-layer-ids L,..  explicit layer ids (strictly increasing, -1 = embeddings, at most L-2)\n"
+    "  --target-layer-ids L,..  explicit layer ids (strictly increasing, -1 = embeddings, at most L-2);\n"
+    "                           give one of --target-layers and --target-layer-ids\n"
     "  --dtype bf16|f16|f32     storage dtype of the features and KD log-probs (bf16)\n"
     "  --seq-len N              tokens per sequence (512)\n"
     "  --shard-size N           samples per shard (64); two shards are held in memory (one written in the background)\n"
@@ -25,7 +28,7 @@ static void usage(FILE *f) {
     "KD (spec/kd.md section 1), written when --topk is given:\n"
     "  --topk K                 teacher top-K ids with full-vocabulary log-probs\n"
     "  --top-p P                keep the prefix whose probability mass before each entry is < P (1: all K)\n"
-    "  --min-k M                ... but always at least M entries (1)\n"
+    "  --min-k M                ... but always at least M entries (1; at most K)\n"
     "  --temperature T          log-probs of softmax(x / T) (1)\n"
     "  --seed S                 recorded in the manifest (0)\n"
     "  --threads N  --quiet\n"
@@ -47,7 +50,7 @@ static int parse_dtype(const char *v, ds_dtype *out) {
 int cmd_capture(int argc, char **argv) {
   ds_capture_options o;
   ds_capture_options_default(&o);
-  int kd_flags = 0;
+  int kd_flags = 0, layers_given = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = NULL;
     int64_t n;
@@ -56,7 +59,7 @@ int cmd_capture(int argc, char **argv) {
     else if (!strcmp(a, "--target")) { CLI_VALUE(); o.target_dir = v; }
     else if (!strcmp(a, "--data")) { CLI_VALUE(); o.data_path = v; }
     else if (!strcmp(a, "--out")) { CLI_VALUE(); o.out_dir = v; }
-    else if (!strcmp(a, "--target-layers")) CLI_INT(1, DS_CACHE_MAX_LAYERS, o.n_target_layers);
+    else if (!strcmp(a, "--target-layers")) { CLI_INT(1, DS_CACHE_MAX_LAYERS, o.n_target_layers); layers_given = 1; }
     else if (!strcmp(a, "--target-layer-ids")) {
       CLI_VALUE();
       if (!cli_layer_ids(a, v, o.target_layer_ids, &o.n_explicit_layers, DS_CACHE_MAX_LAYERS)) return 2;
@@ -75,7 +78,7 @@ int cmd_capture(int argc, char **argv) {
     else if (!strcmp(a, "--forward-only")) o.forward_only = 1;
     else if (!strcmp(a, "--throttle-ms")) CLI_INT(0, 60000, o.throttle_ms);
     else {
-      fprintf(stderr, "dspark capture: unknown option '%s' (see --help)\n", a);
+      fprintf(stderr, "dspark capture: %s '%s' (see --help)\n", a[0] == '-' ? "unknown option" : "unexpected argument", a);
       return 2;
     }
   }
@@ -85,6 +88,14 @@ int cmd_capture(int argc, char **argv) {
   }
   if (kd_flags && !o.topk) {
     fprintf(stderr, "dspark capture: --top-p, --min-k and --temperature need --topk\n");
+    return 2;
+  }
+  if (layers_given && o.n_explicit_layers) {
+    fprintf(stderr, "dspark capture: give --target-layers or --target-layer-ids, not both\n");
+    return 2;
+  }
+  if (o.topk && o.min_k > o.topk) {
+    fprintf(stderr, "dspark capture: --min-k %lld exceeds --topk %lld\n", (long long)o.min_k, (long long)o.topk);
     return 2;
   }
   if (!o.features && !o.topk) {

@@ -2,12 +2,14 @@
  * block logits and confidence logits; with --loss also the DSpark loss, its reporting pairs
  * and the gradient of every trainable tensor, so users can check the engine against their
  * own implementation (and our conformance test checks it against PyTorch). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/input_tensors.h"
 #include "dspark/draft_loss.h"
 #include "dspark/anchors.h"
 #include "dspark/checkpoint.h"
@@ -18,12 +20,18 @@ static void usage(FILE *f) {
   fprintf(f,
     "usage: dspark draft-forward DRAFT --inputs IN.safetensors --out OUT.safetensors [--loss] [options]\n"
     "DRAFT is an exported HF draft directory or a training run directory (its checkpoint).\n"
-    "IN tensors:  ctx [T, m*d] F32 (captured target layers, in target_layer_ids order)\n"
-    "             input_ids [T] I32/I64;  anchors [B] I32/I64 (anchor positions)\n"
+    "IN tensors:  ctx [T, m*d] F32 (F16/BF16 converted; captured target layers, in target_layer_ids order)\n"
+    "             input_ids [T] I32/I64, each in [0, V);  anchors [B] I32/I64 (anchor positions; a kept\n"
+    "             block's anchor in [0, T-2], a dropped block's anchor is ignored)\n"
     "             block_keep [B] U8/BOOL (optional, default all kept)\n"
     "             loss_mask [T] U8/BOOL (optional, default all 1; gives the eval mask, spec 5)\n"
-    "             eval_mask [B*g] U8/BOOL (optional; overrides the one from loss_mask)\n"
+    "             eval_mask [B*g] or [B, g] U8/BOOL (optional; overrides the one from loss_mask; a\n"
+    "             supervised slot's target position anchor + k + 1 must be < T)\n"
     "             last [T, d] F32 (optional: the target's final-normed hidden states = teacher)\n"
+    "             Every tensor is checked for dtype, shape and range first; U8 masks: nonzero = 1, BOOL\n"
+    "             bytes are 0 or 1. ctx must be finite, and with --loss so must every row of last that a\n"
+    "             supervised slot reads (other rows may hold anything, NaN included). A refusal names the\n"
+    "             tensor and the index (exit 1); a tensor of another name is ignored with a warning.\n"
     "OUT tensors: logits [B*g, V] (Markov bias of the teacher-forced previous token included),\n"
     "             conf_logits [B*g] (when the draft has a confidence head); with --loss also\n"
     "             numerator, num_tokens, W [1] F64, pair.<loss|ce|l1|confidence|accept_rate|tau> [2] F64,\n"
@@ -48,36 +56,144 @@ static ds_status load_draft(const char *dir, ds_draft **d) {
   return st;
 }
 
-/* Reads an integer or boolean tensor of n elements into int64. */
-static ds_status read_ints(const ds_safetensors *st, const char *name, int64_t n, int64_t *dst, int required) {
-  const ds_tensor_view *v = ds_st_find(st, name);
-  if (!v) return required ? DS_FAIL(DS_ERR_NOT_FOUND, "%s: tensor '%s' is missing", ds_st_path(st), name) : DS_ERR_NOT_FOUND;
-  if (n >= 0 && v->numel != n)
-    return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' has %lld elements, expected %lld", ds_st_path(st), name,
-                   (long long)v->numel, (long long)n);
-  const unsigned char *p = v->data;
-  for (int64_t i = 0; i < v->numel; i++) {
-    switch (v->dtype) {
-      case DS_I64: { int64_t x; memcpy(&x, p + 8 * i, 8); dst[i] = x; break; }
-      case DS_I32: { int32_t x; memcpy(&x, p + 4 * i, 4); dst[i] = x; break; }
-      case DS_U8: case DS_BOOL: dst[i] = p[i]; break;
-      default:
-        return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' has dtype %s; expected I64, I32, U8 or BOOL", ds_st_path(st),
-                       name, ds_dtype_name(v->dtype));
-    }
-  }
+static const char *nonfinite_name(float x) { return isnan(x) ? "NaN" : x > 0 ? "+inf" : "-inf"; }
+
+/* The inputs of one run, read and checked (tensor names as in the usage text). */
+typedef struct {
+  int64_t T, B, R;
+  int32_t *ids;     /* [T] in [0, V) */
+  int64_t *anchors; /* [B]: kept ones in [0, T-2]; dropped ones set to 0 */
+  uint8_t *keep;    /* [B] */
+  uint8_t *mask;    /* [T] */
+  uint8_t *eval;    /* [B*g] */
+  float *ctx;       /* [T, m*d] finite */
+  float *last;      /* [T, d] or NULL */
+} fwd_inputs;
+
+static void inputs_free(fwd_inputs *in) {
+  free(in->ids);
+  free(in->anchors);
+  free(in->keep);
+  free(in->mask);
+  free(in->eval);
+  free(in->ctx);
+  free(in->last);
+}
+
+/* A 1-D tensor that defines a size (T for input_ids, B for anchors). */
+static ds_status defining_1d(const ds_tensor_view *v, const char *size_name, int64_t min, const char *why,
+                             int64_t *n) {
+  if (v->ndim != 1)
+    return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' has %d dimensions, expected one ([%s])", v->file, v->name, v->ndim,
+                   size_name);
+  *n = v->shape[0];
+  if (*n < min)
+    return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' has %lld elements; %s", v->file, v->name, (long long)*n, why);
   return DS_OK;
 }
 
-static ds_status read_f32(const ds_safetensors *st, const char *name, int64_t rows, int64_t cols, float **out) {
-  const ds_tensor_view *v = ds_st_find(st, name);
-  if (!v) return DS_FAIL(DS_ERR_NOT_FOUND, "%s: tensor '%s' is missing", ds_st_path(st), name);
-  if (v->ndim != 2 || v->shape[0] != rows || (cols >= 0 && v->shape[1] != cols))
-    return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' must be [%lld, %lld]", ds_st_path(st), name, (long long)rows,
-                   (long long)cols);
-  *out = ds_malloc((size_t)v->numel * sizeof(float), name);
-  if (!*out) return DS_ERR_NOMEM;
-  return ds_convert_to_f32(*out, v->data, v->dtype, (size_t)v->numel);
+static ds_status read_inputs(const ds_safetensors *st, const ds_draft_config *c, int want_loss, fwd_inputs *in) {
+  static const char *const names[] = {"ctx", "input_ids", "anchors", "block_keep", "loss_mask", "eval_mask", "last"};
+  const int64_t g = c->block_size, V = c->vocab_size, dm = c->hidden_size, md = (int64_t)c->n_target_layers * dm;
+  const ds_tensor_view *idv, *anv, *kv, *lmv, *ev, *cv, *lv;
+  DS_TRY(cli_in_get(st, "input_ids", 1, CLI_DT_INTS, &idv));
+  DS_TRY(cli_in_get(st, "anchors", 1, CLI_DT_INTS, &anv));
+  DS_TRY(cli_in_get(st, "ctx", 1, CLI_DT_FLOATS, &cv));
+  DS_TRY(cli_in_get(st, "block_keep", 0, CLI_DT_MASKS, &kv));
+  DS_TRY(cli_in_get(st, "loss_mask", 0, CLI_DT_MASKS, &lmv));
+  DS_TRY(cli_in_get(st, "eval_mask", 0, CLI_DT_MASKS, &ev));
+  DS_TRY(cli_in_get(st, "last", 0, CLI_DT_FLOATS, &lv));
+  cli_in_warn_unknown(st, names, (int)(sizeof names / sizeof names[0]), "draft-forward");
+
+  /* shapes: T from input_ids, B from anchors */
+  int64_t T = 0, B = 0;
+  DS_TRY(defining_1d(idv, "T", 2, "the draft needs a sequence of at least 2 tokens", &T));
+  DS_TRY(defining_1d(anv, "B", 1, "at least one anchor is needed", &B));
+  if (B > INT64_MAX / g || B * g > (INT64_MAX / 4) / V)
+    return DS_FAIL(DS_ERR_FORMAT, "%s: tensor 'anchors' has %lld elements: %lld blocks x %lld slots x %lld logits do "
+                   "not fit in memory", anv->file, (long long)B, (long long)B, (long long)g, (long long)V);
+  int64_t R = B * g;
+  int64_t sT[1] = {T}, sB[1] = {B}, sR[1] = {R}, sctx[2] = {T, md}, slast[2] = {T, dm};
+  DS_TRY(cli_in_shape(cv, 2, sctx, "[T, m*d]"));
+  if (kv) DS_TRY(cli_in_shape(kv, 1, sB, "[B]"));
+  if (lmv) DS_TRY(cli_in_shape(lmv, 1, sT, "[T]"));
+  if (ev && !(ev->ndim == 2 && ev->shape[0] == B && ev->shape[1] == g)) DS_TRY(cli_in_shape(ev, 1, sR, "[B*g]"));
+  if (lv) DS_TRY(cli_in_shape(lv, 2, slast, "[T, d]"));
+  in->T = T, in->B = B, in->R = R;
+
+  /* values */
+  in->ids = cli_alloc(T, sizeof *in->ids, "input_ids");
+  in->anchors = cli_alloc(B, sizeof *in->anchors, "anchors");
+  in->keep = cli_alloc(B, 1, "block_keep");
+  in->mask = cli_alloc(T, 1, "loss_mask");
+  in->eval = cli_alloc(R, 1, "eval_mask");
+  int64_t *tmp = cli_alloc(T, sizeof *tmp, "input_ids");
+  in->ctx = cli_alloc(T * md, sizeof(float), "ctx");
+  if (!in->ids || !in->anchors || !in->keep || !in->mask || !in->eval || !tmp || !in->ctx) {
+    free(tmp);
+    return DS_ERR_NOMEM;
+  }
+  ds_status s = cli_in_ints(idv, 0, V - 1, "the draft's vocabulary", tmp);
+  for (int64_t t = 0; s == DS_OK && t < T; t++) in->ids[t] = (int32_t)tmp[t];
+  free(tmp);
+  DS_TRY(s);
+  DS_TRY(cli_in_ints(anv, INT64_MIN, INT64_MAX, "any", in->anchors));
+  if (kv) DS_TRY(cli_in_mask(kv, in->keep));
+  else memset(in->keep, 1, (size_t)B);
+  for (int64_t b = 0; b < B; b++) {
+    if (!in->keep[b]) {
+      in->anchors[b] = 0; /* a dropped block's anchor is never read */
+      continue;
+    }
+    if (in->anchors[b] < 0 || in->anchors[b] > T - 2)
+      return DS_FAIL(DS_ERR_RANGE, "%s: tensor 'anchors' holds %lld at [%lld], outside [0, %lld]: a kept block's anchor "
+                     "needs a next token in input_ids (T = %lld); mark unused blocks with block_keep 0",
+                     anv->file, (long long)in->anchors[b], (long long)b, (long long)(T - 2), (long long)T);
+  }
+  if (lmv) DS_TRY(cli_in_mask(lmv, in->mask));
+  else memset(in->mask, 1, (size_t)T);
+  if (ev) {
+    DS_TRY(cli_in_mask(ev, in->eval));
+    for (int64_t r = 0; r < R; r++) {
+      int64_t b = r / g, k = r % g;
+      if (in->eval[r] && in->keep[b] && in->anchors[b] + k + 1 >= T)
+        return DS_FAIL(DS_ERR_RANGE, "%s: tensor 'eval_mask' supervises block %lld slot %lld (row %lld), whose target "
+                       "position %lld (anchor %lld + %lld + 1) is past the sequence (T = %lld)", ev->file,
+                       (long long)b, (long long)k, (long long)r, (long long)(in->anchors[b] + k + 1),
+                       (long long)in->anchors[b], (long long)k, (long long)T);
+    }
+  } else {
+    ds_anchor_eval_mask(in->mask, T, in->anchors, in->keep, B, g, in->eval);
+  }
+  DS_TRY(cli_in_floats(cv, in->ctx));
+  int64_t bad = cli_first_nonfinite(in->ctx, T * md, 0);
+  if (bad >= 0) {
+    char at[160];
+    cli_in_index(cv, bad, at, sizeof at);
+    return DS_FAIL(DS_ERR_NUMERIC, "%s: tensor 'ctx' holds %s at %s (position %lld, captured layer %d of the draft's "
+                   "target_layer_ids): the context features must be finite", cv->file, nonfinite_name(in->ctx[bad]),
+                   at, (long long)(bad / md), c->target_layer_ids[(bad % md) / dm]);
+  }
+  if (lv) {
+    in->last = cli_alloc(T * dm, sizeof(float), "last");
+    if (!in->last) return DS_ERR_NOMEM;
+    DS_TRY(cli_in_floats(lv, in->last));
+    /* With the loss, every supervised slot reads its teacher row last[a + k]; the others are
+     * never read, so anything (NaN included) may stand there. */
+    for (int64_t r = 0; want_loss && r < R; r++) {
+      int64_t b = r / g, k = r % g, t = in->anchors[b] + k;
+      if (!in->eval[r] || !in->keep[b]) continue;
+      bad = cli_first_nonfinite(in->last + t * dm, dm, 0);
+      if (bad >= 0) {
+        char at[160];
+        cli_in_index(lv, t * dm + bad, at, sizeof at);
+        return DS_FAIL(DS_ERR_NUMERIC, "%s: tensor 'last' holds %s at %s, the teacher state of block %lld slot %lld, "
+                       "which is supervised (only rows that no supervised slot reads may be non-finite)", lv->file,
+                       nonfinite_name(in->last[t * dm + bad]), at, (long long)b, (long long)k);
+      }
+    }
+  }
+  return DS_OK;
 }
 
 int cmd_draft_forward(int argc, char **argv) {
@@ -93,67 +209,53 @@ int cmd_draft_forward(int argc, char **argv) {
     else if (!strcmp(a, "--out")) { if (!(out_path = cli_value(argc, argv, &i))) return 2; }
     else if (!strcmp(a, "--loss")) want_loss = 1;
     else if (!strcmp(a, "--decay-paper")) lc.decay = DS_DSPARK_DECAY_PAPER;
-    else if (!strcmp(a, "--grad-scale") || !strcmp(a, "--alpha-ce") || !strcmp(a, "--alpha-l1") ||
-             !strcmp(a, "--alpha-conf") || !strcmp(a, "--decay-gamma")) {
+    else if (!strcmp(a, "--grad-scale") || !strcmp(a, "--decay-gamma")) {
       if (!(v = cli_value(argc, argv, &i)) || !cli_float(a, v, -1e9, 1e9, &x)) return 2;
       if (!strcmp(a, "--grad-scale")) grad_scale = x;
-      else if (!strcmp(a, "--alpha-ce")) lc.alpha_ce = x;
-      else if (!strcmp(a, "--alpha-l1")) lc.alpha_l1 = x;
-      else if (!strcmp(a, "--alpha-conf")) lc.alpha_conf = x;
       else lc.decay_gamma = x;
+    } else if (!strcmp(a, "--alpha-ce") || !strcmp(a, "--alpha-l1") || !strcmp(a, "--alpha-conf")) {
+      if (!(v = cli_value(argc, argv, &i)) || !cli_float(a, v, 0, 1e9, &x)) return 2;
+      if (!strcmp(a, "--alpha-ce")) lc.alpha_ce = x;
+      else if (!strcmp(a, "--alpha-l1")) lc.alpha_l1 = x;
+      else lc.alpha_conf = x;
     } else if (!strcmp(a, "--chunk-rows") || !strcmp(a, "--threads")) {
-      if (!(v = cli_value(argc, argv, &i)) || !cli_int(a, v, 1, 1 << 20, &n)) return 2;
+      if (!(v = cli_value(argc, argv, &i)) || !cli_int(a, v, 1, !strcmp(a, "--threads") ? 1024 : 1 << 20, &n)) return 2;
       if (!strcmp(a, "--chunk-rows")) lc.chunk_rows = n;
       else ds_set_num_threads((int)n);
-    } else if (a[0] == '-' || dir) { fprintf(stderr, "dspark draft-forward: unexpected argument '%s'\n", a); return 2; }
-    else dir = a;
+    } else if (a[0] == '-' || dir) {
+      fprintf(stderr, "dspark draft-forward: unexpected argument '%s' (see --help)\n", a);
+      return 2;
+    } else dir = a;
   }
-  if (!dir || !in_path || !out_path) { usage(stderr); return 2; }
+  if (!dir || !in_path || !out_path) {
+    fprintf(stderr, "dspark draft-forward: DRAFT, --inputs and --out are required\n");
+    usage(stderr);
+    return 2;
+  }
 
   int rc = 1;
   ds_draft *d = NULL;
-  ds_safetensors *in = NULL;
-  ds_st_writer *w = ds_st_writer_new();
-  float *ctx = NULL, *last = NULL, *logits = NULL, *conf = NULL;
-  int64_t *ids64 = NULL, *anchors = NULL, *tmp = NULL;
-  int32_t *ids = NULL;
-  uint8_t *keep = NULL, *eval = NULL, *mask = NULL;
-  if (!w) goto done;
-  if (load_draft(dir, &d) != DS_OK || ds_st_open(in_path, &in) != DS_OK) goto report;
+  ds_safetensors *st_in = NULL;
+  ds_st_writer *w = NULL;
+  fwd_inputs in;
+  memset(&in, 0, sizeof in);
+  float *logits = NULL, *conf = NULL;
+  if (load_draft(dir, &d) != DS_OK || ds_st_open(in_path, &st_in) != DS_OK) goto report;
   const ds_draft_config *c = ds_draft_get_config(d);
-  int64_t dm = c->hidden_size, V = c->vocab_size, g = c->block_size;
-  const ds_tensor_view *idv = ds_st_find(in, "input_ids"), *anv = ds_st_find(in, "anchors");
-  if (!idv || !anv) {
-    DS_FAIL(DS_ERR_NOT_FOUND, "%s: tensors 'input_ids' and 'anchors' are required", in_path);
+  int64_t V = c->vocab_size, g = c->block_size;
+  if (read_inputs(st_in, c, want_loss, &in) != DS_OK) goto report;
+  int64_t R = in.R;
+  logits = ds_malloc_aligned((size_t)(R * V) * sizeof(float), "the logits [B*g, V]");
+  if (!logits) goto report;
+  conf = cli_alloc(R, sizeof(float), "the confidence logits [B*g]");
+  if (!conf) goto report;
+  w = ds_st_writer_new();
+  if (!w) {
+    DS_FAIL(DS_ERR_NOMEM, "cannot allocate the output writer");
     goto report;
   }
-  int64_t T = idv->numel, B = anv->numel, R = B * g;
-  ids64 = malloc((size_t)T * sizeof *ids64);
-  ids = malloc((size_t)T * sizeof *ids);
-  anchors = malloc((size_t)B * sizeof *anchors);
-  tmp = malloc((size_t)(R > T ? R : T) * sizeof *tmp);
-  keep = malloc((size_t)B);
-  eval = malloc((size_t)R);
-  mask = malloc((size_t)T);
-  logits = ds_malloc_aligned((size_t)(R * V) * sizeof(float), "logits");
-  conf = malloc((size_t)R * sizeof(float));
-  if (!ids64 || !ids || !anchors || !tmp || !keep || !eval || !mask || !logits || !conf) goto done;
-  if (read_ints(in, "input_ids", T, ids64, 1) != DS_OK || read_ints(in, "anchors", B, anchors, 1) != DS_OK) goto report;
-  for (int64_t t = 0; t < T; t++) ids[t] = (int32_t)ids64[t];
-  ds_status st = read_ints(in, "block_keep", B, tmp, 0);
-  if (st != DS_OK && st != DS_ERR_NOT_FOUND) goto report;
-  for (int64_t b = 0; b < B; b++) keep[b] = st == DS_OK ? tmp[b] != 0 : 1;
-  st = read_ints(in, "loss_mask", T, tmp, 0);
-  if (st != DS_OK && st != DS_ERR_NOT_FOUND) goto report;
-  for (int64_t t = 0; t < T; t++) mask[t] = st == DS_OK ? tmp[t] != 0 : 1;
-  ds_anchor_eval_mask(mask, T, anchors, keep, B, g, eval);
-  st = read_ints(in, "eval_mask", R, tmp, 0);
-  if (st != DS_OK && st != DS_ERR_NOT_FOUND) goto report;
-  if (st == DS_OK) for (int64_t r = 0; r < R; r++) eval[r] = tmp[r] != 0;
-  if (read_f32(in, "ctx", T, (int64_t)c->n_target_layers * dm, &ctx) != DS_OK) goto report;
-  if (ds_st_find(in, "last") && read_f32(in, "last", T, dm, &last) != DS_OK) goto report;
 
-  ds_draft_seq seq = {T, ctx, last, ids, B, anchors, keep, eval};
+  ds_draft_seq seq = {in.T, in.ctx, in.last, in.ids, in.B, in.anchors, in.keep, in.eval};
   if (ds_draft_forward_blocks(d, &seq, logits, conf) != DS_OK) goto report;
   int64_t ls[2] = {R, V}, cs[1] = {R};
   if (ds_st_writer_add(w, "logits", DS_F32, 2, ls, logits) != DS_OK) goto report;
@@ -197,18 +299,10 @@ report:
   rc = cli_report_error("draft-forward");
 done:
   ds_st_writer_free(w);
-  ds_st_close(in);
+  ds_st_close(st_in);
   ds_draft_free(d);
-  free(ctx);
-  free(last);
+  inputs_free(&in);
   ds_free_aligned(logits);
   free(conf);
-  free(ids64);
-  free(ids);
-  free(anchors);
-  free(tmp);
-  free(keep);
-  free(eval);
-  free(mask);
   return rc;
 }

@@ -17,6 +17,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: dspark forward MODEL_DIR --ids IDS --out FILE.safetensors [options]\n"
           "  --ids IDS          token ids, comma-separated; ';' separates the sequences of a batch\n"
+          "                     (every sequence needs at least one id; an empty one is a usage error)\n"
           "  --out FILE         safetensors with, per sequence b: logits.b [n, V] (or [1, V] with\n"
           "                     --logits last), final_hidden.b [n, d], captured.b [n, m*d]\n"
           "  --capture LAYERS   comma-separated layer ids to capture (-1 = embeddings, up to L-2)\n"
@@ -32,28 +33,43 @@ typedef struct {
   int64_t n;
 } seq_ids;
 
+static void free_batch(seq_ids *seqs, int n) {
+  for (int i = 0; seqs && i < n; i++) free(seqs[i].ids);
+  free(seqs);
+}
+
+/* "1,2,3;4,5" -> one seq_ids per ';'-separated sequence; each needs at least one id. Returns 0
+ * after a usage message. */
 static int parse_batch(const char *s, seq_ids **out, int *n_out) {
+  if (!*s) {
+    fprintf(stderr, "dspark forward: --ids is empty: give comma-separated token ids, ';' between sequences\n");
+    return 0;
+  }
   int n = 1;
   for (const char *p = s; *p; p++) n += *p == ';';
   seq_ids *seqs = calloc((size_t)n, sizeof *seqs);
   char *copy = strdup(s);
-  if (!seqs || !copy) return 0;
-  char *save = NULL, *tok = strtok_r(copy, ";", &save);
-  int k = 0;
-  for (; tok && k < n; tok = strtok_r(NULL, ";", &save), k++)
-    if (!cli_int_list("--ids", tok, &seqs[k].ids, &seqs[k].n) || seqs[k].n == 0) {
-      fprintf(stderr, "dspark forward: sequence %d of --ids is empty or malformed\n", k);
-      k = -1;
-      break;
-    }
-  free(copy);
-  if (k <= 0) {
-    for (int i = 0; i < n; i++) free(seqs[i].ids);
+  if (!seqs || !copy) {
+    fprintf(stderr, "dspark forward: out of memory reading --ids\n");
     free(seqs);
+    free(copy);
     return 0;
   }
+  char *p = copy;
+  for (int k = 0; k < n; k++) {
+    char *semi = strchr(p, ';');
+    if (semi) *semi = 0;
+    if (!cli_int_list("--ids", p, &seqs[k].ids, &seqs[k].n) || seqs[k].n == 0) {
+      if (seqs[k].ids || !*p) fprintf(stderr, "dspark forward: sequence %d of --ids is empty\n", k);
+      free(copy);
+      free_batch(seqs, n);
+      return 0;
+    }
+    p = semi ? semi + 1 : p + strlen(p);
+  }
+  free(copy);
   *out = seqs;
-  *n_out = k;
+  *n_out = n;
   return 1;
 }
 
@@ -81,7 +97,11 @@ int cmd_forward(int argc, char **argv) {
       return 2;
     } else dir = a;
   }
-  if (!dir || !ids_arg || !out_path) { usage(stderr); return 2; }
+  if (!dir || !ids_arg || !out_path) {
+    fprintf(stderr, "dspark forward: MODEL_DIR, --ids and --out are required\n");
+    usage(stderr);
+    return 2;
+  }
   int want_all = !strcmp(logits_mode, "all"), want_last = !strcmp(logits_mode, "last");
   if (!want_all && !want_last && strcmp(logits_mode, "none") != 0) {
     fprintf(stderr, "dspark forward: --logits must be all, last or none (got '%s')\n", logits_mode);
@@ -94,7 +114,12 @@ int cmd_forward(int argc, char **argv) {
   int32_t *capture = NULL;
   int64_t n_capture = 0;
   if (!parse_batch(ids_arg, &seqs, &n_seqs)) return 2;
-  if (capture_arg && !cli_int_list("--capture", capture_arg, &capture, &n_capture)) return 2;
+  if (capture_arg && (!cli_int_list("--capture", capture_arg, &capture, &n_capture) || n_capture == 0)) {
+    if (capture && !n_capture) fprintf(stderr, "dspark forward: --capture needs at least one layer id\n");
+    free_batch(seqs, n_seqs);
+    free(capture);
+    return 2;
+  }
 
   int rc = 1;
   ds_target *m = NULL;
@@ -105,7 +130,10 @@ int cmd_forward(int argc, char **argv) {
   int *owner = calloc((size_t)n_seqs, sizeof *owner); /* batch slot -> sequence */
   ds_st_writer *w = ds_st_writer_new();
   char name[64];
-  if (!caches || !logits || !hidden || !captured || !batch || !owner || !w) goto done;
+  if (!caches || !logits || !hidden || !captured || !batch || !owner || !w) {
+    DS_FAIL(DS_ERR_NOMEM, "cannot allocate the per-sequence tables of %d sequences", n_seqs);
+    goto report;
+  }
   ds_profile prof = {0};
   const ds_backend *be = profile ? ds_backend_profiled(ds_backend_cpu(), &prof) : ds_backend_cpu();
   if (ds_target_load(dir, be, &m) != DS_OK) goto report;
@@ -119,16 +147,16 @@ int cmd_forward(int argc, char **argv) {
     max_n = n > max_n ? n : max_n;
     total += n;
     if (ds_kv_cache_new(m, n, &caches[s]) != DS_OK) goto report;
-    hidden[s] = malloc((size_t)(n * d) * sizeof(float));
-    logits[s] = malloc((size_t)((want_all ? n : 1) * V) * sizeof(float));
-    captured[s] = malloc((size_t)(n * (n_capture ? n_capture : 1) * d) * sizeof(float));
-    if (!hidden[s] || !logits[s] || !captured[s]) goto done;
+    hidden[s] = ds_malloc((size_t)(n * d) * sizeof(float), "final hidden states");
+    logits[s] = ds_malloc((size_t)((want_all ? n : 1) * V) * sizeof(float), "logits");
+    captured[s] = ds_malloc((size_t)(n * (n_capture ? n_capture : 1) * d) * sizeof(float), "captured layers");
+    if (!hidden[s] || !logits[s] || !captured[s]) goto report;
   }
   if (!chunk) chunk = max_n;
-  float *round_hidden = malloc((size_t)(total * d) * sizeof(float));
-  float *round_logits = malloc((size_t)(total * V) * sizeof(float));
-  float *round_capt = malloc((size_t)(total * (n_capture ? n_capture : 1) * d) * sizeof(float));
-  if (!round_hidden || !round_logits || !round_capt) { free(round_hidden); free(round_logits); free(round_capt); goto done; }
+  float *round_hidden = ds_malloc((size_t)(total * d) * sizeof(float), "final hidden states");
+  float *round_logits = ds_malloc((size_t)(total * V) * sizeof(float), "logits");
+  float *round_capt = ds_malloc((size_t)(total * (n_capture ? n_capture : 1) * d) * sizeof(float), "captured layers");
+  if (!round_hidden || !round_logits || !round_capt) { free(round_hidden); free(round_logits); free(round_capt); goto report; }
 
   double t0 = ds_time_sec();
   for (int64_t start = 0; start < max_n; start += chunk) {
@@ -191,13 +219,12 @@ report:
 done:
   ds_st_writer_free(w);
   for (int s = 0; s < n_seqs; s++) {
-    free(seqs[s].ids);
     if (caches) ds_kv_cache_free(caches[s]);
     if (logits) free(logits[s]);
     if (hidden) free(hidden[s]);
     if (captured) free(captured[s]);
   }
-  free(seqs);
+  free_batch(seqs, n_seqs);
   free(caches);
   free(logits);
   free(hidden);

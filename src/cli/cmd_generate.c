@@ -76,6 +76,14 @@ int cmd_generate(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  /* the prompt ids are an option value: a usage error, before anything is loaded */
+  int32_t *given_ids = NULL;
+  int64_t n_given = 0;
+  if (prompt_ids && (!cli_int_list("--prompt-ids", prompt_ids, &given_ids, &n_given) || n_given == 0)) {
+    if (given_ids) fprintf(stderr, "dspark generate: --prompt-ids is empty\n");
+    free(given_ids);
+    return 2;
+  }
   ds_set_num_threads((int)threads);
 
   int rc = 1;
@@ -91,11 +99,8 @@ int cmd_generate(int argc, char **argv) {
     if (ds_tokenizer_load(tok_path, &tok) != DS_OK) goto report;
   }
   if (prompt_ids) {
-    int32_t *v;
-    int64_t n;
-    if (!cli_int_list("--prompt-ids", prompt_ids, &v, &n)) { rc = 2; goto done; }
-    for (int64_t i = 0; i < n; i++) ds_ids_push(&ids, v[i]);
-    free(v);
+    for (int64_t i = 0; i < n_given; i++)
+      if (ds_ids_push(&ids, given_ids[i]) != DS_OK) goto report;
   } else if (chat) {
     ds_chat_message msg = {"user", prompt};
     if (ds_chat_encode_chatml(tok, &msg, 1, 1, &ids, &mask) != DS_OK) goto report;
@@ -108,8 +113,8 @@ int cmd_generate(int argc, char **argv) {
   const ds_model_config *c = ds_target_config(m);
   size_t prompt_len = ids.len;
   if (ds_kv_cache_new(m, (int64_t)prompt_len + max_new, &cache) != DS_OK) goto report;
-  logits = malloc((size_t)c->vocab_size * sizeof(float));
-  scratch = malloc(ds_sampler_scratch_bytes(c->vocab_size));
+  logits = ds_malloc((size_t)c->vocab_size * sizeof(float), "logits");
+  scratch = ds_malloc(ds_sampler_scratch_bytes(c->vocab_size), "sampler scratch");
   if (!logits || !scratch) goto report;
   ds_rng rng;
   ds_rng_seed(&rng, (uint64_t)seed);
@@ -148,6 +153,7 @@ int cmd_generate(int argc, char **argv) {
 report:
   rc = cli_report_error("generate");
 done:
+  free(given_ids);
   free(tok_path);
   free(logits);
   free(scratch);

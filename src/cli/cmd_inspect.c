@@ -14,10 +14,11 @@ static void usage(FILE *f) {
   fprintf(f,
     "usage: dspark inspect CACHE [--no-verify]\n"
     "Prints the manifest of a cache written by `dspark capture`, its sample and token counts and\n"
-    "bytes per token, checks every shard's header and shapes against the manifest, and verifies\n"
-    "every checksum (shards, target_weights.safetensors, target_config.json, tokenizer.json).\n"
-    "Exit status 1 names the first bad file, or says that the cache is incomplete.\n"
-    "  --no-verify   skip the checksums (headers and shapes are still checked)\n");
+    "bytes per token, checks the manifest's own checksum (manifest_xxh64), every shard's header and\n"
+    "shapes against the manifest and the copied target_config.json / tokenizer.json, and verifies\n"
+    "every checksum (shards, target_weights.safetensors). The lock file .lock is not part of the\n"
+    "cache. Exit status 1 names the first bad file, or says that the cache is incomplete.\n"
+    "  --no-verify   skip the shard and weights checksums (the rest is still checked)\n");
 }
 
 static const char *dtype_label(ds_dtype dt) { return dt == DS_BF16 ? "bf16" : dt == DS_F16 ? "f16" : "f32"; }
@@ -38,8 +39,11 @@ static void print_manifest(const ds_cache_manifest *m, const char *dir) {
   ds_cache_hex(m->chat_template_xxh64, h4);
   ds_cache_hex(m->data_xxh64, h5);
   printf("cache:               %s\n", dir);
+  char hm[17];
+  ds_cache_hex(m->manifest_xxh64, hm);
   printf("format:              %s version %d, complete: %s\n", DS_CACHE_FORMAT, m->format_version,
          m->complete ? "true" : "false");
+  printf("manifest xxh64:      %s (verified)\n", hm);
   printf("target:              %s (%s)\n", m->target_path, m->target_architecture);
   printf("  weights xxh64:     %s (%s)\n", h1, DS_CACHE_WEIGHTS_HASH_COVERS);
   printf("  config.json xxh64: %s\n", h2);

@@ -2,6 +2,7 @@
  * from a safetensors file and writes the numerator, the token count, W, the reporting pairs,
  * the per-position acceptance, the per-row values and the gradients, so that a user can
  * check the engine against their own implementation. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/input_tensors.h"
 #include "dspark/backend.h"
 #include "dspark/dspark_loss.h"
 #include "dspark/safetensors.h"
@@ -26,6 +28,10 @@ static void usage(FILE *f) {
           "  eval_mask        U8 or BOOL [R] or [B, g]  nonzero = evaluated\n"
           "  block_keep_mask  U8 or BOOL [B]            nonzero = anchor kept\n"
           "  conf_logits      F32 [R] or [B, g]         confidence logits (optional)\n"
+          "  Checked first, naming the tensor and the index: dtypes and shapes; U8 masks are nonzero = 1,\n"
+          "  BOOL bytes 0 or 1; at supervised slots (eval_mask and block_keep_mask) the target id must be in\n"
+          "  [0, V) and the draft / target logits and the confidence logit free of NaN and +inf; the other\n"
+          "  slots may hold anything. A tensor of another name is ignored with a warning.\n"
           "Output tensors:\n"
           "  numerator F64 [], num_tokens I64 [], W F64 []\n"
           "  pair.loss, pair.ce, pair.l1, pair.confidence F64 [2]   [numerator, W]\n"
@@ -55,23 +61,6 @@ static void usage(FILE *f) {
           "and the gradient buffer touched before the clock starts). Exit status: 0 ok, 1 error, 2 usage.\n");
 }
 
-/* A tensor of the input file, checked: name, one of two dtypes, shape [R] / [B, g] style. */
-static ds_status find_tensor(const ds_safetensors *st, const char *name, int required, const ds_tensor_view **out) {
-  *out = ds_st_find(st, name);
-  if (!*out && required)
-    return DS_FAIL(DS_ERR_NOT_FOUND, "%s: tensor '%s' is missing", ds_st_path(st), name);
-  return DS_OK;
-}
-
-static ds_status check_dtype(const ds_tensor_view *t, ds_dtype a, ds_dtype b) {
-  if (t->dtype == a || t->dtype == b) return DS_OK;
-  if (a == b)
-    return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' has dtype %s, expected %s", t->file, t->name,
-                   ds_dtype_name(t->dtype), ds_dtype_name(a));
-  return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' has dtype %s, expected %s or %s", t->file, t->name,
-                 ds_dtype_name(t->dtype), ds_dtype_name(a), ds_dtype_name(b));
-}
-
 static void shape_str(char *buf, size_t cap, const ds_tensor_view *t) {
   size_t used = (size_t)snprintf(buf, cap, "[");
   for (int d = 0; d < t->ndim && used < cap; d++)
@@ -97,11 +86,16 @@ static const float *f32_data(const ds_tensor_view *t, float **own) {
   return *own;
 }
 
-static uint8_t *bytes_of_mask(const ds_tensor_view *t) {
-  uint8_t *m = ds_malloc(t->numel ? (size_t)t->numel : 1, t->name);
-  if (m) memcpy(m, t->data, (size_t)t->numel); /* U8 and BOOL are one byte each */
-  return m;
-}
+typedef struct loss_args loss_args;
+
+/* The rows the loss reads: a supervised row's target id must be in [0, V), and its draft
+ * logits, teacher logits and confidence logit must hold no NaN or +inf (-inf is a probability
+ * of 0). Unsupervised rows may hold anything (sentinel ids, NaN padding): they are never read.
+ * Each refusal names the tensor and the index. */
+static ds_status check_supervised(const loss_args *a, const ds_tensor_view *td, const ds_tensor_view *tt,
+                                  const ds_tensor_view *ti, const ds_tensor_view *tc, const float *draft,
+                                  const float *target, const float *conf, const int64_t *ids, const uint8_t *sup,
+                                  int64_t g, int64_t V);
 
 /* Reads one byte per page so that the mapped input is resident before the clock starts: the
  * timing line then covers the loss alone, not the page faults of reading the file. */
@@ -113,13 +107,13 @@ static void page_in(const void *p, size_t nbytes) {
   (void)acc;
 }
 
-typedef struct {
+struct loss_args {
   const char *in_path, *out_path;
   int64_t block_size, threads;
   double grad_scale;
   int no_teacher, no_conf, no_grad;
   ds_dspark_loss_config cfg;
-} loss_args;
+};
 
 static int parse_args(int argc, char **argv, loss_args *a) {
   memset(a, 0, sizeof *a);
@@ -188,6 +182,46 @@ static int parse_args(int argc, char **argv, loss_args *a) {
   return -1; /* go on */
 }
 
+static const char *value_name(float x) { return x != x ? "NaN" : x > 0 ? "+inf" : "-inf"; }
+
+static ds_status check_supervised(const loss_args *a, const ds_tensor_view *td, const ds_tensor_view *tt,
+                                  const ds_tensor_view *ti, const ds_tensor_view *tc, const float *draft,
+                                  const float *target, const float *conf, const int64_t *ids, const uint8_t *sup,
+                                  int64_t g, int64_t V) {
+  char at[160];
+  int64_t R = ti->numel;
+  for (int64_t r = 0; r < R; r++) {
+    if (!sup[r]) continue;
+    if (ids[r] < 0 || ids[r] >= V) {
+      cli_in_index(ti, r, at, sizeof at);
+      return DS_FAIL(DS_ERR_RANGE, "%s: tensor 'target_ids' holds %lld at %s: block %lld slot %lld (row %lld) is "
+                     "supervised, and the id is outside the vocabulary [0, %lld)", a->in_path, (long long)ids[r], at,
+                     (long long)(r / g), (long long)(r % g), (long long)r, (long long)V);
+    }
+    const ds_tensor_view *views[2] = {td, tt};
+    const char *what[2] = {"draft logits", "target logits"};
+    const float *rows[2] = {draft, target};
+    for (int k = 0; k < 2; k++) {
+      if (!rows[k]) continue;
+      const float *x = rows[k] + r * V;
+      for (int64_t v = 0; v < V; v++) {
+        if (!(x[v] != x[v] || x[v] == INFINITY)) continue;
+        cli_in_index(views[k], r * V + v, at, sizeof at);
+        return DS_FAIL(DS_ERR_NUMERIC, "%s: tensor '%s' holds %s at %s: the %s of block %lld slot %lld (row %lld), "
+                       "a supervised slot", a->in_path, views[k]->name, value_name(x[v]), at, what[k],
+                       (long long)(r / g), (long long)(r % g), (long long)r);
+      }
+    }
+    if (conf && target && !isfinite(conf[r])) { /* read only with a teacher */
+      cli_in_index(tc, r, at, sizeof at);
+      return DS_FAIL(DS_ERR_NUMERIC, "%s: tensor 'conf_logits' holds %s at %s: the confidence logit of block %lld "
+                     "slot %lld (row %lld), a supervised slot", a->in_path, value_name(conf[r]), at, (long long)(r / g),
+                     (long long)(r % g), (long long)r);
+    }
+  }
+  return DS_OK;
+}
+
 static ds_status add_f64(ds_st_writer *w, const char *name, int ndim, int64_t n, const double *data) {
   return ds_st_writer_add(w, name, DS_F64, ndim, &n, data);
 }
@@ -218,20 +252,21 @@ int cmd_loss(int argc, char **argv) {
   ds_st_writer *wr = NULL;
   float *own_draft = NULL, *own_target = NULL, *own_conf = NULL, *grad = NULL, *gconf = NULL;
   int32_t *ids = NULL;
+  int64_t *ids64 = NULL;
   uint8_t *em = NULL, *bk = NULL, *sup = NULL;
   double *wts = NULL, *rowv = NULL, *pos = NULL;
   if (ds_st_open(a.in_path, &st) != DS_OK) goto report;
 
+  static const char *const names[] = {"draft_logits", "target_logits", "target_ids", "eval_mask", "block_keep_mask",
+                                      "conf_logits"};
   const ds_tensor_view *td, *tt, *ti, *te, *tb, *tc;
-  if (find_tensor(st, "draft_logits", 1, &td) || find_tensor(st, "target_logits", 0, &tt) ||
-      find_tensor(st, "target_ids", 1, &ti) || find_tensor(st, "eval_mask", 1, &te) ||
-      find_tensor(st, "block_keep_mask", 1, &tb) || find_tensor(st, "conf_logits", 0, &tc))
+  if (cli_in_get(st, "draft_logits", 1, CLI_DT(DS_F32), &td) || cli_in_get(st, "target_logits", 0, CLI_DT(DS_F32), &tt) ||
+      cli_in_get(st, "target_ids", 1, CLI_DT_INTS, &ti) || cli_in_get(st, "eval_mask", 1, CLI_DT_MASKS, &te) ||
+      cli_in_get(st, "block_keep_mask", 1, CLI_DT_MASKS, &tb) || cli_in_get(st, "conf_logits", 0, CLI_DT(DS_F32), &tc))
     goto report;
+  cli_in_warn_unknown(st, names, (int)(sizeof names / sizeof names[0]), "loss");
   if (a.no_teacher) tt = NULL;
   if (a.no_conf) tc = NULL;
-  if (check_dtype(td, DS_F32, DS_F32) || (tt && check_dtype(tt, DS_F32, DS_F32)) || check_dtype(ti, DS_I32, DS_I64) ||
-      check_dtype(te, DS_U8, DS_BOOL) || check_dtype(tb, DS_U8, DS_BOOL) || (tc && check_dtype(tc, DS_F32, DS_F32)))
-    goto report;
 
   /* shapes: B from block_keep_mask, g and V from draft_logits */
   char have[128];
@@ -243,6 +278,12 @@ int cmd_loss(int argc, char **argv) {
   int64_t B = tb->shape[0], g, V, R;
   if (td->ndim == 3) {
     g = td->shape[1], V = td->shape[2];
+    if (g < 1) {
+      shape_str(have, sizeof have, td);
+      DS_FAIL(DS_ERR_FORMAT, "%s: tensor 'draft_logits' has shape %s: its block axis is empty (g >= 1 slots are needed)",
+              a.in_path, have);
+      goto report;
+    }
     if (td->shape[0] != B || (a.block_size && a.block_size != g)) {
       shape_str(have, sizeof have, td);
       DS_FAIL(DS_ERR_FORMAT, "%s: tensor 'draft_logits' has shape %s, expected [%lld, %lld, V] (B from block_keep_mask%s)",
@@ -253,7 +294,7 @@ int cmd_loss(int argc, char **argv) {
   } else if (td->ndim == 2) {
     R = td->shape[0], V = td->shape[1];
     g = a.block_size ? a.block_size : (B > 0 ? R / B : 7);
-    if (g < 1 || R != B * g) {
+    if (g < 1 || R % g != 0 || R / g != B) {
       shape_str(have, sizeof have, td);
       DS_FAIL(DS_ERR_FORMAT, "%s: tensor 'draft_logits' has shape %s: its %lld rows are not %lld blocks (block_keep_mask) "
               "x %lld slots%s", a.in_path, have, (long long)R, (long long)B, (long long)g,
@@ -290,7 +331,8 @@ int cmd_loss(int argc, char **argv) {
   /* inputs in memory */
   size_t nR = (size_t)(R ? R : 1);
   ids = ds_malloc(nR * sizeof *ids, "target ids");
-  em = bytes_of_mask(te), bk = bytes_of_mask(tb);
+  em = cli_alloc(R, 1, "eval_mask"), bk = cli_alloc(B, 1, "block_keep_mask");
+  ids64 = cli_alloc(R, sizeof *ids64, "target_ids");
   sup = ds_malloc(nR, "supervision mask");
   wts = ds_malloc(nR * sizeof *wts, "weights");
   rowv = ds_malloc(4 * nR * sizeof *rowv, "row values");
@@ -301,25 +343,16 @@ int cmd_loss(int argc, char **argv) {
     grad = ds_malloc_aligned((size_t)(R * V) * sizeof(float) + 1, "grad.draft_logits");
     gconf = ds_malloc(nR * sizeof *gconf, "grad.conf_logits");
   }
-  if (!ids || !em || !bk || !sup || !wts || !rowv || !pos || !draft || (tt && !target) || (tc && !conf) ||
+  if (!ids || !em || !bk || !ids64 || !sup || !wts || !rowv || !pos || !draft || (tt && !target) || (tc && !conf) ||
       (!a.no_grad && (!grad || !gconf)))
     goto report;
+  if (cli_in_mask(te, em) != DS_OK || cli_in_mask(tb, bk) != DS_OK) goto report;
   if (ds_dspark_loss_weights(&a.cfg, B, g, em, bk, sup, wts) != DS_OK) goto report;
-  for (int64_t r = 0; r < R; r++) {
-    if (ti->dtype == DS_I32) {
-      memcpy(&ids[r], (const char *)ti->data + r * 4, 4);
-      continue;
-    }
-    int64_t v;
-    memcpy(&v, (const char *)ti->data + r * 8, 8);
-    if (v >= INT32_MIN && v <= INT32_MAX) ids[r] = (int32_t)v;
-    else if (!sup[r]) ids[r] = -1; /* a sentinel at an unsupervised slot: never read */
-    else {
-      DS_FAIL(DS_ERR_RANGE, "%s: target id %lld at block %lld slot %lld (row %lld) is supervised but outside "
-              "[0, %lld)", a.in_path, (long long)v, (long long)(r / g), (long long)(r % g), (long long)r, (long long)V);
-      goto report;
-    }
-  }
+  if (cli_in_ints(ti, INT64_MIN, INT64_MAX, "any", ids64) != DS_OK ||
+      check_supervised(&a, td, tt, ti, tc, draft, target, conf, ids64, sup, g, V) != DS_OK)
+    goto report;
+  for (int64_t r = 0; r < R; r++) /* supervised ids are in [0, V); anything else is never read */
+    ids[r] = sup[r] ? (int32_t)ids64[r] : -1;
 
   ds_dspark_loss_inputs in = {draft, target, ids, em, bk, conf};
   ds_dspark_row_stats rows = {rowv, rowv + nR, rowv + 2 * nR, rowv + 3 * nR};
@@ -370,7 +403,7 @@ report:
 done:
   ds_st_writer_free(wr);
   ds_st_close(st);
-  free(own_draft), free(own_target), free(own_conf), free(gconf), free(ids), free(em), free(bk), free(sup);
+  free(own_draft), free(own_target), free(own_conf), free(gconf), free(ids), free(ids64), free(em), free(bk), free(sup);
   free(wts), free(rowv), free(pos);
   ds_free_aligned(grad);
   return rc;

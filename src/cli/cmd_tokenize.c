@@ -33,7 +33,9 @@ static void help(void) {
          "  --add-generation-prompt  with --chat: end with \"<|im_start|>assistant\\n\"\n"
          "  --bench FILE      encode FILE three times; prints the best time and MB/s (1 MB = 1e6 bytes)\n"
          "  --split-nul       with --bench: FILE holds documents separated by NUL bytes, one encode\n"
-         "                    call each\n",
+         "                    call each\n"
+         "An option that the chosen mode does not use (e.g. --skip-special without --decode) is a\n"
+         "usage error (exit 2).\n",
          k_usage);
 }
 
@@ -224,6 +226,17 @@ int cmd_tokenize(int argc, char **argv) {
   int modes = (text || input) + !!decode + !!chat + !!bench;
   if (!tok_path || modes != 1 || (text && input)) {
     fprintf(stderr, "%sgive the tokenizer and exactly one of --text/--input, --decode, --chat, --bench\n", k_usage);
+    return 2;
+  }
+  /* an option that the chosen mode would ignore is a mistake, not a no-op */
+  const char *stray = ids_out && !(text || input) ? "--ids-out (only with --text / --input)"
+                    : skip_special && !decode ? "--skip-special (only with --decode)"
+                    : gen_prompt && !chat ? "--add-generation-prompt (only with --chat)"
+                    : split_nul && !bench ? "--split-nul (only with --bench)"
+                    : add_special && (decode || chat) ? "--add-special (only with --text / --input / --bench)"
+                    : NULL;
+  if (stray) {
+    fprintf(stderr, "dspark tokenize: %s does not apply here (see --help)\n", stray);
     return 2;
   }
   double t0 = ds_time_sec();

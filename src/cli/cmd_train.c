@@ -88,7 +88,7 @@ int cmd_train(int argc, char **argv) {
     else if (!strcmp(a, "--mask-token-id")) CLI_INT(0, INT32_MAX, o.mask_token_id);
     else if (!strcmp(a, "--markov")) {
       CLI_VALUE();
-      if (ds_markov_type_parse(v, &o.markov_type) != DS_OK) return cli_report_error("train");
+      if (!cli_markov_type(a, v, &o.markov_type)) return 2;
     }
     else if (!strcmp(a, "--markov-rank")) CLI_INT(0, 1 << 20, o.markov_rank);
     else if (!strcmp(a, "--no-confidence-head")) o.confidence_head = 0;
@@ -118,9 +118,13 @@ int cmd_train(int argc, char **argv) {
     else if (!strcmp(a, "--threads")) CLI_INT(1, 1024, l->threads);
     else if (!strcmp(a, "--quiet")) l->quiet = 1;
     else {
-      fprintf(stderr, "dspark train: unknown option '%s' (see --help)\n", a);
+      fprintf(stderr, "dspark train: %s '%s' (see --help)\n", a[0] == '-' ? "unknown option" : "unexpected argument", a);
       return 2;
     }
+  }
+  if (layers_given && o.n_explicit_layers) {
+    fprintf(stderr, "dspark train: --target-layers and --target-layer-ids are alternatives; give one (see --help)\n");
+    return 2;
   }
   if (l->resume && l->overwrite) {
     fprintf(stderr, "dspark train: --resume and --overwrite contradict each other (see --help)\n");

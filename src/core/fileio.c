@@ -13,15 +13,24 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* The reason an opened path cannot be read as a file: fstat failed (err), or what it is. */
+static ds_status not_regular(const char *path, const struct stat *st, int err) {
+  if (err) return DS_FAIL(DS_ERR_IO, "%s: cannot stat: %s", path, strerror(err));
+  return DS_FAIL(DS_ERR_IO, "%s: %s, not a regular file", path,
+                 S_ISDIR(st->st_mode) ? "a directory" : S_ISFIFO(st->st_mode) ? "a pipe" : "a device or socket");
+}
+
 ds_status ds_read_file(const char *path, char **out, size_t *len) {
   *out = NULL;
   if (len) *len = 0;
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return DS_FAIL(DS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
   struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  int err = fstat(fd, &st) != 0 ? errno : 0;
+  if (err || !S_ISREG(st.st_mode)) {
+    ds_status s = not_regular(path, &st, err);
     close(fd);
-    return DS_FAIL(DS_ERR_IO, "%s: not a regular file", path);
+    return s;
   }
   size_t size = (size_t)st.st_size;
   char *buf = ds_malloc(size + 1, path);
@@ -31,9 +40,11 @@ ds_status ds_read_file(const char *path, char **out, size_t *len) {
     ssize_t r = read(fd, buf + got, size - got);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) {
+      ds_status s = DS_FAIL(DS_ERR_IO, "%s: read failed after %zu of %zu bytes: %s", path, got, size,
+                            r < 0 ? strerror(errno) : "the file shrank while being read");
       free(buf);
       close(fd);
-      return DS_FAIL(DS_ERR_IO, "%s: read failed after %zu of %zu bytes", path, got, size);
+      return s;
     }
     got += (size_t)r;
   }
@@ -50,9 +61,11 @@ ds_status ds_map_file(const char *path, ds_mapping *out) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return DS_FAIL(DS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
   struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  int err = fstat(fd, &st) != 0 ? errno : 0;
+  if (err || !S_ISREG(st.st_mode)) {
+    ds_status s = not_regular(path, &st, err);
     close(fd);
-    return DS_FAIL(DS_ERR_IO, "%s: not a regular file", path);
+    return s;
   }
   out->fd = fd;
   out->size = (size_t)st.st_size;
@@ -171,6 +184,13 @@ ds_status ds_mkdir_p(const char *path) {
     buf[i] = c;
   }
   free(buf);
+  /* mkdir's EEXIST says only that a name exists: it must resolve to a directory (a symlink
+   * loop, a dangling link or a file there is refused with the reason). */
+  struct stat st;
+  if (stat(path, &st) != 0)
+    return DS_FAIL(DS_ERR_IO, "%s: cannot use as a directory: %s", path, strerror(errno));
+  if (!S_ISDIR(st.st_mode))
+    return DS_FAIL(DS_ERR_IO, "%s: cannot use as a directory: %s", path, strerror(ENOTDIR));
   return DS_OK;
 }
 

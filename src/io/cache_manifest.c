@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "dspark/cache.h"
 #include "core/json_util.h"
@@ -48,9 +49,42 @@ static void add_hex(cJSON *j, const char *key, uint64_t h) {
   cJSON_AddStringToObject(j, key, hex);
 }
 
+/* The 16 hex digits of the leading "manifest_xxh64" field in a manifest's text, or NULL. The
+ * field is the object's first, so the first occurrence of the key is the field. */
+static const char *self_hash_digits(const char *text, size_t len) {
+  static const char key[] = "\"manifest_xxh64\"";
+  const char *end = text + len, *p = text;
+  while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+  if (p == end || *p++ != '{') return NULL;
+  while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+  if ((size_t)(end - p) < sizeof key - 1 || memcmp(p, key, sizeof key - 1)) return NULL;
+  p += sizeof key - 1;
+  while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+  if (p == end || *p++ != ':') return NULL;
+  while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+  if (end - p < 18 || *p != '"' || p[17] != '"') return NULL;
+  return p + 1;
+}
+
+/* xxh64 of text with the 16 digits at `digits` read as '0' (DS_CACHE_MANIFEST_HASH). */
+static uint64_t self_hash(const char *text, size_t len, const char *digits) {
+  static const char zeros[16] = "0000000000000000";
+  XXH64_state_t *h = XXH64_createState();
+  if (!h) return 0;
+  size_t at = (size_t)(digits - text);
+  XXH64_reset(h, 0);
+  XXH64_update(h, text, at);
+  XXH64_update(h, zeros, sizeof zeros);
+  XXH64_update(h, digits + 16, len - at - 16);
+  uint64_t v = XXH64_digest(h);
+  XXH64_freeState(h);
+  return v;
+}
+
 char *ds_cache_manifest_json(const ds_cache_manifest *m) {
   cJSON *j = cJSON_CreateObject();
   if (!j) return NULL;
+  cJSON_AddStringToObject(j, "manifest_xxh64", "0000000000000000"); /* filled in last */
   cJSON_AddStringToObject(j, "format", DS_CACHE_FORMAT);
   cJSON_AddNumberToObject(j, "format_version", m->format_version);
   cJSON_AddBoolToObject(j, "complete", m->complete);
@@ -106,13 +140,18 @@ char *ds_cache_manifest_json(const ds_cache_manifest *m) {
   if (!out) { free(text); return NULL; }
   out[n] = '\n';
   out[n + 1] = 0;
+  char *digits = (char *)self_hash_digits(out, n + 1);
+  if (!digits) { free(out); return NULL; }
+  char hex[17];
+  ds_cache_hex(self_hash(out, n + 1, digits), hex);
+  memcpy(digits, hex, 16);
   return out;
 }
 
 /* ---------------------------------------------------------------- parsing */
 
 static const char *k_fields[] = {
-    "format", "format_version", "complete", "target_path", "target_architecture", "target_weights_xxh64",
+    "manifest_xxh64", "format", "format_version", "complete", "target_path", "target_architecture", "target_weights_xxh64",
     "target_weights_hash_covers", "target_config_xxh64", "tokenizer_xxh64", "chat_template", "chat_template_xxh64",
     "vocab_size", "hidden_size", "num_hidden_layers", "target_layer_ids", "dtype", "seq_length", "eos_token_id",
     "min_length", "num_samples", "num_tokens", "shard_size", "data_path", "data_xxh64", "seed", "features", "kd",
@@ -307,6 +346,7 @@ static ds_status parse_root(const cJSON *root, const char *label, ds_cache_manif
   if (v != DS_CACHE_FORMAT_VERSION)
     return DS_FAIL(DS_ERR_UNSUPPORTED, "%s: field 'format_version' is %lld; this build reads version %d (recapture)",
                    label, (long long)v, DS_CACHE_FORMAT_VERSION);
+  DS_TRY(get_hex(root, "manifest_xxh64", label, &m->manifest_xxh64));
   m->format_version = (int)v;
   DS_TRY(get_bool(root, "complete", label, &m->complete));
   DS_TRY(get_str(root, "target_path", label, &s));
@@ -352,12 +392,30 @@ static ds_status parse_root(const cJSON *root, const char *label, ds_cache_manif
   return parse_shards(root, label, m);
 }
 
+/* The manifest's own checksum, verified after every field is known to be valid (so a damaged
+ * field is still named by its own message). */
+static ds_status check_self_hash(const cJSON *root, const char *json, size_t len, const char *label, uint64_t want) {
+  const char *digits = self_hash_digits(json, len);
+  if (!root->child || strcmp(root->child->string, "manifest_xxh64") || !digits)
+    return DS_FAIL(DS_ERR_FORMAT, "%s: field 'manifest_xxh64' must be the object's first field, written as "
+                   "\"manifest_xxh64\": \"<16 hex digits>\" (the manifest was rewritten by another program)", label);
+  uint64_t have = self_hash(json, len, digits);
+  if (have == want) return DS_OK;
+  char a[17], b[17];
+  ds_cache_hex(have, a);
+  ds_cache_hex(want, b);
+  return DS_FAIL(DS_ERR_FORMAT, "%s: checksum mismatch: the manifest's bytes hash to %s but its field 'manifest_xxh64' "
+                 "is %s: the manifest was edited or damaged after `dspark capture` wrote it (%s); recapture into "
+                 "a new directory", label, a, b, DS_CACHE_MANIFEST_HASH);
+}
+
 ds_status ds_cache_manifest_parse(const char *json, size_t len, const char *label, ds_cache_manifest *out) {
   memset(out, 0, sizeof *out);
   ds_status st;
   cJSON *root = ds_json_parse(json, len, label, &st);
   if (!root) return st;
   st = parse_root(root, label, out);
+  if (st == DS_OK) st = check_self_hash(root, json, len, label, out->manifest_xxh64);
   cJSON_Delete(root);
   if (st != DS_OK) ds_cache_manifest_free(out);
   return st;

@@ -119,6 +119,28 @@ static ds_status shard_path(const ds_cache *c, int64_t i, char **out) {
   return *out ? DS_OK : DS_ERR_NOMEM;
 }
 
+/* The cache's copy of one of the target's files (target_config.json, tokenizer.json) against
+ * its hash in the manifest, streamed (tokenizer.json may be large). */
+static ds_status check_copy(const ds_cache *c, const char *name, uint64_t want, const char *field) {
+  char *path = ds_path_join(c->dir, name);
+  if (!path) return DS_ERR_NOMEM;
+  uint64_t have = 0;
+  ds_status st = ds_cache_hash_file(path, &have);
+  if (st != DS_OK) {
+    ds_error_wrap(st, "the cache's copy of the target's %s cannot be read (rerun the same `dspark capture` command "
+                  "to restore it)", name);
+  } else if (have != want) {
+    char a[17], b[17];
+    ds_cache_hex(have, a);
+    ds_cache_hex(want, b);
+    st = DS_FAIL(DS_ERR_FORMAT, "%s: checksum mismatch: xxh64 is %s but the manifest's '%s' is %s: the cache's copy of "
+                 "the target's file was changed (rerun the same `dspark capture` command to restore it)", path, a,
+                 field, b);
+  }
+  free(path);
+  return st;
+}
+
 static ds_status open_all(ds_cache *c, const ds_cache_expect *e) {
   char *text;
   size_t len;
@@ -133,6 +155,10 @@ static ds_status open_all(ds_cache *c, const ds_cache_expect *e) {
   if (st != DS_OK) return st;
   DS_TRY(ds_cache_manifest_check(&c->m, e, c->manifest_path));
   const ds_cache_manifest *m = &c->m;
+  if (m->complete) { /* the copies are written before the shards: a complete cache has them */
+    DS_TRY(check_copy(c, "target_config.json", m->target_config_xxh64, "target_config_xxh64"));
+    DS_TRY(check_copy(c, "tokenizer.json", m->tokenizer_xxh64, "tokenizer_xxh64"));
+  }
   c->S = m->seq_length;
   c->d = m->hidden_size;
   c->md = c->d * m->n_layers;
@@ -370,6 +396,41 @@ static ds_status convert_rows(float *dst, const ds_tensor_view *v, int64_t offse
   return DS_OK;
 }
 
+/* Index of the first NaN or infinite value of x[0..n) (-inf allowed when allow_neg_inf), or -1.
+ * A branch-free scan first (it vectorizes), the search only when it found one. */
+static int64_t first_nonfinite(const float *x, int64_t n, int allow_neg_inf) {
+  uint32_t any = 0, neg_ok = allow_neg_inf ? 1u : 0u;
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, x + i, 4);
+    any |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u) & ~(neg_ok & (uint32_t)(u == 0xff800000u));
+  }
+  if (!any) return -1;
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, x + i, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u && !(allow_neg_inf && u == 0xff800000u)) return i;
+  }
+  return -1;
+}
+
+/* Converted rows of sample idx (row `row` of shard si) must be finite: a NaN that reached the
+ * cache is named where it is, not later as "draft logits hold NaN". cols: values per position. */
+static ds_status check_finite(const ds_cache *c, const ds_safetensors *st, const char *tensor, int64_t idx, int64_t si,
+                              int64_t row, const float *x, int64_t len, int64_t cols, int allow_neg_inf) {
+  int64_t bad = first_nonfinite(x, len * cols, allow_neg_inf);
+  if (bad < 0) return DS_OK;
+  int64_t t = bad / cols, j = bad % cols;
+  const char *what = x[bad] != x[bad] ? "NaN" : x[bad] > 0 ? "+inf" : "-inf";
+  char layer[64] = "";
+  if (!strcmp(tensor, "target_hidden_states"))
+    snprintf(layer, sizeof layer, ", captured layer %d", c->m.target_layer_ids[j / c->d]);
+  return DS_FAIL(DS_ERR_NUMERIC, "%s: tensor '%s' holds %s at [%lld, %lld, %lld] (sample %lld of the cache, row %lld "
+                 "of shard %lld, position %lld, value %lld%s): the target produced a non-finite value when this cache "
+                 "was captured", ds_st_path(st), tensor, what, (long long)row, (long long)t, (long long)j,
+                 (long long)idx, (long long)row, (long long)si, (long long)t, (long long)j, layer);
+}
+
 ds_status ds_cache_read_sample(ds_cache *c, int64_t idx, float *ctx, float *last, int32_t *topk_ids,
                                float *topk_logprobs) {
   if (idx < 0 || idx >= c->n_samples)
@@ -382,14 +443,23 @@ ds_status ds_cache_read_sample(ds_cache *c, int64_t idx, float *ctx, float *last
     return DS_FAIL(DS_ERR_ARG, "%s: the cache holds no DSpark features (captured with --no-features)", c->dir);
   if ((topk_ids || topk_logprobs) && !c->K)
     return DS_FAIL(DS_ERR_ARG, "%s: the cache holds no KD data (captured without --topk)", c->dir);
-  if (ctx) DS_TRY(convert_rows(ctx, ds_st_find(st, "target_hidden_states"), row * S * c->md, len * c->md));
-  if (last) DS_TRY(convert_rows(last, ds_st_find(st, "target_last_hidden_states"), row * S * c->d, len * c->d));
+  if (ctx) {
+    DS_TRY(convert_rows(ctx, ds_st_find(st, "target_hidden_states"), row * S * c->md, len * c->md));
+    DS_TRY(check_finite(c, st, "target_hidden_states", idx, si, row, ctx, len, c->md, 0));
+  }
+  if (last) {
+    DS_TRY(convert_rows(last, ds_st_find(st, "target_last_hidden_states"), row * S * c->d, len * c->d));
+    DS_TRY(check_finite(c, st, "target_last_hidden_states", idx, si, row, last, len, c->d, 0));
+  }
   if (topk_ids) {
     const ds_tensor_view *v = ds_st_find(st, "topk_ids");
     const unsigned char *src = (const unsigned char *)v->data + (size_t)(row * S * c->K) * 4;
     memcpy(topk_ids, src, (size_t)(len * c->K) * 4);
     drop_pages(src, (size_t)(len * c->K) * 4);
   }
-  if (topk_logprobs) DS_TRY(convert_rows(topk_logprobs, ds_st_find(st, "topk_logprobs"), row * S * c->K, len * c->K));
+  if (topk_logprobs) { /* -inf is the log-prob of a dropped entry */
+    DS_TRY(convert_rows(topk_logprobs, ds_st_find(st, "topk_logprobs"), row * S * c->K, len * c->K));
+    DS_TRY(check_finite(c, st, "topk_logprobs", idx, si, row, topk_logprobs, len, c->K, 1));
+  }
   return DS_OK;
 }

@@ -77,8 +77,9 @@ ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *s, const ds_dspark_
   ds_status st = DS_OK;
   for (int64_t blk = 0; blk < s->n_blocks; blk++)
     for (int64_t k = 0; k < g; k++) {
-      int64_t t = s->anchors[blk] + k + 1;
-      b.ids[blk * g + k] = s->block_keep[blk] && t < s->T ? s->ids[t] : -1; /* -1: unsupervised there */
+      /* a dropped block's anchor may be anything: it is never read (nor added to) */
+      int64_t t = s->block_keep[blk] ? s->anchors[blk] + k + 1 : s->T;
+      b.ids[blk * g + k] = t < s->T ? s->ids[t] : -1; /* -1: unsupervised there */
     }
   if ((st = ds_dspark_loss_weights(&lc, s->n_blocks, g, s->eval_mask, s->block_keep, b.sup, b.w)) != DS_OK) goto done;
   if ((st = ds_dspark_loss_check_ids(0, g, R, V, b.ids, b.sup)) != DS_OK) goto done;
@@ -96,8 +97,8 @@ ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *s, const ds_dspark_
     ds_draft_rows_logits(d, r0, n, b.logits, b.scratch);
     if (lc.has_teacher) {
       for (int64_t i = 0; i < n; i++) {
-        int64_t row = r0 + i, blk = row / g, t = s->anchors[blk] + row % g;
-        if (!s->block_keep[blk] || t >= s->T) t = 0; /* unsupervised row: any finite input */
+        int64_t row = r0 + i, blk = row / g, t = s->block_keep[blk] ? s->anchors[blk] + row % g : 0;
+        if (t >= s->T) t = 0; /* unsupervised row: any finite input */
         memcpy(b.last_rows + i * dm, s->last + t * dm, (size_t)dm * sizeof(float));
       }
       ds_draft_backend(d)->linear(b.teacher, b.last_rows, ds_draft_lm_head(d), NULL, n, dm, V);

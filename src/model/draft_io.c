@@ -156,7 +156,14 @@ ds_status ds_draft_read_tensors(ds_draft *d, const ds_safetensors *st, const cha
       return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' has shape [%lld%s%lld] but the draft config needs [%lld, %lld]",
                      ds_st_path(st), name, (long long)v->shape[0], v->ndim > 1 ? ", " : " ",
                      (long long)(v->ndim > 1 ? v->shape[1] : 0), (long long)t->shape[0], (long long)t->shape[1]);
-    DS_TRY(ds_convert_to_f32(t->data, v->data, v->dtype, (size_t)v->numel));
+    ds_status cs = ds_convert_to_f32(t->data, v->data, v->dtype, (size_t)v->numel);
+    if (cs != DS_OK) return ds_error_wrap(cs, "%s: tensor '%s'", ds_st_path(st), name);
+    /* a non-finite weight is a damaged file: named here, not later as NaN logits */
+    for (int64_t k = 0; k < v->numel; k++)
+      if (!isfinite(t->data[k]))
+        return DS_FAIL(DS_ERR_NUMERIC, "%s: tensor '%s' holds %s at element %lld (a non-finite weight)",
+                       ds_st_path(st), name, isnan(t->data[k]) ? "NaN" : t->data[k] > 0 ? "+inf" : "-inf",
+                       (long long)k);
   }
   return DS_OK;
 }

@@ -5,10 +5,11 @@
 void ds_anchor_eval_mask(const uint8_t *loss_mask, int64_t T, const int64_t *anchors, const uint8_t *block_keep,
                          int64_t n_blocks, int64_t g, uint8_t *eval_mask) {
   for (int64_t b = 0; b < n_blocks; b++) {
-    uint8_t alive = block_keep[b] ? 1 : 0;
+    /* A dropped block, or an anchor outside [0, T), supervises nothing; its anchor is never
+     * used in arithmetic (a hostile one could overflow). */
+    uint8_t alive = block_keep[b] && anchors[b] >= 0 && anchors[b] < T;
     for (int64_t k = 0; k < g; k++) {
-      int64_t t = anchors[b] + k + 1;
-      alive = alive && t < T && loss_mask[t];
+      alive = alive && anchors[b] + k + 1 < T && loss_mask[anchors[b] + k + 1];
       eval_mask[b * g + k] = alive;
     }
   }

@@ -45,23 +45,6 @@ static int64_t sample_blocks(draft_run *t, int64_t idx, uint64_t stream) {
   return n > 0 ? n : 1; /* a sequence without anchors still runs one (dropped) block */
 }
 
-/* Online features name the target layer a non-finite value came from. */
-static ds_status check_online_features(const draft_run *t, int64_t idx) {
-  int64_t T = t->data.lengths[idx], d = t->tc.hidden_size, m = t->dc.n_target_layers;
-  for (int64_t p = 0; p < T; p++) {
-    for (int64_t l = 0; l < m; l++)
-      for (int64_t k = 0; k < d; k++)
-        if (!isfinite(t->ctx[(p * m + l) * d + k]))
-          return DS_FAIL(DS_ERR_NUMERIC, "%s: target layer %d gives a non-finite hidden state at position %lld of data "
-                         "sequence %lld", t->cfg_target, t->dc.target_layer_ids[l], (long long)p, (long long)idx);
-    for (int64_t k = 0; k < d; k++)
-      if (!isfinite(t->last[p * d + k]))
-        return DS_FAIL(DS_ERR_NUMERIC, "%s: the target's final hidden state is non-finite at position %lld of data "
-                       "sequence %lld", t->cfg_target, (long long)p, (long long)idx);
-  }
-  return DS_OK;
-}
-
 static ds_status target_features(draft_run *t, int64_t idx) {
   if (t->fc) return ds_draft_cache_features(t, idx);
   const ds_dataset *ds = &t->data;
@@ -71,7 +54,8 @@ static ds_status target_features(draft_run *t, int64_t idx) {
   ds_target_seq seq = {ds->ids + idx * ds->seq_len, ds->lengths[idx], t->kv};
   ds_target_outputs out = {t->dc.target_layer_ids, t->dc.n_target_layers, t->ctx, t->last, NULL, 0, NULL};
   DS_TRY(ds_target_forward(t->target, &seq, 1, &out));
-  return check_online_features(t, idx);
+  ds_status st = ds_target_check_finite(t->target, &out, seq.n);
+  return st == DS_OK ? DS_OK : ds_error_wrap(st, "%s: data sequence %lld", t->cfg_data, (long long)idx);
 }
 
 /* with_teacher = 0 gives the CE-only objective; evaluation always uses the teacher so that

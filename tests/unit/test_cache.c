@@ -239,7 +239,7 @@ static void test_manifest_parse_refusals(void) {
     if (!strstr(ds_last_error(), word)) fprintf(stderr, "message: %s\n", ds_last_error()); \
     EXPECT(strstr(ds_last_error(), word) != NULL);                                     \
   } while (0)
-  BAD("\"format_version\":\t1", "\"format_version\":\t2", "format_version");
+  BAD("\"format_version\":\t2", "\"format_version\":\t1", "format_version");
   BAD("\"seed\"", "\"sed\"", "unknown field 'sed'");
   BAD("\"vocab_size\":\t37", "\"vocab_size\":\t\"37\"", "'vocab_size'");
   BAD("\"dtype\":\t\"bf16\"", "\"dtype\":\t\"int4\"", "'dtype'");
@@ -303,6 +303,14 @@ static void write_cache(const char *dir) {
     free(path);
     ds_st_writer_free(w);
   }
+  /* the copies of the target's files that a complete cache holds */
+  const char *copies[2] = {"target_config.json", "tokenizer.json"};
+  for (int i = 0; i < 2; i++) {
+    char *p = ds_path_join(dir, copies[i]);
+    EXPECT_OK(ds_write_file_atomic(p, "{}", 2));
+    free(p);
+  }
+  m.target_config_xxh64 = m.tokenizer_xxh64 = ds_cache_hash_string("{}");
   char *text = ds_cache_manifest_json(&m), *path = ds_path_join(dir, "manifest.json");
   EXPECT_OK(ds_write_file_atomic(path, text, strlen(text)));
   free(text);
