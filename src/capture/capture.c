@@ -303,16 +303,12 @@ static ds_status resume_state(capture *c, int64_t *kept, int *weights_ok, int *d
 /* Rewritten in place on a terminal after every sample; one line per shard otherwise. */
 static void progress(const capture *c, int64_t done, int64_t first, double elapsed, double tokens, int shard_done) {
   int tty = isatty(fileno(stderr));
-  if (c->o->quiet || tty == (shard_done != 0)) return;
-  char el[32], eta[32];
-  double rate = elapsed > 0 ? tokens / elapsed : 0;
-  ds_format_duration(elapsed, el, sizeof el);
-  ds_format_duration(done > first ? elapsed / (double)(done - first) * (double)(c->m.num_samples - done) : -1, eta, sizeof eta);
-  fprintf(stderr, "%scapture: sample %lld/%lld (shard %lld/%lld) | %.1f tok/s | elapsed %s ETA %s%s",
-          tty ? "\r\033[K" : "", (long long)done, (long long)c->m.num_samples,
-          (long long)((done + c->m.shard_size - 1) / c->m.shard_size), (long long)c->n_shards_total, rate, el, eta,
-          tty && done < c->m.num_samples ? "" : "\n");
-  fflush(stderr);
+  if (c->o->quiet || tty == (shard_done != 0)) return; /* every sample on a terminal, every shard otherwise */
+  char extra[64];
+  snprintf(extra, sizeof extra, "(shard %lld/%lld)", (long long)((done + c->m.shard_size - 1) / c->m.shard_size),
+           (long long)c->n_shards_total);
+  ds_progress_line(stderr, "capture: sample", done, c->m.num_samples, done - first, elapsed,
+                   elapsed > 0 ? tokens / elapsed : 0, "tok/s", extra);
 }
 
 static void summary(const capture *c, int64_t samples, double tokens, double loop_s, int64_t first_shard) {

@@ -82,6 +82,12 @@ def main():
         ck.check(sha(os.path.join(nested, "checkpoint.safetensors")) == ref_sha,
                  "24: train --out with missing parents did not create the run")
 
+    def item_00_24_usage():
+        # 24: an unknown --markov value is a usage error (2), as is an unexpected argument
+        for extra, want in ((["--markov", "bogus"], "bogus"), (["stray"], "unexpected argument")):
+            _, err, _ = train(fresh("usage"), *extra, rc=2)
+            ck.check(want in err, f"24: usage error {extra}: {err}")
+
     def item_01_5():
         # 5: an existing run is refused without --resume / --overwrite, untouched
         _, err, _ = train(ref, rc=1)
@@ -270,7 +276,7 @@ def main():
         glued = [i for i in range(len(text)) if text.startswith("eval at step", i) and i > 0 and text[i - 1] != "\n"]
         ck.check("eval at step" in text and not glued, f"25: an evaluation line glued to the progress line: {text!r}")
 
-    sections = [item_00_24, item_01_5, item_02_16, item_03_7, item_05_4, item_06_11, item_07_2, item_08_13, item_09_14, item_10_15, item_11_18, item_12_8, item_13_23, item_14_25]
+    sections = [item_00_24, item_00_24_usage, item_01_5, item_02_16, item_03_7, item_05_4, item_06_11, item_07_2, item_08_13, item_09_14, item_10_15, item_11_18, item_12_8, item_13_23, item_14_25]
     for section in sections:
         try:
             section()
