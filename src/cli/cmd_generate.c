@@ -23,16 +23,12 @@ static void usage(FILE *f) {
           "  --temperature T       0 = greedy (default 0)\n"
           "  --top-p P             nucleus sampling mass (default 1.0 = off)\n"
           "  --seed S              sampling seed (default 0)\n"
-          "  --ignore-eos          keep generating past an end-of-sequence token\n"
+          "  --ignore-eos          keep generating past a stop token\n"
           "  --print-ids           print the generated ids (one line) instead of text\n"
           "  --threads N           threads for BLAS and kernels\n"
-          "Timing (prefill and decode tokens/s) goes to stderr.\n");
-}
-
-static int is_eos(const ds_model_config *c, int32_t id) {
-  for (int i = 0; i < c->n_eos; i++)
-    if (c->eos_token_ids[i] == id) return 1;
-  return 0;
+          "Generation stops where transformers' generate() stops: on any eos_token_id of\n"
+          "MODEL_DIR/generation_config.json when that file exists (none listed there: no stop token),\n"
+          "else of config.json. Timing (prefill and decode tokens/s) goes to stderr.\n");
 }
 
 /* Prints the newly completed text of ids[0..n): decodes everything and emits the suffix past
@@ -132,7 +128,7 @@ int cmd_generate(int argc, char **argv) {
     generated++;
     if (print_ids) printf("%s%d", generated > 1 ? " " : "", next);
     else stream_text(tok, ids.ids + prompt_len, ids.len - prompt_len, &printed, 0);
-    if ((!ignore_eos && is_eos(c, next)) || generated == max_new) break;
+    if ((!ignore_eos && ds_config_is_stop_token(c, next)) || generated == max_new) break;
     seq = (ds_target_seq){&ids.ids[ids.len - 1], 1, cache};
     if (ds_target_forward(m, &seq, 1, &out) != DS_OK) goto report;
   }

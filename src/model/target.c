@@ -153,9 +153,7 @@ ds_status ds_target_load(const char *model_dir, const ds_backend *backend, ds_ta
   if (!m) return DS_ERR_NOMEM;
   m->be = backend ? backend : ds_backend_cpu();
   ds_checkpoint *ck = NULL;
-  char *cfg_path = ds_path_join(model_dir, "config.json");
-  ds_status st = cfg_path ? ds_config_load(cfg_path, &m->cfg) : DS_ERR_NOMEM;
-  free(cfg_path);
+  ds_status st = ds_config_load_dir(model_dir, &m->cfg);
   if (st != DS_OK) goto fail;
   const ds_model_config *c = &m->cfg;
   if (c->head_dim > 2048) {
@@ -175,6 +173,9 @@ ds_status ds_target_load(const char *model_dir, const ds_backend *backend, ds_ta
   if ((st = ds_ckpt_open(model_dir, &ck)) != DS_OK) goto fail;
   st = load_weights(m, ck);
   ds_ckpt_close(ck);
+  if ((st == DS_ERR_FORMAT || st == DS_ERR_NOT_FOUND) && c->defaulted[0])
+    ds_error_wrap(st, "%s/config.json leaves these fields to %s's defaults (as transformers does): %s", model_dir,
+                  ds_config_class_name(c->arch), c->defaulted);
   if (st != DS_OK) goto fail;
   *out = m;
   return DS_OK;
