@@ -28,7 +28,8 @@ static void usage(FILE *f) {
           "  --threads N           threads for BLAS and kernels\n"
           "Generation stops where transformers' generate() stops: on any eos_token_id of\n"
           "MODEL_DIR/generation_config.json when that file exists (none listed there: no stop token),\n"
-          "else of config.json. Timing (prefill and decode tokens/s) goes to stderr.\n");
+          "else of config.json. The prompt plus --max-new-tokens must fit in the model's\n"
+          "max_position_embeddings. Timing (prefill and decode tokens/s) goes to stderr.\n");
 }
 
 /* Prints the newly completed text of ids[0..n): decodes everything and emits the suffix past
@@ -100,6 +101,23 @@ int cmd_generate(int argc, char **argv) {
   }
   if (ids.len == 0) { fprintf(stderr, "dspark generate: the prompt has no tokens\n"); rc = 2; goto done; }
 
+  /* The position limit, before the weights are loaded. */
+  ds_model_config pre;
+  char *cfg_path = ds_path_join(dir, "config.json");
+  ds_status cst = cfg_path ? ds_config_load(cfg_path, &pre) : DS_ERR_NOMEM;
+  free(cfg_path);
+  if (cst != DS_OK) goto report;
+  if ((int64_t)ids.len + max_new > pre.max_position_embeddings) {
+    int64_t room = pre.max_position_embeddings - (int64_t)ids.len;
+    fprintf(stderr,
+            "dspark generate: the prompt (%zu tokens) plus --max-new-tokens %lld needs %lld positions, but "
+            "max_position_embeddings in %s/config.json is %lld; %s\n",
+            ids.len, (long long)max_new, (long long)ids.len + (long long)max_new, dir,
+            (long long)pre.max_position_embeddings, room > 0 ? "lower --max-new-tokens" : "shorten the prompt");
+    if (room > 0) fprintf(stderr, "  (at most %lld with this prompt)\n", (long long)room);
+    rc = 2;
+    goto done;
+  }
   if (ds_target_load(dir, ds_backend_cpu(), &m) != DS_OK) goto report;
   const ds_model_config *c = ds_target_config(m);
   size_t prompt_len = ids.len;

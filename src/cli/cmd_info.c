@@ -85,7 +85,10 @@ int cmd_info(int argc, char **argv) {
   const ds_model_config *c = ds_target_config(m);
   printf("model:              %s\n", dir);
   printf("architecture:       %s (%s)\n", c->architecture, ds_arch_name(c->arch));
-  printf("parameters:         %lld (%.1f M)\n", (long long)ds_config_num_params(c), ds_config_num_params(c) / 1e6);
+  /* a tied config whose checkpoint stores its own head holds both tables */
+  int64_t n_params = ds_config_num_params(c) +
+                     (c->tie_word_embeddings && !ds_target_head_is_embedding(m) ? c->vocab_size * c->hidden_size : 0);
+  printf("parameters:         %lld (%.1f M)\n", (long long)n_params, n_params / 1e6);
   printf("stored dtype:       %s\n", c->dtype);
   printf("vocab_size:         %lld\n", (long long)c->vocab_size);
   printf("hidden_size:        %lld\n", (long long)c->hidden_size);
@@ -97,7 +100,11 @@ int cmd_info(int argc, char **argv) {
   printf("rope:               %s, theta %g", rope_name(c->rope_type), c->rope_theta);
   if (c->rope_type != DS_ROPE_DEFAULT) printf(", factor %g", c->rope_factor);
   printf("\nrms_norm_eps:       %g\n", c->rms_norm_eps);
-  printf("tied embeddings:    %s\n", c->tie_word_embeddings ? "yes" : "no");
+  printf("tied embeddings:    %s\n", !c->tie_word_embeddings ? "no"
+                                      : ds_target_head_is_embedding(m)
+                                          ? "yes"
+                                          : "no: config.json ties them, but the checkpoint stores its own lm_head.weight "
+                                            "(used, as transformers does)");
   printf("attention bias:     %s%s\n", c->attention_bias ? "q/k/v" : "none", c->o_proj_bias ? " + o" : "");
   printf("q/k norm:           %s\n", c->qk_norm ? "yes" : "no");
   printf("eos ids:           ");

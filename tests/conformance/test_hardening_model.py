@@ -2,6 +2,9 @@
 transformers used to read the same model directory differently, each checked against the
 installed transformers on tiny seeded models built here.
 
+- 21: tie_word_embeddings true with a stored lm_head.weight: transformers keeps the stored head
+  (it ties only when both tables are equal); a tied checkpoint holding only lm_head.weight ties
+  the embedding to it. Logits within 1e-4 of transformers.
 - 28: the stop set of generate(): generation_config.json's eos_token_id (int or list) when the
   file exists, none at all when it lists none, else config.json's: greedy ids identical to
   transformers' generate (which stops there); a malformed generation_config.json is refused.
@@ -9,6 +12,8 @@ installed transformers on tiny seeded models built here.
   128, Qwen2/Qwen3 num_key_value_heads 32, Qwen2 head_dim hidden // heads, llama3
   original_max_position_embeddings = max_position_embeddings, ...): `dspark info --config`
   against the config classes, and logits against transformers on models relying on them.
+- 17: max_position_embeddings is enforced by the target forward (naming the limit and the
+  model directory), up front by generate (prompt + --max-new-tokens) and capture (--seq-len).
 - 24: a self-looping or dangling model.safetensors symlink (or shard, or draft checkpoint) is
   reported with its real reason, never as missing."""
 import json
@@ -19,9 +24,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from safetensors.numpy import load_file  # noqa: E402
+from safetensors.numpy import load_file, save_file  # noqa: E402
 
 TOL = 1e-4
 transformers.logging.set_verbosity_error()
@@ -71,6 +77,30 @@ def compare_logits(ck, args, name, mdir, ids):
         ok = False
     ck.check(ok and err <= TOL, f"{name}: logits rel err {err:.2e} against transformers (tolerance {TOL:g})")
     print(f"{name}: logits rel err {err:.2e}")
+
+
+# ------------------------------------------------------------------ 21: tied config, stored head
+
+def test_tied_with_stored_head(ck, args, ids):
+    for arch in ("qwen3", "llama"):
+        d = fresh(args.tmp, f"tied-stored-{arch}")
+        model = common.build_tiny_model(arch, d, seed=21, tied=False)
+        edit_config(d, lambda c: c.update(tie_word_embeddings=True))
+        head = model.lm_head.weight.detach().numpy()
+        emb = model.model.embed_tokens.weight.detach().numpy()
+        ck.check(np.max(np.abs(head - emb)) > 0.1, "test setup: the two tables must differ")
+        compare_logits(ck, args, f"21 {arch} tied config + stored lm_head", d, ids)
+        out, _, _ = run([args.dspark, "info", d])
+        ck.check("stores its own lm_head" in out, f"21 {arch}: info does not say the stored head is used: {out}")
+
+    # A tied checkpoint that holds only lm_head.weight: transformers ties the embedding to it.
+    d = fresh(args.tmp, "tied-head-only")
+    common.build_tiny_model("qwen3", d, seed=22, tied=True)
+    st = os.path.join(d, "model.safetensors")
+    t = load_file(st)
+    t["lm_head.weight"] = t.pop("model.embed_tokens.weight")
+    save_file(t, st, metadata={"format": "pt"})
+    compare_logits(ck, args, "21 tied checkpoint with only lm_head.weight", d, ids)
 
 
 # ------------------------------------------------------------------ 28: generation_config.json
@@ -208,6 +238,42 @@ def test_config_defaults(ck, args, ids):
         compare_logits(ck, args, f"29 {name}", d, ids)
 
 
+# ------------------------------------------------------------------ 17: max_position_embeddings
+
+def test_position_limit(ck, args):
+    d = fresh(args.tmp, "short-context")
+    common.build_tiny_model("qwen3", d, seed=17, max_position_embeddings=64)
+    ids = ",".join(str(i % 200 + 3) for i in range(70))
+    _, err, rc = run([args.dspark, "forward", d, "--ids", ids, "--out", os.path.join(args.tmp, "f.st")],
+                     expect_rc=None)
+    ck.check(rc == 1 and "max_position_embeddings" in err and "64" in err and d in err,
+             f"17 forward of 70 tokens on a 64-position target: rc {rc}: {err}")
+    ok_ids = ",".join(str(i % 200 + 3) for i in range(64))
+    run([args.dspark, "forward", d, "--ids", ok_ids, "--out", os.path.join(args.tmp, "f.st")])
+    # the same limit through the KV cache, 8 tokens at a time
+    _, err, rc = run([args.dspark, "forward", d, "--ids", ids, "--chunk", "8",
+                     "--out", os.path.join(args.tmp, "f.st")], expect_rc=None)
+    ck.check(rc == 1 and "max_position_embeddings" in err, f"17 chunked forward past the limit: rc {rc}: {err}")
+
+    prompt = ",".join(str(i + 3) for i in range(10))
+    _, err, rc = run([args.dspark, "generate", d, "--prompt-ids", prompt, "--max-new-tokens", "55",
+                     "--print-ids"], expect_rc=None)
+    ck.check(rc == 2 and "max_position_embeddings" in err and "64" in err and "--max-new-tokens" in err
+             and "54" in err, f"17 generate 10 + 55 on a 64-position target: rc {rc}: {err}")
+    out, _, _ = run([args.dspark, "generate", d, "--prompt-ids", prompt, "--max-new-tokens", "54",
+                    "--print-ids", "--ignore-eos"])
+    ck.check(len(out.split()) == 54, f"17 generate 10 + 54 should give 54 tokens: {out}")
+
+    data = os.path.join(args.tmp, "tiny.txt")
+    open(data, "w").write("hello world\n" * 50)
+    _, err, rc = run([args.dspark, "capture", "--target", d, "--data", data, "--out",
+                     os.path.join(args.tmp, "cache-long"), "--seq-len", "65"], expect_rc=None)
+    ck.check(rc == 2 and "--seq-len" in err and "65" in err and "64" in err and "max_position_embeddings" in err,
+             f"17 capture --seq-len 65 on a 64-position target: rc {rc}: {err}")
+    ck.check(not os.path.exists(os.path.join(args.tmp, "cache-long", "manifest.json")),
+             "17 refused capture wrote a cache")
+
+
 # ------------------------------------------------------------------ 24: symlinks
 
 def test_symlinks(ck, args):
@@ -271,7 +337,8 @@ def main():
     args = common.parse_args(__doc__)
     ck = common.Checker()
     ids = [3, 200, 17, 45, 9, 128, 77, 1, 250, 64, 31, 8]
-    for test in (lambda: test_generation_stop(ck, args), lambda: test_config_defaults(ck, args, ids),
+    for test in (lambda: test_tied_with_stored_head(ck, args, ids), lambda: test_generation_stop(ck, args),
+                 lambda: test_config_defaults(ck, args, ids), lambda: test_position_limit(ck, args),
                  lambda: test_symlinks(ck, args)):
         try:
             test()
