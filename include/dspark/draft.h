@@ -126,9 +126,22 @@ void *ds_draft_workspace(ds_draft *d, size_t bytes);
 
 /* Writes the HF draft layout of spec section 7 into out_dir: config.json (the target's
  * config.json object, target_config_json, plus the draft keys) and model.safetensors (F32,
- * names without a "model." prefix). Both files are written atomically. */
+ * names without a "model." prefix; metadata format = "pt" and DS_EXPORT_MARKER_KEY = "1").
+ * Both files are written atomically, model.safetensors first. It writes whatever out_dir
+ * holds: callers that take out_dir from a user check it with ds_draft_export_dir_check. */
 ds_status ds_draft_export_hf(const ds_draft *d, const char *target_config_json, const char *out_dir);
-/* The exported config.json text (malloc'd): the target's config plus the draft keys. */
+#define DS_EXPORT_MARKER_KEY "dspark_export"
+/* Whether out_dir may receive an export. It may when it does not exist, is empty, or is a
+ * previous export: every entry is config.json, model.safetensors or a temp file of theirs
+ * (NAME.tmp.PID), and config.json's architectures is ["Qwen3DSparkModel"] (or, when
+ * config.json is absent, an export interrupted between its two files, model.safetensors
+ * carries the DS_EXPORT_MARKER_KEY metadata). Anything else (a target model, other files) is
+ * refused naming what was found, unless overwrite; then *foreign (may be NULL) counts the
+ * entries other than the export's files, which the export leaves in place. */
+ds_status ds_draft_export_dir_check(const char *out_dir, int overwrite, int *foreign);
+/* The exported config.json text (malloc'd): the target's config plus the draft keys.
+ * target_config_json may itself be an exported config (a checkpoint's draft_config): the draft
+ * keys are replaced, so the result is the same. */
 ds_status ds_draft_hf_config_json(const ds_draft *d, const char *target_config_json, char **out);
 /* Loads such a directory (ours, or any writer of the same layout). */
 ds_status ds_draft_load_hf(const char *dir, const ds_backend *backend, ds_draft **out);

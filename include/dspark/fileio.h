@@ -39,6 +39,12 @@ ds_status ds_write_file_atomic(const char *path, const void *data, size_t n);
 /* Joins dir and name with '/'; returns a malloc'd string or NULL (error recorded). */
 char *ds_path_join(const char *dir, const char *name);
 int ds_file_exists(const char *path);
+/* Whether path exists (symlinks followed): *exists = 1 when it does, 0 when it is absent (no
+ * such entry). Anything else is an error naming the path and the reason, so a file that is
+ * there but cannot be reached is never reported as missing: a symlink loop (ELOOP), a
+ * symlink whose target is missing ("dangling"), permission denied on a directory, an I/O
+ * error. Use it wherever "absent" selects a different path (model files, checkpoints). */
+ds_status ds_path_probe(const char *path, int *exists);
 /* mkdir -p: creates path and its missing parents (0755); an existing directory is fine. */
 ds_status ds_mkdir_p(const char *path);
 

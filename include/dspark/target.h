@@ -18,13 +18,19 @@ extern "C" {
 typedef struct ds_target ds_target;
 typedef struct ds_kv_cache ds_kv_cache;
 
-/* Loads MODEL_DIR/config.json and its safetensors (single file or sharded index). */
+/* Loads MODEL_DIR/config.json (with generation_config.json's stop set: ds_config_load_dir)
+ * and its safetensors (single file or sharded index). Tied embeddings follow transformers:
+ * with tie_word_embeddings a stored lm_head.weight is used as the head (and a checkpoint with
+ * only lm_head.weight ties the embedding to it). A forward past max_position_embeddings is
+ * an error naming the limit and MODEL_DIR. */
 ds_status ds_target_load(const char *model_dir, const ds_backend *backend, ds_target **out);
 void ds_target_free(ds_target *m);
 const ds_model_config *ds_target_config(const ds_target *m);
 /* The frozen tables (fp32, [V, d]); lm_head == embed when the model ties them. */
 const float *ds_target_embed(const ds_target *m);
 const float *ds_target_lm_head(const ds_target *m);
+/* 1 when lm_head is the embedding table itself (tied and not stored separately). */
+int ds_target_head_is_embedding(const ds_target *m);
 
 ds_status ds_kv_cache_new(const ds_target *m, int64_t capacity, ds_kv_cache **out);
 void ds_kv_cache_free(ds_kv_cache *c);

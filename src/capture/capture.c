@@ -64,6 +64,7 @@ typedef struct {
 
 static ds_status load_inputs(capture *c) {
   const ds_capture_options *o = c->o;
+  DS_TRY(ds_model_dir_check_positions(o->target_dir, o->seq_len, "--seq-len"));
   DS_TRY(ds_target_load(o->target_dir, ds_backend_cpu(), &c->target));
   const ds_model_config *tc = ds_target_config(c->target);
   char *path = ds_path_join(o->target_dir, "config.json");

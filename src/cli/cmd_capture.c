@@ -7,6 +7,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "dspark/capture.h"
+#include "dspark/hfconfig.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -22,7 +23,7 @@ static void usage(FILE *f) {
     "  --target-layer-ids L,..  explicit layer ids (strictly increasing, -1 = embeddings, at most L-2);\n"
     "                           give one of --target-layers and --target-layer-ids\n"
     "  --dtype bf16|f16|f32     storage dtype of the features and KD log-probs (bf16)\n"
-    "  --seq-len N              tokens per sequence (512)\n"
+    "  --seq-len N              tokens per sequence (512); at most the target's max_position_embeddings\n"
     "  --shard-size N           samples per shard (64); two shards are held in memory (one written in the background)\n"
     "  --no-features            write no DSpark features (KD data only; needs --topk)\n"
     "KD (spec/kd.md section 1), written when --topk is given:\n"
@@ -103,6 +104,13 @@ int cmd_capture(int argc, char **argv) {
     return 2;
   }
   if (!o.out_dir) o.out_dir = "";
+  /* Up front, from config.json alone: a --seq-len past the target's position limit is a usage
+   * error, found before the weights are loaded or the corpus is read. */
+  ds_status st = ds_model_dir_check_positions(o.target_dir, o.seq_len, "--seq-len");
+  if (st != DS_OK) {
+    cli_report_error("capture");
+    return st == DS_ERR_ARG ? 2 : 1;
+  }
   if (ds_capture_run(&o) != DS_OK) return cli_report_error("capture");
   return 0;
 }

@@ -44,12 +44,15 @@ static void usage(FILE *f) {
 static ds_status load_draft(const char *dir, ds_draft **d) {
   char *ckpt = ds_path_join(dir, "checkpoint.safetensors");
   if (!ckpt) return DS_ERR_NOMEM;
-  ds_status st;
-  if (ds_file_exists(ckpt)) {
+  int there = 0;
+  /* A checkpoint name that is there but unreachable (a symlink loop) is an error, not "no
+   * checkpoint, so read an export". */
+  ds_status st = ds_path_probe(ckpt, &there);
+  if (st == DS_OK && there) {
     ds_checkpoint_info info;
     st = ds_checkpoint_load_draft(ckpt, ds_backend_cpu(), d, &info);
     if (st == DS_OK) ds_checkpoint_info_free(&info);
-  } else {
+  } else if (st == DS_OK) {
     st = ds_draft_load_hf(dir, ds_backend_cpu(), d);
   }
   free(ckpt);

@@ -1,4 +1,9 @@
-/* dspark export RUN_DIR --out DIR: the trained draft in the HF layout of spec section 7. */
+/* dspark export RUN_DIR --out DIR: the trained draft in the HF layout of spec section 7.
+ *
+ * The checkpoint is the single source: the draft's weights and its config.json (the
+ * checkpoint's draft_config metadata, the target's config plus the draft keys, recorded when
+ * training started) both come from RUN_DIR/checkpoint.safetensors; RUN_DIR/target_config.json
+ * is never read, so editing or deleting it cannot change an export. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,19 +13,37 @@
 #include "dspark/checkpoint.h"
 #include "dspark/fileio.h"
 
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: dspark export RUN_DIR --out DIR [--overwrite]\n"
+          "Writes DIR/config.json (the target's config plus the DSpark keys: architectures\n"
+          "[\"Qwen3DSparkModel\"], num_hidden_layers, block_size, mask_token_id, target_layer_ids,\n"
+          "markov_rank, markov_head_type, ..., and dflash_config {target_layer_ids, mask_token_id})\n"
+          "and DIR/model.safetensors (F32, spec section 7 names), both taken from\n"
+          "RUN_DIR/checkpoint.safetensors alone (its weights and its recorded draft config;\n"
+          "RUN_DIR/target_config.json is not read).\n"
+          "DIR must not exist, be empty, or hold a previous export (only config.json with\n"
+          "architectures [\"Qwen3DSparkModel\"], model.safetensors and their temp files);\n"
+          "anything else, a target model for instance, is refused.\n"
+          "  --overwrite   write into such a directory anyway: config.json and model.safetensors\n"
+          "                are replaced, other files are left as they are\n"
+          "Serving: vLLM --speculative-config\n"
+          "'{\"method\": \"dspark\", \"model\": DIR, \"num_speculative_tokens\": 7}' loads drafts with the\n"
+          "vanilla Markov head only; gated and rnn drafts do not load there (no module\n"
+          "markov_head.gate_proj / joint_proj).\n");
+}
+
 int cmd_export(int argc, char **argv) {
   const char *run = NULL, *out = NULL;
+  int overwrite = 0;
   for (int i = 1; i < argc; i++) {
     if (cli_is_help(argv[i])) {
-      printf("usage: dspark export RUN_DIR --out DIR\n"
-             "Writes DIR/config.json (the target's config plus the DSpark keys: architectures\n"
-             "[\"Qwen3DSparkModel\"], num_hidden_layers, block_size, mask_token_id, target_layer_ids,\n"
-             "markov_rank, markov_head_type, ...) and DIR/model.safetensors (F32, spec section 7 names)\n"
-             "from RUN_DIR/checkpoint.safetensors. Serving: vLLM --speculative-config\n"
-             "'{\"method\": \"dspark\", \"model\": DIR, \"num_speculative_tokens\": 7}'.\n");
+      usage(stdout);
       return 0;
     } else if (!strcmp(argv[i], "--out")) {
       if (!(out = cli_value(argc, argv, &i))) return 2;
+    } else if (!strcmp(argv[i], "--overwrite")) {
+      overwrite = 1;
     } else if (argv[i][0] == '-' || run) {
       fprintf(stderr, "dspark export: unexpected argument '%s'\n", argv[i]);
       return 2;
@@ -29,32 +52,35 @@ int cmd_export(int argc, char **argv) {
     }
   }
   if (!run || !out) {
-    fprintf(stderr, "usage: dspark export RUN_DIR --out DIR\n");
+    fprintf(stderr, "usage: dspark export RUN_DIR --out DIR [--overwrite]\n");
     return 2;
   }
-  char *ckpt = ds_path_join(run, "checkpoint.safetensors"), *tcfg = ds_path_join(run, "target_config.json");
-  char *text = NULL;
-  size_t len;
+  char *ckpt = ds_path_join(run, "checkpoint.safetensors");
   ds_draft *d = NULL;
-  ds_checkpoint_info info;
-  int rc = 1;
-  if (!ckpt || !tcfg) goto done;
-  if (ds_read_file(tcfg, &text, &len) != DS_OK) goto report;
+  ds_checkpoint_info info = {0};
+  int rc = 1, foreign = 0;
+  if (!ckpt) goto report;
+  if (ds_draft_export_dir_check(out, overwrite, &foreign) != DS_OK) goto report;
   if (ds_checkpoint_load_draft(ckpt, ds_backend_cpu(), &d, &info) != DS_OK) goto report;
-  if (ds_draft_export_hf(d, text, out) != DS_OK) {
-    ds_checkpoint_info_free(&info);
-    goto report;
-  }
+  if (ds_draft_export_hf(d, info.draft_config, out) != DS_OK) goto report;
+  const ds_draft_config *c = ds_draft_get_config(d);
   fprintf(stderr, "exported the draft of %s (step %lld) to %s\n", run, (long long)info.step, out);
-  ds_checkpoint_info_free(&info);
+  if (foreign)
+    fprintf(stderr, "--overwrite: %s keeps %d file%s that are not part of the export\n", out, foreign,
+            foreign > 1 ? "s" : "");
+  if (c->markov_type == DS_MARKOV_GATED || c->markov_type == DS_MARKOV_RNN)
+    fprintf(stderr,
+            "note: this draft has a %s Markov head; vLLM's DSpark model implements the vanilla head only and will "
+            "not load it (\"no module or parameter named markov_head.%s\"). Train with --markov vanilla to serve "
+            "with vLLM.\n",
+            ds_markov_type_name(c->markov_type), c->markov_type == DS_MARKOV_GATED ? "gate_proj" : "joint_proj");
   rc = 0;
   goto done;
 report:
   rc = cli_report_error("export");
 done:
+  ds_checkpoint_info_free(&info);
   ds_draft_free(d);
-  free(text);
   free(ckpt);
-  free(tcfg);
   return rc;
 }

@@ -23,16 +23,13 @@ static void usage(FILE *f) {
           "  --temperature T       0 = greedy (default 0)\n"
           "  --top-p P             nucleus sampling mass (default 1.0 = off)\n"
           "  --seed S              sampling seed (default 0)\n"
-          "  --ignore-eos          keep generating past an end-of-sequence token\n"
+          "  --ignore-eos          keep generating past a stop token\n"
           "  --print-ids           print the generated ids (one line) instead of text\n"
           "  --threads N           threads for BLAS and kernels\n"
-          "Timing (prefill and decode tokens/s) goes to stderr.\n");
-}
-
-static int is_eos(const ds_model_config *c, int32_t id) {
-  for (int i = 0; i < c->n_eos; i++)
-    if (c->eos_token_ids[i] == id) return 1;
-  return 0;
+          "Generation stops where transformers' generate() stops: on any eos_token_id of\n"
+          "MODEL_DIR/generation_config.json when that file exists (none listed there: no stop token),\n"
+          "else of config.json. The prompt plus --max-new-tokens must fit in the model's\n"
+          "max_position_embeddings. Timing (prefill and decode tokens/s) goes to stderr.\n");
 }
 
 /* Prints the newly completed text of ids[0..n): decodes everything and emits the suffix past
@@ -109,6 +106,23 @@ int cmd_generate(int argc, char **argv) {
   }
   if (ids.len == 0) { fprintf(stderr, "dspark generate: the prompt has no tokens\n"); rc = 2; goto done; }
 
+  /* The position limit, before the weights are loaded. */
+  ds_model_config pre;
+  char *cfg_path = ds_path_join(dir, "config.json");
+  ds_status cst = cfg_path ? ds_config_load(cfg_path, &pre) : DS_ERR_NOMEM;
+  free(cfg_path);
+  if (cst != DS_OK) goto report;
+  if ((int64_t)ids.len + max_new > pre.max_position_embeddings) {
+    int64_t room = pre.max_position_embeddings - (int64_t)ids.len;
+    fprintf(stderr,
+            "dspark generate: the prompt (%zu tokens) plus --max-new-tokens %lld needs %lld positions, but "
+            "max_position_embeddings in %s/config.json is %lld; %s\n",
+            ids.len, (long long)max_new, (long long)ids.len + (long long)max_new, dir,
+            (long long)pre.max_position_embeddings, room > 0 ? "lower --max-new-tokens" : "shorten the prompt");
+    if (room > 0) fprintf(stderr, "  (at most %lld with this prompt)\n", (long long)room);
+    rc = 2;
+    goto done;
+  }
   if (ds_target_load(dir, ds_backend_cpu(), &m) != DS_OK) goto report;
   const ds_model_config *c = ds_target_config(m);
   size_t prompt_len = ids.len;
@@ -137,7 +151,7 @@ int cmd_generate(int argc, char **argv) {
     generated++;
     if (print_ids) printf("%s%d", generated > 1 ? " " : "", next);
     else stream_text(tok, ids.ids + prompt_len, ids.len - prompt_len, &printed, 0);
-    if ((!ignore_eos && is_eos(c, next)) || generated == max_new) break;
+    if ((!ignore_eos && ds_config_is_stop_token(c, next)) || generated == max_new) break;
     seq = (ds_target_seq){&ids.ids[ids.len - 1], 1, cache};
     if (ds_target_forward(m, &seq, 1, &out) != DS_OK) goto report;
   }

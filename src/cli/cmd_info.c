@@ -13,18 +13,59 @@ static const char *rope_name(ds_rope_type t) {
   return t == DS_ROPE_LLAMA3 ? "llama3" : t == DS_ROPE_LINEAR ? "linear" : "default";
 }
 
+static void print_ids(const int64_t *ids, int n) {
+  printf("[");
+  for (int i = 0; i < n; i++) printf("%s%lld", i ? ", " : "", (long long)ids[i]);
+  printf("]");
+}
+
+/* The configuration as resolved (class defaults applied), one JSON object, weights unread. */
+static int print_config(const char *dir) {
+  ds_model_config c;
+  if (ds_config_load_dir(dir, &c) != DS_OK) return cli_report_error("info");
+  printf("{\"architecture\": \"%s\", \"config_class\": \"%s\", \"vocab_size\": %lld, \"hidden_size\": %lld, "
+         "\"intermediate_size\": %lld, \"num_hidden_layers\": %lld, \"num_attention_heads\": %lld, "
+         "\"num_key_value_heads\": %lld, \"head_dim\": %lld, \"max_position_embeddings\": %lld, "
+         "\"rms_norm_eps\": %.17g, \"rope_theta\": %.17g, \"rope_type\": \"%s\", \"tie_word_embeddings\": %s, "
+         "\"attention_bias\": %s, \"mlp_bias\": %s, \"qk_norm\": %s, ",
+         c.architecture, ds_config_class_name(c.arch), (long long)c.vocab_size, (long long)c.hidden_size,
+         (long long)c.intermediate_size, (long long)c.num_hidden_layers, (long long)c.num_attention_heads,
+         (long long)c.num_key_value_heads, (long long)c.head_dim, (long long)c.max_position_embeddings, c.rms_norm_eps,
+         c.rope_theta, rope_name(c.rope_type), c.tie_word_embeddings ? "true" : "false",
+         c.attention_bias ? "true" : "false", c.mlp_bias ? "true" : "false", c.qk_norm ? "true" : "false");
+  if (c.rope_type != DS_ROPE_DEFAULT) printf("\"rope_factor\": %.17g, ", c.rope_factor);
+  if (c.rope_type == DS_ROPE_LLAMA3)
+    printf("\"rope_low_freq_factor\": %.17g, \"rope_high_freq_factor\": %.17g, "
+           "\"rope_original_max_position_embeddings\": %lld, ", c.rope_low_freq_factor, c.rope_high_freq_factor,
+           (long long)c.rope_original_max_position_embeddings);
+  if (c.bos_token_id >= 0) printf("\"bos_token_id\": %lld, ", (long long)c.bos_token_id);
+  else printf("\"bos_token_id\": null, ");
+  printf("\"eos_token_id\": ");
+  print_ids(c.eos_token_ids, c.n_eos);
+  printf(", \"stop_token_ids\": ");
+  print_ids(c.stop_token_ids, c.n_stop);
+  printf(", \"stop_source\": \"%s\", \"defaulted\": \"%s\"}\n", c.stop_source, c.defaulted);
+  return 0;
+}
+
 int cmd_info(int argc, char **argv) {
   const char *dir = NULL;
-  int list_tensors = 0;
+  int list_tensors = 0, config_only = 0;
   for (int i = 1; i < argc; i++) {
     if (cli_is_help(argv[i])) {
-      printf("usage: dspark info MODEL_DIR [--tensors]\n"
+      printf("usage: dspark info MODEL_DIR [--tensors | --config]\n"
              "Loads config.json and the safetensors checkpoint (validating every tensor's\n"
-             "presence, dtype and shape) and prints the architecture and sizes.\n"
-             "  --tensors   also list every tensor with dtype and shape\n");
+             "presence, dtype and shape) and prints the architecture and sizes. Fields config.json\n"
+             "leaves out take the defaults of the family's transformers config class (LlamaConfig,\n"
+             "Qwen2Config, Qwen3Config).\n"
+             "  --tensors   also list every tensor with dtype and shape\n"
+             "  --config    print only the resolved configuration as one JSON object (defaults applied,\n"
+             "              the generation stop set and where it comes from); the weights are not read\n");
       return 0;
     } else if (!strcmp(argv[i], "--tensors")) {
       list_tensors = 1;
+    } else if (!strcmp(argv[i], "--config")) {
+      config_only = 1;
     } else if (argv[i][0] == '-' || dir) {
       fprintf(stderr, "dspark info: unexpected argument '%s' (see --help)\n", argv[i]);
       return 2;
@@ -33,9 +74,10 @@ int cmd_info(int argc, char **argv) {
     }
   }
   if (!dir) {
-    fprintf(stderr, "usage: dspark info MODEL_DIR [--tensors]\n");
+    fprintf(stderr, "usage: dspark info MODEL_DIR [--tensors | --config]\n");
     return 2;
   }
+  if (config_only) return print_config(dir);
   double t0 = ds_time_sec();
   ds_target *m;
   if (ds_target_load(dir, ds_backend_cpu(), &m) != DS_OK) return cli_report_error("info");
@@ -43,7 +85,10 @@ int cmd_info(int argc, char **argv) {
   const ds_model_config *c = ds_target_config(m);
   printf("model:              %s\n", dir);
   printf("architecture:       %s (%s)\n", c->architecture, ds_arch_name(c->arch));
-  printf("parameters:         %lld (%.1f M)\n", (long long)ds_config_num_params(c), ds_config_num_params(c) / 1e6);
+  /* a tied config whose checkpoint stores its own head holds both tables */
+  int64_t n_params = ds_config_num_params(c) +
+                     (c->tie_word_embeddings && !ds_target_head_is_embedding(m) ? c->vocab_size * c->hidden_size : 0);
+  printf("parameters:         %lld (%.1f M)\n", (long long)n_params, n_params / 1e6);
   printf("stored dtype:       %s\n", c->dtype);
   printf("vocab_size:         %lld\n", (long long)c->vocab_size);
   printf("hidden_size:        %lld\n", (long long)c->hidden_size);
@@ -55,13 +100,21 @@ int cmd_info(int argc, char **argv) {
   printf("rope:               %s, theta %g", rope_name(c->rope_type), c->rope_theta);
   if (c->rope_type != DS_ROPE_DEFAULT) printf(", factor %g", c->rope_factor);
   printf("\nrms_norm_eps:       %g\n", c->rms_norm_eps);
-  printf("tied embeddings:    %s\n", c->tie_word_embeddings ? "yes" : "no");
+  printf("tied embeddings:    %s\n", !c->tie_word_embeddings ? "no"
+                                      : ds_target_head_is_embedding(m)
+                                          ? "yes"
+                                          : "no: config.json ties them, but the checkpoint stores its own lm_head.weight "
+                                            "(used, as transformers does)");
   printf("attention bias:     %s%s\n", c->attention_bias ? "q/k/v" : "none", c->o_proj_bias ? " + o" : "");
   printf("q/k norm:           %s\n", c->qk_norm ? "yes" : "no");
   printf("eos ids:           ");
   for (int i = 0; i < c->n_eos; i++) printf(" %lld", (long long)c->eos_token_ids[i]);
-  printf("%s\nloaded in:          %.2f s (fp32 compute, BLAS kernel %s, %d threads)\n", c->n_eos ? "" : " none",
-         load_s, ds_blas_kernel_name(), ds_get_num_threads());
+  printf("%s\nstop ids:          ", c->n_eos ? "" : " none");
+  for (int i = 0; i < c->n_stop; i++) printf(" %lld", (long long)c->stop_token_ids[i]);
+  printf("%s (generation stops here; from %s)\n", c->n_stop ? "" : " none", c->stop_source);
+  if (c->defaulted[0]) printf("class defaults:     %s (%s)\n", c->defaulted, ds_config_class_name(c->arch));
+  printf("loaded in:          %.2f s (fp32 compute, BLAS kernel %s, %d threads)\n", load_s, ds_blas_kernel_name(),
+         ds_get_num_threads());
   ds_target_free(m);
 
   if (list_tensors) {

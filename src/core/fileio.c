@@ -167,6 +167,31 @@ char *ds_path_join(const char *dir, const char *name) {
 
 int ds_file_exists(const char *path) { struct stat st; return stat(path, &st) == 0; }
 
+ds_status ds_path_probe(const char *path, int *exists) {
+  *exists = 0;
+  struct stat st;
+  if (stat(path, &st) == 0) {
+    *exists = 1;
+    return DS_OK;
+  }
+  int err = errno;
+  if (err == ENOENT || err == ENOTDIR) {
+    /* The name itself may be there as a symlink to nothing: say so rather than "missing". */
+    if (err == ENOENT && lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {
+      char target[512];
+      ssize_t n = readlink(path, target, sizeof target - 1);
+      target[n > 0 ? n : 0] = 0;
+      return DS_FAIL(DS_ERR_IO, "%s: is a symbolic link to '%s', which does not exist (dangling link)", path,
+                     target);
+    }
+    return DS_OK;
+  }
+  if (err == ELOOP)
+    return DS_FAIL(DS_ERR_IO, "%s: cannot be resolved: %s (a symbolic link that points to itself or into a cycle)",
+                   path, strerror(err));
+  return DS_FAIL(DS_ERR_IO, "%s: cannot be examined: %s", path, strerror(err));
+}
+
 ds_status ds_mkdir_p(const char *path) {
   size_t n = strlen(path);
   char *buf = ds_malloc(n + 1, "path");

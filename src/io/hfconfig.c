@@ -18,6 +18,59 @@ const char *ds_arch_name(ds_arch arch) {
   return "?";
 }
 
+/* The defaults of transformers' config classes (5.x) for the fields they default differently
+ * per family; every family: rms_norm_eps 1e-6, rope_theta 10000 (default_theta), SiLU,
+ * tie_word_embeddings false, attention_bias / mlp_bias false. -1 marks a derived default. */
+typedef struct {
+  int64_t vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads;
+  int64_t num_key_value_heads;     /* -1: num_attention_heads */
+  int64_t head_dim;                /* -1: hidden_size / num_attention_heads (floor) */
+  int64_t max_position_embeddings;
+  int64_t bos_token_id, eos_token_id; /* -1: none */
+} family_defaults;
+
+static const family_defaults k_defaults[] = {
+    [DS_ARCH_LLAMA] = {32000, 4096, 11008, 32, 32, -1, -1, 2048, 1, 2},
+    [DS_ARCH_QWEN2] = {151936, 4096, 22016, 32, 32, 32, -1, 32768, -1, -1},
+    [DS_ARCH_QWEN3] = {151936, 4096, 22016, 32, 32, 32, 128, 32768, -1, -1},
+};
+
+const char *ds_config_class_name(ds_arch arch) {
+  switch (arch) {
+    case DS_ARCH_LLAMA: return "LlamaConfig";
+    case DS_ARCH_QWEN2: return "Qwen2Config";
+    case DS_ARCH_QWEN3: return "Qwen3Config";
+  }
+  return "?";
+}
+
+static void note_default(ds_model_config *c, const char *key, const char *value) {
+  size_t n = strlen(c->defaulted);
+  snprintf(c->defaulted + n, sizeof c->defaulted - n, "%s%s=%s", n ? ", " : "", key, value);
+}
+
+/* transformers' strict config classes refuse null for a typed field (only a few fields map
+ * null to something; their callers handle that before coming here). */
+static ds_status refuse_null(const cJSON *root, const char *key, const char *label, const ds_model_config *c) {
+  const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, key);
+  if (it && cJSON_IsNull(it))
+    return DS_FAIL(DS_ERR_FORMAT, "%s: field '%s' is null; %s needs a value (leave the field out to take its default)",
+                   label, key, ds_config_class_name(c->arch));
+  return DS_OK;
+}
+
+/* An integer field with a class default: absent -> dflt (noted), null -> refused. */
+static ds_status int_field(const cJSON *root, const char *key, int64_t dflt, int64_t lo, int64_t hi, const char *label,
+                           ds_model_config *c, int64_t *out) {
+  DS_TRY(refuse_null(root, key, label, c));
+  if (!cJSON_GetObjectItemCaseSensitive(root, key)) {
+    char v[32];
+    snprintf(v, sizeof v, "%lld", (long long)dflt);
+    note_default(c, key, v);
+  }
+  return ds_json_int(root, key, 0, dflt, lo, hi, label, out);
+}
+
 static ds_status parse_rope(const cJSON *root, const char *label, ds_model_config *c) {
   /* 5.x: rope_parameters {rope_theta, rope_type, ...}; 4.x: rope_theta + rope_scaling {type|rope_type}. */
   const cJSON *params = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
@@ -28,6 +81,7 @@ static ds_status parse_rope(const cJSON *root, const char *label, ds_model_confi
   }
   if (params && !cJSON_IsNull(params) && !cJSON_IsObject(params))
     return DS_FAIL(DS_ERR_FORMAT, "%s: field '%s' must be an object or null", label, params_key);
+  DS_TRY(refuse_null(root, "rope_theta", label, c));
   DS_TRY(ds_json_num(root, "rope_theta", 0, 10000.0, label, &c->rope_theta));
   c->rope_type = DS_ROPE_DEFAULT;
   if (!params || cJSON_IsNull(params)) return DS_OK;
@@ -41,6 +95,9 @@ static ds_status parse_rope(const cJSON *root, const char *label, ds_model_confi
   if (!type) type = cJSON_GetObjectItemCaseSensitive(params, "type");
   const char *t = cJSON_IsString(type) ? type->valuestring : (type ? NULL : "default");
   if (!t) return DS_FAIL(DS_ERR_FORMAT, "%s.rope_type must be a string", sub);
+  /* As transformers' rope validation: linear needs factor; llama3 needs factor, low_freq_factor
+   * and high_freq_factor, and original_max_position_embeddings defaults to
+   * max_position_embeddings. */
   if (!strcmp(t, "default")) {
     c->rope_type = DS_ROPE_DEFAULT;
   } else if (!strcmp(t, "linear")) {
@@ -51,8 +108,8 @@ static ds_status parse_rope(const cJSON *root, const char *label, ds_model_confi
     DS_TRY(ds_json_num(params, "factor", 1, 1.0, sub, &c->rope_factor));
     DS_TRY(ds_json_num(params, "low_freq_factor", 1, 1.0, sub, &c->rope_low_freq_factor));
     DS_TRY(ds_json_num(params, "high_freq_factor", 1, 4.0, sub, &c->rope_high_freq_factor));
-    DS_TRY(ds_json_int(params, "original_max_position_embeddings", 1, 0, 1, INT64_C(1) << 40, sub,
-                   &c->rope_original_max_position_embeddings));
+    DS_TRY(ds_json_int(params, "original_max_position_embeddings", 0, c->max_position_embeddings, 1,
+                       INT64_C(1) << 40, sub, &c->rope_original_max_position_embeddings));
     if (!(c->rope_high_freq_factor > c->rope_low_freq_factor))
       return DS_FAIL(DS_ERR_FORMAT, "%s: high_freq_factor must exceed low_freq_factor", sub);
   } else {
@@ -64,24 +121,90 @@ static ds_status parse_rope(const cJSON *root, const char *label, ds_model_confi
   return DS_OK;
 }
 
-static ds_status parse_eos(const cJSON *root, const char *label, ds_model_config *c) {
-  const cJSON *eos = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
-  c->n_eos = 0;
-  if (!eos || cJSON_IsNull(eos)) return DS_OK;
-  if (cJSON_IsNumber(eos)) {
-    int64_t v;
-    DS_TRY(ds_json_int(root, "eos_token_id", 1, 0, 0, INT32_MAX, label, &v));
-    c->eos_token_ids[c->n_eos++] = v;
+/* eos_token_id as written: an integer, a list of them, or absent / null (none). */
+static ds_status parse_id_list(const cJSON *root, const char *key, const char *label, int64_t lo, int64_t hi,
+                               int64_t *ids, int *n) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+  *n = 0;
+  if (!v || cJSON_IsNull(v)) return DS_OK;
+  if (cJSON_IsNumber(v)) {
+    DS_TRY(ds_json_int(root, key, 1, 0, lo, hi, label, &ids[0]));
+    *n = 1;
     return DS_OK;
   }
-  if (!cJSON_IsArray(eos)) return DS_FAIL(DS_ERR_FORMAT, "%s: eos_token_id must be an integer or a list", label);
+  if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) == 0)
+    return DS_FAIL(DS_ERR_FORMAT, "%s: %s must be an integer or a non-empty list of integers", label, key);
   const cJSON *it;
-  cJSON_ArrayForEach(it, eos) {
-    if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble > INT32_MAX)
-      return DS_FAIL(DS_ERR_FORMAT, "%s: eos_token_id entries must be non-negative integers", label);
-    if (c->n_eos == DS_MAX_EOS) return DS_FAIL(DS_ERR_UNSUPPORTED, "%s: more than %d eos_token_id entries", label, DS_MAX_EOS);
-    c->eos_token_ids[c->n_eos++] = (int64_t)it->valuedouble;
+  cJSON_ArrayForEach(it, v) {
+    if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) || it->valuedouble < (double)lo ||
+        it->valuedouble > (double)hi)
+      return DS_FAIL(DS_ERR_FORMAT, "%s: %s entries must be integers in [%lld, %lld]", label, key, (long long)lo,
+                     (long long)hi);
+    if (*n == DS_MAX_EOS) return DS_FAIL(DS_ERR_UNSUPPORTED, "%s: more than %d %s entries", label, DS_MAX_EOS, key);
+    ids[(*n)++] = (int64_t)it->valuedouble;
   }
+  return DS_OK;
+}
+
+static ds_status parse_special_ids(const cJSON *root, const char *label, ds_model_config *c) {
+  const family_defaults *f = &k_defaults[c->arch];
+  const cJSON *bos = cJSON_GetObjectItemCaseSensitive(root, "bos_token_id");
+  if (!bos) {
+    c->bos_token_id = f->bos_token_id;
+    char v[32];
+    snprintf(v, sizeof v, "%lld", (long long)f->bos_token_id);
+    if (f->bos_token_id >= 0) note_default(c, "bos_token_id", v);
+  } else {
+    DS_TRY(ds_json_int(root, "bos_token_id", 0, -1, 0, INT32_MAX, label, &c->bos_token_id));
+  }
+  DS_TRY(parse_id_list(root, "eos_token_id", label, 0, INT32_MAX, c->eos_token_ids, &c->n_eos));
+  /* generate()'s stop set without generation_config.json: config.json's value as written. */
+  memcpy(c->stop_token_ids, c->eos_token_ids, sizeof c->stop_token_ids);
+  c->n_stop = c->n_eos;
+  snprintf(c->stop_source, sizeof c->stop_source, "config.json");
+  if (!cJSON_GetObjectItemCaseSensitive(root, "eos_token_id") && f->eos_token_id >= 0) {
+    c->eos_token_ids[0] = f->eos_token_id;
+    c->n_eos = 1;
+    char v[32];
+    snprintf(v, sizeof v, "%lld", (long long)f->eos_token_id);
+    note_default(c, "eos_token_id", v);
+  }
+  return DS_OK;
+}
+
+/* Heads and head_dim with each class's rules: num_key_value_heads null means
+ * num_attention_heads in every family, absent means Qwen2/Qwen3's 32; head_dim is 128 in
+ * Qwen3Config, hidden_size / num_attention_heads (floor) otherwise, and LlamaConfig refuses a
+ * hidden_size that num_attention_heads does not divide. */
+static ds_status parse_heads(const cJSON *root, const char *label, ds_model_config *c) {
+  const family_defaults *f = &k_defaults[c->arch];
+  DS_TRY(int_field(root, "num_attention_heads", f->num_attention_heads, 1, 4096, label, c, &c->num_attention_heads));
+  const cJSON *kv = cJSON_GetObjectItemCaseSensitive(root, "num_key_value_heads");
+  if (kv && cJSON_IsNull(kv)) c->num_key_value_heads = c->num_attention_heads;
+  else
+    DS_TRY(int_field(root, "num_key_value_heads", f->num_key_value_heads < 0 ? c->num_attention_heads : f->num_key_value_heads,
+                     1, 4096, label, c, &c->num_key_value_heads));
+  if (c->num_attention_heads % c->num_key_value_heads != 0)
+    return DS_FAIL(DS_ERR_FORMAT, "%s: num_attention_heads (%lld) is not a multiple of num_key_value_heads (%lld)%s",
+                   label, (long long)c->num_attention_heads, (long long)c->num_key_value_heads,
+                   kv ? "" : " (num_key_value_heads is not set: that is the class default)");
+  if (c->arch == DS_ARCH_LLAMA && c->hidden_size % c->num_attention_heads != 0)
+    return DS_FAIL(DS_ERR_FORMAT, "%s: hidden_size (%lld) is not a multiple of num_attention_heads (%lld) (LlamaConfig "
+                   "refuses this)", label, (long long)c->hidden_size, (long long)c->num_attention_heads);
+  const cJSON *hd = cJSON_GetObjectItemCaseSensitive(root, "head_dim");
+  int64_t derived = c->hidden_size / c->num_attention_heads;
+  if (hd && cJSON_IsNull(hd) && c->arch != DS_ARCH_LLAMA) DS_TRY(refuse_null(root, "head_dim", label, c));
+  if (!hd || cJSON_IsNull(hd)) {
+    c->head_dim = f->head_dim > 0 ? f->head_dim : derived;
+    char v[32];
+    snprintf(v, sizeof v, "%lld", (long long)c->head_dim);
+    note_default(c, "head_dim", v);
+  } else {
+    DS_TRY(ds_json_int(root, "head_dim", 1, 0, 1, 4096, label, &c->head_dim));
+  }
+  if (c->head_dim < 2 || c->head_dim % 2)
+    return DS_FAIL(DS_ERR_FORMAT, "%s: head_dim %lld%s must be even and at least 2 for RoPE", label,
+                   (long long)c->head_dim, hd && !cJSON_IsNull(hd) ? "" : " (not set: hidden_size / num_attention_heads)");
   return DS_OK;
 }
 
@@ -117,26 +240,20 @@ static ds_status parse_root(const cJSON *root, const char *label, ds_model_confi
     return DS_FAIL(DS_ERR_FORMAT, "%s: neither 'architectures' nor 'model_type' names the model", label);
   }
 
+  const family_defaults *f = &k_defaults[c->arch];
   const int64_t big = INT64_C(1) << 31;
-  DS_TRY(ds_json_int(root, "vocab_size", 1, 0, 1, big, label, &c->vocab_size));
-  DS_TRY(ds_json_int(root, "hidden_size", 1, 0, 1, 1 << 20, label, &c->hidden_size));
-  DS_TRY(ds_json_int(root, "intermediate_size", 1, 0, 1, 1 << 24, label, &c->intermediate_size));
-  DS_TRY(ds_json_int(root, "num_hidden_layers", 1, 0, 1, 4096, label, &c->num_hidden_layers));
-  DS_TRY(ds_json_int(root, "num_attention_heads", 1, 0, 1, 4096, label, &c->num_attention_heads));
-  DS_TRY(ds_json_int(root, "num_key_value_heads", 0, c->num_attention_heads, 1, 4096, label, &c->num_key_value_heads));
-  if (c->num_attention_heads % c->num_key_value_heads != 0)
-    return DS_FAIL(DS_ERR_FORMAT, "%s: num_attention_heads (%lld) is not a multiple of num_key_value_heads (%lld)",
-                   label, (long long)c->num_attention_heads, (long long)c->num_key_value_heads);
-  int64_t default_hd = c->hidden_size / c->num_attention_heads;
-  DS_TRY(ds_json_int(root, "head_dim", 0, default_hd, 2, 4096, label, &c->head_dim));
-  if (c->head_dim % 2) return DS_FAIL(DS_ERR_FORMAT, "%s: head_dim (%lld) must be even for RoPE", label, (long long)c->head_dim);
-  if (!cJSON_GetObjectItemCaseSensitive(root, "head_dim") && default_hd * c->num_attention_heads != c->hidden_size)
-    return DS_FAIL(DS_ERR_FORMAT, "%s: hidden_size %lld is not divisible by num_attention_heads %lld and no head_dim is given",
-                   label, (long long)c->hidden_size, (long long)c->num_attention_heads);
-  DS_TRY(ds_json_int(root, "max_position_embeddings", 0, 2048, 1, INT64_C(1) << 40, label, &c->max_position_embeddings));
+  DS_TRY(int_field(root, "vocab_size", f->vocab_size, 1, big, label, c, &c->vocab_size));
+  DS_TRY(int_field(root, "hidden_size", f->hidden_size, 1, 1 << 20, label, c, &c->hidden_size));
+  DS_TRY(int_field(root, "intermediate_size", f->intermediate_size, 1, 1 << 24, label, c, &c->intermediate_size));
+  DS_TRY(int_field(root, "num_hidden_layers", f->num_hidden_layers, 1, 4096, label, c, &c->num_hidden_layers));
+  DS_TRY(parse_heads(root, label, c));
+  DS_TRY(int_field(root, "max_position_embeddings", f->max_position_embeddings, 1, INT64_C(1) << 40, label, c,
+                   &c->max_position_embeddings));
+  DS_TRY(refuse_null(root, "rms_norm_eps", label, c));
   DS_TRY(ds_json_num(root, "rms_norm_eps", 0, 1e-6, label, &c->rms_norm_eps));
   if (!(c->rms_norm_eps > 0)) return DS_FAIL(DS_ERR_FORMAT, "%s: rms_norm_eps must be > 0", label);
   DS_TRY(parse_rope(root, label, c));
+  DS_TRY(refuse_null(root, "tie_word_embeddings", label, c));
   DS_TRY(ds_json_bool(root, "tie_word_embeddings", 0, 0 /* False for all three families */, label, &c->tie_word_embeddings));
 
   const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
@@ -175,8 +292,7 @@ static ds_status parse_root(const cJSON *root, const char *label, ds_model_confi
       break;
   }
 
-  DS_TRY(ds_json_int(root, "bos_token_id", 0, -1, 0, INT32_MAX, label, &c->bos_token_id));
-  DS_TRY(parse_eos(root, label, c));
+  DS_TRY(parse_special_ids(root, label, c));
   const cJSON *dt = cJSON_GetObjectItemCaseSensitive(root, "dtype");
   if (!cJSON_IsString(dt)) dt = cJSON_GetObjectItemCaseSensitive(root, "torch_dtype");
   snprintf(c->dtype, sizeof c->dtype, "%s", cJSON_IsString(dt) ? dt->valuestring : "unknown");
@@ -199,6 +315,68 @@ ds_status ds_config_load(const char *path, ds_model_config *out) {
   ds_status st = ds_config_parse(buf, len, path, out);
   free(buf);
   return st;
+}
+
+/* ---------------------------------------------------------------- the model directory */
+
+ds_status ds_config_apply_generation_config(ds_model_config *c, const char *json, size_t len, const char *label) {
+  ds_status st;
+  cJSON *root = ds_json_parse(json, len, label, &st);
+  if (!root) return st;
+  int64_t ids[DS_MAX_EOS];
+  int n = 0;
+  if (!cJSON_IsObject(root)) st = DS_FAIL(DS_ERR_FORMAT, "%s: top level must be a JSON object", label);
+  else st = parse_id_list(root, "eos_token_id", label, 0, c->vocab_size - 1, ids, &n);
+  cJSON_Delete(root);
+  if (st != DS_OK) return st;
+  /* As GenerationConfig.from_pretrained: the file replaces config.json's ids outright; without
+   * an eos_token_id entry generate() has no stop token at all. */
+  memcpy(c->stop_token_ids, ids, sizeof ids);
+  c->n_stop = n;
+  snprintf(c->stop_source, sizeof c->stop_source, "generation_config.json");
+  return DS_OK;
+}
+
+ds_status ds_config_load_dir(const char *model_dir, ds_model_config *out) {
+  char *cfg = ds_path_join(model_dir, "config.json"), *gen = ds_path_join(model_dir, "generation_config.json");
+  char *text = NULL;
+  size_t len = 0;
+  int there = 0;
+  ds_status st = cfg && gen ? DS_OK : DS_ERR_NOMEM;
+  if (st == DS_OK) st = ds_config_load(cfg, out);
+  if (st == DS_OK) st = ds_path_probe(gen, &there);
+  if (st == DS_OK && there) st = ds_read_file(gen, &text, &len);
+  if (st == DS_OK && there) st = ds_config_apply_generation_config(out, text, len, gen);
+  free(text);
+  free(cfg);
+  free(gen);
+  return st;
+}
+
+int ds_config_is_stop_token(const ds_model_config *c, int64_t id) {
+  for (int i = 0; i < c->n_stop; i++)
+    if (c->stop_token_ids[i] == id) return 1;
+  return 0;
+}
+
+ds_status ds_config_check_positions(const ds_model_config *c, const char *model_dir, int64_t positions,
+                                    const char *option) {
+  if (positions <= c->max_position_embeddings) return DS_OK;
+  return DS_FAIL(DS_ERR_ARG,
+                 "%s/config.json: max_position_embeddings is %lld%s, but %s asks for %lld positions; lower %s to at "
+                 "most %lld",
+                 model_dir, (long long)c->max_position_embeddings,
+                 strstr(c->defaulted, "max_position_embeddings=") ? " (not set there: the class default)" : "",
+                 option, (long long)positions, option, (long long)c->max_position_embeddings);
+}
+
+ds_status ds_model_dir_check_positions(const char *model_dir, int64_t positions, const char *option) {
+  char *cfg = ds_path_join(model_dir, "config.json");
+  if (!cfg) return DS_ERR_NOMEM;
+  ds_model_config c;
+  ds_status st = ds_config_load(cfg, &c);
+  free(cfg);
+  return st == DS_OK ? ds_config_check_positions(&c, model_dir, positions, option) : st;
 }
 
 int64_t ds_config_num_params(const ds_model_config *c) {

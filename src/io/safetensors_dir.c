@@ -98,7 +98,12 @@ static ds_status ckpt_open_index(ds_checkpoint *ck, const char *index_path) {
     if (si == ck->n_shards) {
       shard_path = ds_path_join(ck->dir, shard);
       if (!shard_path) { status = DS_ERR_NOMEM; goto done; }
-      if (!ds_file_exists(shard_path)) {
+      int there = 0;
+      if ((status = ds_path_probe(shard_path, &there)) != DS_OK) {
+        ds_error_wrap(status, "%s: weight_map['%s'] names shard '%s'", index_path, c->string, shard);
+        goto done;
+      }
+      if (!there) {
         status = DS_FAIL(DS_ERR_NOT_FOUND, "%s: weight_map['%s'] names shard '%s', but %s does not exist",
                          index_path, c->string, shard, shard_path);
         goto done;
@@ -152,8 +157,13 @@ ds_status ds_ckpt_open(const char *dir, ds_checkpoint **out) {
   index = ds_path_join(dir, k_index_name);
   if (!ck->dir || !single || !index) { status = DS_ERR_NOMEM; goto done; }
 
-  /* Same preference as transformers: the single file wins over an index. */
-  if (ds_file_exists(single)) {
+  /* Same preference as transformers: the single file wins over an index. A name that is there
+   * but unreachable (a symlink loop, a dangling link, no permission) is reported as such, not
+   * as missing, and does not fall through to the index. */
+  int single_there = 0, index_there = 0;
+  if ((status = ds_path_probe(single, &single_there)) != DS_OK) goto done;
+  if (!single_there && (status = ds_path_probe(index, &index_there)) != DS_OK) goto done;
+  if (single_there) {
     ds_safetensors *st;
     if ((status = ds_st_open(single, &st)) != DS_OK) goto done;
     if ((status = ckpt_add_shard(ck, st)) != DS_OK) goto done;
@@ -163,7 +173,7 @@ ds_status ds_ckpt_open(const char *dir, ds_checkpoint **out) {
     if (!ck->views || !ck->by_name) { status = DS_ERR_NOMEM; goto done; }
     for (size_t i = 0; i < ck->n; i++) ck->views[i] = ck->by_name[i] = ds_st_tensor(st, i);
     qsort(ck->by_name, ck->n, sizeof *ck->by_name, st_cmp_view_name);
-  } else if (ds_file_exists(index)) {
+  } else if (index_there) {
     status = ckpt_open_index(ck, index);
   } else {
     status = DS_FAIL(DS_ERR_NOT_FOUND, "%s: neither %s nor %s found (not a Hugging Face checkpoint directory?)",

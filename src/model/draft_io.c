@@ -39,6 +39,49 @@ static ds_status add_draft_keys(const ds_draft_config *c, cJSON *root) {
   /* The draft's layers are Qwen3-style whatever the target family: no attention bias. */
   DS_TRY(set_item(root, "attention_bias", cJSON_CreateFalse()));
   DS_TRY(set_item(root, "head_dim", cJSON_CreateNumber((double)c->head_dim)));
+  /* The sizes as resolved from the target's config: a field the target's config.json leaves to
+   * its family's class default (Llama's num_key_value_heads, Qwen's max_position_embeddings)
+   * would take Qwen3Config's default in a reader of this file, which differs. */
+  DS_TRY(set_item(root, "vocab_size", cJSON_CreateNumber((double)c->vocab_size)));
+  DS_TRY(set_item(root, "hidden_size", cJSON_CreateNumber((double)c->hidden_size)));
+  DS_TRY(set_item(root, "intermediate_size", cJSON_CreateNumber((double)c->intermediate_size)));
+  DS_TRY(set_item(root, "num_attention_heads", cJSON_CreateNumber((double)c->num_attention_heads)));
+  DS_TRY(set_item(root, "num_key_value_heads", cJSON_CreateNumber((double)c->num_key_value_heads)));
+  DS_TRY(set_item(root, "rms_norm_eps", cJSON_CreateNumber(c->rms_norm_eps)));
+  if (c->rope_source.max_position_embeddings > 0) /* 0: a config built by hand, without a target's */
+    DS_TRY(set_item(root, "max_position_embeddings", cJSON_CreateNumber((double)c->rope_source.max_position_embeddings)));
+  /* vLLM versions that size fc from dflash_config.target_layer_ids (m*d inputs) read the
+   * captured layers there, not from the top-level keys; newer vLLM and NeMo AutoModel ignore
+   * it. Both copies are written, and a reader refuses a file where they disagree. */
+  cJSON *dflash = cJSON_CreateObject();
+  if (dflash) {
+    cJSON_AddItemToObject(dflash, "target_layer_ids", cJSON_CreateIntArray(c->target_layer_ids, c->n_target_layers));
+    cJSON_AddItemToObject(dflash, "mask_token_id", cJSON_CreateNumber(c->mask_token_id));
+  }
+  DS_TRY(set_item(root, "dflash_config", dflash));
+  return DS_OK;
+}
+
+/* dflash_config, when present, must repeat the top-level target_layer_ids and mask_token_id. */
+static ds_status check_dflash_config(const cJSON *root, const char *label, const ds_draft_config *c) {
+  const cJSON *dc = cJSON_GetObjectItemCaseSensitive(root, "dflash_config");
+  if (!dc || cJSON_IsNull(dc)) return DS_OK;
+  if (!cJSON_IsObject(dc)) return DS_FAIL(DS_ERR_FORMAT, "%s: field 'dflash_config' must be an object", label);
+  const cJSON *ids = cJSON_GetObjectItemCaseSensitive(dc, "target_layer_ids");
+  if (ids) {
+    int same = cJSON_IsArray(ids) && cJSON_GetArraySize(ids) == c->n_target_layers;
+    for (int i = 0; same && i < c->n_target_layers; i++) {
+      const cJSON *it = cJSON_GetArrayItem(ids, i);
+      same = cJSON_IsNumber(it) && it->valuedouble == (double)c->target_layer_ids[i];
+    }
+    if (!same)
+      return DS_FAIL(DS_ERR_FORMAT, "%s: dflash_config.target_layer_ids disagrees with the top-level target_layer_ids "
+                     "(%d layers); both must name the same captured layers", label, c->n_target_layers);
+  }
+  const cJSON *mask = cJSON_GetObjectItemCaseSensitive(dc, "mask_token_id");
+  if (mask && !(cJSON_IsNumber(mask) && mask->valuedouble == (double)c->mask_token_id))
+    return DS_FAIL(DS_ERR_FORMAT, "%s: dflash_config.mask_token_id disagrees with the top-level mask_token_id %d", label,
+                   c->mask_token_id);
   return DS_OK;
 }
 
@@ -71,6 +114,8 @@ ds_status ds_draft_export_hf(const ds_draft *d, const char *target_config_json, 
     if ((st = ds_st_writer_add(w, t->name, DS_F32, t->ndim, shape, t->data)) != DS_OK) goto done;
   }
   if ((st = ds_st_writer_set_metadata(w, "format", "pt")) != DS_OK) goto done;
+  /* Marks the file as ours: an export interrupted before config.json is still recognized. */
+  if ((st = ds_st_writer_set_metadata(w, DS_EXPORT_MARKER_KEY, "1")) != DS_OK) goto done;
   if ((st = ds_st_writer_write(w, st_path)) != DS_OK) goto done;
   st = ds_write_file_atomic(cfg_path, text, strlen(text));
 done:
@@ -132,7 +177,8 @@ static ds_status parse_draft_object(cJSON *root, const char *label, ds_draft_con
     c->target_layer_ids[c->n_target_layers++] = (int32_t)it->valuedouble;
   }
   st = ds_draft_config_check(c);
-  return st == DS_OK ? DS_OK : ds_error_wrap(st, "%s", label);
+  if (st != DS_OK) return ds_error_wrap(st, "%s", label);
+  return check_dflash_config(root, label, c);
 }
 
 ds_status ds_draft_config_from_json(const char *json, size_t len, const char *label, ds_draft_config *out) {

@@ -39,6 +39,8 @@ typedef struct {
 
 struct ds_target {
   ds_model_config cfg;
+  char *dir;      /* the model directory, for messages */
+  int own_head;   /* lm_head has its own weights (untied, or tied in config.json but stored: transformers unties) */
   const ds_backend *be;
   int64_t q_dim, kv_dim, qkv_dim;
   float *params; /* one buffer holding every weight below */
@@ -72,7 +74,7 @@ static size_t layout_params(ds_target *m, float *base) {
   } while (0)
   int64_t d = c->hidden_size, I = c->intermediate_size;
   TAKE(m->embed, c->vocab_size * d);
-  if (c->tie_word_embeddings) {
+  if (!m->own_head) {
     if (base) m->lm_head = m->embed;
   } else {
     TAKE(m->lm_head, c->vocab_size * d);
@@ -108,12 +110,56 @@ static ds_status read1(const ds_checkpoint *ck, const char *name, int64_t n, flo
   return ds_ckpt_read_f32(ck, name, 1, &n, dst);
 }
 
+static const char k_embed_name[] = "model.embed_tokens.weight", k_head_name[] = "lm_head.weight";
+
+/* Tied embeddings as transformers (5.x) ties them when loading: with tie_word_embeddings a
+ * checkpoint holding both tables keeps them apart (tied only when equal, which computes the
+ * same), one holding only lm_head.weight ties the embedding to it; untied needs both. */
+static void plan_head(ds_target *m, const ds_checkpoint *ck) {
+  int has_head = ds_ckpt_find(ck, k_head_name) != NULL;
+  m->own_head = !m->cfg.tie_word_embeddings || (has_head && ds_ckpt_find(ck, k_embed_name));
+}
+
+/* Shape of one 2-D tensor, checked before the weight buffer is allocated: a config whose
+ * sizes disagree with the checkpoint (often a field left to its class default) is refused
+ * without first allocating what those sizes would need. */
+static ds_status expect_shape(const ds_checkpoint *ck, const char *name, int64_t rows, int64_t cols) {
+  const ds_tensor_view *v = ds_ckpt_find(ck, name);
+  if (!v) return DS_OK; /* reported by the full read, which names every missing tensor */
+  if (v->ndim == 2 && v->shape[0] == rows && v->shape[1] == cols) return DS_OK;
+  char have[128] = "[";
+  for (int i = 0; i < v->ndim; i++) {
+    size_t n = strlen(have);
+    snprintf(have + n, sizeof have - n, "%s%lld", i ? ", " : "", (long long)v->shape[i]);
+  }
+  strncat(have, "]", sizeof have - strlen(have) - 1);
+  return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' has shape %s but [%lld, %lld] was expected", v->file, name, have,
+                 (long long)rows, (long long)cols);
+}
+
+static ds_status preflight(const ds_target *m, const ds_checkpoint *ck) {
+  const ds_model_config *c = &m->cfg;
+  int64_t d = c->hidden_size;
+  DS_TRY(expect_shape(ck, k_embed_name, c->vocab_size, d));
+  DS_TRY(expect_shape(ck, k_head_name, c->vocab_size, d));
+  DS_TRY(expect_shape(ck, "model.layers.0.self_attn.q_proj.weight", m->q_dim, d));
+  DS_TRY(expect_shape(ck, "model.layers.0.self_attn.k_proj.weight", m->kv_dim, d));
+  DS_TRY(expect_shape(ck, "model.layers.0.mlp.gate_proj.weight", c->intermediate_size, d));
+  char name[96];
+  snprintf(name, sizeof name, "model.layers.%lld.input_layernorm.weight", (long long)(c->num_hidden_layers - 1));
+  if (!ds_ckpt_find(ck, name))
+    return DS_FAIL(DS_ERR_NOT_FOUND, "%s: tensor '%s' not found: the checkpoint has fewer than num_hidden_layers = %lld "
+                   "layers", m->dir, name, (long long)c->num_hidden_layers);
+  return DS_OK;
+}
+
 static ds_status load_weights(ds_target *m, const ds_checkpoint *ck) {
   const ds_model_config *c = &m->cfg;
   int64_t d = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
   char name[256];
-  DS_TRY(read2(ck, "model.embed_tokens.weight", V, d, m->embed));
-  if (!c->tie_word_embeddings) DS_TRY(read2(ck, "lm_head.weight", V, d, m->lm_head));
+  int embed_from_head = c->tie_word_embeddings && !ds_ckpt_find(ck, k_embed_name) && ds_ckpt_find(ck, k_head_name);
+  DS_TRY(read2(ck, embed_from_head ? k_head_name : k_embed_name, V, d, m->embed));
+  if (m->own_head) DS_TRY(read2(ck, k_head_name, V, d, m->lm_head));
   DS_TRY(read1(ck, "model.norm.weight", d, m->norm));
   for (int64_t l = 0; l < c->num_hidden_layers; l++) {
     layer_weights *w = &m->layers[l];
@@ -153,9 +199,10 @@ ds_status ds_target_load(const char *model_dir, const ds_backend *backend, ds_ta
   if (!m) return DS_ERR_NOMEM;
   m->be = backend ? backend : ds_backend_cpu();
   ds_checkpoint *ck = NULL;
-  char *cfg_path = ds_path_join(model_dir, "config.json");
-  ds_status st = cfg_path ? ds_config_load(cfg_path, &m->cfg) : DS_ERR_NOMEM;
-  free(cfg_path);
+  m->dir = ds_malloc(strlen(model_dir) + 1, "path");
+  if (!m->dir) { ds_target_free(m); return DS_ERR_NOMEM; }
+  strcpy(m->dir, model_dir);
+  ds_status st = ds_config_load_dir(model_dir, &m->cfg);
   if (st != DS_OK) goto fail;
   const ds_model_config *c = &m->cfg;
   if (c->head_dim > 2048) {
@@ -167,14 +214,23 @@ ds_status ds_target_load(const char *model_dir, const ds_backend *backend, ds_ta
   m->qkv_dim = m->q_dim + 2 * m->kv_dim;
   m->layers = ds_calloc((size_t)c->num_hidden_layers, sizeof *m->layers, "layer table");
   m->inv_freq = ds_malloc((size_t)c->head_dim / 2 * sizeof(float), "rope table");
-  m->n_params = layout_params(m, NULL);
-  m->params = ds_malloc_aligned(m->n_params * sizeof(float), "model weights");
-  if (!m->layers || !m->inv_freq || !m->params) { st = DS_ERR_NOMEM; goto fail; }
-  layout_params(m, m->params);
-  ds_rope_inv_freq(c, m->inv_freq);
+  if (!m->layers || !m->inv_freq) { st = DS_ERR_NOMEM; goto fail; }
   if ((st = ds_ckpt_open(model_dir, &ck)) != DS_OK) goto fail;
-  st = load_weights(m, ck);
+  plan_head(m, ck);
+  m->n_params = layout_params(m, NULL);
+  if ((st = preflight(m, ck)) == DS_OK) {
+    m->params = ds_malloc_aligned(m->n_params * sizeof(float), "model weights");
+    if (!m->params) st = DS_ERR_NOMEM;
+  }
+  if (st == DS_OK) {
+    layout_params(m, m->params);
+    ds_rope_inv_freq(c, m->inv_freq);
+    st = load_weights(m, ck);
+  }
   ds_ckpt_close(ck);
+  if ((st == DS_ERR_FORMAT || st == DS_ERR_NOT_FOUND) && c->defaulted[0])
+    ds_error_wrap(st, "%s/config.json leaves these fields to %s's defaults (as transformers does): %s", model_dir,
+                  ds_config_class_name(c->arch), c->defaulted);
   if (st != DS_OK) goto fail;
   *out = m;
   return DS_OK;
@@ -201,12 +257,14 @@ void ds_target_free(ds_target *m) {
   ds_free_aligned(m->params);
   free(m->layers);
   free(m->inv_freq);
+  free(m->dir);
   free(m);
 }
 
 const ds_model_config *ds_target_config(const ds_target *m) { return &m->cfg; }
 const float *ds_target_embed(const ds_target *m) { return m->embed; }
 const float *ds_target_lm_head(const ds_target *m) { return m->lm_head; }
+int ds_target_head_is_embedding(const ds_target *m) { return !m->own_head; }
 
 /* ---------------------------------------------------------------- KV cache */
 
@@ -371,6 +429,13 @@ static ds_status check_inputs(const ds_target *m, const ds_target_seq *seqs, int
     if (q->cache->len + q->n > q->cache->cap)
       return DS_FAIL(DS_ERR_RANGE, "sequence %d: %lld cached + %lld new tokens exceed the KV cache capacity %lld", s,
                      (long long)q->cache->len, (long long)q->n, (long long)q->cache->cap);
+    if (q->cache->len + q->n > m->cfg.max_position_embeddings)
+      return DS_FAIL(DS_ERR_RANGE,
+                     "%s: sequence %d reaches position %lld (%lld cached + %lld new tokens), beyond the model's "
+                     "max_position_embeddings = %lld in %s/config.json; use shorter sequences (--seq-len for train "
+                     "and capture, the prompt plus --max-new-tokens for generate)",
+                     m->dir, s, (long long)(q->cache->len + q->n - 1), (long long)q->cache->len, (long long)q->n,
+                     (long long)m->cfg.max_position_embeddings, m->dir);
     for (int64_t t = 0; t < q->n; t++)
       if (q->ids[t] < 0 || q->ids[t] >= V)
         return DS_FAIL(DS_ERR_RANGE, "sequence %d, token %lld: id %d outside the vocabulary [0, %lld)", s,

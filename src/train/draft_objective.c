@@ -223,6 +223,7 @@ static const ds_objective_ops k_draft_ops = {
 static ds_status setup_online(draft_run *t) {
   const ds_draft_train_options *o = t->o;
   if (!o->target_dir || !o->data_path) return DS_FAIL(DS_ERR_ARG, "training needs --target and --data (or --cache)");
+  DS_TRY(ds_model_dir_check_positions(o->target_dir, o->seq_len, "--seq-len")); /* before loading the weights */
   DS_TRY(ds_target_load(o->target_dir, ds_backend_cpu(), &t->target));
   const ds_model_config *tc = ds_target_config(t->target);
   char *tok_text = NULL;
@@ -245,6 +246,7 @@ static ds_status op_setup(void *self, ds_objective *obj) {
   snprintf(t->tokenizer_label, sizeof t->tokenizer_label, "%s/tokenizer.json", o->target_dir ? o->target_dir : "?");
   DS_TRY(o->cache_dir ? ds_draft_cache_setup(t) : setup_online(t));
   DS_TRY(ds_config_parse(t->target_config, strlen(t->target_config), "the target's config.json", &t->tc));
+  DS_TRY(ds_config_check_positions(&t->tc, t->cfg_target, o->seq_len, "--seq-len"));
   DS_TRY(ds_draft_run_config(t));
   DS_TRY(ds_draft_run_config_texts(t));
   int64_t S = o->seq_len, A = o->num_anchors, g = o->block_size, d = t->tc.hidden_size;

@@ -94,8 +94,10 @@ ds_status ds_draft_cache_setup(draft_run *t) {
   DS_TRY(ds_cache_take_tokens(t->fc, &t->data));
   /* The frozen tables: a resumed run takes them from its checkpoint instead. */
   char *ck = ds_path_join(o->loop.out_dir, "checkpoint.safetensors");
-  int resuming = o->loop.resume && ck && ds_file_exists(ck);
+  int resuming = 0;
+  ds_status st2 = ck ? (o->loop.resume ? ds_path_probe(ck, &resuming) : DS_OK) : DS_ERR_NOMEM;
   free(ck);
+  if (st2 != DS_OK) return st2;
   if (!resuming) DS_TRY(ds_cache_load_target_weights(t->fc, &t->embed, &t->lm_head));
   return DS_OK;
 }

@@ -207,7 +207,9 @@ static ds_status setup(ds_trainer *t, ds_objective *obj) {
   if (!t->perm) return DS_ERR_NOMEM;
   t->acfg = ds_adamw_defaults();
   t->acfg.weight_decay = t->o.weight_decay;
-  if (t->o.resume && ds_file_exists(t->ckpt_path)) {
+  int have_ckpt = 0; /* a checkpoint that is there but unreachable (a symlink loop) is an error, not "start fresh" */
+  if (t->o.resume) DS_TRY(ds_path_probe(t->ckpt_path, &have_ckpt));
+  if (have_ckpt) {
     DS_TRY(ds_trainer_load(t));
   } else {
     DS_TRY(t->ops->init(t->self, t->o.seed));

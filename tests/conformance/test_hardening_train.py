@@ -12,6 +12,7 @@ tiny Qwen3 target built here. Each check names its item:
 14  a seed of 2^53 is kept exactly and 2^53 + 1 is a different run
 15  a metrics write error (full disk) stops the run naming the file
 16  resuming a finished run says so
+17  --seq-len beyond the target's max_position_embeddings: refused before loading the weights
 18  --target-layers beyond the target, --eval-seqs leaving nothing: refused naming the limit
 19  --markov-rank above the vocabulary, an identically-zero loss: refused
 23  a non-finite target hidden state names the target layer; steps count from 1
@@ -227,7 +228,8 @@ def main():
         # 18, 19: limits are named, never silently applied
         checks = [(["--target-layers", "5"], "--target-layers 5"), (["--eval-seqs", "100000"], "--eval-seqs 100000"),
                   (["--markov-rank", "1048576"], "exceeds the vocabulary"),
-                  (["--alpha-ce", "0", "--alpha-l1", "0", "--alpha-conf", "0"], "identically 0")]
+                  (["--alpha-ce", "0", "--alpha-l1", "0", "--alpha-conf", "0"], "identically 0"),
+              (["--seq-len", "1000000"], "max_position_embeddings")]
         for extra, want in checks:
             _, err, _ = train(fresh("limits"), *extra, rc=1)
             ck.check(want in err, f"18/19: {' '.join(extra)}: {err}")

@@ -78,7 +78,8 @@ static void test_config(void) {
   EXPECT(c.arch == DS_ARCH_QWEN3 && c.qk_norm && !c.attention_bias && c.head_dim == 16 && c.tie_word_embeddings);
   EXPECT(c.rope_theta == 1e6 && c.rope_type == DS_ROPE_DEFAULT && c.num_key_value_heads == 2);
 
-  EXPECT_OK(parse("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE ", \"eos_token_id\": [5, 7]}", &c));
+  EXPECT_OK(parse("{\"architectures\": [\"Qwen2ForCausalLM\"], " BASE ", \"num_key_value_heads\": 4, "
+                  "\"eos_token_id\": [5, 7]}", &c));
   EXPECT(c.arch == DS_ARCH_QWEN2 && c.attention_bias && !c.o_proj_bias && c.head_dim == 8 && c.n_eos == 2);
 
   EXPECT_OK(parse("{\"model_type\": \"llama\", " BASE ", \"rope_parameters\": {\"rope_type\": \"llama3\", "
@@ -93,11 +94,20 @@ static void test_config(void) {
   /* Refusals, each naming the field. */
   struct { const char *json; const char *needle; ds_status st; } bad[] = {
       {"{\"architectures\": [\"GPT2LMHeadModel\"], " BASE "}", "GPT2LMHeadModel", DS_ERR_UNSUPPORTED},
-      {"{\"model_type\": \"llama\", \"hidden_size\": 32}", "vocab_size", DS_ERR_FORMAT},
+      {"{\"model_type\": \"llama\", \"vocab_size\": null}", "vocab_size", DS_ERR_FORMAT},
+      {"{\"model_type\": \"qwen3\", " BASE ", \"num_key_value_heads\": 2, \"head_dim\": null}", "head_dim", DS_ERR_FORMAT},
+      {"{\"model_type\": \"llama\", \"hidden_size\": 30, \"num_attention_heads\": 4, \"head_dim\": 16}", "hidden_size",
+       DS_ERR_FORMAT},
+      {"{\"model_type\": \"qwen3\", " BASE "}", "num_key_value_heads", DS_ERR_FORMAT},
+      {"{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8}}",
+       "low_freq_factor", DS_ERR_FORMAT},
+      {"{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"type\": \"linear\"}}", "factor", DS_ERR_FORMAT},
+      {"{\"model_type\": \"llama\", " BASE ", \"eos_token_id\": []}", "eos_token_id", DS_ERR_FORMAT},
       {"{\"model_type\": \"llama\", " BASE ", \"num_key_value_heads\": 3}", "num_key_value_heads", DS_ERR_FORMAT},
       {"{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}", "yarn",
        DS_ERR_UNSUPPORTED},
-      {"{\"model_type\": \"qwen2\", " BASE ", \"use_sliding_window\": true}", "use_sliding_window", DS_ERR_UNSUPPORTED},
+      {"{\"model_type\": \"qwen2\", " BASE ", \"num_key_value_heads\": 2, \"use_sliding_window\": true}",
+       "use_sliding_window", DS_ERR_UNSUPPORTED},
       {"{\"model_type\": \"llama\", " BASE ", \"hidden_act\": \"gelu\"}", "hidden_act", DS_ERR_UNSUPPORTED},
       {"{\"model_type\": \"llama\", \"vocab_size\": -3, \"hidden_size\": 32, \"intermediate_size\": 64, "
        "\"num_hidden_layers\": 2, \"num_attention_heads\": 4}", "vocab_size", DS_ERR_FORMAT},
@@ -115,10 +125,59 @@ static void test_config(void) {
   }
 }
 
+/* Fields config.json leaves out take the family's transformers config class defaults
+ * (transformers 5.x LlamaConfig / Qwen2Config / Qwen3Config; the conformance test
+ * test_hardening_model.py compares every family with the installed transformers). */
+static void test_config_defaults(void) {
+  ds_model_config c;
+  EXPECT_OK(parse("{\"architectures\": [\"Qwen3ForCausalLM\"]}", &c));
+  EXPECT(c.vocab_size == 151936 && c.hidden_size == 4096 && c.intermediate_size == 22016 &&
+         c.num_hidden_layers == 32 && c.num_attention_heads == 32 && c.num_key_value_heads == 32 &&
+         c.head_dim == 128 && c.max_position_embeddings == 32768 && c.rms_norm_eps == 1e-6 &&
+         c.rope_theta == 10000.0 && !c.tie_word_embeddings && c.bos_token_id == -1 && c.n_eos == 0);
+  EXPECT(strstr(c.defaulted, "head_dim=128") != NULL);
+  /* Qwen3's head_dim is 128 whatever hidden_size / num_attention_heads is. */
+  EXPECT_OK(parse("{\"model_type\": \"qwen3\", " BASE ", \"num_key_value_heads\": 2}", &c));
+  EXPECT(c.head_dim == 128 && c.max_position_embeddings == 32768);
+  EXPECT_OK(parse("{\"model_type\": \"qwen2\", \"hidden_size\": 256, \"num_attention_heads\": 6, "
+                  "\"num_key_value_heads\": null}", &c));
+  EXPECT(c.head_dim == 42 && c.num_key_value_heads == 6 && c.vocab_size == 151936 && c.attention_bias);
+  EXPECT_OK(parse("{\"model_type\": \"llama\", \"hidden_size\": 256, \"num_attention_heads\": 8}", &c));
+  EXPECT(c.vocab_size == 32000 && c.intermediate_size == 11008 && c.head_dim == 32 && c.num_key_value_heads == 8 &&
+         c.max_position_embeddings == 2048 && c.bos_token_id == 1 && c.n_eos == 1 && c.eos_token_ids[0] == 2);
+  /* generate()'s stop set without generation_config.json is config.json's value as written. */
+  EXPECT(c.n_stop == 0);
+  EXPECT_OK(parse("{\"model_type\": \"llama\", " BASE ", \"max_position_embeddings\": 4096, \"rope_scaling\": "
+                  "{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, \"high_freq_factor\": 4}}", &c));
+  EXPECT(c.rope_original_max_position_embeddings == 4096);
+  /* generation_config.json replaces the stop set; without eos_token_id there is none. */
+  EXPECT_OK(parse("{\"model_type\": \"qwen2\", " BASE ", \"num_key_value_heads\": 2, \"eos_token_id\": 7}", &c));
+  EXPECT(c.n_stop == 1 && ds_config_is_stop_token(&c, 7));
+  const char *gen = "{\"eos_token_id\": [7, 9]}";
+  EXPECT_OK(ds_config_apply_generation_config(&c, gen, strlen(gen), "generation_config.json"));
+  EXPECT(c.n_stop == 2 && ds_config_is_stop_token(&c, 9) && c.n_eos == 1);
+  gen = "{\"do_sample\": true}";
+  EXPECT_OK(ds_config_apply_generation_config(&c, gen, strlen(gen), "generation_config.json"));
+  EXPECT(c.n_stop == 0 && !ds_config_is_stop_token(&c, 7));
+  const char *bad_gen[] = {"{\"eos_token_id\": 100}", "{\"eos_token_id\": \"7\"}", "{\"eos_token_id\": []}", "[7]", "{"};
+  for (size_t i = 0; i < sizeof bad_gen / sizeof bad_gen[0]; i++) {
+    ds_error_clear();
+    EXPECT(ds_config_apply_generation_config(&c, bad_gen[i], strlen(bad_gen[i]), "generation_config.json") != DS_OK);
+    EXPECT(strstr(ds_last_error(), "generation_config.json") != NULL);
+  }
+  /* The position limit names the file, the limit and the option. */
+  ds_error_clear();
+  EXPECT(ds_config_check_positions(&c, "m", 32769, "--seq-len") == DS_ERR_ARG);
+  EXPECT(strstr(ds_last_error(), "m/config.json") && strstr(ds_last_error(), "32768") &&
+         strstr(ds_last_error(), "--seq-len"));
+  EXPECT_OK(ds_config_check_positions(&c, "m", 32768, "--seq-len"));
+}
+
 int main(void) {
   TEST_RUN(test_bf16);
   TEST_RUN(test_f16);
   TEST_RUN(test_rng);
   TEST_RUN(test_config);
+  TEST_RUN(test_config_defaults);
   return TEST_RESULT();
 }
