@@ -19,7 +19,8 @@
  *   post_processor: null, ByteLevel, TemplateProcessing (single: e.g. Llama-3's
  *   <|begin_of_text|>) or a Sequence of them;
  *   decoder: ByteLevel.
- * Ignored: truncation and padding (encode always returns every id), offsets.
+ * Ignored: truncation and padding (encode always returns every id), offsets. Refused: a
+ * tokenizer.json string holding \u0000 (cJSON would cut it there).
  * Differences from HF, on purpose: text that is not valid UTF-8 is refused (HF takes only
  * str), and decoding an id outside the vocabulary is an error (HF silently drops it).
  *
@@ -75,6 +76,7 @@ const char *ds_tokenizer_id_to_token(const ds_tokenizer *tok, int32_t id);   /* 
 typedef struct {
   const char *role;    /* "system", "user", "assistant", ... */
   const char *content;
+  size_t content_len;  /* bytes of content, which may hold NULs; 0: strlen(content) */
 } ds_chat_message;
 
 ds_status ds_chat_encode_chatml(const ds_tokenizer *tok, const ds_chat_message *msgs, size_t n,

@@ -97,7 +97,7 @@ int cmd_generate(int argc, char **argv) {
     for (int64_t i = 0; i < n; i++) ds_ids_push(&ids, v[i]);
     free(v);
   } else if (chat) {
-    ds_chat_message msg = {"user", prompt};
+    ds_chat_message msg = {"user", prompt, 0};
     if (ds_chat_encode_chatml(tok, &msg, 1, 1, &ids, &mask) != DS_OK) goto report;
   } else if (ds_tokenizer_encode(tok, prompt, strlen(prompt), 1, &ids) != DS_OK) {
     goto report;

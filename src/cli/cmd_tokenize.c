@@ -9,7 +9,7 @@
 #include "cli/commands.h"
 #include "dspark/fileio.h"
 #include "dspark/tokenizer.h"
-#include "core/json_util.h"
+#include "text/json_text.h"
 
 static const char k_usage[] =
     "usage: dspark tokenize TOKENIZER_JSON [--text STR | --input FILE] [--add-special] [--ids-out FILE.bin]\n"
@@ -95,7 +95,7 @@ static int chat_line(const ds_tokenizer *tok, const char *path, size_t lineno, c
   char label[512];
   snprintf(label, sizeof label, "%s:%zu", path, lineno);
   ds_status st;
-  cJSON *root = ds_json_parse(line, len, label, &st);
+  cJSON *root = tk_json_parse_text(line, len, label, &st);
   if (!root) return cli_report_error("tokenize");
   const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages"), *it;
   int rc = 0;
@@ -116,8 +116,14 @@ static int chat_line(const ds_tokenizer *tok, const char *path, size_t lineno, c
         rc = 1;
         break;
       }
-      m[n].role = role->valuestring;
-      m[n].content = content->valuestring;
+      size_t role_len;
+      m[n].role = tk_json_str(role, &role_len);
+      if (role_len != strlen(m[n].role)) {
+        fprintf(stderr, "dspark tokenize: %s: messages[%zu].role holds a NUL character (\\u0000)\n", label, n);
+        rc = 1;
+        break;
+      }
+      m[n].content = tk_json_str(content, &m[n].content_len);
       n++;
     }
   ds_ids ids = {0}, mask = {0};

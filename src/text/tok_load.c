@@ -11,6 +11,7 @@
 
 #include "dspark/fileio.h"
 #include "core/json_util.h"
+#include "text/json_text.h"
 #include "text/tok_json.h"
 
 /* ---- the GPT-2 byte <-> character map ---- */
@@ -400,6 +401,16 @@ ds_status ds_tokenizer_load_memory(const char *json, size_t len, const char *lab
   *out = NULL;
   if (!label) label = "tokenizer.json";
   if (!json) return DS_FAIL(DS_ERR_ARG, "%s: no JSON text given", label);
+  /* cJSON would cut a string at a "\u0000" escape (a vocabulary entry, an added token, a
+   * pattern): such a file is refused rather than loaded with different strings. */
+  const char *raw = memchr(json, 0, len);
+  size_t nul = raw ? (size_t)(raw - json) : tk_json_find_nul(json, len);
+  if (nul < len) {
+    size_t line, col;
+    tk_text_line_col(json, nul, &line, &col);
+    return DS_FAIL(raw ? DS_ERR_FORMAT : DS_ERR_UNSUPPORTED, "%s: line %zu, column %zu: %s", label, line, col,
+                   raw ? "a raw NUL byte (not JSON text)" : "a string holds \\u0000 (U+0000), which is not supported");
+  }
   ds_status st;
   cJSON *root = ds_json_parse(json, len, label, &st);
   if (!root) return st;
