@@ -15,6 +15,7 @@
 #define DSPARK_TRAINER_H
 
 #include "dspark/common.h"
+#include "dspark/dataset.h"
 #include "dspark/draft.h"
 #include "dspark/dspark_loss.h"
 
@@ -66,6 +67,7 @@ typedef struct {
   int64_t inject_nan_step;  /* testing aid: poison the gradient at this step (0-based); -1 = never */
   int threads;              /* 0 = default */
   int quiet;                /* no progress line */
+  ds_data_format data_format; /* how data_path is read (DS_DATA_AUTO: by suffix, then content) */
 } ds_train_options;
 
 void ds_train_options_default(ds_train_options *o);

@@ -102,7 +102,8 @@ static ds_status load_inputs(capture *c) {
 
   m->eos_token_id = tc->n_eos ? tc->eos_token_ids[0] : -1;
   m->min_length = 2;
-  DS_TRY(ds_dataset_load(o->data_path, c->tok, o->seq_len, (int32_t)m->eos_token_id, m->min_length, &c->data));
+  DS_TRY(ds_dataset_load(o->data_path, o->data_format, c->tok, o->seq_len, (int32_t)m->eos_token_id, m->min_length,
+                         &c->data));
   m->dtype = o->dtype;
   m->seq_length = o->seq_len;
   m->num_samples = c->data.n_seqs;

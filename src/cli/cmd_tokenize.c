@@ -248,8 +248,11 @@ int cmd_tokenize(int argc, char **argv) {
     size_t len = text ? strlen(text) : 0;
     if (input && ds_read_file(input, &data, &len) != DS_OK) rc = cli_report_error("tokenize");
     ds_ids ids = {0};
-    if (!rc && ds_tokenizer_encode(tok, input ? data : text, len, add_special, &ids) != DS_OK)
+    ds_status st = rc ? DS_OK : ds_tokenizer_encode(tok, input ? data : text, len, add_special, &ids);
+    if (st != DS_OK) {
+      if (input) ds_error_wrap(st, "%s", input);
       rc = cli_report_error("tokenize");
+    }
     if (!rc && ids_out) {
       rc = write_ids(ids_out, &ids);
     } else if (!rc) {

@@ -229,7 +229,7 @@ static ds_status setup_online(trainer *t) {
   t->cfg_target = o->target_dir;
   t->cfg_data = o->data_path;
   int32_t eos = tc->n_eos ? (int32_t)tc->eos_token_ids[0] : -1;
-  return ds_dataset_load(o->data_path, t->tok, o->seq_len, eos, 2, &t->data);
+  return ds_dataset_load(o->data_path, o->data_format, t->tok, o->seq_len, eos, 2, &t->data);
 }
 
 static ds_status setup(trainer *t, const char *ckpt_path) {
