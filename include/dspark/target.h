@@ -10,6 +10,7 @@
 #include "dspark/backend.h"
 #include "dspark/common.h"
 #include "dspark/hfconfig.h"
+#include "dspark/tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -58,6 +59,14 @@ ds_status ds_target_forward(ds_target *m, const ds_target_seq *seqs, int n_seqs,
 /* Validates a capture layer list against the model: strictly increasing, within
  * [-1, L-2] (the last layer's HF output is already final-normed). */
 ds_status ds_target_check_capture_layers(const ds_target *m, const int32_t *ids, int n);
+
+/* Checks a tokenizer against the model's config.json before any text is processed: every
+ * tokenizer id must have a row in the model (tokenizer vocabulary <= vocab_size; a larger
+ * model vocabulary, padded, is fine), and every eos_token_id must be inside vocab_size and a
+ * token of the tokenizer. The labels name the two files in the error (NULL: "config.json",
+ * "tokenizer.json"). */
+ds_status ds_target_check_tokenizer(const ds_model_config *cfg, const ds_tokenizer *tok, const char *config_label,
+                                    const char *tokenizer_label);
 
 #ifdef __cplusplus
 }

@@ -74,6 +74,9 @@ static ds_status load_inputs(capture *c) {
   path = ds_path_join(o->target_dir, "tokenizer.json");
   st = path ? ds_read_file(path, &c->tok_text, &c->tok_len) : DS_ERR_NOMEM;
   if (st == DS_OK) st = ds_tokenizer_load_memory(c->tok_text, c->tok_len, path, &c->tok);
+  char *cfg_path = st == DS_OK ? ds_path_join(o->target_dir, "config.json") : NULL;
+  if (st == DS_OK) st = cfg_path ? ds_target_check_tokenizer(tc, c->tok, cfg_path, path) : DS_ERR_NOMEM;
+  free(cfg_path);
   free(path);
   if (st != DS_OK) return st;
 

@@ -106,6 +106,12 @@ int cmd_generate(int argc, char **argv) {
 
   if (ds_target_load(dir, ds_backend_cpu(), &m) != DS_OK) goto report;
   const ds_model_config *c = ds_target_config(m);
+  if (tok) {
+    char *cfg_path = ds_path_join(dir, "config.json");
+    ds_status st = cfg_path ? ds_target_check_tokenizer(c, tok, cfg_path, tok_path) : DS_ERR_NOMEM;
+    free(cfg_path);
+    if (st != DS_OK) goto report;
+  }
   size_t prompt_len = ids.len;
   if (ds_kv_cache_new(m, (int64_t)prompt_len + max_new, &cache) != DS_OK) goto report;
   logits = malloc((size_t)c->vocab_size * sizeof(float));
