@@ -310,8 +310,8 @@ static int bracket(xlat *x) {
         n_items++;
         i += used;
       } else if (!x->failed && (u = ruby_u(x, i)) >= 0) {
-        char tmp[16];
-        snprintf(tmp, sizeof tmp, "\\x{%lX}", u);
+        char tmp[32];
+        snprintf(tmp, sizeof tmp, "\\x{%X}", (unsigned)(u & 0xFFFF));
         puts_(&lits, tmp);
         i += 6;
       } else if (!x->failed) {
@@ -441,8 +441,8 @@ char *tk_regex_translate(const char *pattern, int natives, char *err, size_t err
         fail(&x, "\\%c (grapheme cluster / text segment boundaries) is not supported: its rules follow the Unicode "
                  "version", e);
       } else if ((u = ruby_u(&x, x.i)) >= 0) {
-        char tmp[16];
-        snprintf(tmp, sizeof tmp, "\\x{%lX}", u);
+        char tmp[32];
+        snprintf(tmp, sizeof tmp, "\\x{%X}", (unsigned)(u & 0xFFFF));
         puts_(&x.out, tmp);
         x.i += 5;
       } else {
