@@ -4,6 +4,7 @@
 #define DSPARK_CAPTURE_H
 
 #include "dspark/cache.h"
+#include "dspark/dataset.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -25,6 +26,7 @@ typedef struct {
   int threads, quiet;
   int forward_only;              /* benchmark: run the target (and the logits for KD) only; write nothing */
   int64_t throttle_ms;           /* testing aid: sleep after each shard */
+  ds_data_format data_format;    /* how data_path is read (DS_DATA_AUTO: by suffix, then content) */
 } ds_capture_options;
 
 void ds_capture_options_default(ds_capture_options *o);

@@ -14,6 +14,7 @@
 #define DSPARK_DRAFT_TRAINER_H
 
 #include "dspark/common.h"
+#include "dspark/dataset.h"
 #include "dspark/draft.h"
 #include "dspark/dspark_loss.h"
 #include "dspark/trainer.h"
@@ -28,6 +29,7 @@ typedef struct {
   ds_loop_options loop;     /* steps, batch (sequences per step), optimizer, run directory, ... */
   const char *target_dir;   /* optional with cache_dir: then its weight, config and tokenizer hashes are checked */
   const char *data_path;    /* optional with cache_dir: then its hash is checked */
+  ds_data_format data_format; /* how data_path is read (DS_DATA_AUTO: by suffix, then content) */
   /* offline cache */
   const char *cache_dir;    /* NULL: online */
   int cache_preload;        /* convert the whole cache to fp32 in memory before training (benchmarks) */

@@ -10,6 +10,7 @@
 #include "dspark/backend.h"
 #include "dspark/common.h"
 #include "dspark/hfconfig.h"
+#include "dspark/tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -73,6 +74,14 @@ ds_status ds_target_check_capture_layers(const ds_target *m, const int32_t *ids,
  * hold NaN". Callers add their context (data file, sequence, step) with ds_error_wrap. The
  * logits are not checked. */
 ds_status ds_target_check_finite(const ds_target *m, const ds_target_outputs *out, int64_t rows);
+
+/* Checks a tokenizer against the model's config.json before any text is processed: every
+ * tokenizer id must have a row in the model (tokenizer vocabulary <= vocab_size; a larger
+ * model vocabulary, padded, is fine), and every eos_token_id must be inside vocab_size and a
+ * token of the tokenizer. The labels name the two files in the error (NULL: "config.json",
+ * "tokenizer.json"). */
+ds_status ds_target_check_tokenizer(const ds_model_config *cfg, const ds_tokenizer *tok, const char *config_label,
+                                    const char *tokenizer_label);
 
 #ifdef __cplusplus
 }

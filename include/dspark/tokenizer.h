@@ -9,8 +9,10 @@
  *   end_of_word_suffix null or ""; dropout null or 0;
  *   pre_tokenizer: ByteLevel (add_prefix_space; the GPT-2 regex when use_regex), or a Sequence
  *   of Split (Regex or String pattern, every behavior, invert) ending with ByteLevel, as in
- *   Qwen2/Qwen3 and Llama-3. Patterns run on PCRE2, translated so that \s, \p{L}, \p{N},
- *   \d, \w match exactly what HF's Oniguruma matches;
+ *   Qwen2/Qwen3, Llama-3, o200k or DeepSeek. Patterns run on PCRE2, translated so that every
+ *   class (\p{..} of general categories, \s \d \w \h, \b, inside [...] or not) matches
+ *   exactly what HF's Oniguruma matches with its Unicode 16 tables; other properties (\p{Han}),
+ *   POSIX brackets, \X and \p{..} under (?i) are refused naming the class;
  *   normalizer: null, NFC, or a Sequence of NFC (Qwen2): an exact NFC with HF's Unicode
  *   tables; text that is already NFC (the quick check) is not copied;
  *   added_tokens (special or not) matched leftmost-longest before pre-tokenization, with
@@ -19,7 +21,8 @@
  *   post_processor: null, ByteLevel, TemplateProcessing (single: e.g. Llama-3's
  *   <|begin_of_text|>) or a Sequence of them;
  *   decoder: ByteLevel.
- * Ignored: truncation and padding (encode always returns every id), offsets.
+ * Ignored: truncation and padding (encode always returns every id), offsets. Refused: a
+ * tokenizer.json string holding \u0000 (cJSON would cut it there).
  * Differences from HF, on purpose: text that is not valid UTF-8 is refused (HF takes only
  * str), and decoding an id outside the vocabulary is an error (HF silently drops it).
  *
@@ -75,6 +78,7 @@ const char *ds_tokenizer_id_to_token(const ds_tokenizer *tok, int32_t id);   /* 
 typedef struct {
   const char *role;    /* "system", "user", "assistant", ... */
   const char *content;
+  size_t content_len;  /* bytes of content, which may hold NULs; 0: strlen(content) */
 } ds_chat_message;
 
 ds_status ds_chat_encode_chatml(const ds_tokenizer *tok, const ds_chat_message *msgs, size_t n,

@@ -74,6 +74,9 @@ static ds_status load_inputs(capture *c) {
   path = ds_path_join(o->target_dir, "tokenizer.json");
   st = path ? ds_read_file(path, &c->tok_text, &c->tok_len) : DS_ERR_NOMEM;
   if (st == DS_OK) st = ds_tokenizer_load_memory(c->tok_text, c->tok_len, path, &c->tok);
+  char *cfg_path = st == DS_OK ? ds_path_join(o->target_dir, "config.json") : NULL;
+  if (st == DS_OK) st = cfg_path ? ds_target_check_tokenizer(tc, c->tok, cfg_path, path) : DS_ERR_NOMEM;
+  free(cfg_path);
   free(path);
   if (st != DS_OK) return st;
 
@@ -102,7 +105,8 @@ static ds_status load_inputs(capture *c) {
 
   m->eos_token_id = tc->n_eos ? tc->eos_token_ids[0] : -1;
   m->min_length = 2;
-  DS_TRY(ds_dataset_load(o->data_path, c->tok, o->seq_len, (int32_t)m->eos_token_id, m->min_length, &c->data));
+  DS_TRY(ds_dataset_load(o->data_path, o->data_format, c->tok, o->seq_len, (int32_t)m->eos_token_id, m->min_length,
+                         &c->data));
   m->dtype = o->dtype;
   m->seq_length = o->seq_len;
   m->num_samples = c->data.n_seqs;

@@ -19,6 +19,7 @@ static void usage(FILE *f) {
     "finished cache is byte-identical to an uninterrupted capture; rerunning a finished capture checks\n"
     "every file and rewrites a missing or changed one. One capture per directory at a time: CACHE/.lock\n"
     "holds the writer's pid, and a second capture is refused naming it.\n"
+    "  --data-format F          auto (default), text or jsonl: how --data is read, as `dspark train`\n"
     "  --target-layers N        captured layers spread over [1, L-2] (5), as `dspark train`\n"
     "  --target-layer-ids L,..  explicit layer ids (strictly increasing, -1 = embeddings, at most L-2);\n"
     "                           give one of --target-layers and --target-layer-ids\n"
@@ -59,6 +60,13 @@ int cmd_capture(int argc, char **argv) {
     if (cli_is_help(a)) { usage(stdout); return 0; }
     else if (!strcmp(a, "--target")) { CLI_VALUE(); o.target_dir = v; }
     else if (!strcmp(a, "--data")) { CLI_VALUE(); o.data_path = v; }
+    else if (!strcmp(a, "--data-format")) {
+      CLI_VALUE();
+      if (!ds_data_format_parse(v, &o.data_format)) {
+        fprintf(stderr, "dspark capture: --data-format expects auto, text or jsonl, got '%s'\n", v);
+        return 2;
+      }
+    }
     else if (!strcmp(a, "--out")) { CLI_VALUE(); o.out_dir = v; }
     else if (!strcmp(a, "--target-layers")) { CLI_INT(1, DS_CACHE_MAX_LAYERS, o.n_target_layers); layers_given = 1; }
     else if (!strcmp(a, "--target-layer-ids")) {

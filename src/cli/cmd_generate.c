@@ -99,7 +99,7 @@ int cmd_generate(int argc, char **argv) {
     for (int64_t i = 0; i < n_given; i++)
       if (ds_ids_push(&ids, given_ids[i]) != DS_OK) goto report;
   } else if (chat) {
-    ds_chat_message msg = {"user", prompt};
+    ds_chat_message msg = {"user", prompt, 0};
     if (ds_chat_encode_chatml(tok, &msg, 1, 1, &ids, &mask) != DS_OK) goto report;
   } else if (ds_tokenizer_encode(tok, prompt, strlen(prompt), 1, &ids) != DS_OK) {
     goto report;
@@ -110,6 +110,8 @@ int cmd_generate(int argc, char **argv) {
   ds_model_config pre;
   char *cfg_path = ds_path_join(dir, "config.json");
   ds_status cst = cfg_path ? ds_config_load(cfg_path, &pre) : DS_ERR_NOMEM;
+  /* The tokenizer against the model, before the weights are loaded too. */
+  if (cst == DS_OK && tok) cst = ds_target_check_tokenizer(&pre, tok, cfg_path, tok_path);
   free(cfg_path);
   if (cst != DS_OK) goto report;
   if ((int64_t)ids.len + max_new > pre.max_position_embeddings) {

@@ -4,15 +4,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "dspark/fileio.h"
+#include "dspark/hfconfig.h"
+#include "dspark/target.h"
 #include "dspark/tokenizer.h"
-#include "core/json_util.h"
+#include "text/json_text.h"
 
 static const char k_usage[] =
-    "usage: dspark tokenize TOKENIZER_JSON [--text STR | --input FILE] [--add-special] [--ids-out FILE.bin]\n"
+    "usage: dspark tokenize TOKENIZER_JSON|MODEL_DIR [--text STR | --input FILE] [--add-special] [--ids-out FILE.bin]\n"
     "       dspark tokenize TOKENIZER_JSON --decode IDS.bin [--skip-special]\n"
     "       dspark tokenize TOKENIZER_JSON --chat FILE.jsonl [--add-generation-prompt]\n"
     "       dspark tokenize TOKENIZER_JSON --bench FILE [--split-nul] [--add-special]\n";
@@ -20,7 +23,8 @@ static const char k_usage[] =
 static void help(void) {
   printf("%s\n"
          "Byte-level BPE tokenizer reading a Hugging Face tokenizer.json; ids are identical to\n"
-         "HF tokenizers' encode().\n"
+         "HF tokenizers' encode(). Given a MODEL_DIR, its tokenizer.json is used and first checked\n"
+         "against its config.json (vocab_size, eos_token_id), as `dspark generate` and `capture` do.\n"
          "  --text STR        encode STR\n"
          "  --input FILE      encode the contents of FILE (UTF-8)\n"
          "  --add-special     apply the post-processor (e.g. Llama-3's <|begin_of_text|>), as\n"
@@ -97,7 +101,7 @@ static int chat_line(const ds_tokenizer *tok, const char *path, size_t lineno, c
   char label[512];
   snprintf(label, sizeof label, "%s:%zu", path, lineno);
   ds_status st;
-  cJSON *root = ds_json_parse(line, len, label, &st);
+  cJSON *root = tk_json_parse_text(line, len, label, &st);
   if (!root) return cli_report_error("tokenize");
   const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages"), *it;
   int rc = 0;
@@ -118,8 +122,14 @@ static int chat_line(const ds_tokenizer *tok, const char *path, size_t lineno, c
         rc = 1;
         break;
       }
-      m[n].role = role->valuestring;
-      m[n].content = content->valuestring;
+      size_t role_len;
+      m[n].role = tk_json_str(role, &role_len);
+      if (role_len != strlen(m[n].role)) {
+        fprintf(stderr, "dspark tokenize: %s: messages[%zu].role holds a NUL character (\\u0000)\n", label, n);
+        rc = 1;
+        break;
+      }
+      m[n].content = tk_json_str(content, &m[n].content_len);
       n++;
     }
   ds_ids ids = {0}, mask = {0};
@@ -194,6 +204,21 @@ static int do_bench(const ds_tokenizer *tok, const char *path, int add_special, 
   return 0;
 }
 
+/* MODEL_DIR: its tokenizer.json, checked against its config.json. */
+static ds_status load_model_tokenizer(const char *dir, ds_tokenizer **tok) {
+  char *tok_path = ds_path_join(dir, "tokenizer.json"), *cfg_path = ds_path_join(dir, "config.json");
+  ds_model_config cfg;
+  ds_status st = tok_path && cfg_path ? ds_config_load(cfg_path, &cfg) : DS_ERR_NOMEM;
+  if (st == DS_OK) st = ds_tokenizer_load(tok_path, tok);
+  if (st == DS_OK && (st = ds_target_check_tokenizer(&cfg, *tok, cfg_path, tok_path)) != DS_OK) {
+    ds_tokenizer_free(*tok);
+    *tok = NULL;
+  }
+  free(tok_path);
+  free(cfg_path);
+  return st;
+}
+
 int cmd_tokenize(int argc, char **argv) {
   const char *tok_path = NULL, *text = NULL, *input = NULL, *ids_out = NULL, *decode = NULL, *chat = NULL,
              *bench = NULL;
@@ -241,7 +266,12 @@ int cmd_tokenize(int argc, char **argv) {
   }
   double t0 = ds_time_sec();
   ds_tokenizer *tok;
-  if (ds_tokenizer_load(tok_path, &tok) != DS_OK) return cli_report_error("tokenize");
+  struct stat sb;
+  if (stat(tok_path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    if (load_model_tokenizer(tok_path, &tok) != DS_OK) return cli_report_error("tokenize");
+  } else if (ds_tokenizer_load(tok_path, &tok) != DS_OK) {
+    return cli_report_error("tokenize");
+  }
   double load_s = ds_time_sec() - t0;
   int rc = 0;
   if (decode) {
@@ -255,8 +285,11 @@ int cmd_tokenize(int argc, char **argv) {
     size_t len = text ? strlen(text) : 0;
     if (input && ds_read_file(input, &data, &len) != DS_OK) rc = cli_report_error("tokenize");
     ds_ids ids = {0};
-    if (!rc && ds_tokenizer_encode(tok, input ? data : text, len, add_special, &ids) != DS_OK)
+    ds_status st = rc ? DS_OK : ds_tokenizer_encode(tok, input ? data : text, len, add_special, &ids);
+    if (st != DS_OK) {
+      if (input) ds_error_wrap(st, "%s", input);
       rc = cli_report_error("tokenize");
+    }
     if (!rc && ids_out) {
       rc = write_ids(ids_out, &ids);
     } else if (!rc) {

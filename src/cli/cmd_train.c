@@ -23,7 +23,10 @@ static void usage(FILE *f) {
     "  --cache-prefetch N      samples converted ahead by the prefetch thread (4; at least 2)\n"
     "  --cache-preload         convert the whole cache to fp32 in memory first (benchmarks, small caches)\n"
     "data:\n"
-    "  --data FILE             .txt (plain text) or .jsonl ({\"text\": ...} or {\"messages\": [...]} per line)\n"
+    "  --data FILE             plain text, or JSONL ({\"text\": ...} or {\"messages\": [...]} per line)\n"
+    "  --data-format F         auto (default: .jsonl/.ndjson/.json are JSONL and .txt is text, any case;\n"
+    "                          other names by content: a first line that is a JSON object means JSONL),\n"
+    "                          text or jsonl\n"
     "  --seq-len N             tokens per training sequence (512)\n"
     "  --eval-seqs N           sequences held out from the end of the data for evaluation (8)\n"
     "draft:\n"
@@ -69,6 +72,13 @@ int cmd_train(int argc, char **argv) {
     if (cli_is_help(a)) { usage(stdout); return 0; }
     else if (!strcmp(a, "--target")) { CLI_VALUE(); o.target_dir = v; }
     else if (!strcmp(a, "--data")) { CLI_VALUE(); o.data_path = v; }
+    else if (!strcmp(a, "--data-format")) {
+      CLI_VALUE();
+      if (!ds_data_format_parse(v, &o.data_format)) {
+        fprintf(stderr, "dspark train: --data-format expects auto, text or jsonl, got '%s'\n", v);
+        return 2;
+      }
+    }
     else if (!strcmp(a, "--out")) { CLI_VALUE(); l->out_dir = v; }
     else if (!strcmp(a, "--cache")) { CLI_VALUE(); o.cache_dir = v; }
     else if (!strcmp(a, "--cache-prefetch")) CLI_INT(2, 1024, o.cache_prefetch);

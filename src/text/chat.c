@@ -46,7 +46,8 @@ ds_status ds_chat_encode_chatml(const ds_tokenizer *tok, const ds_chat_message *
     if ((st = tk_buf_append(&text, k_start, strlen(k_start))) != DS_OK ||
         (st = tk_buf_append(&text, role, strlen(role))) != DS_OK || (st = tk_buf_append(&text, "\n", 1)) != DS_OK)
       break;
-    if (content && ((st = tk_buf_append(&text, content, strlen(content))) != DS_OK ||
+    size_t content_len = content ? (m < n && msgs[m].content_len ? msgs[m].content_len : strlen(content)) : 0;
+    if (content && ((st = tk_buf_append(&text, content, content_len)) != DS_OK ||
                     (st = tk_buf_append(&text, k_end, strlen(k_end))) != DS_OK ||
                     (st = tk_buf_append(&text, "\n", 1)) != DS_OK))
       break;

@@ -4,10 +4,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <xxhash.h>
 
 #include "dspark/fileio.h"
-#include "core/json_util.h"
+#include "text/json_text.h"
+#include "text/tok_json.h"
 
 typedef struct {
   ds_ids ids;
@@ -20,6 +22,24 @@ typedef struct {
   uint8_t *mask;
   int64_t *len;
 } seq_builder;
+
+/* A chat role the template does not know: reported once, with its first line and count. */
+typedef struct {
+  char role[64];
+  size_t first_line, count;
+} role_note;
+
+enum { MAX_ROLE_NOTES = 8 };
+
+typedef struct {
+  const char *path;
+  role_note roles[MAX_ROLE_NOTES];
+  int n_roles;
+  size_t other_roles;                /* lines with unknown roles beyond MAX_ROLE_NOTES distinct */
+  size_t chats, chats_unsupervised;  /* conversations kept, and those without a supervised token */
+} load_ctx;
+
+static const char *const k_known_roles[] = {"system", "user", "assistant"};
 
 static ds_status push_seq(seq_builder *b, const int32_t *ids, const int32_t *mask, int64_t n) {
   if (n < b->min_len) return DS_OK;
@@ -44,6 +64,17 @@ static ds_status push_seq(seq_builder *b, const int32_t *ids, const int32_t *mas
   return DS_OK;
 }
 
+/* Refuses bytes that are not UTF-8, naming the file, line and column (line0: the line
+ * number of buf[0], which starts a line). */
+static ds_status check_utf8(const char *path, const char *buf, size_t len, size_t line0) {
+  size_t valid = tk_utf8_valid_prefix((const unsigned char *)buf, len);
+  if (valid == len) return DS_OK;
+  size_t line, col;
+  tk_text_line_col(buf, valid, &line, &col);
+  return DS_FAIL(DS_ERR_FORMAT, "%s:%zu:%zu: invalid UTF-8 (byte 0x%02X): data must be UTF-8 text", path,
+                 line0 + line - 1, col, (unsigned)(unsigned char)buf[valid]);
+}
+
 /* Plain text: append the document and an EOS to the stream. */
 static ds_status add_document(token_stream *s, const ds_tokenizer *tok, const char *text, size_t len, int32_t eos) {
   size_t before = s->ids.len;
@@ -53,7 +84,25 @@ static ds_status add_document(token_stream *s, const ds_tokenizer *tok, const ch
   return DS_OK;
 }
 
-static ds_status add_chat(seq_builder *b, const ds_tokenizer *tok, const cJSON *msgs, const char *path, size_t line) {
+static void note_role(load_ctx *c, const char *role, size_t line) {
+  for (size_t k = 0; k < sizeof k_known_roles / sizeof k_known_roles[0]; k++)
+    if (!strcmp(role, k_known_roles[k])) return;
+  for (int i = 0; i < c->n_roles; i++)
+    if (!strcmp(c->roles[i].role, role)) { /* a role cut to fit is noted again: harmless */
+      c->roles[i].count++;
+      return;
+    }
+  if (c->n_roles == MAX_ROLE_NOTES) {
+    c->other_roles++;
+    return;
+  }
+  role_note *r = &c->roles[c->n_roles++];
+  snprintf(r->role, sizeof r->role, "%s", role);
+  r->first_line = line;
+  r->count = 1;
+}
+
+static ds_status add_chat(seq_builder *b, load_ctx *c, const ds_tokenizer *tok, const cJSON *msgs, size_t line) {
   size_t n = (size_t)cJSON_GetArraySize(msgs);
   ds_chat_message *m = calloc(n ? n : 1, sizeof *m);
   if (!m) return DS_FAIL(DS_ERR_NOMEM, "dataset: out of memory");
@@ -62,65 +111,165 @@ static ds_status add_chat(seq_builder *b, const ds_tokenizer *tok, const cJSON *
   cJSON_ArrayForEach(it, msgs) {
     const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
+    size_t role_len;
     if (!cJSON_IsString(role) || !cJSON_IsString(content)) {
       free(m);
-      return DS_FAIL(DS_ERR_FORMAT, "%s:%zu: messages[%zu] needs string 'role' and 'content'", path, line, i);
+      return DS_FAIL(DS_ERR_FORMAT, "%s:%zu: messages[%zu] needs string 'role' and 'content'", c->path, line, i);
     }
-    m[i].role = role->valuestring;
-    m[i].content = content->valuestring;
+    m[i].role = tk_json_str(role, &role_len);
+    if (role_len != strlen(m[i].role)) {
+      free(m);
+      return DS_FAIL(DS_ERR_FORMAT, "%s:%zu: messages[%zu].role holds a NUL character (\\u0000)", c->path, line, i);
+    }
+    m[i].content = tk_json_str(content, &m[i].content_len);
+    note_role(c, m[i].role, line);
     i++;
   }
   ds_ids ids = {0}, mask = {0};
   ds_status st = ds_chat_encode_chatml(tok, m, n, 0, &ids, &mask);
   free(m);
-  if (st == DS_OK) st = push_seq(b, ids.ids, mask.ids, (int64_t)(ids.len < (size_t)b->S ? ids.len : (size_t)b->S));
+  if (st != DS_OK) {
+    ds_error_wrap(st, "%s:%zu", c->path, line);
+  } else {
+    int64_t kept = (int64_t)(ids.len < (size_t)b->S ? ids.len : (size_t)b->S), supervised = 0;
+    for (int64_t t = 0; t < kept; t++) supervised += mask.ids[t] != 0;
+    if (kept >= b->min_len) {
+      c->chats++;
+      c->chats_unsupervised += supervised == 0;
+    }
+    st = push_seq(b, ids.ids, mask.ids, kept);
+  }
   ds_ids_free(&ids);
   ds_ids_free(&mask);
   return st;
 }
 
-static int has_suffix(const char *s, const char *suffix) {
+static int has_suffix_ci(const char *s, const char *suffix) {
   size_t a = strlen(s), b = strlen(suffix);
-  return a >= b && !strcmp(s + a - b, suffix);
+  return a >= b && !strcasecmp(s + a - b, suffix);
 }
 
-ds_status ds_dataset_load(const char *path, const ds_tokenizer *tok, int64_t seq_len, int32_t eos_id,
-                          int64_t min_len, ds_dataset *out) {
+/* Does the first non-blank line parse as a JSON object? (A UTF-8 BOM before it is skipped.) */
+static int looks_like_jsonl(const char *buf, size_t len) {
+  size_t i = len >= 3 && !memcmp(buf, "\xEF\xBB\xBF", 3) ? 3 : 0;
+  while (i < len && (buf[i] == ' ' || buf[i] == '\t' || buf[i] == '\r' || buf[i] == '\n')) i++;
+  if (i == len || buf[i] != '{') return 0;
+  const char *nl = memchr(buf + i, '\n', len - i);
+  size_t n = nl ? (size_t)(nl - (buf + i)) : len - i;
+  ds_status st;
+  cJSON *obj = tk_json_parse_text(buf + i, n, "first line", &st);
+  int ok = obj && cJSON_IsObject(obj);
+  cJSON_Delete(obj);
+  ds_error_clear();
+  return ok;
+}
+
+static ds_data_format resolve_format(const char *path, ds_data_format format, const char *buf, size_t len) {
+  if (format != DS_DATA_AUTO) return format;
+  if (has_suffix_ci(path, ".jsonl") || has_suffix_ci(path, ".ndjson") || has_suffix_ci(path, ".json"))
+    return DS_DATA_JSONL;
+  int jsonl = looks_like_jsonl(buf, len);
+  if (has_suffix_ci(path, ".txt")) {
+    if (jsonl)
+      fprintf(stderr,
+              "dspark: warning: %s: read as plain text (its suffix) although its first line is a JSON object; "
+              "--data-format jsonl reads it as JSONL\n",
+              path);
+    return DS_DATA_TEXT;
+  }
+  fprintf(stderr, "dspark: %s: no .txt / .jsonl / .ndjson / .json suffix: read as %s (its first line %s); "
+                  "--data-format text|jsonl decides otherwise\n",
+          path, jsonl ? "JSONL" : "plain text", jsonl ? "is a JSON object" : "is not a JSON object");
+  return jsonl ? DS_DATA_JSONL : DS_DATA_TEXT;
+}
+
+static ds_status load_jsonl(load_ctx *c, seq_builder *b, token_stream *s, const ds_tokenizer *tok, const char *buf,
+                            size_t len, int32_t eos_id) {
+  ds_status st = DS_OK;
+  size_t line = 0;
+  const char *p = buf;
+  if (len >= 3 && !memcmp(buf, "\xEF\xBB\xBF", 3)) p += 3; /* a UTF-8 BOM */
+  while (st == DS_OK && p < buf + len) {
+    const char *nl = memchr(p, '\n', (size_t)(buf + len - p));
+    size_t n = nl ? (size_t)(nl - p) : (size_t)(buf + len - p);
+    line++;
+    size_t k = 0;
+    while (k < n && (p[k] == ' ' || p[k] == '\t' || p[k] == '\r')) k++;
+    if (k < n && (st = check_utf8(c->path, p, n, line)) == DS_OK) {
+      char label[1024];
+      snprintf(label, sizeof label, "%s:%zu", c->path, line);
+      cJSON *obj = tk_json_parse_text(p, n, label, &st);
+      if (obj) {
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(obj, "text");
+        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(obj, "messages");
+        size_t tlen;
+        if (cJSON_IsString(text)) {
+          const char *t = tk_json_str(text, &tlen);
+          if ((st = add_document(s, tok, t, tlen, eos_id)) != DS_OK) ds_error_wrap(st, "%s", label);
+        } else if (cJSON_IsArray(msgs)) {
+          st = add_chat(b, c, tok, msgs, line);
+        } else {
+          st = DS_FAIL(DS_ERR_FORMAT, "%s: a line needs a string 'text' or a list 'messages'", label);
+        }
+        cJSON_Delete(obj);
+      }
+    }
+    p += n + 1;
+  }
+  return st;
+}
+
+static void report_roles(const load_ctx *c) {
+  for (int i = 0; i < c->n_roles; i++) {
+    const role_note *r = &c->roles[i];
+    const char *hint = "";
+    char shown[200];
+    for (size_t k = 0; k < sizeof k_known_roles / sizeof k_known_roles[0]; k++)
+      if (!strcasecmp(r->role, k_known_roles[k])) hint = k_known_roles[k];
+    fprintf(stderr,
+            "dspark: warning: %s:%zu: chat role '%s' is not one the ChatML template knows (system, user, assistant): "
+            "rendered as is and never supervised (%zu message%s)%s%s%s\n",
+            c->path, r->first_line, tk_show(r->role, shown), r->count, r->count == 1 ? "" : "s", hint[0] ? "; roles are case-sensitive, did you mean '" : "",
+            hint, hint[0] ? "'?" : "");
+  }
+  if (c->other_roles)
+    fprintf(stderr, "dspark: warning: %s: %zu more messages with other unknown chat roles\n", c->path, c->other_roles);
+}
+
+int ds_data_format_parse(const char *name, ds_data_format *out) {
+  static const char *const names[] = {"auto", "text", "jsonl"};
+  for (int i = 0; i < 3; i++)
+    if (!strcmp(name, names[i])) {
+      *out = (ds_data_format)i;
+      return 1;
+    }
+  return 0;
+}
+
+const char *ds_data_format_name(ds_data_format f) {
+  return f == DS_DATA_TEXT ? "text" : f == DS_DATA_JSONL ? "jsonl" : "auto";
+}
+
+ds_status ds_dataset_load(const char *path, ds_data_format format, const ds_tokenizer *tok, int64_t seq_len,
+                          int32_t eos_id, int64_t min_len, ds_dataset *out) {
   memset(out, 0, sizeof *out);
   if (seq_len < 2) return DS_FAIL(DS_ERR_ARG, "dataset: sequence length %lld must be at least 2", (long long)seq_len);
+  if (format != DS_DATA_AUTO && format != DS_DATA_TEXT && format != DS_DATA_JSONL)
+    return DS_FAIL(DS_ERR_ARG, "dataset: unknown data format %d", (int)format);
   char *buf;
   size_t len;
   DS_TRY(ds_read_file(path, &buf, &len));
   seq_builder b = {seq_len, min_len < 2 ? 2 : min_len, 0, 0, NULL, NULL, NULL};
   token_stream s = {{0}, {0}};
+  load_ctx c;
+  memset(&c, 0, sizeof c);
+  c.path = path;
   ds_status st = DS_OK;
-  if (has_suffix(path, ".jsonl") || has_suffix(path, ".json")) {
-    size_t line = 0;
-    for (char *p = buf; st == DS_OK && p < buf + len;) {
-      char *nl = memchr(p, '\n', (size_t)(buf + len - p));
-      size_t n = nl ? (size_t)(nl - p) : (size_t)(buf + len - p);
-      line++;
-      size_t k = 0;
-      while (k < n && (p[k] == ' ' || p[k] == '\t' || p[k] == '\r')) k++;
-      if (k < n) {
-        char label[64];
-        snprintf(label, sizeof label, "line %zu", line);
-        cJSON *obj = ds_json_parse(p, n, label, &st);
-        if (obj) {
-          const cJSON *text = cJSON_GetObjectItemCaseSensitive(obj, "text");
-          const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(obj, "messages");
-          if (cJSON_IsString(text)) st = add_document(&s, tok, text->valuestring, strlen(text->valuestring), eos_id);
-          else if (cJSON_IsArray(msgs)) st = add_chat(&b, tok, msgs, path, line);
-          else st = DS_FAIL(DS_ERR_FORMAT, "%s:%zu: a line needs a string 'text' or a list 'messages'", path, line);
-          cJSON_Delete(obj);
-        } else {
-          st = ds_error_wrap(st, "%s", path);
-        }
-      }
-      p += n + 1;
-    }
-  } else {
+  if (resolve_format(path, format, buf, len) == DS_DATA_JSONL) {
+    st = load_jsonl(&c, &b, &s, tok, buf, len, eos_id);
+  } else if ((st = check_utf8(path, buf, len, 1)) == DS_OK) {
     st = add_document(&s, tok, buf, len, eos_id);
+    if (st != DS_OK) ds_error_wrap(st, "%s", path);
   }
   /* The plain-text stream becomes consecutive windows. */
   for (size_t at = 0; st == DS_OK && at < s.ids.len; at += (size_t)seq_len) {
@@ -131,8 +280,21 @@ ds_status ds_dataset_load(const char *path, const ds_tokenizer *tok, int64_t seq
   free(buf);
   ds_ids_free(&s.ids);
   ds_ids_free(&s.mask);
-  if (st == DS_OK && b.n == 0)
+  report_roles(&c);
+  int64_t supervised = 0;
+  for (int64_t i = 0; st == DS_OK && i < b.n * b.S; i++) supervised += b.mask[i];
+  if (st == DS_OK && b.n == 0) {
     st = DS_FAIL(DS_ERR_FORMAT, "%s: no sequence of at least %lld tokens", path, (long long)b.min_len);
+  } else if (st == DS_OK && supervised == 0) {
+    st = DS_FAIL(DS_ERR_FORMAT,
+                 "%s: no supervised token in any of its %lld sequences: chat lines are supervised on their "
+                 "'assistant' turns only (roles are case-sensitive), and none has one within %lld tokens",
+                 path, (long long)b.n, (long long)seq_len);
+  } else if (st == DS_OK && c.chats_unsupervised) {
+    fprintf(stderr, "dspark: warning: %s: %zu of %zu conversations have no supervised token (no 'assistant' turn "
+                    "within %lld tokens) and train nothing\n",
+            path, c.chats_unsupervised, c.chats, (long long)seq_len);
+  }
   if (st != DS_OK) {
     free(b.ids);
     free(b.mask);

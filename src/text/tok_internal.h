@@ -109,11 +109,17 @@ typedef struct {
 
 enum { TK_MAX_STEPS = 8 };
 
-/* Compiles an Oniguruma-style pattern (as HF's tokenizers runs it) with PCRE2, rewriting
- * the classes whose Unicode tables differ (\s, \p{L}, \p{N}, ...) so that both engines match
- * the same characters. literal: the pattern is a plain string (SplitPattern::String).
- * On failure returns NULL and writes a message to err. */
+/* Compiles an Oniguruma-style pattern (as HF's tokenizers runs it) with PCRE2, translating
+ * every character class to HF's Unicode tables and Ruby's escapes to PCRE2's (tok_regex.c),
+ * so that both engines match the same characters; a construct that cannot match the same is
+ * refused. literal: the pattern is a plain string (SplitPattern::String). On failure returns
+ * NULL and writes a message (naming the construct) to err. */
 pcre2_code *tk_regex_compile(const char *pattern, int literal, int *jit, char *err, size_t errcap);
+/* The PCRE2 pattern tk_regex_compile compiles (malloc'd), or NULL with err set. natives: use
+ * PCRE2's own property tables plus exceptions (tk_uclass.h); 0: explicit ranges only. */
+char *tk_regex_translate(const char *pattern, int natives, char *err, size_t errcap);
+/* One character of the \w an added token's single_word checks (HF uses the regex crate's). */
+pcre2_code *tk_regex_compile_single_word(int *jit, char *err, size_t errcap);
 extern const char tk_gpt2_pattern[];
 
 /* ---- added tokens (tok_trie.c; matched in tokenizer.c) ---- */

@@ -11,6 +11,7 @@
 
 #include "dspark/fileio.h"
 #include "core/json_util.h"
+#include "text/json_text.h"
 #include "text/tok_json.h"
 
 /* ---- the GPT-2 byte <-> character map ---- */
@@ -259,13 +260,10 @@ static ds_status build_added_tries(tk_loader *L) {
     need_word |= a->single_word;
   }
   if (need_word) {
-    /* Rust regex's \w, which HF's single_word uses: Alphabetic | M | Nd | Pc | Join_Control
-     * (Alphabetic: L, Nl and a few symbols such as circled letters). */
+    /* The regex crate's \w, which HF's single_word uses (measured: tok_uprops_index.c). */
     int jit;
     char err[256];
-    tok->word_re = tk_regex_compile("[\\p{L}\\p{M}\\d\\p{Nl}\\p{Pc}\\x{200C}\\x{200D}\\x{24B6}-\\x{24E9}"
-                                    "\\x{1F130}-\\x{1F149}\\x{1F150}-\\x{1F169}\\x{1F170}-\\x{1F189}]",
-                                    0, &jit, err, sizeof err);
+    tok->word_re = tk_regex_compile_single_word(&jit, err, sizeof err);
     if (!tok->word_re) return DS_FAIL(DS_ERR_INTERNAL, "single_word regex: %s", err);
   }
   return DS_OK;
@@ -400,6 +398,16 @@ ds_status ds_tokenizer_load_memory(const char *json, size_t len, const char *lab
   *out = NULL;
   if (!label) label = "tokenizer.json";
   if (!json) return DS_FAIL(DS_ERR_ARG, "%s: no JSON text given", label);
+  /* cJSON would cut a string at a "\u0000" escape (a vocabulary entry, an added token, a
+   * pattern): such a file is refused rather than loaded with different strings. */
+  const char *raw = memchr(json, 0, len);
+  size_t nul = raw ? (size_t)(raw - json) : tk_json_find_nul(json, len);
+  if (nul < len) {
+    size_t line, col;
+    tk_text_line_col(json, nul, &line, &col);
+    return DS_FAIL(raw ? DS_ERR_FORMAT : DS_ERR_UNSUPPORTED, "%s: line %zu, column %zu: %s", label, line, col,
+                   raw ? "a raw NUL byte (not JSON text)" : "a string holds \\u0000 (U+0000), which is not supported");
+  }
   ds_status st;
   cJSON *root = ds_json_parse(json, len, label, &st);
   if (!root) return st;

@@ -233,11 +233,15 @@ static ds_status setup_online(draft_run *t) {
   free(tok_text);
   if (st != DS_OK) return st;
   DS_TRY(ds_draft_read_target_file(o->target_dir, "config.json", &t->config_xxh64, &t->target_config, &len));
+  char *cfg_label = ds_path_join(o->target_dir, "config.json");
+  st = cfg_label ? ds_target_check_tokenizer(tc, t->tok, cfg_label, t->tokenizer_label) : DS_ERR_NOMEM;
+  free(cfg_label);
+  if (st != DS_OK) return st;
   DS_TRY(ds_cache_hash_target_weights(o->target_dir, &t->weights_xxh64));
   t->cfg_target = o->target_dir;
   t->cfg_data = o->data_path;
   int32_t eos = tc->n_eos ? (int32_t)tc->eos_token_ids[0] : -1;
-  return ds_dataset_load(o->data_path, t->tok, o->seq_len, eos, 2, &t->data);
+  return ds_dataset_load(o->data_path, o->data_format, t->tok, o->seq_len, eos, 2, &t->data);
 }
 
 static ds_status op_setup(void *self, ds_objective *obj) {
@@ -247,6 +251,11 @@ static ds_status op_setup(void *self, ds_objective *obj) {
   DS_TRY(o->cache_dir ? ds_draft_cache_setup(t) : setup_online(t));
   DS_TRY(ds_config_parse(t->target_config, strlen(t->target_config), "the target's config.json", &t->tc));
   DS_TRY(ds_config_check_positions(&t->tc, t->cfg_target, o->seq_len, "--seq-len"));
+  if (o->cache_dir) { /* online runs checked it before reading the data */
+    char cfg_label[1100];
+    snprintf(cfg_label, sizeof cfg_label, "%s/target_config.json", o->cache_dir);
+    DS_TRY(ds_target_check_tokenizer(&t->tc, t->tok, cfg_label, t->tokenizer_label));
+  }
   DS_TRY(ds_draft_run_config(t));
   DS_TRY(ds_draft_run_config_texts(t));
   int64_t S = o->seq_len, A = o->num_anchors, g = o->block_size, d = t->tc.hidden_size;

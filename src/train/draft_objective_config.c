@@ -10,6 +10,7 @@
 
 #include "core/json_util.h"
 #include "dspark/fileio.h"
+#include "dspark/dataset.h"
 #include "train/draft_objective_internal.h"
 
 static const char *k_mask_candidates[] = {"<|mask|>", "<mask>", "<|MASK|>", "[MASK]", "<|mask_token|>"};
@@ -108,6 +109,7 @@ static cJSON *train_config_obj(const draft_run *t) {
   add_hex(j, "target_config_xxh64", t->config_xxh64);
   add_hex(j, "tokenizer_xxh64", t->tokenizer_xxh64);
   add_hex(j, "data_xxh64", t->data.source_hash);
+  add_hex(j, "sequences_xxh64", t->sequences_xxh64);
   if (t->feature_dtype) cJSON_AddStringToObject(j, "feature_dtype", t->feature_dtype);
   cJSON_AddNumberToObject(j, "seq_len", (double)o->seq_len);
   cJSON_AddNumberToObject(j, "eval_seqs", (double)o->eval_seqs);
@@ -130,7 +132,24 @@ static cJSON *train_config_obj(const draft_run *t) {
   return j;
 }
 
+/* The packed sequences themselves (lengths, ids, masks of every sequence, training and held
+ * out): whatever produced them (file, format, tokenizer, template, seq_len), a resumed run
+ * must see the same ones; an f32 cache holds exactly the online run's. */
+static uint64_t sequences_hash(const ds_dataset *ds) {
+  XXH64_state_t *h = XXH64_createState();
+  if (!h) return 0;
+  XXH64_reset(h, 0);
+  size_t n = (size_t)ds->n_seqs, S = (size_t)ds->seq_len;
+  XXH64_update(h, ds->lengths, n * sizeof *ds->lengths);
+  XXH64_update(h, ds->ids, n * S * sizeof *ds->ids);
+  XXH64_update(h, ds->loss_mask, n * S);
+  uint64_t v = XXH64_digest(h);
+  XXH64_freeState(h);
+  return v;
+}
+
 ds_status ds_draft_run_config_texts(draft_run *t) {
+  t->sequences_xxh64 = sequences_hash(&t->data);
   cJSON *j = train_config_obj(t);
   t->train_config = j ? cJSON_Print(j) : NULL;
   cJSON_Delete(j);
@@ -140,6 +159,7 @@ ds_status ds_draft_run_config_texts(draft_run *t) {
     cJSON_AddStringToObject(j, "target", t->cfg_target ? t->cfg_target : "");
     cJSON_AddStringToObject(j, "data", t->cfg_data ? t->cfg_data : "");
     if (t->o->cache_dir) cJSON_AddStringToObject(j, "cache", t->o->cache_dir);
+    else cJSON_AddStringToObject(j, "data_format", ds_data_format_name(t->o->data_format));
   }
   t->run_info = j ? cJSON_Print(j) : NULL;
   cJSON_Delete(j);

@@ -33,7 +33,7 @@ typedef struct {
   char tokenizer_label[1024]; /* where the tokenizer came from (messages) */
   /* content hashes of what defines the trajectory (recorded in train_config, so a resume after
    * moving files works and one with changed files is refused) */
-  uint64_t weights_xxh64, config_xxh64, tokenizer_xxh64;
+  uint64_t weights_xxh64, config_xxh64, tokenizer_xxh64, sequences_xxh64;
   const char *cfg_target, *cfg_data; /* paths recorded in run.json (the capture's, with a cache) */
   const char *feature_dtype;  /* NULL for fp32 features (online or f32 cache) */
   /* offline cache */

@@ -207,6 +207,23 @@ def main():
         _, err, _ = train(stop2, "--resume", target_dir=moved, rc=1)
         ck.check("target_weights_xxh64" in err, f"13: a changed target was not refused by name: {err}")
 
+    def item_08_13_format():
+        # 13, 10: the sequences themselves are compared on resume: another --data-format reads the
+        # same file differently and is refused; and 22: a tokenizer that does not fit the model
+        d = fresh("format")
+        train(d, "--stop-after", "2")
+        _, err, _ = train(d, "--resume", "--data-format", "jsonl", rc=1)
+        ck.check("sequences_xxh64" in err or "jsonl" in err.lower() or "JSON" in err,
+                 f"13: a different --data-format resumed: {err}")
+        bad = os.path.join(tmp, "bad-eos-target")
+        shutil.rmtree(bad, ignore_errors=True)
+        shutil.copytree(target, bad)
+        cfg = json.load(open(os.path.join(bad, "config.json")))
+        cfg["eos_token_id"] = cfg["vocab_size"] + 5
+        json.dump(cfg, open(os.path.join(bad, "config.json"), "w"))
+        _, err, _ = train(fresh("bad-eos"), target_dir=bad, rc=1)
+        ck.check("eos_token_id" in err and "config.json" in err, f"22: eos outside the vocabulary: {err}")
+
     def item_09_14():
         # 14: 64-bit seeds are exact
         s = fresh("seed")
@@ -278,7 +295,7 @@ def main():
         glued = [i for i in range(len(text)) if text.startswith("eval at step", i) and i > 0 and text[i - 1] != "\n"]
         ck.check("eval at step" in text and not glued, f"25: an evaluation line glued to the progress line: {text!r}")
 
-    sections = [item_00_24, item_00_24_usage, item_01_5, item_02_16, item_03_7, item_05_4, item_06_11, item_07_2, item_08_13, item_09_14, item_10_15, item_11_18, item_12_8, item_13_23, item_14_25]
+    sections = [item_00_24, item_00_24_usage, item_01_5, item_02_16, item_03_7, item_05_4, item_06_11, item_07_2, item_08_13, item_08_13_format, item_09_14, item_10_15, item_11_18, item_12_8, item_13_23, item_14_25]
     for section in sections:
         try:
             section()
