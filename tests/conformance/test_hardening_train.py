@@ -33,6 +33,7 @@ import sysconfig
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cache_manifest  # noqa: E402
 import common  # noqa: E402
 
 from safetensors.numpy import load_file, save_file  # noqa: E402
@@ -262,6 +263,27 @@ def main():
                                                                                  fresh("chat")], expect_rc=1)
         ck.check("supervised" in out[1], f"8: chat data without assistant turns: {out[1]}")
 
+    def item_12_8_cache():
+        # 8: a cache whose every loss mask is 0 (checksums made consistent) is refused too
+        c = fresh("zero-mask-cache")
+        common.run([args.dspark, "capture", "--target", target, "--data", data, "--out", c, "--seq-len", "32",
+                    "--target-layers", "2", "--dtype", "f32", "--quiet"])
+        from safetensors import safe_open
+        man = json.load(open(os.path.join(c, "manifest.json")))
+        for sh in man["shards"]:
+            path = os.path.join(c, sh["file"])
+            with safe_open(path, "np") as f:
+                meta = f.metadata()
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+            tensors["loss_mask"] = tensors["loss_mask"] * 0
+            save_file(tensors, path, metadata=meta)
+            sh["xxh64"] = "%016x" % cache_manifest.xxh64(open(path, "rb").read())
+        cache_manifest.edit(os.path.join(c, "manifest.json"),
+                            lambda j: j.__setitem__("shards", man["shards"]))
+        _, err, _ = common.run([args.dspark] + base[:1] + base[3:] + ["--cache", c, "--out", fresh("zero-mask-run")],
+                               expect_rc=1)
+        ck.check("supervised" in err, f"8: an all-zero cache mask trained: {err}")
+
     def item_13_23():
         # 23: a non-finite target hidden state names its layer; steps count from 1
         hot = os.path.join(tmp, "hot-target")
@@ -295,7 +317,7 @@ def main():
         glued = [i for i in range(len(text)) if text.startswith("eval at step", i) and i > 0 and text[i - 1] != "\n"]
         ck.check("eval at step" in text and not glued, f"25: an evaluation line glued to the progress line: {text!r}")
 
-    sections = [item_00_24, item_00_24_usage, item_01_5, item_02_16, item_03_7, item_05_4, item_06_11, item_07_2, item_08_13, item_08_13_format, item_09_14, item_10_15, item_11_18, item_12_8, item_13_23, item_14_25]
+    sections = [item_00_24, item_00_24_usage, item_01_5, item_02_16, item_03_7, item_05_4, item_06_11, item_07_2, item_08_13, item_08_13_format, item_09_14, item_10_15, item_11_18, item_12_8, item_12_8_cache, item_13_23, item_14_25]
     for section in sections:
         try:
             section()

@@ -17,6 +17,7 @@
 
 #include "dspark/backend.h"
 #include "dspark/fileio.h"
+#include "dspark/progress.h"
 #include "dspark/trainer.h"
 #include "test_util.h"
 
@@ -490,6 +491,19 @@ static void test_zero_weight_step(void) {
   EXPECT(!memcmp(p0, t.p, sizeof p0)); /* nothing supervised: no update */
 }
 
+/* The ETA extrapolates this process's pace: a run resumed at step 10 of 20 that took 2 s for
+ * its first 2 steps has 10 s to go (not 2 s, which dividing by the global step would say). */
+static void test_progress_eta(void) {
+  char buf[256] = {0};
+  FILE *f = fmemopen(buf, sizeof buf, "w");
+  if (!f) { EXPECT(0); return; }
+  ds_progress_line(f, "step", 12, 20, 2, 2.0, 5.0, "tok/s", "loss 1.0");
+  fclose(f);
+  EXPECT(strstr(buf, "step 12/20 loss 1.0") != NULL);
+  EXPECT(strstr(buf, "ETA 8s") != NULL);
+  if (!strstr(buf, "ETA 8s")) fprintf(stderr, "  got: %s", buf);
+}
+
 int main(void) {
   const char *tmp = getenv("DSPARK_TEST_TMP") ? getenv("DSPARK_TEST_TMP") : "/tmp";
   snprintf(g_root, sizeof g_root, "%s/trainer-core", tmp);
@@ -502,5 +516,6 @@ int main(void) {
   TEST_RUN(test_nonfinite);
   TEST_RUN(test_metrics_recovery);
   TEST_RUN(test_zero_weight_step);
+  TEST_RUN(test_progress_eta);
   return TEST_RESULT();
 }
