@@ -78,3 +78,10 @@ const char *ds_blas_kernel_name(void) {
   return "none";
 #endif
 }
+
+void ds_gemm_f32(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
+                 int64_t ldb, float beta, float *C, int64_t ldc) {
+  ds_cpu_sgemm(ta, tb, m, n, k, A, lda, B, ldb, beta, C, ldc);
+}
+
+const char *ds_gemm_name(void) { return ds_blas_kernel_name(); }
