@@ -347,9 +347,9 @@ int main(int argc, char **argv) {
     ds_profile_print(&prof, tot, stderr);
   }
 
-  printf("{\"bench\": \"draft_step\", \"threads\": %d, \"blas\": \"%s\", \"steps\": %d, \"best_s\": %.6f, "
+  printf("{\"bench\": \"draft_step\", \"threads\": %d, \"gemm\": \"%s\", \"steps\": %d, \"best_s\": %.6f, "
          "\"median_s\": %.6f, \"median_loss_seq_s\": %.6f, \"median_optimizer_s\": %.6f, \"warmup_s\": %.6f, \"times_s\": [",
-         o.threads, ds_blas_kernel_name(), o.steps, best, median(timed, o.steps), median(t_loss + 1, o.steps),
+         o.threads, ds_gemm_name(), o.steps, best, median(timed, o.steps), median(t_loss + 1, o.steps),
          median(t_opt + 1, o.steps), t_step[0]);
   for (int s = 0; s < o.steps; s++) printf("%s%.6f", s ? ", " : "", timed[s]);
   printf("], \"loss_seq_times_s\": [");

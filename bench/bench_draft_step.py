@@ -365,8 +365,8 @@ def main():
         for key, label, cmd, side_env in sides:
             res, _, rss = run_timed(cmd, side_env)
             res["time_v_rss_mib"] = rss
-            labels[key] = f"ours ({res['blas']})" if label == "ours" else \
-                f"ours ({res['blas']}) mmap 1M" if label == "ours mmap" else label
+            labels[key] = f"ours ({res['gemm']})" if label == "ours" else \
+                f"ours ({res['gemm']}) mmap 1M" if label == "ours mmap" else label
             runs[key].append(res)
             print(f"round {rnd + 1}/{args.rounds} {labels[key]}: best {res['best_s']:.3f} s, median "
                   f"{res['median_s']:.3f} s, peak RSS {res['peak_rss_mib']:.0f} MiB (load {load_avg()[0]:.1f})",

@@ -96,7 +96,7 @@ def torch_side(args, model_dir, prompt_ids):
 def sgemm_peak(args, env):
     exe = os.path.join(os.path.dirname(args.dspark), "bench_sgemm")
     out = subprocess.run([exe, str(args.threads)], capture_output=True, text=True, env=env, check=True).stdout
-    kernel = re.search(r"blas_kernel (\S+)", out).group(1)
+    kernel = re.search(r"gemm (.+?) \| threads", out).group(1)
     return float(re.search(r"peak ([\d.]+)", out).group(1)), kernel, out
 
 

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-60}"
 bash scripts/setup.sh --no-venv
-CC=clang cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=Debug -DDSPARK_FUZZ=ON -DDSPARK_BLAS=OFF -DDSPARK_OPENMP=OFF >/dev/null
+CC=clang cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=Debug -DDSPARK_FUZZ=ON -DDSPARK_GEMM=none -DDSPARK_OPENMP=OFF >/dev/null
 cmake --build build/fuzz -j "$(nproc)"
 status=0
 for src in fuzz/fuzz_*.c; do

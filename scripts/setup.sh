@@ -17,7 +17,8 @@ done
 # What each package is for is in README.md (Dependencies).
 apt_packages=(
   build-essential cmake pkg-config
-  libopenblas-openmp-dev   # sgemm; the OpenMP build shares our OpenMP thread pool
+  libdnnl-dev              # oneDNN: the default fp32 GEMM (kernels chosen from the CPU's features)
+  libopenblas-openmp-dev   # the DSPARK_GEMM=openblas alternative; the OpenMP build shares our thread pool
   libomp-dev
   libcjson-dev             # config.json, tokenizer.json, safetensors headers, manifests
   libpcre2-dev             # Unicode pre-tokenizer regexes (GPT-2 / Qwen2 / Llama-3)

@@ -15,7 +15,7 @@ jobs="$(nproc)"
 # exercised too. It runs the C unit tests, the command-line tests, the bad-input suite and
 # the draft and loss conformance tests and the hardening tests (test_hardening_*.py), so the C
 # paths they drive run under the sanitizers.
-cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DDSPARK_SANITIZE=ON -DDSPARK_BLAS=OFF -DDSPARK_OPENMP=OFF \
+cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug -DDSPARK_SANITIZE=ON -DDSPARK_GEMM=none -DDSPARK_OPENMP=OFF \
       -DDSPARK_WERROR=ON -DDSPARK_PYTHON="$py" >/dev/null
 cmake --build build/asan -j "$jobs"
 (cd build/asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \

@@ -104,16 +104,18 @@ const ds_backend *ds_backend_reference(void);
 /* Threads used by our kernels (OpenMP) and BLAS; 0 keeps the default. */
 void ds_set_num_threads(int n);
 int ds_get_num_threads(void);
-/* Name of the BLAS kernel family in use (e.g. "Haswell", "SkylakeX"), or "none". */
-const char *ds_blas_kernel_name(void);
 /* The fp32 GEMM every matmul goes through, row-major:
  *   C[m, n] = op(A) @ op(B) + beta * C, op(X) = X^T when the flag is set; op(A) is [m, k]
  *   (A stored [m, k] with row stride lda, or [k, m] when ta), op(B) is [k, n] (B stored [k, n]
  *   with row stride ldb, or [n, k] when tb). beta is 0 (C overwritten, never read) or 1. */
 void ds_gemm_f32(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
                  int64_t ldb, float beta, float *C, int64_t ldc);
-/* The GEMM library and kernel that runs, e.g. "OpenBLAS 0.3.21 SkylakeX". */
+/* The GEMM library and kernel that runs, e.g. "oneDNN 2.6.3 avx512_core_amx", "OpenBLAS
+ * SkylakeX", "loops (no GEMM library)". */
 const char *ds_gemm_name(void);
+/* A one-line warning when the matmuls run a slow generic path on a CPU that has a faster one
+ * (OpenBLAS's fallback kernel, an ISA cap, no GEMM library), else NULL. */
+const char *ds_gemm_warning(void);
 
 #ifdef __cplusplus
 }

@@ -113,7 +113,7 @@ int cmd_info(int argc, char **argv) {
   for (int i = 0; i < c->n_stop; i++) printf(" %lld", (long long)c->stop_token_ids[i]);
   printf("%s (generation stops here; from %s)\n", c->n_stop ? "" : " none", c->stop_source);
   if (c->defaulted[0]) printf("class defaults:     %s (%s)\n", c->defaulted, ds_config_class_name(c->arch));
-  printf("loaded in:          %.2f s (fp32 compute, BLAS kernel %s, %d threads)\n", load_s, ds_blas_kernel_name(),
+  printf("loaded in:          %.2f s (fp32 compute, GEMM %s, %d threads)\n", load_s, ds_gemm_name(),
          ds_get_num_threads());
   ds_target_free(m);
 

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "dspark/backend.h"
 #include "dspark/common.h"
 #include "dspark/progress.h"
 
@@ -11,19 +12,20 @@ typedef struct {
   const char *name;
   int (*run)(int argc, char **argv);
   const char *summary;
+  int computes; /* runs matmuls: says once when they would run a slow path on this CPU */
 } command;
 
 static const command k_commands[] = {
-    {"info", cmd_info, "print a model directory's architecture, sizes and tensors"},
-    {"generate", cmd_generate, "generate text with a target model (greedy or sampled)"},
-    {"forward", cmd_forward, "run the target over token ids; write logits and captured hidden states"},
-    {"tokenize", cmd_tokenize, "encode text / decode ids with a tokenizer.json; ChatML rendering"},
-    {"train", cmd_train, "train a DSpark draft against the live target or from a cache"},
-    {"capture", cmd_capture, "run the target once; write the offline feature / KD cache (resumable)"},
-    {"inspect", cmd_inspect, "print a cache's manifest, counts and bytes per token; verify its checksums"},
-    {"export", cmd_export, "write a trained draft in the HF layout serving engines load"},
-    {"draft-forward", cmd_draft_forward, "run a draft on given features and anchors; logits, loss and gradients"},
-    {"loss", cmd_loss, "evaluate the DSpark loss and its gradients on tensors from a safetensors file"},
+    {"info", cmd_info, "print a model directory's architecture, sizes and tensors", 1},
+    {"generate", cmd_generate, "generate text with a target model (greedy or sampled)", 1},
+    {"forward", cmd_forward, "run the target over token ids; write logits and captured hidden states", 1},
+    {"tokenize", cmd_tokenize, "encode text / decode ids with a tokenizer.json; ChatML rendering", 0},
+    {"train", cmd_train, "train a DSpark draft against the live target or from a cache", 1},
+    {"capture", cmd_capture, "run the target once; write the offline feature / KD cache (resumable)", 1},
+    {"inspect", cmd_inspect, "print a cache's manifest, counts and bytes per token; verify its checksums", 0},
+    {"export", cmd_export, "write a trained draft in the HF layout serving engines load", 0},
+    {"draft-forward", cmd_draft_forward, "run a draft on given features and anchors; logits, loss and gradients", 1},
+    {"loss", cmd_loss, "evaluate the DSpark loss and its gradients on tensors from a safetensors file", 0},
 };
 
 int cli_report_error(const char *what) {
@@ -36,6 +38,7 @@ static void usage(FILE *f) {
   fprintf(f, "usage: dspark COMMAND [options]   (dspark COMMAND --help for details)\n\ncommands:\n");
   for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
     fprintf(f, "  %-14s %s\n", k_commands[i].name, k_commands[i].summary);
+  fprintf(f, "\nmatmuls: %s, %d threads\n", ds_gemm_name(), ds_get_num_threads());
 }
 
 int main(int argc, char **argv) {
@@ -49,7 +52,11 @@ int main(int argc, char **argv) {
     return 0;
   }
   for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
-    if (!strcmp(argv[1], k_commands[i].name)) return k_commands[i].run(argc - 1, argv + 1);
+    if (!strcmp(argv[1], k_commands[i].name)) {
+      const char *slow = k_commands[i].computes ? ds_gemm_warning() : NULL;
+      if (slow) fprintf(stderr, "dspark: %s\n", slow);
+      return k_commands[i].run(argc - 1, argv + 1);
+    }
   fprintf(stderr, "dspark: unknown command '%s'\n", argv[1]);
   usage(stderr);
   return 2;

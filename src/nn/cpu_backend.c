@@ -8,9 +8,6 @@
 #include "dspark/backend.h"
 #include "nn/cpu_kernels.h"
 
-#ifdef DSPARK_USE_BLAS
-#include <cblas.h>
-#endif
 #ifdef DSPARK_USE_OPENMP
 #include <omp.h>
 #endif
@@ -188,9 +185,4 @@ static const ds_backend k_cpu = {
 
 const ds_backend *ds_backend_cpu(void) { return &k_cpu; }
 
-#ifdef DSPARK_USE_BLAS
-/* OpenBLAS extensions (declared in its cblas.h on Debian, repeated for other BLAS builds). */
-void openblas_set_num_threads(int num_threads);
-char *openblas_get_corename(void);
-#endif
 

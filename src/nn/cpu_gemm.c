@@ -1,34 +1,35 @@
 /* The CPU backend's matmul (every linear and attention product goes through ds_cpu_sgemm)
- * and its thread count: BLAS when built with it, plain loops otherwise. */
+ * and its thread count. The library is a build option (DSPARK_GEMM, see CMakeLists.txt):
+ *   onednn    oneDNN's dnnl_sgemm: JIT kernels chosen from the CPU's features at run time, the
+ *             library PyTorch uses on CPU; the default, because it reaches the machine's fp32
+ *             peak on every x86 CPU measured whatever the environment sets (bench/bench_gemm.c,
+ *             docs/benchmarks.md);
+ *   openblas  cblas_sgemm (+ sgemv for one row); its kernel follows its own CPU detection and
+ *             OPENBLAS_CORETYPE, which falls back to a generic kernel on CPUs it does not know;
+ *   none      the loops below (sanitizer builds, portability).
+ * ds_gemm_warning says when a slow path runs on a CPU that has a faster one. */
+#include <stdio.h>
 #include <string.h>
 
 #include "dspark/backend.h"
 #include "nn/cpu_kernels.h"
 
-#ifdef DSPARK_USE_BLAS
+#if defined(DSPARK_GEMM_ONEDNN)
+#include <oneapi/dnnl/dnnl.h>
+#elif defined(DSPARK_GEMM_OPENBLAS)
 #include <cblas.h>
+/* OpenBLAS extensions (declared in its cblas.h on Debian, repeated for other builds). */
+void openblas_set_num_threads(int num_threads);
+char *openblas_get_corename(void);
 #endif
 #ifdef DSPARK_USE_OPENMP
 #include <omp.h>
 #endif
 
-/* C[m, n] = op(A)[m, k] @ op(B)[k, n] + beta * C (contract in cpu_kernels.h). */
-void ds_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
-                  int64_t ldb, float beta, float *C, int64_t ldc) {
-  if (m <= 0 || n <= 0) return;
-  if (k <= 0) {
-    if (beta == 0.0f)
-      for (int64_t i = 0; i < m; i++) memset(C + i * ldc, 0, (size_t)n * sizeof(float));
-    return;
-  }
-#ifdef DSPARK_USE_BLAS
-  if (m == 1 && !ta && tb) { /* one row: GEMV is faster than a 1-row GEMM */
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)n, (blasint)k, 1.0f, B, (blasint)ldb, A, 1, beta, C, 1);
-    return;
-  }
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)m,
-              (blasint)n, (blasint)k, 1.0f, A, (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
-#else
+#if !defined(DSPARK_GEMM_ONEDNN) && !defined(DSPARK_GEMM_OPENBLAS)
+/* The portable path: C[m, n] = op(A) @ op(B) + beta * C with plain loops. */
+static void gemm_loops(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
+                       int64_t ldb, float beta, float *C, int64_t ldc) {
   DS_OMP(parallel for schedule(static) if (m * n * k > 65536))
   for (int64_t i = 0; i < m; i++) {
     float *c = C + i * ldc;
@@ -48,6 +49,31 @@ void ds_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *
       }
     }
   }
+}
+#endif
+
+/* C[m, n] = op(A)[m, k] @ op(B)[k, n] + beta * C (contract in cpu_kernels.h). */
+void ds_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
+                  int64_t ldb, float beta, float *C, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    if (beta == 0.0f)
+      for (int64_t i = 0; i < m; i++) memset(C + i * ldc, 0, (size_t)n * sizeof(float));
+    return;
+  }
+#if defined(DSPARK_GEMM_ONEDNN)
+  /* row-major, as ours; a failure (bad arguments: a bug of ours) must not pass silently */
+  dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, A, lda, B, ldb, beta, C, ldc);
+  DS_CHECK(st == dnnl_success);
+#elif defined(DSPARK_GEMM_OPENBLAS)
+  if (m == 1 && !ta && tb) { /* one row: GEMV is faster than a 1-row GEMM in OpenBLAS */
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)n, (blasint)k, 1.0f, B, (blasint)ldb, A, 1, beta, C, 1);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)m,
+              (blasint)n, (blasint)k, 1.0f, A, (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
+#else
+  gemm_loops(ta, tb, m, n, k, A, lda, B, ldb, beta, C, ldc);
 #endif
 }
 
@@ -64,24 +90,80 @@ void ds_set_num_threads(int n) {
 #ifdef DSPARK_USE_OPENMP
   omp_set_num_threads(n);
 #endif
-#ifdef DSPARK_USE_BLAS
+#ifdef DSPARK_GEMM_OPENBLAS
   openblas_set_num_threads(n);
 #endif
 }
 
 int ds_get_num_threads(void) { return ds_cpu_threads(); }
 
-const char *ds_blas_kernel_name(void) {
-#ifdef DSPARK_USE_BLAS
-  return openblas_get_corename();
-#else
-  return "none";
-#endif
-}
-
 void ds_gemm_f32(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
                  int64_t ldb, float beta, float *C, int64_t ldc) {
   ds_cpu_sgemm(ta, tb, m, n, k, A, lda, B, ldb, beta, C, ldc);
 }
 
-const char *ds_gemm_name(void) { return ds_blas_kernel_name(); }
+#if defined(DSPARK_GEMM_ONEDNN)
+static const char *isa_name(dnnl_cpu_isa_t isa) {
+  switch (isa) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "generic";
+  }
+}
+#endif
+
+const char *ds_gemm_name(void) {
+  static char name[96];
+  if (name[0]) return name;
+#if defined(DSPARK_GEMM_ONEDNN)
+  const dnnl_version_t *v = dnnl_version();
+  snprintf(name, sizeof name, "oneDNN %d.%d.%d %s", v->major, v->minor, v->patch,
+           isa_name(dnnl_get_effective_cpu_isa()));
+#elif defined(DSPARK_GEMM_OPENBLAS)
+  snprintf(name, sizeof name, "OpenBLAS %s", openblas_get_corename());
+#else
+  snprintf(name, sizeof name, "loops (no GEMM library)");
+#endif
+  return name;
+}
+
+const char *ds_gemm_warning(void) {
+  static char msg[400];
+  int avx512 = 0, avx2 = 0;
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  avx512 = __builtin_cpu_supports("avx512f");
+  avx2 = __builtin_cpu_supports("avx2");
+#endif
+#if defined(DSPARK_GEMM_ONEDNN)
+  dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  int slow = (avx512 && (isa & dnnl_cpu_isa_avx512_core) != dnnl_cpu_isa_avx512_core) ||
+             (avx2 && (isa & dnnl_cpu_isa_avx2) != dnnl_cpu_isa_avx2);
+  if (!slow) return NULL;
+  snprintf(msg, sizeof msg, "warning: matmuls run oneDNN's %s kernels on a CPU with %s (is DNNL_MAX_CPU_ISA set?): "
+           "several times below this machine's speed", isa_name(isa), avx512 ? "AVX-512" : "AVX2");
+#elif defined(DSPARK_GEMM_OPENBLAS)
+  const char *core = openblas_get_corename();
+  static const char *const generic[] = {"Prescott", "Katmai", "Coppermine", "Northwood", "Core2", "Penryn", "Dunnington",
+                                        "Nehalem", "Atom", "Sandybridge", "Haswell", "Zen", "Barcelona", "Bulldozer"};
+  int slow = 0, is_avx2_kernel = !strcmp(core, "Haswell") || !strcmp(core, "Zen");
+  for (size_t i = 0; i < sizeof generic / sizeof generic[0]; i++) slow |= !strcmp(core, generic[i]);
+  if (!(avx512 && slow) && !(avx2 && slow && !is_avx2_kernel)) return NULL;
+  snprintf(msg, sizeof msg, "warning: matmuls run OpenBLAS's %s kernel on a CPU with %s (OPENBLAS_CORETYPE, or a CPU "
+           "this OpenBLAS does not recognize): %s below this machine's speed; the default build (DSPARK_GEMM=onednn) "
+           "chooses its kernels from the CPU's features", core, avx512 ? "AVX-512" : "AVX2",
+           is_avx2_kernel ? "about 2x" : "several times");
+#else
+  (void)avx512;
+  if (!avx2) return NULL;
+  snprintf(msg, sizeof msg, "warning: this build has no GEMM library (DSPARK_GEMM=none): matmuls run plain loops, "
+           "tens of times below this machine's speed");
+#endif
+  return msg;
+}

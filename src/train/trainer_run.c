@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "core/json_util.h"
+#include "dspark/backend.h"
 #include "dspark/progress.h"
 #include "train/trainer_internal.h"
 
@@ -106,6 +107,9 @@ ds_status ds_trainer_write_run_json(ds_trainer *t) {
     }
     cJSON_Delete(info);
   }
+  /* what ran (not part of the trajectory's definition) */
+  cJSON_AddStringToObject(j, "gemm", ds_gemm_name());
+  cJSON_AddNumberToObject(j, "threads", ds_get_num_threads());
   char *text = cJSON_Print(j);
   cJSON_Delete(j);
   if (!text) return DS_FAIL(DS_ERR_NOMEM, "out of memory");
