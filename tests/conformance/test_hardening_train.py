@@ -126,8 +126,12 @@ def main():
     def item_05_4():
         # 4: a file-size limit is a reported write error, not a silent SIGXFSZ: one limit that the
         # metrics cross, one that the checkpoint crosses
-        for size in (1000, 20000):
-            lim = fresh(f"fsize-{size}")
+        # the small limit: above run.json and target_config.json (their size depends on the paths),
+        # below what metrics.jsonl reaches
+        small = max(os.path.getsize(os.path.join(ref, f)) for f in ("run.json", "target_config.json")) + 200
+        ck.check(small < os.path.getsize(os.path.join(ref, "metrics.jsonl")), "4: the limits need a longer run")
+        for size in (small, 20000):
+            lim = fresh(f"fsize-{'small' if size == small else size}")
             os.makedirs(lim)
 
             def limit():  # Python ignores SIGXFSZ and children inherit that: restore the default, as a shell has it
@@ -136,7 +140,7 @@ def main():
 
             out = subprocess.run([args.dspark] + base + ["--target", target, "--out", lim], capture_output=True,
                                  text=True, preexec_fn=limit)
-            first = "metrics.jsonl" if size == 1000 else "checkpoint.safetensors"  # the first file to cross it
+            first = "metrics.jsonl" if size == small else "checkpoint.safetensors"  # the first file to cross it
             ck.check(out.returncode == 1 and os.path.join(lim, first) in out.stderr,
                      f"4: file-size limit {size}: rc {out.returncode}: {out.stderr}")
             ck.check(not glob.glob(os.path.join(lim, "*.tmp.*")), f"4: temp files left: {os.listdir(lim)}")
