@@ -193,6 +193,16 @@ def main():
         corrupt_case("draft_config block_size 7 vs train_config 3",
                      tool("meta:draft_config=" + json.dumps(dcfg)), "block_size")
 
+    def item_07_format1():
+        # issue 8: a checkpoint of the first format (no checksums) is still exported; resuming it is
+        # refused naming the version this build resumes
+        d = fresh("format1")
+        shutil.copytree(ref, d)
+        tool("--drop-checksums", "meta:format_version=1")(os.path.join(d, "checkpoint.safetensors"))
+        common.run([args.dspark, "export", d, "--out", fresh("format1-export")])
+        _, err, _ = train(d, "--resume", rc=1)
+        ck.check("format_version 1" in err and "resumes format_version 2" in err, f"format 1 resume: {err}")
+
     def item_08_13():
         # 13: the target by content
         moved = os.path.join(tmp, "moved-target")
@@ -321,7 +331,7 @@ def main():
         glued = [i for i in range(len(text)) if text.startswith("eval at step", i) and i > 0 and text[i - 1] != "\n"]
         ck.check("eval at step" in text and not glued, f"25: an evaluation line glued to the progress line: {text!r}")
 
-    sections = [item_00_24, item_00_24_usage, item_01_5, item_02_16, item_03_7, item_05_4, item_06_11, item_07_2, item_08_13, item_08_13_format, item_09_14, item_10_15, item_11_18, item_12_8, item_12_8_cache, item_13_23, item_14_25]
+    sections = [item_00_24, item_00_24_usage, item_01_5, item_02_16, item_03_7, item_05_4, item_06_11, item_07_2, item_07_format1, item_08_13, item_08_13_format, item_09_14, item_10_15, item_11_18, item_12_8, item_12_8_cache, item_13_23, item_14_25]
     for section in sections:
         try:
             section()

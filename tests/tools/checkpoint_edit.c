@@ -1,9 +1,10 @@
 /* Rewrites a safetensors file (a training checkpoint) with edits, for the tests that check
  * what resume and export do with altered files:
- *   checkpoint_edit IN OUT [--keep-checksums] [meta:KEY=VALUE ...] [f32:TENSOR:INDEX=VALUE ...]
+ *   checkpoint_edit IN OUT [--keep-checksums | --drop-checksums] [meta:KEY=VALUE ...] [f32:TENSOR:INDEX=VALUE ...]
  * meta: sets a metadata field; f32: sets one element of an F32 tensor. The checksums
  * (ds_st_writer_add_checksums) are recomputed, as a careful forger would, unless
- * --keep-checksums copies the old ones (an edit by hand). */
+ * --keep-checksums copies the old ones (an edit by hand); --drop-checksums writes none (with
+ * meta:format_version=1, a checkpoint as the first format wrote it). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,8 +17,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: checkpoint_edit IN OUT [--keep-checksums] [meta:KEY=VALUE ...] [f32:NAME:INDEX=VALUE ...]\n");
     return 2;
   }
-  int keep = 0;
-  for (int i = 3; i < argc; i++) keep |= !strcmp(argv[i], "--keep-checksums");
+  int keep = 0, drop = 0;
+  for (int i = 3; i < argc; i++) keep |= !strcmp(argv[i], "--keep-checksums"), drop |= !strcmp(argv[i], "--drop-checksums");
   ds_safetensors *st;
   if (ds_st_open(argv[1], &st) != DS_OK) {
     fprintf(stderr, "checkpoint_edit: %s\n", ds_last_error());
@@ -53,7 +54,7 @@ int main(int argc, char **argv) {
     }
     free(kv);
   }
-  ds_status s = keep ? DS_OK : ds_st_writer_add_checksums(w);
+  ds_status s = keep || drop ? DS_OK : ds_st_writer_add_checksums(w);
   if (s == DS_OK) s = ds_st_writer_write(w, argv[2]);
   if (s != DS_OK) fprintf(stderr, "checkpoint_edit: %s\n", ds_last_error());
   ds_st_writer_free(w);
