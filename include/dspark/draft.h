@@ -124,6 +124,31 @@ ds_status ds_draft_backward_train(ds_draft *d, const ds_draft_seq *seq, float *d
  * a training step allocates nothing once it has grown. */
 void *ds_draft_workspace(ds_draft *d, size_t bytes);
 
+/* ---- Decoding (spec section 8): per request, a state holding every draft layer's context
+ * K/V for the committed positions; then per round one block and the head slot by slot. ---- */
+typedef struct ds_draft_state ds_draft_state;
+
+/* A state for up to capacity context positions. */
+ds_status ds_draft_state_new(const ds_draft *d, int64_t capacity, ds_draft_state **out);
+void ds_draft_state_free(ds_draft_state *s);
+int64_t ds_draft_state_len(const ds_draft_state *s);
+/* Keeps the first len context positions (rejected tokens' rows vanish). */
+ds_status ds_draft_state_crop(ds_draft_state *s, int64_t len);
+/* Appends the target's captured rows ctx [n, m*d] (target_layer_ids order) of the next n
+ * committed positions: H_ctx = hidden_norm(fc(ctx)), then each layer's k (normed, roped at
+ * its position) and v. */
+ds_status ds_draft_state_append(ds_draft *d, ds_draft_state *s, const float *ctx, int64_t n);
+/* One backbone pass over [anchor, M, ..., M] at positions len .. len+g-1, seeing the whole
+ * cached context and the block: h_out [g, d] final-normed; base_logits [g, V] = h @ lm_head^T
+ * (may be NULL). Resets the sequential head's state (s_0 = 0). */
+ds_status ds_draft_block(ds_draft *d, ds_draft_state *s, int32_t anchor, float *h_out, float *base_logits);
+/* The sequential head at one slot, left to right: prev is the token chosen for the slot
+ * before (the anchor for slot 0), h_k that slot's row of h_out. logits [V] (the slot's base
+ * logits) += its Markov bias; *conf_logit = the confidence head's logit (NAN without it).
+ * The rnn head's state advances. Either output may be NULL. */
+ds_status ds_draft_head_step(ds_draft *d, ds_draft_state *s, const float *h_k, int32_t prev, float *logits,
+                             float *conf_logit);
+
 /* Writes the HF draft layout of spec section 7 into out_dir: config.json (the target's
  * config.json object, target_config_json, plus the draft keys) and model.safetensors (F32,
  * names without a "model." prefix; metadata format = "pt" and DS_EXPORT_MARKER_KEY = "1").

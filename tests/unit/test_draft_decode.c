@@ -1,0 +1,113 @@
+/* The draft at decoding time (ds_draft_state_*, ds_draft_block, ds_draft_head_step) computes
+ * what the training forward computes for the same block: with the context rows of positions
+ * < a appended, a block anchored at a and the head fed the teacher-forced previous tokens give
+ * the training forward's logits and confidence logits, for every Markov head type, with
+ * several anchors in one state (appending between blocks, cropping back). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dspark/backend.h"
+#include "dspark/draft.h"
+#include "dspark/rng.h"
+#include "test_util.h"
+
+enum { V = 41, DM = 16, T = 14, G = 4, M = 2 };
+
+static ds_draft_config tiny_config(ds_markov_type type) {
+  ds_draft_config c;
+  memset(&c, 0, sizeof c);
+  c.vocab_size = V;
+  c.hidden_size = DM;
+  c.intermediate_size = 24;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.rms_norm_eps = 1e-6;
+  c.rope_source.head_dim = 8;
+  c.rope_source.rope_theta = 10000.0;
+  c.num_layers = 2;
+  c.block_size = G;
+  c.num_target_layers = 6;
+  c.target_layer_ids[0] = 1;
+  c.target_layer_ids[1] = 3;
+  c.n_target_layers = M;
+  c.mask_token_id = V - 1;
+  c.markov_type = type;
+  c.markov_rank = type == DS_MARKOV_NONE ? 0 : 5;
+  c.enable_confidence_head = 1;
+  c.confidence_head_with_markov = type != DS_MARKOV_NONE;
+  c.num_anchors = 1;
+  return c;
+}
+
+static void check_type(ds_markov_type type) {
+  ds_rng rng;
+  ds_rng_seed(&rng, 77 + (uint64_t)type);
+  ds_draft_config c = tiny_config(type);
+  float *table = malloc(sizeof(float) * V * DM);
+  for (int i = 0; i < V * DM; i++) table[i] = 0.3f * (2.0f * ds_rng_uniform_f32(&rng) - 1.0f);
+  ds_draft *d = NULL;
+  EXPECT_OK(ds_draft_new(&c, table, table, 9, ds_backend_cpu(), &d));
+  if (!d) { free(table); return; }
+  /* larger random trainable weights than the init, so the heads matter */
+  float *p = ds_draft_params(d);
+  for (size_t i = 0; i < ds_draft_num_params(d); i++) p[i] += 0.2f * (2.0f * ds_rng_uniform_f32(&rng) - 1.0f);
+  float ctx[T * M * DM];
+  int32_t ids[T];
+  for (int i = 0; i < T * M * DM; i++) ctx[i] = 2.0f * ds_rng_uniform_f32(&rng) - 1.0f;
+  for (int i = 0; i < T; i++) ids[i] = (int32_t)(ds_rng_next_u64(&rng) % (V - 1));
+
+  ds_draft_state *st = NULL;
+  EXPECT_OK(ds_draft_state_new(d, T, &st));
+  int64_t anchors[] = {3, 7, 5, 9}; /* grows, then crops back, then grows again */
+  double worst = 0, worst_conf = 0;
+  for (size_t ai = 0; st && ai < sizeof anchors / sizeof anchors[0]; ai++) {
+    int64_t a = anchors[ai];
+    /* training forward: one block anchored at a, every slot supervised */
+    uint8_t keep = 1, eval[G];
+    for (int k = 0; k < G; k++) eval[k] = 1;
+    ds_draft_seq seq = {T, ctx, NULL, ids, 1, &a, &keep, eval};
+    float want[G * V], want_conf[G];
+    EXPECT_OK(ds_draft_forward_blocks(d, &seq, want, want_conf));
+    /* decoding: context rows < a, the block, the head slot by slot */
+    int64_t have = ds_draft_state_len(st);
+    if (have > a) EXPECT_OK(ds_draft_state_crop(st, a));
+    else EXPECT_OK(ds_draft_state_append(d, st, ctx + have * M * DM, a - have));
+    EXPECT(ds_draft_state_len(st) == a);
+    float h[G * DM], logits[G * V];
+    EXPECT_OK(ds_draft_block(d, st, ids[a], h, logits));
+    for (int k = 0; k < G; k++) {
+      int32_t prev = ids[a + k]; /* teacher forcing: the anchor, then the true tokens */
+      float conf;
+      EXPECT_OK(ds_draft_head_step(d, st, h + k * DM, prev, logits + k * V, &conf));
+      worst_conf = fmax(worst_conf, fabs((double)conf - want_conf[k]));
+    }
+    worst = fmax(worst, test_rel_err(logits, want, G * V));
+  }
+  fprintf(stderr, "  %s head: logits rel err %.2e, confidence abs err %.2e\n", ds_markov_type_name(type), worst,
+          worst_conf);
+  EXPECT(worst < 1e-5);
+  EXPECT(worst_conf < 1e-5);
+  /* refusals */
+  EXPECT(ds_draft_block(d, st, V, NULL, NULL) == DS_ERR_RANGE);
+  EXPECT(ds_draft_state_append(d, st, ctx, T) == DS_ERR_RANGE); /* past the capacity */
+  EXPECT(ds_draft_state_crop(st, T + 1) == DS_ERR_ARG);
+  ds_draft_state_free(st);
+  ds_draft_free(d);
+  free(table);
+}
+
+static void test_vanilla(void) { check_type(DS_MARKOV_VANILLA); }
+static void test_gated(void) { check_type(DS_MARKOV_GATED); }
+static void test_rnn(void) { check_type(DS_MARKOV_RNN); }
+static void test_none(void) { check_type(DS_MARKOV_NONE); }
+
+int main(void) {
+  ds_set_num_threads(2);
+  TEST_RUN(test_vanilla);
+  TEST_RUN(test_gated);
+  TEST_RUN(test_rnn);
+  TEST_RUN(test_none);
+  return TEST_RESULT();
+}
