@@ -24,6 +24,9 @@ typedef struct {
  * field or tensor. Free info with ds_checkpoint_info_free. */
 ds_status ds_checkpoint_load_draft(const char *path, const ds_backend *backend, ds_draft **d, ds_checkpoint_info *info);
 void ds_checkpoint_info_free(ds_checkpoint_info *info);
+/* A draft from a run directory (its checkpoint) or an export directory (config.json +
+ * model.safetensors, ours or any writer of the layout). */
+ds_status ds_draft_open(const char *dir, const ds_backend *backend, ds_draft **d);
 
 #ifdef __cplusplus
 }

@@ -41,24 +41,6 @@ static void usage(FILE *f) {
     "         --decay-paper  --chunk-rows N (128)  --threads N\n");
 }
 
-static ds_status load_draft(const char *dir, ds_draft **d) {
-  char *ckpt = ds_path_join(dir, "checkpoint.safetensors");
-  if (!ckpt) return DS_ERR_NOMEM;
-  int there = 0;
-  /* A checkpoint name that is there but unreachable (a symlink loop) is an error, not "no
-   * checkpoint, so read an export". */
-  ds_status st = ds_path_probe(ckpt, &there);
-  if (st == DS_OK && there) {
-    ds_checkpoint_info info;
-    st = ds_checkpoint_load_draft(ckpt, ds_backend_cpu(), d, &info);
-    if (st == DS_OK) ds_checkpoint_info_free(&info);
-  } else if (st == DS_OK) {
-    st = ds_draft_load_hf(dir, ds_backend_cpu(), d);
-  }
-  free(ckpt);
-  return st;
-}
-
 static const char *nonfinite_name(float x) { return isnan(x) ? "NaN" : x > 0 ? "+inf" : "-inf"; }
 
 /* The inputs of one run, read and checked (tensor names as in the usage text). */
@@ -243,7 +225,7 @@ int cmd_draft_forward(int argc, char **argv) {
   fwd_inputs in;
   memset(&in, 0, sizeof in);
   float *logits = NULL, *conf = NULL;
-  if (load_draft(dir, &d) != DS_OK || ds_st_open(in_path, &st_in) != DS_OK) goto report;
+  if (ds_draft_open(dir, ds_backend_cpu(), &d) != DS_OK || ds_st_open(in_path, &st_in) != DS_OK) goto report;
   const ds_draft_config *c = ds_draft_get_config(d);
   int64_t V = c->vocab_size, g = c->block_size;
   if (read_inputs(st_in, c, want_loss, &in) != DS_OK) goto report;

@@ -6,10 +6,11 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/prompt.h"
 #include "dspark/backend.h"
 #include "dspark/fileio.h"
 #include "dspark/rng.h"
-#include "dspark/sampling.h"
+#include "dspark/speculate.h"
 #include "dspark/target.h"
 #include "dspark/tokenizer.h"
 
@@ -30,21 +31,6 @@ static void usage(FILE *f) {
           "MODEL_DIR/generation_config.json when that file exists (none listed there: no stop token),\n"
           "else of config.json. The prompt plus --max-new-tokens must fit in the model's\n"
           "max_position_embeddings. Timing (prefill and decode tokens/s) goes to stderr.\n");
-}
-
-/* Prints the newly completed text of ids[0..n): decodes everything and emits the suffix past
- * what was printed, holding back an incomplete UTF-8 tail (decoded as U+FFFD). */
-static void stream_text(const ds_tokenizer *tok, const int32_t *ids, size_t n, size_t *printed, int final) {
-  char *text;
-  size_t len;
-  if (ds_tokenizer_decode(tok, ids, n, 1, &text, &len) != DS_OK) return;
-  int held = !final && len >= 3 && !memcmp(text + len - 3, "\xEF\xBF\xBD", 3);
-  if (!held && len > *printed) {
-    fwrite(text + *printed, 1, len - *printed, stdout);
-    fflush(stdout);
-    *printed = len;
-  }
-  free(text);
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -86,24 +72,13 @@ int cmd_generate(int argc, char **argv) {
   int rc = 1;
   ds_target *m = NULL;
   ds_tokenizer *tok = NULL;
-  ds_kv_cache *cache = NULL;
-  ds_ids ids = {0}, mask = {0};
-  float *logits = NULL;
-  void *scratch = NULL;
+  ds_ids ids = {0};
   char *tok_path = ds_path_join(dir, "tokenizer.json");
   if (!tok_path) goto report;
   if (prompt || !print_ids) {
     if (ds_tokenizer_load(tok_path, &tok) != DS_OK) goto report;
   }
-  if (prompt_ids) {
-    for (int64_t i = 0; i < n_given; i++)
-      if (ds_ids_push(&ids, given_ids[i]) != DS_OK) goto report;
-  } else if (chat) {
-    ds_chat_message msg = {"user", prompt, 0};
-    if (ds_chat_encode_chatml(tok, &msg, 1, 1, &ids, &mask) != DS_OK) goto report;
-  } else if (ds_tokenizer_encode(tok, prompt, strlen(prompt), 1, &ids) != DS_OK) {
-    goto report;
-  }
+  if (cli_prompt_ids(tok, prompt, given_ids, n_given, chat, &ids) != DS_OK) goto report;
   if (ids.len == 0) { fprintf(stderr, "dspark generate: the prompt has no tokens\n"); rc = 2; goto done; }
 
   /* The position limit, before the weights are loaded. */
@@ -126,44 +101,27 @@ int cmd_generate(int argc, char **argv) {
     goto done;
   }
   if (ds_target_load(dir, ds_backend_cpu(), &m) != DS_OK) goto report;
-  const ds_model_config *c = ds_target_config(m);
   size_t prompt_len = ids.len;
-  if (ds_kv_cache_new(m, (int64_t)prompt_len + max_new, &cache) != DS_OK) goto report;
-  logits = ds_malloc((size_t)c->vocab_size * sizeof(float), "logits");
-  scratch = ds_malloc(ds_sampler_scratch_bytes(c->vocab_size), "sampler scratch");
-  if (!logits || !scratch) goto report;
-  ds_rng rng;
-  ds_rng_seed(&rng, (uint64_t)seed);
-
-  /* Prefill: the whole prompt in one forward; logits of its last row only. */
-  int64_t last = (int64_t)prompt_len - 1;
-  ds_target_seq seq = {ids.ids, (int64_t)prompt_len, cache};
-  ds_target_outputs out = {.logit_rows = &last, .n_logit_rows = 1, .logits = logits};
-  double t0 = ds_time_sec();
-  if (ds_target_forward(m, &seq, 1, &out) != DS_OK) goto report;
-  double t_prefill = ds_time_sec() - t0;
-
-  size_t printed = 0;
-  int64_t generated = 0, zero = 0;
-  out.logit_rows = &zero;
-  double t1 = ds_time_sec();
-  while (generated < max_new) {
-    int32_t next = ds_sample(logits, c->vocab_size, (float)temperature, (float)top_p, &rng, scratch);
-    if (ds_ids_push(&ids, next) != DS_OK) goto report;
-    generated++;
-    if (print_ids) printf("%s%d", generated > 1 ? " " : "", next);
-    else stream_text(tok, ids.ids + prompt_len, ids.len - prompt_len, &printed, 0);
-    if ((!ignore_eos && ds_config_is_stop_token(c, next)) || generated == max_new) break;
-    seq = (ds_target_seq){&ids.ids[ids.len - 1], 1, cache};
-    if (ds_target_forward(m, &seq, 1, &out) != DS_OK) goto report;
-  }
-  double t_decode = ds_time_sec() - t1;
-  if (!print_ids) stream_text(tok, ids.ids + prompt_len, ids.len - prompt_len, &printed, 1);
+  cli_stream st_out = {tok, print_ids, 0};
+  ds_spec_options so;
+  ds_spec_options_default(&so);
+  so.max_new_tokens = max_new;
+  so.temperature = temperature;
+  so.top_p = top_p;
+  so.seed = (uint64_t)seed;
+  so.ignore_eos = ignore_eos;
+  so.on_token = cli_stream_token;
+  so.user = &st_out;
+  ds_spec_result res;
+  if (ds_generate(m, ids.ids, (int64_t)prompt_len, &so, &res) != DS_OK) goto report;
+  if (!print_ids) cli_print_text(tok, res.ids, (size_t)res.n, &st_out.printed, 1);
   printf("\n");
+  double t_decode = res.total_s - res.prefill_s;
   /* Decode rate counts the forwards after the first sampled token (generated - 1 of them). */
   fprintf(stderr, "prefill: %zu tokens, %.3f s (%.1f tokens/s); decode: %lld tokens, %.3f s (%.1f tokens/s)\n",
-          prompt_len, t_prefill, prompt_len / (t_prefill > 0 ? t_prefill : 1e-9), (long long)generated, t_decode,
-          generated > 1 ? (generated - 1) / (t_decode > 0 ? t_decode : 1e-9) : 0.0);
+          prompt_len, res.prefill_s, prompt_len / (res.prefill_s > 0 ? res.prefill_s : 1e-9), (long long)res.n,
+          t_decode, res.n > 1 ? (res.n - 1) / (t_decode > 0 ? t_decode : 1e-9) : 0.0);
+  ds_spec_result_free(&res);
   rc = 0;
   goto done;
 report:
@@ -171,11 +129,7 @@ report:
 done:
   free(given_ids);
   free(tok_path);
-  free(logits);
-  free(scratch);
   ds_ids_free(&ids);
-  ds_ids_free(&mask);
-  ds_kv_cache_free(cache);
   ds_tokenizer_free(tok);
   ds_target_free(m);
   return rc;

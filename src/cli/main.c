@@ -24,6 +24,7 @@ static const command k_commands[] = {
     {"capture", cmd_capture, "run the target once; write the offline feature / KD cache (resumable)", 1},
     {"inspect", cmd_inspect, "print a cache's manifest, counts and bytes per token; verify its checksums", 0},
     {"export", cmd_export, "write a trained draft in the HF layout serving engines load", 0},
+    {"speculate", cmd_speculate, "lossless speculative decoding with a DSpark draft; tau, acceptance, speedup", 1},
     {"draft-forward", cmd_draft_forward, "run a draft on given features and anchors; logits, loss and gradients", 1},
     {"loss", cmd_loss, "evaluate the DSpark loss and its gradients on tensors from a safetensors file", 0},
 };

@@ -21,39 +21,51 @@ static int cmp_desc(const void *a, const void *b) {
   return *(const int32_t *)a - *(const int32_t *)b; /* deterministic order for equal mass */
 }
 
-int32_t ds_sample(const float *logits, int64_t n, float temperature, float top_p, ds_rng *rng, void *scratch) {
-  if (!(temperature > 0.0f)) return ds_argmax(logits, n);
-  float *prob = scratch;
-  int32_t *order = (int32_t *)(prob + n);
+void ds_sampling_probs(const float *logits, int64_t n, float temperature, float top_p, float *probs, void *scratch) {
+  if (!(temperature > 0.0f)) {
+    for (int64_t i = 0; i < n; i++) probs[i] = 0.0f;
+    probs[ds_argmax(logits, n)] = 1.0f;
+    return;
+  }
   float mx = logits[ds_argmax(logits, n)];
   double sum = 0.0;
   for (int64_t i = 0; i < n; i++) {
-    prob[i] = expf((logits[i] - mx) / temperature);
-    sum += prob[i];
+    probs[i] = expf((logits[i] - mx) / temperature);
+    sum += probs[i];
   }
-  double u = ds_rng_uniform_f64(rng);
-  if (!(top_p < 1.0f)) {
-    double target = u * sum, acc = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-      acc += prob[i];
-      if (acc > target) return (int32_t)i;
+  if (top_p < 1.0f) { /* the same prefix rule as ds_sample */
+    int32_t *order = (int32_t *)((float *)scratch + n);
+    for (int64_t i = 0; i < n; i++) order[i] = (int32_t)i;
+    t_sort_probs = probs;
+    qsort(order, (size_t)n, sizeof *order, cmp_desc);
+    double kept = 0.0;
+    int64_t k = 0;
+    while (k < n) {
+      kept += probs[order[k++]];
+      if (kept >= top_p * sum) break;
     }
-    return ds_argmax(logits, n);
+    for (int64_t i = k; i < n; i++) probs[order[i]] = 0.0f;
+    sum = kept;
   }
-  for (int64_t i = 0; i < n; i++) order[i] = (int32_t)i;
-  t_sort_probs = prob;
-  qsort(order, (size_t)n, sizeof *order, cmp_desc);
-  /* Keep the smallest prefix whose mass reaches top_p; the top token always stays. */
-  double kept = 0.0;
-  int64_t k = 0;
-  while (k < n) {
-    kept += prob[order[k++]];
-    if (kept >= top_p * sum) break;
+  float inv = (float)(1.0 / sum);
+  for (int64_t i = 0; i < n; i++) probs[i] *= inv;
+}
+
+int32_t ds_sample_probs(const float *probs, int64_t n, double mass, ds_rng *rng) {
+  double target = ds_rng_uniform_f64(rng) * mass, acc = 0.0;
+  int64_t last = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (probs[i] <= 0.0f) continue;
+    acc += probs[i];
+    last = i;
+    if (acc > target) return (int32_t)i;
   }
-  double target = u * kept, acc = 0.0;
-  for (int64_t i = 0; i < k; i++) {
-    acc += prob[order[i]];
-    if (acc > target) return order[i];
-  }
-  return order[0];
+  return (int32_t)last; /* rounding left the target just above the total */
+}
+
+int32_t ds_sample(const float *logits, int64_t n, float temperature, float top_p, ds_rng *rng, void *scratch) {
+  if (!(temperature > 0.0f)) return ds_argmax(logits, n);
+  float *prob = scratch; /* the order the top-p cut needs lives after it (ds_sampling_probs) */
+  ds_sampling_probs(logits, n, temperature, top_p, prob, scratch);
+  return ds_sample_probs(prob, n, 1.0, rng);
 }

@@ -10,6 +10,7 @@
 
 #include "core/json_util.h"
 #include "dspark/draft_trainer.h"
+#include "dspark/fileio.h"
 #include "dspark/trainer.h"
 
 static char *dup_meta(const ds_safetensors *st, const char *key) {
@@ -110,4 +111,23 @@ void ds_checkpoint_info_free(ds_checkpoint_info *info) {
   free(info->draft_config);
   free(info->train_config);
   info->draft_config = info->train_config = NULL;
+}
+
+ds_status ds_draft_open(const char *dir, const ds_backend *backend, ds_draft **d) {
+  *d = NULL;
+  char *ckpt = ds_path_join(dir, "checkpoint.safetensors");
+  if (!ckpt) return DS_ERR_NOMEM;
+  int there = 0;
+  /* A checkpoint name that is there but unreachable (a symlink loop) is an error, not "no
+   * checkpoint, so read an export". */
+  ds_status st = ds_path_probe(ckpt, &there);
+  if (st == DS_OK && there) {
+    ds_checkpoint_info info;
+    st = ds_checkpoint_load_draft(ckpt, backend, d, &info);
+    if (st == DS_OK) ds_checkpoint_info_free(&info);
+  } else if (st == DS_OK) {
+    st = ds_draft_load_hf(dir, backend, d);
+  }
+  free(ckpt);
+  return st;
 }

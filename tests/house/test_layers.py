@@ -33,6 +33,7 @@ HEADER_LAYER = {
     "dspark_loss.h": "loss", "draft_loss.h": "loss", "kd_select.h": "loss",
     "trainer.h": "train", "draft_trainer.h": "train", "anchors.h": "train", "optim.h": "train", "checkpoint.h": "train",
     "capture.h": "capture",
+    "speculate.h": "spec",
 }
 
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

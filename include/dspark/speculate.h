@@ -1,0 +1,87 @@
+/* Lossless speculative decoding with a DSpark draft (spec/dspark.md section 8).
+ *
+ * One request: the prompt is prefilled once (the target's captured rows of the draft's
+ * target_layer_ids go into the draft's context); then per round, with the last committed
+ * token x_s at position s (not yet run by the target):
+ *   1. one draft backbone pass over [x_s, M, ..., M] at s .. s+g-1;
+ *   2. the sequential head left to right: slot k's logits are the base logits plus the Markov
+ *      bias of the token chosen at slot k-1 (x_s for the first), x_k drawn from
+ *      q_k = the sampling distribution (temperature, top-p) of those logits, greedy = argmax;
+ *      the policy decides how many slots L to propose (fixed, or until the cumulative
+ *      confidence falls below a threshold);
+ *   3. one target pass over [x_s, x_1 .. x_L] with its KV cache gives p_0 .. p_L;
+ *   4. x_k is accepted with probability min(1, p_{k-1}(x_k) / q_k(x_k)) (greedy: when it is
+ *      the target's argmax); at the first rejection the replacement is drawn from
+ *      normalize(max(0, p_{k-1} - q_k)) (p_{k-1} when that mass is ~0); after L acceptances a
+ *      bonus token is drawn from p_L;
+ *   5. the target's cache keeps x_s .. x_j (the accepted prefix), the draft's context takes
+ *      their captured rows, and the replacement / bonus token becomes the next x_s.
+ * A stop token inside the committed tokens ends generation there. The output distribution is
+ * the target's own (greedy: token-for-token what plain decoding gives).
+ *
+ * Reporting convention (README "Speculative decoding"): tau = tokens committed per target
+ * verification pass, the bonus / replacement token counted; acceptance per draft position is
+ * given conditional (accepted / proposed at that position, i.e. given the earlier ones were)
+ * and unconditional (accepted / rounds). */
+#ifndef DSPARK_SPECULATE_H
+#define DSPARK_SPECULATE_H
+
+#include "dspark/common.h"
+#include "dspark/draft.h"
+#include "dspark/target.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { DS_SPEC_FIXED = 0, DS_SPEC_THRESHOLD } ds_spec_policy;
+
+enum { DS_SPEC_MAX_LEN = 64 };
+
+typedef struct {
+  int64_t max_new_tokens;  /* 64 */
+  double temperature;      /* 0 = greedy */
+  double top_p;            /* 1 = off */
+  uint64_t seed;
+  int ignore_eos;
+  ds_spec_policy policy;   /* fixed */
+  int64_t draft_len;       /* L for the fixed policy, the most for the others (default: the block size) */
+  double threshold;        /* threshold policy: propose while prod sigmoid(conf) >= threshold (0.5) */
+  int test_bias;           /* testing aid: accept every draft token (breaks losslessness on purpose) */
+  /* Called after each committed token with all generated ids so far (streaming output); may be NULL. */
+  void (*on_token)(void *user, const int32_t *ids, int64_t n);
+  void *user;
+} ds_spec_options;
+
+void ds_spec_options_default(ds_spec_options *o);
+
+typedef struct {
+  int32_t *ids;                          /* generated tokens (malloc'd), n of them */
+  int64_t n;
+  int stopped;                           /* 1: a stop token ended generation */
+  int64_t rounds;                        /* target verification passes after the prefill */
+  int64_t proposed;                      /* draft tokens proposed over all rounds */
+  double pos_proposed[DS_SPEC_MAX_LEN];  /* rounds that proposed a token at position k */
+  double pos_accepted[DS_SPEC_MAX_LEN];  /* ... and accepted it */
+  int64_t committed_hist[DS_SPEC_MAX_LEN + 2]; /* rounds that committed c tokens, c = 1 .. L + 1 */
+  double prefill_s, draft_s, verify_s, total_s;
+} ds_spec_result;
+
+/* Plain decoding with the target alone (what `dspark generate` runs): prefill once, then one
+ * token per forward through the KV cache; the same options (draft fields unused). The result's
+ * rounds count the decode forwards; prefill_s and total_s are timed. */
+ds_status ds_generate(ds_target *target, const int32_t *prompt, int64_t n_prompt, const ds_spec_options *o,
+                      ds_spec_result *r);
+
+/* Decodes one request. target and draft must agree (vocabulary, hidden size, the draft's
+ * target layers capturable). */
+ds_status ds_speculate(ds_target *target, ds_draft *draft, const int32_t *prompt, int64_t n_prompt,
+                       const ds_spec_options *o, ds_spec_result *r);
+void ds_spec_result_free(ds_spec_result *r);
+/* tau = committed tokens / verification passes (bonus counted). */
+double ds_spec_tau(const ds_spec_result *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,26 @@
+/* The prompt of `generate` and `speculate`, built one way for both so their outputs compare
+ * token for token: --prompt-ids as given, --prompt tokenized with special tokens (the
+ * tokenizer's template), or with --chat as a ChatML user turn followed by the assistant
+ * prompt. */
+#ifndef DSPARK_CLI_PROMPT_H
+#define DSPARK_CLI_PROMPT_H
+
+#include "dspark/tokenizer.h"
+
+/* ids receives the prompt; tok may be NULL when given is used. */
+ds_status cli_prompt_ids(const ds_tokenizer *tok, const char *prompt, const int32_t *given, int64_t n_given, int chat,
+                         ds_ids *ids);
+/* The text of ids[0..n) on stdout; with final = 0 an incomplete UTF-8 tail is held back.
+ * *printed counts the bytes already written (streaming). */
+void cli_print_text(const ds_tokenizer *tok, const int32_t *ids, size_t n, size_t *printed, int final);
+
+/* Streaming output of generated tokens: ids on one line (print_ids) or text as it completes. */
+typedef struct {
+  const ds_tokenizer *tok;
+  int print_ids;
+  size_t printed;
+} cli_stream;
+/* The on_token callback of ds_spec_options (user = a cli_stream). */
+void cli_stream_token(void *user, const int32_t *ids, int64_t n);
+
+#endif

@@ -1,0 +1,148 @@
+"""Speculative decoding is lossless (spec/dspark.md section 8, issue 11), on a tiny Qwen3
+target built here and DSpark drafts trained for it here:
+
+- greedy: `dspark speculate` prints token for token what `dspark generate` prints, on several
+  prompts, for every Markov head type (vanilla, gated, rnn, none), the fixed policy at
+  several draft lengths and the threshold policy;
+- sampling: over many seeds the distribution of the second generated token (the first one a
+  draft proposes) equals the target's own, computed exactly with transformers on the same
+  weights under the same temperature / top-p rule, by a chi-square test at significance 1e-3
+  (seeds are fixed, so the outcome is reproducible); and the same test rejects a
+  deliberately biased acceptance rule (--test-bias-acceptance accepts every draft token), so
+  it can fail."""
+import glob
+import os
+import sys
+import sysconfig
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+import torch  # noqa: E402
+
+PROMPTS = ["def main(", "import os\n", "class Foo:\n    def", "return self.", "for i in range(", "x = [",
+           "if __name__ ==", "    # "]
+
+
+def chi_square_p(counts, probs, n):
+    """Pearson chi-square goodness of fit, bins with expected count < 5 merged into one."""
+    exp = [p * n for p in probs]
+    big = [i for i, e in enumerate(exp) if e >= 5]
+    small_e = sum(e for i, e in enumerate(exp) if e < 5)
+    small_c = sum(c for i, c in enumerate(counts) if exp[i] < 5)
+    obs = [counts[i] for i in big] + ([small_c] if small_e > 0 else [])
+    ex = [exp[i] for i in big] + ([small_e] if small_e > 0 else [])
+    stat = sum((o - e) ** 2 / e for o, e in zip(obs, ex) if e > 0)
+    df = max(len(ex) - 1, 1)
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64),
+                                         torch.tensor(stat / 2.0, dtype=torch.float64))), stat, df
+
+
+def sampling_probs(logits, temperature, top_p):
+    """The engine's rule (ds_sampling_probs): softmax at T, then the smallest prefix in
+    descending order (ties: lower id first) whose mass reaches top_p, renormalized."""
+    p = torch.softmax(logits.double() / temperature, dim=-1)
+    if top_p < 1.0:
+        order = sorted(range(len(p)), key=lambda i: (-float(p[i]), i))
+        kept, keep = 0.0, []
+        for i in order:
+            kept += float(p[i])
+            keep.append(i)
+            if kept >= top_p:
+                break
+        mask = torch.zeros_like(p)
+        mask[keep] = 1
+        p = p * mask
+        p = p / p.sum()
+    return p
+
+
+def main():
+    args = common.parse_args(__doc__)
+    ck = common.Checker()
+    tmp = args.tmp
+    target = common.build_bpe_target(tmp, n_files=30, vocab_size=320, seed=11,
+                                     specials=("<|endoftext|>", "<|mask|>"), name="spec-target")
+    data = os.path.join(tmp, "data.txt")
+    with open(data, "w") as f:
+        for p in sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py")))[:30]:
+            f.write(open(p, encoding="utf-8", errors="replace").read()[:20000])
+    drafts = {}
+    for head in ("vanilla", "gated", "rnn", "none"):
+        run = os.path.join(tmp, f"draft-{head}")
+        if not os.path.exists(os.path.join(run, "checkpoint.safetensors")):
+            common.run([args.dspark, "train", "--target", target, "--data", data, "--out", run, "--overwrite",
+                        "--seq-len", "64", "--num-anchors", "16", "--block-size", "4", "--markov", head,
+                        "--markov-rank", "0" if head == "none" else "16", "--steps", "200", "--batch-seqs", "4",
+                        "--lr", "1e-2", "--eval-every", "0", "--eval-seqs", "2", "--save-every", "200", "--quiet",
+                        "--threads", "2"])
+        drafts[head] = run
+
+    def ids_of(out):
+        return [line.split() for line in out.strip().split("\n")]
+
+    # greedy: identical to plain decoding
+    plain = {}
+    for prompt in PROMPTS:
+        out, _, _ = common.run([args.dspark, "generate", target, "--prompt", prompt, "--max-new-tokens", "24",
+                                "--print-ids", "--ignore-eos"])
+        plain[prompt] = out.split()
+    taus = {}
+    for head, run in drafts.items():
+        for policy in (["--draft-len", "1"], ["--draft-len", "3"], [], ["--policy", "threshold", "--threshold", "0.3"]):
+            for prompt in PROMPTS:
+                rep = os.path.join(tmp, "report.json")
+                out, err, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", run, "--prompt",
+                                          prompt, "--max-new-tokens", "24", "--print-ids", "--ignore-eos",
+                                          "--report", rep] + policy)
+                got = out.split()
+                ck.check(got == plain[prompt], f"greedy {head} {policy} '{prompt}': speculate {got} != generate "
+                                               f"{plain[prompt]}")
+                if not policy:
+                    import json
+                    taus.setdefault(head, []).append(json.load(open(rep))["tau"])
+    for head, t in taus.items():
+        print(f"greedy tau with draft-len 4, {head} head: {sum(t) / len(t):.3f}")
+    ck.check(max(sum(t) / len(t) for t in taus.values()) > 1.1,
+             f"the drafts accept almost nothing ({taus}): the acceptance paths are not exercised")
+
+    # sampling: the second token's distribution, exactly, against many seeds
+    from transformers import AutoModelForCausalLM
+    from tokenizers import Tokenizer
+    model = AutoModelForCausalLM.from_pretrained(target, torch_dtype=torch.float32).eval()
+    tok = Tokenizer.from_file(os.path.join(target, "tokenizer.json"))
+    prompt = "def main("
+    ids = tok.encode(prompt).ids
+    n = 3000
+    for temperature, top_p in ((1.0, 1.0), (0.8, 0.9)):
+        with torch.no_grad():
+            p0 = sampling_probs(model(torch.tensor([ids])).logits[0, -1], temperature, top_p)
+            support = [i for i in range(len(p0)) if p0[i] > 0]
+            batch = torch.tensor([ids + [i] for i in support])
+            logits = model(batch).logits[:, -1]
+            p1 = sum(float(p0[i]) * sampling_probs(logits[k], temperature, top_p) for k, i in enumerate(support))
+        probs = [float(x) for x in p1]
+        for label, extra, want_pass in (("speculative", [], True), ("biased acceptance", ["--test-bias-acceptance"],
+                                                                     False)):
+            out, _, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", drafts["vanilla"],
+                                    "--prompt", prompt, "--max-new-tokens", "3", "--print-ids", "--ignore-eos",
+                                    "--temperature", str(temperature), "--top-p", str(top_p), "--repeat", str(n),
+                                    "--seed", "1000"] + extra)
+            rows = ids_of(out)
+            counts = [0] * len(probs)
+            for r in rows:
+                counts[int(r[1])] += 1
+            pval, stat, df = chi_square_p(counts, probs, len(rows))
+            print(f"T={temperature} top_p={top_p} {label}: chi-square {stat:.1f} on {df} df, p = {pval:.3g} "
+                  f"({len(rows)} samples)")
+            if want_pass:
+                ck.check(len(rows) == n and pval > 1e-3,
+                         f"T={temperature} top_p={top_p}: speculative sampling differs from the target (p = {pval:.3g})")
+            else:
+                ck.check(pval < 1e-3, f"T={temperature} top_p={top_p}: the test does not detect a biased acceptance "
+                                      f"rule (p = {pval:.3g})")
+    ck.finish("test_speculate")
+
+
+if __name__ == "__main__":
+    main()
