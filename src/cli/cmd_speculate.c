@@ -22,6 +22,10 @@ static void usage(FILE *f) {
           "per round; the output is the target's own (greedy: token for token what `dspark generate` prints).\n"
           "  --draft DIR           an export (`dspark export`) or a run directory (its checkpoint)\n"
           "  --prompt TEXT  --chat  --prompt-ids IDS  --max-new-tokens N (64)  --temperature T (0 = greedy)\n"
+          "  --data FILE           a batch of requests (one plain-text prompt per line, or JSONL with\n"
+          "                        {\"messages\": [...]} / {\"prompt\": TEXT}): one target pass per round verifies\n"
+          "                        every request's candidates; one output line per request (ids, or the text as\n"
+          "                        a JSON string); request i samples with seed S + i\n"
           "  --top-p P  --seed S  --ignore-eos  --print-ids   as for `dspark generate`\n"
           "  --policy fixed|threshold  fixed: propose --draft-len tokens every round; threshold: propose while\n"
           "                        the product of the confidence head's probabilities stays >= --threshold\n"
@@ -38,19 +42,22 @@ static void usage(FILE *f) {
           "(accepted / rounds).\n");
 }
 
-/* Sums of the per-request results (ids dropped). */
-static void accumulate(ds_spec_result *acc, const ds_spec_result *r) {
+/* Sums of the per-request results (ids dropped); the timings are the batch's, counted once. */
+static void accumulate(ds_spec_result *acc, const ds_spec_result *r, int with_time) {
   acc->n += r->n;
   acc->rounds += r->rounds;
   acc->proposed += r->proposed;
   for (int k = 0; k < DS_SPEC_MAX_LEN; k++) acc->pos_proposed[k] += r->pos_proposed[k], acc->pos_accepted[k] += r->pos_accepted[k];
   for (int c = 0; c < DS_SPEC_MAX_LEN + 2; c++) acc->committed_hist[c] += r->committed_hist[c];
-  acc->prefill_s += r->prefill_s, acc->draft_s += r->draft_s, acc->verify_s += r->verify_s, acc->total_s += r->total_s;
+  if (with_time)
+    acc->prefill_s += r->prefill_s, acc->draft_s += r->draft_s, acc->verify_s += r->verify_s, acc->total_s += r->total_s;
 }
 
-static double decode_rate(const ds_spec_result *r) {
+/* Tokens per second after the prefill over `requests` requests: each request's first token
+ * comes from the prefill, the rest from the rounds (as `generate` reports its decode rate). */
+static double decode_rate(const ds_spec_result *r, int64_t requests) {
   double t = r->total_s - r->prefill_s;
-  return r->n > 1 && t > 0 ? (double)(r->n - 1) / t : 0.0;
+  return r->n > requests && t > 0 ? (double)(r->n - requests) / t : 0.0;
 }
 
 static ds_status write_report(const char *path, const ds_spec_options *o, int64_t g, int64_t requests,
@@ -79,10 +86,10 @@ static ds_status write_report(const char *path, const ds_spec_options *o, int64_
   cJSON_AddNumberToObject(j, "draft_s", s->draft_s);
   cJSON_AddNumberToObject(j, "verify_s", s->verify_s);
   cJSON_AddNumberToObject(j, "total_s", s->total_s);
-  cJSON_AddNumberToObject(j, "decode_tokens_per_s", decode_rate(s));
+  cJSON_AddNumberToObject(j, "decode_tokens_per_s", decode_rate(s, requests));
   if (plain) {
-    cJSON_AddNumberToObject(j, "plain_decode_tokens_per_s", decode_rate(plain));
-    cJSON_AddNumberToObject(j, "speedup", decode_rate(plain) > 0 ? decode_rate(s) / decode_rate(plain) : 0);
+    cJSON_AddNumberToObject(j, "plain_decode_tokens_per_s", decode_rate(plain, requests));
+    cJSON_AddNumberToObject(j, "speedup", decode_rate(plain, requests) > 0 ? decode_rate(s, requests) / decode_rate(plain, requests) : 0);
   }
   cJSON_AddStringToObject(j, "gemm", ds_gemm_name());
   cJSON_AddNumberToObject(j, "threads", ds_get_num_threads());
@@ -95,7 +102,7 @@ static ds_status write_report(const char *path, const ds_spec_options *o, int64_
 }
 
 int cmd_speculate(int argc, char **argv) {
-  const char *target_dir = NULL, *draft_dir = NULL, *prompt = NULL, *prompt_ids = NULL, *report = NULL;
+  const char *target_dir = NULL, *draft_dir = NULL, *prompt = NULL, *prompt_ids = NULL, *report = NULL, *data = NULL;
   ds_spec_options o;
   ds_spec_options_default(&o);
   int chat = 0, print_ids = 0, baseline = 0;
@@ -108,6 +115,7 @@ int cmd_speculate(int argc, char **argv) {
     else if (!strcmp(a, "--draft")) { CLI_VALUE(); draft_dir = v; }
     else if (!strcmp(a, "--prompt")) { CLI_VALUE(); prompt = v; }
     else if (!strcmp(a, "--prompt-ids")) { CLI_VALUE(); prompt_ids = v; }
+    else if (!strcmp(a, "--data")) { CLI_VALUE(); data = v; }
     else if (!strcmp(a, "--chat")) chat = 1;
     else if (!strcmp(a, "--print-ids")) print_ids = 1;
     else if (!strcmp(a, "--ignore-eos")) o.ignore_eos = 1;
@@ -135,8 +143,8 @@ int cmd_speculate(int argc, char **argv) {
       return 2;
     }
   }
-  if (!target_dir || !draft_dir || !prompt == !prompt_ids) {
-    fprintf(stderr, "dspark speculate: --target, --draft and exactly one of --prompt / --prompt-ids are required (see --help)\n");
+  if (!target_dir || !draft_dir || (!!prompt + !!prompt_ids + !!data) != 1) {
+    fprintf(stderr, "dspark speculate: --target, --draft and exactly one of --prompt / --prompt-ids / --data are required (see --help)\n");
     return 2;
   }
   int32_t *given = NULL;
@@ -152,49 +160,74 @@ int cmd_speculate(int argc, char **argv) {
   ds_draft *d = NULL;
   ds_tokenizer *tok = NULL;
   ds_ids ids = {0};
-  ds_spec_result sum, plain_sum;
+  cli_prompts batch = {0};
+  ds_spec_result sum, plain_sum, *res = NULL;
   memset(&sum, 0, sizeof sum);
   memset(&plain_sum, 0, sizeof plain_sum);
   char *tok_path = ds_path_join(target_dir, "tokenizer.json");
   if (!tok_path) goto report;
-  if ((prompt || !print_ids) && ds_tokenizer_load(tok_path, &tok) != DS_OK) goto report;
-  if (cli_prompt_ids(tok, prompt, given, n_given, chat, &ids) != DS_OK) goto report;
-  if (ids.len == 0) { fprintf(stderr, "dspark speculate: the prompt has no tokens\n"); rc = 2; goto done; }
-  if (ds_target_load(target_dir, ds_backend_cpu(), &t) != DS_OK) goto report;
-  if (ds_draft_open(draft_dir, ds_backend_cpu(), &d) != DS_OK) goto report;
+  if ((prompt || data || !print_ids) && ds_tokenizer_load(tok_path, &tok) != DS_OK) goto report;
+  if (data) {
+    if (cli_read_prompts(tok, data, chat, &batch) != DS_OK) goto report;
+  } else {
+    if (cli_prompt_ids(tok, prompt, given, n_given, chat, &ids) != DS_OK) goto report;
+    if (ids.len == 0) { fprintf(stderr, "dspark speculate: the prompt has no tokens\n"); rc = 2; goto done; }
+  }
+  int R = data ? batch.n : 1;
+  const int32_t **pv = calloc((size_t)R, sizeof *pv);
+  int64_t *pn = calloc((size_t)R, sizeof *pn);
+  res = calloc((size_t)R, sizeof *res);
+  if (!pv || !pn || !res) { free(pv); free(pn); goto report; }
+  for (int i = 0; i < R; i++) {
+    const ds_ids *v = data ? &batch.v[i] : &ids;
+    pv[i] = v->ids;
+    pn[i] = (int64_t)v->len;
+  }
+  if (ds_target_load(target_dir, ds_backend_cpu(), &t) != DS_OK || ds_draft_open(draft_dir, ds_backend_cpu(), &d) != DS_OK) {
+    free(pv), free(pn);
+    goto report;
+  }
   int64_t g = ds_draft_get_config(d)->block_size;
   uint64_t seed0 = o.seed;
-  for (int64_t rep = 0; rep < repeat; rep++) {
+  ds_status st = DS_OK;
+  for (int64_t rep = 0; rep < repeat && st == DS_OK; rep++) {
     cli_stream out = {tok, print_ids, 0};
-    o.seed = seed0 + (uint64_t)rep;
-    o.on_token = cli_stream_token;
+    o.seed = seed0 + (uint64_t)rep * (uint64_t)R;
+    o.on_token = R == 1 ? cli_stream_token : NULL; /* stream a single request as generate does */
     o.user = &out;
-    ds_spec_result r;
-    if (ds_speculate(t, d, ids.ids, (int64_t)ids.len, &o, &r) != DS_OK) goto report;
-    if (!print_ids) cli_print_text(tok, r.ids, (size_t)r.n, &out.printed, 1);
-    printf("\n");
+    st = ds_speculate_batch(t, d, pv, pn, R, &o, res);
+    for (int i = 0; st == DS_OK && i < R; i++) {
+      if (R == 1 && !print_ids) cli_print_text(tok, res[i].ids, (size_t)res[i].n, &out.printed, 1);
+      else if (R > 1) cli_print_result(tok, print_ids, res[i].ids, res[i].n);
+      printf("\n");
+      accumulate(&sum, &res[i], i == 0);
+      ds_spec_result_free(&res[i]);
+    }
     fflush(stdout);
-    accumulate(&sum, &r);
-    ds_spec_result_free(&r);
-    if (baseline) {
+    if (st == DS_OK && baseline) {
       ds_spec_options po = o;
       po.on_token = NULL;
-      if (ds_generate(t, ids.ids, (int64_t)ids.len, &po, &r) != DS_OK) goto report;
-      accumulate(&plain_sum, &r);
-      ds_spec_result_free(&r);
+      st = ds_generate_batch(t, pv, pn, R, &po, res);
+      for (int i = 0; st == DS_OK && i < R; i++) {
+        accumulate(&plain_sum, &res[i], i == 0);
+        ds_spec_result_free(&res[i]);
+      }
     }
   }
+  free(pv);
+  free(pn);
+  if (st != DS_OK) goto report;
   fprintf(stderr, "speculate: %lld tokens in %lld rounds: tau %.3f (tokens per target pass, bonus counted); "
           "%.1f tokens/s decoding (draft %.3f s, verify %.3f s)", (long long)sum.n, (long long)sum.rounds,
-          ds_spec_tau(&sum), decode_rate(&sum), sum.draft_s, sum.verify_s);
+          ds_spec_tau(&sum), decode_rate(&sum, R * repeat), sum.draft_s, sum.verify_s);
   if (baseline)
-    fprintf(stderr, "; plain decoding %.1f tokens/s: speedup %.2fx", decode_rate(&plain_sum),
-            decode_rate(&plain_sum) > 0 ? decode_rate(&sum) / decode_rate(&plain_sum) : 0.0);
+    fprintf(stderr, "; plain decoding %.1f tokens/s: speedup %.2fx", decode_rate(&plain_sum, R * repeat),
+            decode_rate(&plain_sum, R * repeat) > 0 ? decode_rate(&sum, R * repeat) / decode_rate(&plain_sum, R * repeat) : 0.0);
   fprintf(stderr, "\nacceptance per position (conditional):");
   for (int64_t k = 0; k < g; k++)
     fprintf(stderr, " %.3f", sum.pos_proposed[k] > 0 ? sum.pos_accepted[k] / sum.pos_proposed[k] : 0.0);
   fprintf(stderr, "\n");
-  if (report && write_report(report, &o, g, repeat, &sum, baseline ? &plain_sum : NULL) != DS_OK) goto report;
+  if (report && write_report(report, &o, g, R * repeat, &sum, baseline ? &plain_sum : NULL) != DS_OK) goto report;
   rc = 0;
   goto done;
 report:
@@ -203,6 +236,8 @@ done:
   free(given);
   free(tok_path);
   ds_ids_free(&ids);
+  cli_prompts_free(&batch);
+  free(res);
   ds_tokenizer_free(tok);
   ds_draft_free(d);
   ds_target_free(t);

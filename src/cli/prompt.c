@@ -5,6 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
+#include "dspark/fileio.h"
+
 ds_status cli_prompt_ids(const ds_tokenizer *tok, const char *prompt, const int32_t *given, int64_t n_given, int chat,
                          ds_ids *ids) {
   if (given) {
@@ -42,4 +46,104 @@ void cli_stream_token(void *user, const int32_t *ids, int64_t n) {
   if (s->print_ids) printf("%s%d", n > 1 ? " " : "", ids[n - 1]);
   else cli_print_text(s->tok, ids, (size_t)n, &s->printed, 0);
   fflush(stdout);
+}
+
+static int has_suffix_ci(const char *s, const char *suffix) {
+  size_t a = strlen(s), b = strlen(suffix);
+  if (a < b) return 0;
+  for (size_t i = 0; i < b; i++) {
+    char c = s[a - b + i];
+    if ((c >= 'A' && c <= 'Z' ? c + 32 : c) != suffix[i]) return 0;
+  }
+  return 1;
+}
+
+/* One JSONL line: messages (the assistant prompt appended) or a prompt text. */
+static ds_status json_prompt(const ds_tokenizer *tok, const char *line, size_t len, const char *path, int lineno,
+                             int chat, ds_ids *ids) {
+  cJSON *j = cJSON_ParseWithLength(line, len);
+  if (!j) return DS_FAIL(DS_ERR_FORMAT, "%s:%d: not a JSON object", path, lineno);
+  ds_status st = DS_OK;
+  const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
+  const cJSON *text = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+  if (cJSON_IsArray(msgs)) {
+    int n = cJSON_GetArraySize(msgs);
+    ds_chat_message *m = ds_calloc((size_t)(n ? n : 1), sizeof *m, "messages");
+    int k = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, msgs) {
+      const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role"), *content = cJSON_GetObjectItemCaseSensitive(it, "content");
+      if (!cJSON_IsString(role) || !cJSON_IsString(content)) {
+        st = DS_FAIL(DS_ERR_FORMAT, "%s:%d: a message needs string \"role\" and \"content\"", path, lineno);
+        break;
+      }
+      if (m) m[k++] = (ds_chat_message){role->valuestring, content->valuestring, 0};
+    }
+    if (st == DS_OK && k > 0 && !strcmp(m[k - 1].role, "assistant")) k--; /* the answer is what gets generated */
+    ds_ids mask = {0};
+    if (st == DS_OK) st = m ? ds_chat_encode_chatml(tok, m, (size_t)k, 1, ids, &mask) : DS_ERR_NOMEM;
+    ds_ids_free(&mask);
+    free(m);
+  } else if (cJSON_IsString(text)) {
+    st = cli_prompt_ids(tok, text->valuestring, NULL, 0, chat, ids);
+  } else {
+    st = DS_FAIL(DS_ERR_FORMAT, "%s:%d: expected {\"messages\": [...]} or {\"prompt\": TEXT}", path, lineno);
+  }
+  cJSON_Delete(j);
+  return st;
+}
+
+ds_status cli_read_prompts(const ds_tokenizer *tok, const char *path, int chat, cli_prompts *out) {
+  memset(out, 0, sizeof *out);
+  char *text;
+  size_t len;
+  DS_TRY(ds_read_file(path, &text, &len));
+  int jsonl = has_suffix_ci(path, ".jsonl") || has_suffix_ci(path, ".ndjson");
+  ds_status st = DS_OK;
+  int lineno = 0;
+  for (char *line = text; st == DS_OK && line < text + len;) {
+    char *nl = memchr(line, '\n', (size_t)(text + len - line));
+    size_t full = nl ? (size_t)(nl - line) : (size_t)(text + len - line), l = full;
+    lineno++;
+    if (l > 0 && line[l - 1] == '\r') l--;
+    if (l > 0) {
+      ds_ids *v = realloc(out->v, (size_t)(out->n + 1) * sizeof *v);
+      if (!v) { st = DS_FAIL(DS_ERR_NOMEM, "out of memory"); break; }
+      out->v = v;
+      memset(&out->v[out->n], 0, sizeof *out->v);
+      char save = line[l];
+      line[l] = 0;
+      st = jsonl ? json_prompt(tok, line, l, path, lineno, chat, &out->v[out->n]) : cli_prompt_ids(tok, line, NULL, 0, chat, &out->v[out->n]);
+      line[l] = save;
+      if (st == DS_OK && out->v[out->n].len == 0) st = DS_FAIL(DS_ERR_FORMAT, "%s:%d: the prompt has no tokens", path, lineno);
+      out->n++;
+    }
+    line += full + (nl ? 1 : 0);
+  }
+  free(text);
+  if (st == DS_OK && out->n == 0) st = DS_FAIL(DS_ERR_FORMAT, "%s: no prompt in the file", path);
+  if (st != DS_OK) cli_prompts_free(out);
+  return st;
+}
+
+void cli_prompts_free(cli_prompts *p) {
+  for (int i = 0; i < p->n; i++) ds_ids_free(&p->v[i]);
+  free(p->v);
+  memset(p, 0, sizeof *p);
+}
+
+void cli_print_result(const ds_tokenizer *tok, int print_ids, const int32_t *ids, int64_t n) {
+  if (print_ids) {
+    for (int64_t i = 0; i < n; i++) printf("%s%d", i ? " " : "", ids[i]);
+    return;
+  }
+  char *text = NULL;
+  size_t len = 0;
+  if (ds_tokenizer_decode(tok, ids, (size_t)n, 1, &text, &len) != DS_OK) return;
+  cJSON *s = cJSON_CreateString(text);
+  char *out = s ? cJSON_PrintUnformatted(s) : NULL;
+  if (out) fputs(out, stdout);
+  free(out);
+  cJSON_Delete(s);
+  free(text);
 }

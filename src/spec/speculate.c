@@ -31,6 +31,20 @@ double ds_spec_tau(const ds_spec_result *r) {
   return r->rounds > 0 ? (double)committed / (double)r->rounds : 0.0;
 }
 
+/* One request's state. */
+typedef struct {
+  ds_kv_cache *kv;
+  ds_draft_state *st;
+  ds_rng rng;
+  ds_spec_result *r;
+  int32_t xs;             /* the last committed token, not yet run by the target */
+  int done;
+  int64_t n_prop;         /* tokens proposed this round */
+  int32_t toks[DS_SPEC_MAX_LEN + 1]; /* [x_s, x_1 .. x_L] */
+  float *q;               /* [g, V] the draft's sampling distributions of the proposed tokens */
+  int64_t row0;           /* its first row in the batch's target pass */
+} request;
+
 typedef struct {
   ds_target *target;
   ds_draft *draft;
@@ -38,24 +52,21 @@ typedef struct {
   const ds_model_config *tc;
   const ds_draft_config *dc;
   int64_t V, g, md;
-  ds_kv_cache *kv;
-  ds_draft_state *st;
-  float *ctx;        /* [rows, m*d] captured target rows */
-  float *tlogits;    /* [g + 1, V] the target's logits of a verification pass */
-  float *h, *dlogits; /* [g, d], [g, V] the draft's block */
-  float *q;          /* [g, V] the draft's sampling distributions of the proposed tokens */
-  float *p, *resid;  /* [V] */
+  int R;
+  request *req;
+  ds_target_seq *seqs;   /* [R] */
+  float *ctx;            /* [rows, m*d] captured target rows of a pass */
+  float *tlogits;        /* [rows, V] the target's logits of a pass */
+  float *h, *dlogits;    /* [g, d], [g, V] a draft block */
+  float *p, *resid;      /* [V] */
   void *scratch;
-  ds_rng rng;
-  ds_spec_result *r;
-  int64_t cap;
 } run;
 
 static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* Appends a token; returns 1 when generation ends with it (a stop token, or the budget). */
-static int commit(run *u, int32_t tok, ds_status *st) {
-  ds_spec_result *r = u->r;
+static int commit(run *u, request *q, int32_t tok) {
+  ds_spec_result *r = q->r;
   if (r->n >= u->o->max_new_tokens) return 1;
   r->ids[r->n++] = tok;
   if (u->o->on_token) u->o->on_token(u->o->user, r->ids, r->n);
@@ -63,84 +74,67 @@ static int commit(run *u, int32_t tok, ds_status *st) {
     r->stopped = 1;
     return 1;
   }
-  *st = DS_OK;
   return r->n >= u->o->max_new_tokens;
 }
 
 /* Draws from probs [V] (greedy: its argmax, which is where the one-hot sits). */
-static int32_t draw(run *u, const float *probs) {
-  return u->o->temperature > 0 ? ds_sample_probs(probs, u->V, 1.0, &u->rng) : ds_argmax(probs, u->V);
+static int32_t draw(run *u, request *q, const float *probs) {
+  return u->o->temperature > 0 ? ds_sample_probs(probs, u->V, 1.0, &q->rng) : ds_argmax(probs, u->V);
 }
 
 static void probs_of(run *u, const float *logits, float *probs) {
   ds_sampling_probs(logits, u->V, (float)u->o->temperature, (float)u->o->top_p, probs, u->scratch);
 }
 
-/* The draft's proposal for the round of x_s: up to L tokens into prop[], their distributions
- * into u->q. Returns how many it proposes. */
-static ds_status propose(run *u, int32_t xs, int64_t L, int32_t *prop, int64_t *n_prop) {
-  *n_prop = 0;
+/* The draft's proposal for request q's round: up to L tokens into q->toks[1..], their
+ * distributions into q->q. */
+static ds_status propose(run *u, request *q, int64_t L) {
+  q->n_prop = 0;
   if (L <= 0) return DS_OK;
-  DS_TRY(ds_draft_block(u->draft, u->st, xs, u->h, u->dlogits));
-  int32_t prev = xs;
+  DS_TRY(ds_draft_block(u->draft, q->st, q->xs, u->h, u->dlogits));
+  int32_t prev = q->xs;
   double cum = 1.0;
   for (int64_t k = 0; k < L; k++) {
     float *logits = u->dlogits + k * u->V, conf = NAN;
-    DS_TRY(ds_draft_head_step(u->draft, u->st, u->h + k * u->dc->hidden_size, prev, logits,
+    DS_TRY(ds_draft_head_step(u->draft, q->st, u->h + k * u->dc->hidden_size, prev, logits,
                               u->o->policy == DS_SPEC_THRESHOLD ? &conf : NULL));
     if (u->o->policy == DS_SPEC_THRESHOLD && u->dc->enable_confidence_head) {
       cum *= sigmoidf(conf); /* P(slot k accepted | the earlier ones were) */
       if (cum < u->o->threshold) break;
     }
-    probs_of(u, logits, u->q + k * u->V);
-    prev = prop[k] = draw(u, u->q + k * u->V);
-    (*n_prop)++;
+    probs_of(u, logits, q->q + k * u->V);
+    prev = q->toks[k + 1] = draw(u, q, q->q + k * u->V);
+    q->n_prop++;
   }
   return DS_OK;
 }
 
-/* One round: propose, verify, accept, commit, crop. *done when generation ended. */
-static ds_status round_once(run *u, int32_t *xs, int *done) {
-  ds_spec_result *r = u->r;
+/* Request q's acceptance after the verification pass (its rows from q->row0), then commits
+ * and crops. */
+static ds_status accept(run *u, request *q) {
+  ds_spec_result *r = q->r;
   const ds_spec_options *o = u->o;
-  int64_t remaining = o->max_new_tokens - r->n;
-  int64_t L = o->draft_len > 0 ? o->draft_len : u->g;
-  if (L > u->g) L = u->g;
-  if (L > remaining - 1) L = remaining - 1; /* the round commits up to L + 1 tokens */
-  int32_t toks[DS_SPEC_MAX_LEN + 1];
-  int64_t n_prop = 0;
-  double t0 = ds_time_sec();
-  DS_TRY(propose(u, *xs, L, toks + 1, &n_prop));
-  double t1 = ds_time_sec();
-  toks[0] = *xs;
-  /* verification: [x_s, x_1 .. x_L] in one pass, every row's logits and captured rows */
-  int64_t s = ds_kv_cache_len(u->kv);
-  ds_target_seq seq = {toks, n_prop + 1, u->kv};
-  ds_target_outputs out = {u->dc->target_layer_ids, u->dc->n_target_layers, u->ctx, NULL, NULL, 0, u->tlogits};
-  DS_TRY(ds_target_forward(u->target, &seq, 1, &out));
-  r->draft_s += t1 - t0;
-  r->verify_s += ds_time_sec() - t1;
-  /* acceptance, left to right */
-  int64_t j = 0;
+  int64_t j = 0, s = ds_kv_cache_len(q->kv) - (q->n_prop + 1);
   int32_t next = -1;
-  for (int64_t k = 1; k <= n_prop && next < 0; k++) {
-    const float *row = u->tlogits + (k - 1) * u->V;
-    int32_t x = toks[k];
+  const float *rows = u->tlogits + q->row0 * u->V;
+  for (int64_t k = 1; k <= q->n_prop && next < 0; k++) {
+    const float *row = rows + (k - 1) * u->V;
+    int32_t x = q->toks[k];
     r->pos_proposed[k - 1] += 1;
     int ok;
     if (o->temperature > 0) {
       probs_of(u, row, u->p);
-      const float *q = u->q + (k - 1) * u->V;
-      double a = u->p[x], b = q[x];
-      ok = o->test_bias || ds_rng_uniform_f64(&u->rng) * b < a; /* u < p/q */
+      const float *qk = q->q + (k - 1) * u->V;
+      double a = u->p[x], b = qk[x];
+      ok = o->test_bias || ds_rng_uniform_f64(&q->rng) * b < a; /* u < p/q */
       if (!ok) { /* the residual max(0, p - q), renormalized */
         double mass = 0;
         for (int64_t v = 0; v < u->V; v++) {
-          float d = u->p[v] - q[v];
+          float d = u->p[v] - qk[v];
           u->resid[v] = d > 0 ? d : 0.0f;
           mass += u->resid[v];
         }
-        next = mass > 1e-12 ? ds_sample_probs(u->resid, u->V, mass, &u->rng) : ds_sample_probs(u->p, u->V, 1.0, &u->rng);
+        next = mass > 1e-12 ? ds_sample_probs(u->resid, u->V, mass, &q->rng) : ds_sample_probs(u->p, u->V, 1.0, &q->rng);
       }
     } else {
       int32_t best = ds_argmax(row, u->V);
@@ -153,21 +147,54 @@ static ds_status round_once(run *u, int32_t *xs, int *done) {
     }
   }
   if (next < 0) { /* every proposal accepted: the bonus token from p_L */
-    probs_of(u, u->tlogits + n_prop * u->V, u->p);
-    next = draw(u, u->p);
+    probs_of(u, rows + q->n_prop * u->V, u->p);
+    next = draw(u, q, u->p);
   }
   r->rounds++;
-  r->proposed += n_prop;
+  r->proposed += q->n_prop;
   r->committed_hist[j + 1]++;
   /* commit x_1 .. x_j, then the replacement / bonus */
-  ds_status st = DS_OK;
-  for (int64_t k = 1; k <= j && !*done; k++) *done = commit(u, toks[k], &st);
-  if (!*done) *done = commit(u, next, &st);
-  if (*done) return st;
+  for (int64_t k = 1; k <= j && !q->done; k++) q->done = commit(u, q, q->toks[k]);
+  if (!q->done) q->done = commit(u, q, next);
+  if (q->done) return DS_OK;
   /* the target keeps x_s .. x_j; the draft's context takes their rows */
-  DS_TRY(ds_kv_cache_crop(u->kv, s + j + 1));
-  DS_TRY(ds_draft_state_append(u->draft, u->st, u->ctx, j + 1));
-  *xs = next;
+  DS_TRY(ds_kv_cache_crop(q->kv, s + j + 1));
+  DS_TRY(ds_draft_state_append(u->draft, q->st, u->ctx + q->row0 * u->md, j + 1));
+  q->xs = next;
+  return DS_OK;
+}
+
+/* One round over every unfinished request: proposals, one verification pass, acceptance. */
+static ds_status round_all(run *u, int *active) {
+  const ds_spec_options *o = u->o;
+  int n = 0;
+  int64_t rows = 0;
+  double t0 = ds_time_sec();
+  for (int i = 0; i < u->R; i++) {
+    request *q = &u->req[i];
+    if (q->done) continue;
+    int64_t remaining = o->max_new_tokens - q->r->n;
+    int64_t L = o->draft_len > 0 ? o->draft_len : u->g;
+    if (L > u->g) L = u->g;
+    if (L > remaining - 1) L = remaining - 1; /* the round commits up to L + 1 tokens */
+    DS_TRY(propose(u, q, L));
+    q->toks[0] = q->xs;
+    q->row0 = rows;
+    rows += q->n_prop + 1;
+    u->seqs[n++] = (ds_target_seq){q->toks, q->n_prop + 1, q->kv};
+  }
+  *active = n;
+  if (!n) return DS_OK;
+  double t1 = ds_time_sec();
+  ds_target_outputs out = {u->dc->target_layer_ids, u->dc->n_target_layers, u->ctx, NULL, NULL, 0, u->tlogits};
+  DS_TRY(ds_target_forward(u->target, u->seqs, n, &out));
+  double t2 = ds_time_sec();
+  for (int i = 0; i < u->R; i++)
+    if (!u->req[i].done) DS_TRY(accept(u, &u->req[i]));
+  for (int i = 0; i < u->R; i++) {
+    u->req[i].r->draft_s += t1 - t0;
+    u->req[i].r->verify_s += t2 - t1;
+  }
   return DS_OK;
 }
 
@@ -183,69 +210,108 @@ static ds_status check_pair(const ds_target *t, const ds_draft *d) {
   return ds_target_check_capture_layers(t, dc->target_layer_ids, dc->n_target_layers);
 }
 
-static ds_status speculate(run *u, const int32_t *prompt, int64_t n_prompt) {
-  ds_spec_result *r = u->r;
-  int64_t V = u->V, g = u->g, rows = n_prompt > g + 1 ? n_prompt : g + 1;
-  u->cap = n_prompt + u->o->max_new_tokens + g + 2;
-  DS_TRY(ds_kv_cache_new(u->target, u->cap, &u->kv));
-  DS_TRY(ds_draft_state_new(u->draft, u->cap, &u->st));
+static ds_status speculate(run *u, const int32_t *const *prompts, const int64_t *n_prompts) {
+  int64_t V = u->V, g = u->g, total = 0, max_new = u->o->max_new_tokens;
+  for (int i = 0; i < u->R; i++) total += n_prompts[i];
+  int64_t rows = total > u->R * (g + 1) ? total : u->R * (g + 1);
   u->ctx = ds_malloc_aligned((size_t)(rows * u->md) * sizeof(float), "captured rows");
-  u->tlogits = ds_malloc_aligned((size_t)((g + 1) * V) * sizeof(float), "target logits");
+  u->tlogits = ds_malloc_aligned((size_t)(u->R * (g + 1) * V) * sizeof(float), "target logits");
   u->h = ds_malloc_aligned((size_t)(g * u->dc->hidden_size) * sizeof(float), "draft block");
   u->dlogits = ds_malloc_aligned((size_t)(g * V) * sizeof(float), "draft logits");
-  u->q = ds_malloc_aligned((size_t)(g * V) * sizeof(float), "draft distributions");
   u->p = ds_malloc_aligned((size_t)V * sizeof(float), "target distribution");
   u->resid = ds_malloc_aligned((size_t)V * sizeof(float), "residual distribution");
   u->scratch = ds_malloc(ds_sampler_scratch_bytes(V), "sampler scratch");
-  r->ids = ds_malloc((size_t)(u->o->max_new_tokens > 0 ? u->o->max_new_tokens : 1) * sizeof(int32_t), "output ids");
-  if (!u->ctx || !u->tlogits || !u->h || !u->dlogits || !u->q || !u->p || !u->resid || !u->scratch || !r->ids)
+  u->seqs = ds_calloc((size_t)u->R, sizeof *u->seqs, "batch");
+  int64_t *last = ds_malloc((size_t)u->R * sizeof(int64_t), "batch");
+  if (!u->ctx || !u->tlogits || !u->h || !u->dlogits || !u->p || !u->resid || !u->scratch || !u->seqs || !last) {
+    free(last);
     return DS_ERR_NOMEM;
-  ds_rng_seed(&u->rng, u->o->seed);
-  if (u->o->max_new_tokens <= 0) return DS_OK;
-  /* prefill: the prompt once; its rows go into the draft's context */
-  double t0 = ds_time_sec();
-  int64_t last = n_prompt - 1;
-  ds_target_seq seq = {prompt, n_prompt, u->kv};
-  ds_target_outputs out = {u->dc->target_layer_ids, u->dc->n_target_layers, u->ctx, NULL, &last, 1, u->tlogits};
-  DS_TRY(ds_target_forward(u->target, &seq, 1, &out));
-  DS_TRY(ds_draft_state_append(u->draft, u->st, u->ctx, n_prompt));
-  r->prefill_s = ds_time_sec() - t0;
-  probs_of(u, u->tlogits, u->p);
-  int32_t xs = draw(u, u->p);
+  }
   ds_status st = DS_OK;
-  int done = commit(u, xs, &st);
-  while (!done && st == DS_OK) st = round_once(u, &xs, &done);
+  for (int i = 0; i < u->R && st == DS_OK; i++) {
+    request *q = &u->req[i];
+    int64_t cap = n_prompts[i] + max_new + g + 2;
+    st = ds_kv_cache_new(u->target, cap, &q->kv);
+    if (st == DS_OK) st = ds_draft_state_new(u->draft, cap, &q->st);
+    q->q = ds_malloc_aligned((size_t)(g * V) * sizeof(float), "draft distributions");
+    q->r->ids = ds_malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof(int32_t), "output ids");
+    if (st == DS_OK && (!q->q || !q->r->ids)) st = DS_ERR_NOMEM;
+    ds_rng_seed(&q->rng, u->o->seed + (uint64_t)i);
+    u->seqs[i] = (ds_target_seq){prompts[i], n_prompts[i], q->kv};
+  }
+  if (st != DS_OK || max_new <= 0) {
+    free(last);
+    return st;
+  }
+  /* prefill: every prompt in one pass; their rows go into the drafts' contexts */
+  double t0 = ds_time_sec();
+  int64_t row = 0;
+  for (int i = 0; i < u->R; i++) last[i] = (row += n_prompts[i]) - 1;
+  ds_target_outputs out = {u->dc->target_layer_ids, u->dc->n_target_layers, u->ctx, NULL, last, u->R, u->tlogits};
+  st = ds_target_forward(u->target, u->seqs, u->R, &out);
+  free(last);
+  row = 0;
+  for (int i = 0; i < u->R && st == DS_OK; i++) {
+    request *q = &u->req[i];
+    st = ds_draft_state_append(u->draft, q->st, u->ctx + row * u->md, n_prompts[i]);
+    row += n_prompts[i];
+    probs_of(u, u->tlogits + i * V, u->p);
+    q->xs = draw(u, q, u->p);
+    q->done = commit(u, q, q->xs);
+  }
+  double prefill = ds_time_sec() - t0;
+  for (int i = 0; i < u->R; i++) u->req[i].r->prefill_s = prefill;
+  int active = 1;
+  while (st == DS_OK && active) st = round_all(u, &active);
   return st;
 }
 
-ds_status ds_speculate(ds_target *target, ds_draft *draft, const int32_t *prompt, int64_t n_prompt,
-                       const ds_spec_options *o, ds_spec_result *r) {
-  memset(r, 0, sizeof *r);
-  if (n_prompt < 1) return DS_FAIL(DS_ERR_ARG, "speculate: the prompt has no tokens");
+ds_status ds_speculate_batch(ds_target *target, ds_draft *draft, const int32_t *const *prompts, const int64_t *n_prompts,
+                             int R, const ds_spec_options *o, ds_spec_result *results) {
+  for (int i = 0; i < R; i++) memset(&results[i], 0, sizeof results[i]);
+  if (R < 1) return DS_FAIL(DS_ERR_ARG, "speculate: no request");
   DS_TRY(check_pair(target, draft));
   run u;
   memset(&u, 0, sizeof u);
   u.target = target;
   u.draft = draft;
   u.o = o;
-  u.r = r;
+  u.R = R;
   u.tc = ds_target_config(target);
   u.dc = ds_draft_get_config(draft);
   u.V = u.dc->vocab_size;
   u.g = u.dc->block_size;
   u.md = u.dc->n_target_layers * u.dc->hidden_size;
-  for (int64_t i = 0; i < n_prompt; i++)
-    if (prompt[i] < 0 || prompt[i] >= u.V)
-      return DS_FAIL(DS_ERR_RANGE, "speculate: prompt token %d at position %lld outside the vocabulary [0, %lld)",
-                     prompt[i], (long long)i, (long long)u.V);
+  for (int i = 0; i < R; i++) {
+    if (n_prompts[i] < 1) return DS_FAIL(DS_ERR_ARG, "speculate: request %d: the prompt has no tokens", i);
+    for (int64_t t = 0; t < n_prompts[i]; t++)
+      if (prompts[i][t] < 0 || prompts[i][t] >= u.V)
+        return DS_FAIL(DS_ERR_RANGE, "speculate: request %d: prompt token %d at position %lld outside the vocabulary "
+                       "[0, %lld)", i, prompts[i][t], (long long)t, (long long)u.V);
+  }
+  u.req = ds_calloc((size_t)R, sizeof *u.req, "requests");
+  if (!u.req) return DS_ERR_NOMEM;
+  for (int i = 0; i < R; i++) u.req[i].r = &results[i];
   double t0 = ds_time_sec();
-  ds_status st = speculate(&u, prompt, n_prompt);
-  r->total_s = ds_time_sec() - t0;
-  ds_kv_cache_free(u.kv);
-  ds_draft_state_free(u.st);
-  float *bufs[] = {u.ctx, u.tlogits, u.h, u.dlogits, u.q, u.p, u.resid};
+  ds_status st = speculate(&u, prompts, n_prompts);
+  double total = ds_time_sec() - t0;
+  for (int i = 0; i < R; i++) {
+    request *q = &u.req[i];
+    q->r->total_s = total;
+    ds_kv_cache_free(q->kv);
+    ds_draft_state_free(q->st);
+    ds_free_aligned(q->q);
+    if (st != DS_OK) ds_spec_result_free(q->r);
+  }
+  free(u.req);
+  free(u.seqs);
+  float *bufs[] = {u.ctx, u.tlogits, u.h, u.dlogits, u.p, u.resid};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ds_free_aligned(bufs[i]);
   free(u.scratch);
-  if (st != DS_OK) ds_spec_result_free(r);
   return st;
+}
+
+ds_status ds_speculate(ds_target *target, ds_draft *draft, const int32_t *prompt, int64_t n_prompt,
+                       const ds_spec_options *o, ds_spec_result *r) {
+  return ds_speculate_batch(target, draft, &prompt, &n_prompt, 1, o, r);
 }

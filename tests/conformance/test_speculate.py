@@ -3,7 +3,8 @@ target built here and DSpark drafts trained for it here:
 
 - greedy: `dspark speculate` prints token for token what `dspark generate` prints, on several
   prompts, for every Markov head type (vanilla, gated, rnn, none), the fixed policy at
-  several draft lengths and the threshold policy;
+  several draft lengths and the threshold policy; and as one batch (--data: one target pass
+  per round over every request), each request's line equals its plain decoding;
 - sampling: over many seeds the distribution of the second generated token (the first one a
   draft proposes) equals the target's own, computed exactly with transformers on the same
   weights under the same temperature / top-p rule, by a chi-square test at significance 1e-3
@@ -101,6 +102,24 @@ def main():
                 if not policy:
                     import json
                     taus.setdefault(head, []).append(json.load(open(rep))["tau"])
+    # batched: every request's output is its plain decoding (one verification pass per round for all)
+    batch_file = os.path.join(tmp, "prompts.txt")
+    with open(batch_file, "w") as f:
+        f.write("\n".join(p.replace("\n", " ") for p in PROMPTS) + "\n")
+    flat = {}
+    for prompt in PROMPTS:
+        out, _, _ = common.run([args.dspark, "generate", target, "--prompt", prompt.replace("\n", " "),
+                                "--max-new-tokens", "24", "--print-ids", "--ignore-eos"])
+        flat[prompt] = out.split()
+    for head in ("vanilla", "rnn"):
+        for policy in ([], ["--draft-len", "2"], ["--policy", "threshold", "--threshold", "0.3"]):
+            out, _, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", drafts[head], "--data",
+                                    batch_file, "--max-new-tokens", "24", "--print-ids", "--ignore-eos"] + policy)
+            lines = out.strip().split("\n")
+            ck.check(len(lines) == len(PROMPTS), f"batched {head} {policy}: {len(lines)} output lines")
+            for prompt, line in zip(PROMPTS, lines):
+                ck.check(line.split() == flat[prompt], f"batched greedy {head} {policy} '{prompt}': {line.split()} != "
+                                                       f"{flat[prompt]}")
     for head, t in taus.items():
         print(f"greedy tau with draft-len 4, {head} head: {sum(t) / len(t):.3f}")
     ck.check(max(sum(t) / len(t) for t in taus.values()) > 1.1,
