@@ -95,6 +95,37 @@ typedef struct ds_backend {
                                    const float *k_ctx, const float *v_ctx, const float *k_blk, const float *v_blk,
                                    const int64_t *ctx_len, int64_t n_ctx, int64_t n_blocks, int64_t g,
                                    int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale);
+
+  /* Causal self-attention over whole sequences (training; inference without lse). n_seqs
+   * sequences packed in rows: sequence s holds rows seq_off[s] .. seq_off[s+1]-1 (seq_off[0] =
+   * 0, non-decreasing; an empty sequence is allowed) at positions 0 .. len-1, and the query at
+   * position i sees the keys at positions 0 .. i of its own sequence, nothing else. GQA: query
+   * head h reads kv head h / (n_heads / n_kv_heads).
+   *   q:    [rows, n_heads * head_dim]     (roped)
+   *   k, v: [rows, n_kv_heads * head_dim]  (keys roped)
+   *   out:  [rows, n_heads * head_dim]     overwritten
+   *   lse:  [rows, n_heads] log-sum-exp of each softmax row (scaled scores), saved for the
+   *         backward, which recomputes the probabilities from it; may be NULL in inference.
+   * No [len, len] tensor is kept: scratch is O(chunk * len) per thread. */
+  void (*attention_causal_train)(float *out, float *lse, const float *q, const float *k, const float *v,
+                                 const int64_t *seq_off, int64_t n_seqs, int64_t n_heads, int64_t n_kv_heads,
+                                 int64_t head_dim, float scale);
+  /* Its backward: accumulates into dq, dk, dv (the shapes of q, k, v; NULL skips one) from
+   * dout [rows, n_heads * head_dim], using the forward's out and lse (required). Probabilities
+   * are recomputed from lse (no stored probability tensor). Results are bitwise reproducible
+   * for a given thread count. */
+  void (*attention_causal_train_backward)(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                          const float *lse, const float *q, const float *k, const float *v,
+                                          const int64_t *seq_off, int64_t n_seqs, int64_t n_heads,
+                                          int64_t n_kv_heads, int64_t head_dim, float scale);
+
+  /* Embedding lookup: out[n, d] = table[ids[i], :] (the caller checks ids in [0, V)). */
+  void (*embedding)(float *out, const float *table, const int32_t *ids, int64_t n, int64_t d);
+  /* Its backward: dtable[V, d] += dout[i, :] at row ids[i], for every i with ids[i] !=
+   * skip_id (-1: none; as torch's padding_idx, that row gets no gradient from the lookup).
+   * Rows that repeat an id add in row order: bitwise reproducible for any thread count. */
+  void (*embedding_backward)(float *dtable, const float *dout, const int32_t *ids, int64_t n, int64_t d,
+                             int64_t skip_id);
 } ds_backend;
 
 const ds_backend *ds_backend_cpu(void);

@@ -167,6 +167,30 @@ static void cpu_add(float *y, const float *x, int64_t n) {
   for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
+/* ---------------------------------------------------------------- embedding */
+
+/* out[n, d] = table[ids[i]] rows. */
+static void cpu_embedding(float *out, const float *table, const int32_t *ids, int64_t n, int64_t d) {
+  DS_OMP(parallel for schedule(static) if (n * d > 65536))
+  for (int64_t i = 0; i < n; i++) memcpy(out + i * d, table + (int64_t)ids[i] * d, (size_t)d * sizeof(float));
+}
+
+/* dtable[V, d] += dout[i] at row ids[i] (ids[i] != skip_id). Each task owns COL_CHUNK columns
+ * and walks the rows in order: no race, and the same sums for any thread count. */
+static void cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int64_t n, int64_t d,
+                                   int64_t skip_id) {
+  DS_OMP(parallel for schedule(static) if (n * d > 65536))
+  for (int64_t j0 = 0; j0 < d; j0 += COL_CHUNK) {
+    int64_t jc = d - j0 < COL_CHUNK ? d - j0 : COL_CHUNK;
+    for (int64_t i = 0; i < n; i++) {
+      if (ids[i] == skip_id) continue;
+      float *dst = dtable + (int64_t)ids[i] * d + j0;
+      const float *src = dout + i * d + j0;
+      for (int64_t j = 0; j < jc; j++) dst[j] += src[j];
+    }
+  }
+}
+
 static const ds_backend k_cpu = {
     .name = "cpu",
     .linear = cpu_linear,
@@ -181,6 +205,10 @@ static const ds_backend k_cpu = {
     .swiglu_backward = cpu_swiglu_backward,
     .block_attention = ds_cpu_block_attention,
     .block_attention_backward = ds_cpu_block_attention_backward,
+    .attention_causal_train = ds_cpu_attention_causal_train,
+    .attention_causal_train_backward = ds_cpu_attention_causal_train_backward,
+    .embedding = cpu_embedding,
+    .embedding_backward = cpu_embedding_backward,
 };
 
 const ds_backend *ds_backend_cpu(void) { return &k_cpu; }

@@ -1,6 +1,6 @@
 /* Internal to the CPU backend: the sgemm helper that every matmul goes through, the OpenMP
- * pragma macro, and the attention kernels (cpu_attention.c) that the table in cpu_backend.c
- * points at. Not a public header. */
+ * pragma macro, and the attention kernels (cpu_attention.c, cpu_causal_attention.c) that the
+ * table in cpu_backend.c points at. Not a public header. */
 #ifndef DSPARK_NN_CPU_KERNELS_H
 #define DSPARK_NN_CPU_KERNELS_H
 
@@ -39,5 +39,13 @@ void ds_cpu_block_attention_backward(float *dq, float *dk_ctx, float *dv_ctx, fl
                                      const float *k_ctx, const float *v_ctx, const float *k_blk, const float *v_blk,
                                      const int64_t *ctx_len, int64_t n_ctx, int64_t n_blocks, int64_t g,
                                      int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale);
+/* The training causal attention (cpu_causal_attention.c). */
+void ds_cpu_attention_causal_train(float *out, float *lse, const float *q, const float *k, const float *v,
+                                   const int64_t *seq_off, int64_t n_seqs, int64_t n_heads, int64_t n_kv_heads,
+                                   int64_t head_dim, float scale);
+void ds_cpu_attention_causal_train_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                            const float *lse, const float *q, const float *k, const float *v,
+                                            const int64_t *seq_off, int64_t n_seqs, int64_t n_heads,
+                                            int64_t n_kv_heads, int64_t head_dim, float scale);
 
 #endif

@@ -108,6 +108,48 @@ static void p_block_attention_backward(float *dq, float *dk_ctx, float *dv_ctx, 
   account(DS_KERNEL_BLOCK_ATTN_BWD, t0, 10.0 * (double)head_dim * block_attn_pairs(ctx_len, n_blocks, g, n_heads));
 }
 
+/* (query, visible key) pairs of a causal attention call over packed sequences, all heads. */
+static double causal_pairs(const int64_t *seq_off, int64_t n_seqs, int64_t n_heads) {
+  double pairs = 0;
+  for (int64_t s = 0; s < n_seqs; s++) {
+    double n = (double)(seq_off[s + 1] - seq_off[s]);
+    pairs += n * (n + 1) / 2;
+  }
+  return pairs * (double)n_heads;
+}
+
+static void p_attention_causal_train(float *out, float *lse, const float *q, const float *k, const float *v,
+                                     const int64_t *seq_off, int64_t n_seqs, int64_t n_heads, int64_t n_kv_heads,
+                                     int64_t head_dim, float scale) {
+  double t0 = ds_time_sec();
+  g_inner->attention_causal_train(out, lse, q, k, v, seq_off, n_seqs, n_heads, n_kv_heads, head_dim, scale);
+  account(DS_KERNEL_CAUSAL_ATTN, t0, 4.0 * (double)head_dim * causal_pairs(seq_off, n_seqs, n_heads));
+}
+
+static void p_attention_causal_train_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                              const float *lse, const float *q, const float *k, const float *v,
+                                              const int64_t *seq_off, int64_t n_seqs, int64_t n_heads,
+                                              int64_t n_kv_heads, int64_t head_dim, float scale) {
+  double t0 = ds_time_sec();
+  g_inner->attention_causal_train_backward(dq, dk, dv, dout, out, lse, q, k, v, seq_off, n_seqs, n_heads, n_kv_heads,
+                                           head_dim, scale);
+  /* Recomputed QK^T, dO V^T, dS K, dS^T Q, P^T dO: 5 matmuls. */
+  account(DS_KERNEL_CAUSAL_ATTN_BWD, t0, 10.0 * (double)head_dim * causal_pairs(seq_off, n_seqs, n_heads));
+}
+
+static void p_embedding(float *out, const float *table, const int32_t *ids, int64_t n, int64_t d) {
+  double t0 = ds_time_sec();
+  g_inner->embedding(out, table, ids, n, d);
+  account(DS_KERNEL_EMBEDDING, t0, 0.0);
+}
+
+static void p_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int64_t n, int64_t d,
+                                 int64_t skip_id) {
+  double t0 = ds_time_sec();
+  g_inner->embedding_backward(dtable, dout, ids, n, d, skip_id);
+  account(DS_KERNEL_EMBEDDING_BWD, t0, (double)n * (double)d);
+}
+
 static ds_backend g_profiled = {
     .name = "profiled",
     .linear = p_linear,
@@ -122,6 +164,10 @@ static ds_backend g_profiled = {
     .swiglu_backward = p_swiglu_backward,
     .block_attention = p_block_attention,
     .block_attention_backward = p_block_attention_backward,
+    .attention_causal_train = p_attention_causal_train,
+    .attention_causal_train_backward = p_attention_causal_train_backward,
+    .embedding = p_embedding,
+    .embedding_backward = p_embedding_backward,
 };
 
 const ds_backend *ds_backend_profiled(const ds_backend *inner, ds_profile *prof) {
@@ -133,7 +179,8 @@ const ds_backend *ds_backend_profiled(const ds_backend *inner, ds_profile *prof)
 void ds_profile_print(const ds_profile *p, double total_seconds, FILE *f) {
   static const char *names[DS_KERNEL_COUNT] = {"linear",     "rmsnorm",     "rope",     "attention",
                                                "swiglu",     "add",         "linear_bwd", "rmsnorm_bwd",
-                                               "rope_bwd",   "swiglu_bwd",  "block_attn", "block_attn_bwd"};
+                                               "rope_bwd",   "swiglu_bwd",  "block_attn", "block_attn_bwd",
+                                               "causal_attn", "causal_attn_bwd", "embedding", "embedding_bwd"};
   double accounted = 0, total = total_seconds > 0 ? total_seconds : 1;
   for (int k = 0; k < DS_KERNEL_COUNT; k++) accounted += p->seconds[k];
   fprintf(f, "%-14s %8s %10s %7s %10s\n", "kernel", "calls", "seconds", "share", "GFLOP/s");

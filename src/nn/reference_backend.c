@@ -263,6 +263,111 @@ static void ref_block_attention_backward(float *dq, float *dk_ctx, float *dv_ctx
   free(p); free(dp); free(gq); free(gkc); free(gvc); free(gkb); free(gvb);
 }
 
+/* ---- causal attention over packed sequences. Query row i of sequence s (position p = i -
+ * seq_off[s]) sees rows seq_off[s] .. i. */
+
+/* p[0..pos] = softmax over the visible keys of query row `row` (position pos), head h, in
+ * double; returns the log-sum-exp. */
+static double ref_causal_probs(double *p, const float *q, const float *k, int64_t first, int64_t row, int64_t h,
+                               int64_t n_heads, int64_t n_kv_heads, int64_t hd, float scale) {
+  int64_t kvh = h / (n_heads / n_kv_heads), kvs = n_kv_heads * hd, n = row - first + 1;
+  const float *qi = q + row * n_heads * hd + h * hd;
+  double mx = -INFINITY, sum = 0.0;
+  for (int64_t t = 0; t < n; t++) {
+    const float *kt = k + (first + t) * kvs + kvh * hd;
+    double s = 0.0;
+    for (int64_t e = 0; e < hd; e++) s += (double)qi[e] * kt[e];
+    p[t] = s * scale;
+    if (p[t] > mx) mx = p[t];
+  }
+  for (int64_t t = 0; t < n; t++) sum += (p[t] = exp(p[t] - mx));
+  for (int64_t t = 0; t < n; t++) p[t] /= sum;
+  return mx + log(sum);
+}
+
+/* out[rows, n_heads*hd] = softmax(q k^T * scale, causal within each sequence) v; lse[rows, n_heads]. */
+static void ref_attention_causal_train(float *out, float *lse, const float *q, const float *k, const float *v,
+                                       const int64_t *seq_off, int64_t n_seqs, int64_t n_heads, int64_t n_kv_heads,
+                                       int64_t hd, float scale) {
+  int64_t kvs = n_kv_heads * hd, group = n_heads / n_kv_heads, max_len = 0;
+  for (int64_t s = 0; s < n_seqs; s++)
+    if (seq_off[s + 1] - seq_off[s] > max_len) max_len = seq_off[s + 1] - seq_off[s];
+  double *p = malloc((size_t)(max_len + 1) * sizeof(double));
+  DS_CHECK(p != NULL);
+  for (int64_t s = 0; s < n_seqs; s++)
+    for (int64_t row = seq_off[s]; row < seq_off[s + 1]; row++)
+      for (int64_t h = 0; h < n_heads; h++) {
+        double l = ref_causal_probs(p, q, k, seq_off[s], row, h, n_heads, n_kv_heads, hd, scale);
+        if (lse) lse[row * n_heads + h] = (float)l;
+        for (int64_t e = 0; e < hd; e++) {
+          double o = 0.0;
+          for (int64_t t = 0; t <= row - seq_off[s]; t++) o += p[t] * v[(seq_off[s] + t) * kvs + (h / group) * hd + e];
+          out[row * n_heads * hd + h * hd + e] = (float)o;
+        }
+      }
+  free(p);
+}
+
+/* Recomputes the probabilities in double (out and lse are not needed here) and, per query row:
+ *   dP_t = dO . v_t,  dS_t = P_t (dP_t - sum_u P_u dP_u),
+ *   dq += scale sum_t dS_t k_t,  dk_t += scale dS_t q,  dv_t += P_t dO,
+ * accumulated in double buffers that are added to the caller's at the end. */
+static void ref_attention_causal_train_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                                const float *lse, const float *q, const float *k, const float *v,
+                                                const int64_t *seq_off, int64_t n_seqs, int64_t n_heads,
+                                                int64_t n_kv_heads, int64_t hd, float scale) {
+  int64_t kvs = n_kv_heads * hd, qs = n_heads * hd, group = n_heads / n_kv_heads, rows = n_seqs ? seq_off[n_seqs] : 0;
+  int64_t max_len = 0;
+  for (int64_t s = 0; s < n_seqs; s++)
+    if (seq_off[s + 1] - seq_off[s] > max_len) max_len = seq_off[s + 1] - seq_off[s];
+  size_t nq = (size_t)(rows * qs), nk = (size_t)(rows * kvs);
+  double *p = malloc((size_t)(max_len + 1) * sizeof(double)), *dp = malloc((size_t)(max_len + 1) * sizeof(double));
+  double *gq = calloc(nq + 1, sizeof(double)), *gk = calloc(nk + 1, sizeof(double)), *gv = calloc(nk + 1, sizeof(double));
+  DS_CHECK(p && dp && gq && gk && gv);
+  for (int64_t s = 0; s < n_seqs; s++)
+    for (int64_t row = seq_off[s]; row < seq_off[s + 1]; row++)
+      for (int64_t h = 0; h < n_heads; h++) {
+        int64_t kvh = h / group, n = row - seq_off[s] + 1;
+        const float *qi = q + row * qs + h * hd, *doi = dout + row * qs + h * hd;
+        ref_causal_probs(p, q, k, seq_off[s], row, h, n_heads, n_kv_heads, hd, scale);
+        double pdp = 0.0;
+        for (int64_t t = 0; t < n; t++) {
+          const float *vt = v + (seq_off[s] + t) * kvs + kvh * hd;
+          double acc = 0.0;
+          for (int64_t e = 0; e < hd; e++) acc += (double)doi[e] * vt[e];
+          dp[t] = acc;
+          pdp += p[t] * acc;
+        }
+        for (int64_t t = 0; t < n; t++) {
+          double ds = p[t] * (dp[t] - pdp) * scale;
+          int64_t key = (seq_off[s] + t) * kvs + kvh * hd;
+          for (int64_t e = 0; e < hd; e++) {
+            gq[row * qs + h * hd + e] += ds * k[key + e];
+            gk[key + e] += ds * qi[e];
+            gv[key + e] += p[t] * doi[e];
+          }
+        }
+      }
+  for (size_t j = 0; dq && j < nq; j++) dq[j] += (float)gq[j];
+  for (size_t j = 0; dk && j < nk; j++) dk[j] += (float)gk[j];
+  for (size_t j = 0; dv && j < nk; j++) dv[j] += (float)gv[j];
+  free(p); free(dp); free(gq); free(gk); free(gv);
+}
+
+/* ---- embedding */
+
+static void ref_embedding(float *out, const float *table, const int32_t *ids, int64_t n, int64_t d) {
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < d; j++) out[i * d + j] = table[(int64_t)ids[i] * d + j];
+}
+
+/* dtable[ids[i]] += dout[i] (rows in order), skipping ids[i] == skip_id. */
+static void ref_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int64_t n, int64_t d,
+                                   int64_t skip_id) {
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; ids[i] != skip_id && j < d; j++) dtable[(int64_t)ids[i] * d + j] += dout[i * d + j];
+}
+
 static const ds_backend k_reference = {
     .name = "reference",
     .linear = ref_linear,
@@ -277,6 +382,10 @@ static const ds_backend k_reference = {
     .swiglu_backward = ref_swiglu_backward,
     .block_attention = ref_block_attention,
     .block_attention_backward = ref_block_attention_backward,
+    .attention_causal_train = ref_attention_causal_train,
+    .attention_causal_train_backward = ref_attention_causal_train_backward,
+    .embedding = ref_embedding,
+    .embedding_backward = ref_embedding_backward,
 };
 
 const ds_backend *ds_backend_reference(void) { return &k_reference; }

@@ -8,8 +8,9 @@ seeded random fp32 inputs for each case (linear, rmsnorm, rope, swiglu, block at
 safetensors; the binary runs forward and backward of every case on the cpu and the reference
 backends and writes outputs and gradients. PyTorch computes the same in float64 from the same
 fp32 inputs (F.linear, a hand-written rmsnorm in HF order, rotate_half rope with the fp32
-angle pos * inv_freq, silu(gate) * up, and block attention as an explicit masked softmax over
-[context ; block] keys, block by block) and autograd gives the gradients of
+angle pos * inv_freq, silu(gate) * up, block attention as an explicit masked softmax over
+[context ; block] keys, block by block, and the causal attention of packed sequences with
+scaled_dot_product_attention(is_causal=True, enable_gqa=True) per sequence) and autograd gives the gradients of
 L = sum(dy * y) with random dy. Every output and gradient of both backends must be within
 1e-4 normwise relative error (max|ours - ref| / max|ref|); dropped blocks must give exactly
 0 outputs and gradients and -inf log-sum-exp. Exits 1 on any failure; prints
@@ -122,7 +123,35 @@ def ref_attn(t):
             "dv_blk": vb.grad if vb.grad is not None else zero(vb)}
 
 
-REFS = {"linear": ref_linear, "rmsnorm": ref_rmsnorm, "rope": ref_rope, "swiglu": ref_swiglu, "attn": ref_attn}
+def ref_cattn(t):
+    """Causal self-attention of each packed sequence alone, with torch's scaled_dot_product_attention
+    (is_causal=True, enable_gqa=True) in float64; lse as logsumexp of the masked scaled scores."""
+    nh, nkv, hd = (int(v) for v in t["cfg"])
+    scale = float(t["scale"][0])
+    off = [int(v) for v in t["seq_off"]]
+    q, k, v = (t[n].double().requires_grad_() for n in ("q", "k", "v"))
+    outs, lses = [], []
+    for s in range(len(off) - 1):
+        a, b = off[s], off[s + 1]
+        if b == a:
+            continue
+        n = b - a
+        qs = q[a:b].view(n, nh, hd).transpose(0, 1)[None]  # [1, nh, n, hd]
+        ks = k[a:b].view(n, nkv, hd).transpose(0, 1)[None]
+        vs = v[a:b].view(n, nkv, hd).transpose(0, 1)[None]
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
+        outs.append(o[0].transpose(0, 1).reshape(n, nh * hd))
+        kr = ks[0].repeat_interleave(nh // nkv, dim=0)
+        sc = (qs[0] @ kr.transpose(1, 2)) * scale
+        sc = sc.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        lses.append(torch.logsumexp(sc, dim=-1).transpose(0, 1))
+    out = torch.cat(outs, 0)
+    (out * t["dout"].double()).sum().backward()
+    return {"out": out, "lse": torch.cat(lses, 0), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
+REFS = {"linear": ref_linear, "rmsnorm": ref_rmsnorm, "rope": ref_rope, "swiglu": ref_swiglu, "attn": ref_attn,
+        "cattn": ref_cattn}
 
 
 # ---------------------------------------------------------------- cases
@@ -164,7 +193,24 @@ def build_cases(seed):
     cases["att2"] = ("attn", attn_case(gen, 7, 12, 64, 8, 2, 32))
     # no GQA, sharp scores
     cases["att3"] = ("attn", attn_case(gen, 4, 3, 10, 4, 4, 16, ctx_len=[10, 0, 6], amp=3.0))
+    # causal attention over packed sequences: GQA 2 with an empty sequence and one longer than a
+    # query chunk (64); MQA on one sequence (per-part buffers on 2 and 3 threads); MHA, sharp scores
+    cases["catt0"] = ("cattn", cattn_case(gen, [70, 0, 9, 33], 8, 2, 16))
+    cases["catt1"] = ("cattn", cattn_case(gen, [150], 4, 1, 32))
+    cases["catt2"] = ("cattn", cattn_case(gen, [12, 5], 3, 3, 8, amp=3.0))
     return cases
+
+
+def cattn_case(gen, lens, nh, nkv, hd, amp=1.0):
+    """Inputs of one causal attention case over sequences of the given lengths."""
+    rows = sum(lens)
+    off = [0]
+    for n in lens:
+        off.append(off[-1] + n)
+    return {"q": rnd(gen, rows, nh * hd, scale=amp), "k": rnd(gen, rows, nkv * hd, scale=amp),
+            "v": rnd(gen, rows, nkv * hd), "dout": rnd(gen, rows, nh * hd),
+            "seq_off": torch.tensor(off, dtype=torch.int64), "cfg": torch.tensor([nh, nkv, hd], dtype=torch.int64),
+            "scale": torch.tensor([hd ** -0.5], dtype=torch.float32)}
 
 
 def main():

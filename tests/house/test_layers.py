@@ -29,7 +29,7 @@ HEADER_LAYER = {
     "safetensors.h": "io", "hfconfig.h": "io", "cache.h": "io",
     "tokenizer.h": "text", "dataset.h": "text",
     "backend.h": "nn", "profile.h": "nn",
-    "target.h": "model", "draft.h": "model", "sampling.h": "model",
+    "target.h": "model", "draft.h": "model", "sampling.h": "model", "student.h": "model",
     "dspark_loss.h": "loss", "draft_loss.h": "loss", "kd_select.h": "loss",
     "trainer.h": "train", "draft_trainer.h": "train", "anchors.h": "train", "optim.h": "train", "checkpoint.h": "train",
     "capture.h": "capture",

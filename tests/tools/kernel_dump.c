@@ -163,12 +163,38 @@ static int dump_case(pool *pl, ds_st_writer *w, const ds_safetensors *st, const 
            put(pl, w, bn, px, "dv_ctx", 2, skc, dvc) && put(pl, w, bn, px, "dk_blk", 2, skb, dkb) &&
            put(pl, w, bn, px, "dv_blk", 2, skb, dvb);
   }
+  if (strcmp(kind, "cattn") == 0) { /* causal attention over packed sequences */
+    int64_t noff, ncfg, sq[2], sk[2], sv[2], sd[2], ss[1];
+    float *q = get_f32(pl, st, px, "q", 2, sq, 0), *k = get_f32(pl, st, px, "k", 2, sk, 0);
+    float *v = get_f32(pl, st, px, "v", 2, sv, 0), *dout = get_f32(pl, st, px, "dout", 2, sd, 0);
+    float *scale = get_f32(pl, st, px, "scale", 1, ss, 0);
+    int64_t *off = get_i64(pl, st, px, "seq_off", &noff), *cfg = get_i64(pl, st, px, "cfg", &ncfg);
+    if (!q || !k || !v || !dout || !scale || !off || !cfg || ncfg != 3 || noff < 1) return 0;
+    int64_t nh = cfg[0], nkv = cfg[1], hd = cfg[2], n_seqs = noff - 1, rows = sq[0];
+    int ok = nh > 0 && nkv > 0 && hd > 0 && nh % nkv == 0 && off[0] == 0 && off[n_seqs] == rows &&
+             sq[1] == nh * hd && sk[0] == rows && sk[1] == nkv * hd && sv[0] == rows && sv[1] == sk[1] &&
+             sd[0] == rows && sd[1] == sq[1];
+    for (int64_t s = 0; ok && s < n_seqs; s++) ok = off[s + 1] >= off[s];
+    if (!ok) {
+      fprintf(stderr, "dump: %s: inconsistent causal attention shapes\n", px);
+      return 0;
+    }
+    int64_t slse[2] = {rows, nh};
+    float *out = pool_zeros(pl, (size_t)(rows * sq[1])), *lse = pool_zeros(pl, (size_t)(rows * nh));
+    float *dq = pool_zeros(pl, (size_t)(rows * sq[1])), *dk = pool_zeros(pl, (size_t)(rows * sk[1]));
+    float *dv = pool_zeros(pl, (size_t)(rows * sk[1]));
+    be->attention_causal_train(out, lse, q, k, v, off, n_seqs, nh, nkv, hd, scale[0]);
+    be->attention_causal_train_backward(dq, dk, dv, dout, out, lse, q, k, v, off, n_seqs, nh, nkv, hd, scale[0]);
+    return put(pl, w, bn, px, "out", 2, sq, out) && put(pl, w, bn, px, "lse", 2, slse, lse) &&
+           put(pl, w, bn, px, "dq", 2, sq, dq) && put(pl, w, bn, px, "dk", 2, sk, dk) &&
+           put(pl, w, bn, px, "dv", 2, sk, dv);
+  }
   fprintf(stderr, "dump: unknown kernel kind '%s'\n", kind);
   return 0;
 }
 
 /* IN's metadata "cases" lists "kind:prefix" entries, comma separated (kinds: linear, rmsnorm,
- * rope, swiglu, attn); each case's tensors are named prefix.NAME. OUT gets cpu.prefix.NAME
+ * rope, swiglu, attn (block attention), cattn (causal attention over packed sequences)); each case's tensors are named prefix.NAME. OUT gets cpu.prefix.NAME
  * and ref.prefix.NAME for the outputs and gradients of both backends. */
 static int dump(const char *in_path, const char *out_path) {
   ds_safetensors *st = NULL;
