@@ -371,9 +371,11 @@ static ds_status row_error(const row_ctx *x, const ds_kd_rows_in *in, int64_t r,
                    "than %g: the values must be full-vocabulary log-probs (log_softmax), not logits", R,
                    KD_MAX_KEPT_MASS);
   case ROW_KD_INF:
+    if (x->reverse)
+      return DS_FAIL(DS_ERR_NUMERIC, "kd loss: the reverse KL of supervised row %lld is infinite: tensor "
+                     "'teacher_logits' is -inf (probability 0) where the student has mass", R);
     return DS_FAIL(DS_ERR_NUMERIC, "kd loss: the KL of supervised row %lld is infinite: tensor 'student_logits' is -inf "
-                   "(probability 0) where the teacher has mass%s", R,
-                   x->reverse ? " (reverse: tensor 'teacher_logits' is -inf where the student has mass)" : "");
+                   "(probability 0) where the teacher has mass", R);
   default:
     return DS_FAIL(DS_ERR_NOMEM, "kd loss: cannot allocate the per-thread scratch (%lld bytes + %lld entries)",
                    (long long)V, (long long)x->K);
