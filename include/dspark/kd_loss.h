@@ -71,7 +71,8 @@
  * Memory: nothing of size [rows, V] is allocated. Per supervised row: a max pass, a sum-exp
  * pass (one exp per logit; two when T != 1 and lm is on, for the two normalizers), the O(K)
  * sparse part, and a gradient pass writing the row once (dense reverse reads a fourth time).
- * Extra memory: V bytes per thread (duplicate-id marks) plus O(rows) for the per-row values.
+ * Extra memory: V bytes and 2 K doubles per thread (sparse only: duplicate-id marks, the kept
+ * entries' log-probs and gradients) plus O(rows) for the per-row values.
  *
  * Determinism: each row is reduced in a fixed order (16 fixed lanes summed in double, then in
  * lane order), rows are independent, and batch sums run over rows in order after the parallel
@@ -174,7 +175,22 @@ typedef struct {
   const uint8_t *mask;     /* [n] nonzero = supervised */
 } ds_kd_rows_in;
 
-/* ---- level 1: the row-chunk core, for the trainer's fused lm_head loop ---- */
+/* ---- level 1: the row-chunk core, for the trainer's fused lm_head loop ----
+ *
+ * How an objective (distill, pretrain) uses it, per micro-batch of R rows, with
+ * N = the supervised rows of the whole step (all micro-batches and ranks, counted from the masks
+ * before any backward):
+ *   for each chunk of c rows starting at r0:
+ *     logits [c, V] = lm_head(hidden rows)                                  (GEMM)
+ *     ds_kd_loss_rows(cfg, r0, c, V, &in, 1.0 / N, kd + r0, lm + r0, logits)
+ *         `in` points at the chunk's rows (topk rows of the cache with k_stride = its K, or the
+ *         live teacher's logits; labels; mask); the gradient replaces the logits in place
+ *     d hidden = logits_grad @ lm_head, d lm_head += logits_grad^T @ hidden  (GEMMs)
+ *   ds_kd_loss_finish(cfg, R, mask, kd, lm, &res)        once per micro-batch, rows in order
+ *   ds_kd_loss_result_add(&step, &res)                   over micro-batches (and ranks)
+ *   report step.pair[i][0] / step.pair[i][1]; loss = step.numerator / N
+ * Pretraining is cfg.kd_loss_alpha = 0 with every teacher pointer NULL. Memory: one chunk of
+ * logits [c, V]; nothing else of size V per row. */
 
 /* c consecutive rows starting at global row row0 (used in messages only); every pointer of
  * `in` is chunk-local (row 0 .. c-1). Teacher inputs are read only when alpha > 0, labels only
@@ -184,7 +200,7 @@ typedef struct {
  *                       either may be NULL when not wanted
  *   grad [c, V]         grad_scale * d numerator / d student, or NULL to skip the gradient;
  *                       may be the same buffer as in->student (the gradient replaces the logits)
- * Extra memory: V bytes per thread (sparse only) and c status entries. */
+ * Extra memory: V bytes and 2 K doubles per thread (sparse only) and c status entries. */
 ds_status ds_kd_loss_rows(const ds_kd_loss_config *cfg, int64_t row0, int64_t c, int64_t V, const ds_kd_rows_in *in,
                           double grad_scale, double *kd, double *lm, float *grad);
 
