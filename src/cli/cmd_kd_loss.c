@@ -255,6 +255,11 @@ int cmd_kd_loss(int argc, char **argv) {
       goto report;
     }
     K = ti->shape[1];
+    if (K > V) {
+      DS_FAIL(DS_ERR_FORMAT, "%s: tensor 'topk_ids' has %lld entries per row, more than the vocabulary of "
+              "student_logits (%lld)", a.in_path, (long long)K, (long long)V);
+      goto report;
+    }
     int64_t rk[2] = {R, K};
     if (cli_in_shape(tq, 2, rk, "[R, K] (the shape of topk_ids)")) goto report;
   }

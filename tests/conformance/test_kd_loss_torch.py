@@ -285,6 +285,8 @@ def check_errors(ck, args, rng):
     expect_fail("shape-mask", edit(loss_mask=base["loss_mask"][:5]), ["loss_mask", "shape", "[5]"])
     expect_fail("shape-student", edit(student_logits=base["student_logits"].reshape(-1)),
                 ["student_logits", "1 dimensions, expected 2: [R, V]"])
+    wide = edit(topk_ids=np.zeros((6, 21), dtype=np.int32), topk_logprobs=np.zeros((6, 21), dtype=np.float32))
+    expect_fail("k-above-v", wide, ["'topk_ids' has 21 entries per row", "vocabulary", "(20)"])
     both = edit(teacher_logits=base["student_logits"].copy())
     expect_fail("both-teachers", both, ["teacher_logits", "topk_ids", "one teacher"])
     ids = base["topk_ids"].copy()
