@@ -18,6 +18,13 @@ extern "C" {
 int64_t ds_kd_select(const float *x, int64_t V, double temperature, int64_t K, double top_p, int64_t min_k,
                      float *scratch, int32_t *ids, float *lp);
 
+/* The top-p rule with its min_k floor on n entries lp[0 .. n-1] (full-vocabulary log-probs, in
+ * the order given: descending as captured): entry i is kept iff
+ * (sum_{j<i} exp lp[j]) < top_p or i < max(min_k, 1), a prefix. Returns its length (n when
+ * top_p >= 1; 0 only when n = 0). The partial sums are in double. ds_kd_select applies it at
+ * capture, the KD loss (dspark/kd_loss.h) again at training time on what the capture kept. */
+int64_t ds_kd_top_p_count(const float *lp, int64_t n, double top_p, int64_t min_k);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,5 +1,6 @@
 /* KD capture of one position (spec/kd.md section 1): full-vocabulary log-probs of the teacher's
- * top-K ids, with the optional top-p prefix and its min_k floor. See include/dspark/cache.h. */
+ * top-K ids, with the optional top-p prefix and its min_k floor (the one rule, shared with the KD
+ * loss, which applies it again at training time). See include/dspark/cache.h. */
 #include <math.h>
 #include <stdint.h>
 
@@ -108,20 +109,21 @@ int64_t ds_kd_select(const float *x, int64_t V, double temperature, int64_t K, d
   for (int64_t i = 0; i < K; i++) lp[i] = (float)((double)lp[i] - lse);
 
   /* Top-p prefix with the min_k floor (top-1 always kept); 1 disables it. */
-  int64_t floor_k = min_k > 1 ? min_k : 1, kept = K;
-  if (top_p < 1.0) {
-    double cum = 0;
-    for (int64_t i = 0; i < K; i++) {
-      if (!(cum < top_p || i < floor_k)) {
-        kept = i;
-        break;
-      }
-      cum += exp((double)lp[i]);
-    }
-    for (int64_t i = kept; i < K; i++) {
-      ids[i] = -1;
-      lp[i] = -INFINITY;
-    }
+  int64_t kept = ds_kd_top_p_count(lp, K, top_p, min_k);
+  for (int64_t i = kept; i < K; i++) {
+    ids[i] = -1;
+    lp[i] = -INFINITY;
   }
   return kept;
+}
+
+int64_t ds_kd_top_p_count(const float *lp, int64_t n, double top_p, int64_t min_k) {
+  if (!(top_p < 1.0)) return n;
+  int64_t floor_k = min_k > 1 ? min_k : 1;
+  double cum = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (!(cum < top_p || i < floor_k)) return i;
+    cum += exp((double)lp[i]);
+  }
+  return n;
 }
