@@ -7,6 +7,7 @@
 #define DSPARK_CHECKPOINT_H
 
 #include "dspark/draft.h"
+#include "dspark/student.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,6 +25,14 @@ typedef struct {
  * field or tensor. Free info with ds_checkpoint_info_free. */
 ds_status ds_checkpoint_load_draft(const char *path, const ds_backend *backend, ds_draft **d, ds_checkpoint_info *info);
 void ds_checkpoint_info_free(ds_checkpoint_info *info);
+/* A student from a pretrain / distill checkpoint (format "dspark-student-checkpoint",
+ * dspark/lm_trainer.h): verified as the draft's, built from its recorded config, every weight
+ * finite. info->draft_config is NULL for it. */
+ds_status ds_checkpoint_load_student(const char *path, const ds_backend *backend, ds_student **s,
+                                     ds_checkpoint_info *info);
+/* The "format" metadata of a checkpoint file (malloc'd), to tell a draft's from a student's. */
+ds_status ds_checkpoint_format(const char *path, char **format);
+
 /* A draft from a run directory (its checkpoint) or an export directory (config.json +
  * model.safetensors, ours or any writer of the layout). */
 ds_status ds_draft_open(const char *dir, const ds_backend *backend, ds_draft **d);

@@ -94,6 +94,8 @@ typedef struct {
   int n_pairs;
   int progress_pair;             /* a second pair shown on the progress line (-1: none) */
   const char *progress_label;    /* its label there, e.g. "accept" */
+  const char *exp_name;          /* a derived metric exp(value of pair exp_pair), e.g. "ppl" (NULL: none) */
+  int exp_pair;
   const char *vec_name;          /* per-position vector in metrics (NULL: none), written when pair */
   int vec_pair;                  /* vec_pair is present */
   int vec_len;

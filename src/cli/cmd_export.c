@@ -4,14 +4,17 @@
  * checkpoint's draft_config metadata, the target's config plus the draft keys, recorded when
  * training started) both come from RUN_DIR/checkpoint.safetensors; RUN_DIR/target_config.json
  * is never read, so editing or deleting it cannot change an export. */
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "dspark/backend.h"
 #include "dspark/checkpoint.h"
 #include "dspark/fileio.h"
+#include "dspark/lm_trainer.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -31,6 +34,43 @@ static void usage(FILE *f) {
           "'{\"method\": \"dspark\", \"model\": DIR, \"num_speculative_tokens\": 7}' loads drafts with the\n"
           "vanilla Markov head only; gated and rnn drafts do not load there (no module\n"
           "markov_head.gate_proj / joint_proj).\n");
+}
+
+/* A pretrain / distill run: the student in the HF layout of its family, with the run's
+ * tokenizer.json, into a directory that does not exist or is empty (or with --overwrite). */
+static int export_student(const char *run, const char *ckpt, const char *out, int overwrite) {
+  ds_student *s = NULL;
+  ds_checkpoint_info info = {0};
+  char *text = NULL, *tok_src = ds_path_join(run, "tokenizer.json"), *tok_dst = ds_path_join(out, "tokenizer.json");
+  size_t len = 0;
+  int rc = 1, empty = 1;
+  DIR *dir = opendir(out);
+  for (struct dirent *e; dir && (e = readdir(dir)) != NULL;)
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = 0;
+  if (dir) closedir(dir);
+  if (!empty && !overwrite) {
+    fprintf(stderr, "dspark export: %s is not empty; a student is exported into a new or empty directory "
+            "(--overwrite replaces its config.json, model.safetensors and tokenizer.json)\n", out);
+    rc = 2;
+    goto done;
+  }
+  if (!tok_src || !tok_dst || ds_checkpoint_load_student(ckpt, ds_backend_cpu(), &s, &info) != DS_OK) goto report;
+  if (ds_student_export_hf(s, out) != DS_OK) goto report;
+  if (ds_file_exists(tok_src) &&
+      (ds_read_file(tok_src, &text, &len) != DS_OK || ds_write_file_atomic(tok_dst, text, len) != DS_OK))
+    goto report;
+  fprintf(stderr, "exported the student of %s (step %lld) to %s\n", run, (long long)info.step, out);
+  rc = 0;
+  goto done;
+report:
+  rc = cli_report_error("export");
+done:
+  ds_checkpoint_info_free(&info);
+  ds_student_free(s);
+  free(text);
+  free(tok_src);
+  free(tok_dst);
+  return rc;
 }
 
 int cmd_export(int argc, char **argv) {
@@ -55,7 +95,14 @@ int cmd_export(int argc, char **argv) {
     fprintf(stderr, "usage: dspark export RUN_DIR --out DIR [--overwrite]\n");
     return 2;
   }
-  char *ckpt = ds_path_join(run, "checkpoint.safetensors");
+  char *ckpt = ds_path_join(run, "checkpoint.safetensors"), *format = NULL;
+  if (ckpt && ds_checkpoint_format(ckpt, &format) == DS_OK && !strcmp(format, DS_STUDENT_CHECKPOINT_FORMAT)) {
+    int rc = export_student(run, ckpt, out, overwrite);
+    free(format);
+    free(ckpt);
+    return rc;
+  }
+  free(format);
   ds_draft *d = NULL;
   ds_checkpoint_info info = {0};
   int rc = 1, foreign = 0;

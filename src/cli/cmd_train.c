@@ -6,6 +6,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/loop_args.h"
 #include "dspark/draft_trainer.h"
 
 static void usage(FILE *f) {
@@ -45,19 +46,8 @@ static void usage(FILE *f) {
     "  --decay-gamma X         weights exp(-k/X) per slot (4.0); 0 disables\n"
     "  --decay-paper           the paper's exp(-(k-1)/g) instead\n"
     "  --ce-only               no teacher: CE only (DFlash-style objective)\n"
-    "  --chunk-rows N          rows per fused logits/loss chunk (128)\n"
-    "optimization:\n"
-    "  --steps N (100)  --batch-seqs N sequences per step (4)  --lr X (6e-4)  --warmup F (0.04)\n"
-    "  --weight-decay X (0)  --grad-clip X (1.0; 0 disables)  --seed S (0)\n"
-    "  --skip-nonfinite        skip a step with a non-finite loss or gradient instead of stopping\n"
-    "run:\n"
-    "  --save-every N (50)  --eval-every N (50)\n"
-    "  --resume                continue RUN_DIR's run from its checkpoint (refuses changed options by name;\n"
-    "                          the target and data are recognized by content, so they may have moved)\n"
-    "  --overwrite             replace an existing run in RUN_DIR (without it, or --resume, it is refused)\n"
-    "  --stop-after N          stop after N steps in this process (as if killed; for tests)\n"
-    "  --inject-nan-step N     poison the gradient of step N, counting from 1 (tests the non-finite handling)\n"
-    "  --threads N  --quiet\n");
+    "  --chunk-rows N          rows per fused logits/loss chunk (128)\n");
+  fputs(cli_loop_usage, f);
 }
 
 int cmd_train(int argc, char **argv) {
@@ -70,6 +60,9 @@ int cmd_train(int argc, char **argv) {
     int64_t n;
     double x;
     if (cli_is_help(a)) { usage(stdout); return 0; }
+    int loop = cli_loop_option(argc, argv, &i, l);
+    if (loop < 0) return 2;
+    if (loop) continue;
     else if (!strcmp(a, "--target")) { CLI_VALUE(); o.target_dir = v; }
     else if (!strcmp(a, "--data")) { CLI_VALUE(); o.data_path = v; }
     else if (!strcmp(a, "--data-format")) {
@@ -79,7 +72,6 @@ int cmd_train(int argc, char **argv) {
         return 2;
       }
     }
-    else if (!strcmp(a, "--out")) { CLI_VALUE(); l->out_dir = v; }
     else if (!strcmp(a, "--cache")) { CLI_VALUE(); o.cache_dir = v; }
     else if (!strcmp(a, "--cache-prefetch")) CLI_INT(2, 1024, o.cache_prefetch);
     else if (!strcmp(a, "--cache-preload")) o.cache_preload = 1;
@@ -111,22 +103,6 @@ int cmd_train(int argc, char **argv) {
     else if (!strcmp(a, "--decay-paper")) o.loss.decay = DS_DSPARK_DECAY_PAPER;
     else if (!strcmp(a, "--ce-only")) o.no_teacher = 1;
     else if (!strcmp(a, "--chunk-rows")) CLI_INT(1, 1 << 20, o.loss.chunk_rows);
-    else if (!strcmp(a, "--steps")) CLI_INT(1, INT64_MAX / 2, l->steps);
-    else if (!strcmp(a, "--batch-seqs")) CLI_INT(1, 1 << 20, l->batch_items);
-    else if (!strcmp(a, "--lr")) CLI_NUM(0, 10, l->lr);
-    else if (!strcmp(a, "--warmup")) CLI_NUM(0, 1, l->warmup_frac);
-    else if (!strcmp(a, "--weight-decay")) CLI_NUM(0, 10, l->weight_decay);
-    else if (!strcmp(a, "--grad-clip")) CLI_NUM(0, 1e9, l->grad_clip);
-    else if (!strcmp(a, "--seed")) { CLI_INT(0, INT64_MAX, n); l->seed = (uint64_t)n; }
-    else if (!strcmp(a, "--skip-nonfinite")) l->skip_nonfinite = 1;
-    else if (!strcmp(a, "--save-every")) CLI_INT(1, INT64_MAX / 2, l->save_every);
-    else if (!strcmp(a, "--eval-every")) CLI_INT(0, INT64_MAX / 2, l->eval_every);
-    else if (!strcmp(a, "--resume")) l->resume = 1;
-    else if (!strcmp(a, "--overwrite")) l->overwrite = 1;
-    else if (!strcmp(a, "--stop-after")) CLI_INT(0, INT64_MAX / 2, l->stop_after);
-    else if (!strcmp(a, "--inject-nan-step")) CLI_INT(1, INT64_MAX / 2, l->inject_nan_step);
-    else if (!strcmp(a, "--threads")) CLI_INT(1, 1024, l->threads);
-    else if (!strcmp(a, "--quiet")) l->quiet = 1;
     else {
       fprintf(stderr, "dspark train: %s '%s' (see --help)\n", a[0] == '-' ? "unknown option" : "unexpected argument", a);
       return 2;
@@ -136,10 +112,7 @@ int cmd_train(int argc, char **argv) {
     fprintf(stderr, "dspark train: --target-layers and --target-layer-ids are alternatives; give one (see --help)\n");
     return 2;
   }
-  if (l->resume && l->overwrite) {
-    fprintf(stderr, "dspark train: --resume and --overwrite contradict each other (see --help)\n");
-    return 2;
-  }
+  if (!cli_loop_check("train", l)) return 2;
   if (!l->out_dir || (!o.cache_dir && (!o.target_dir || !o.data_path))) {
     fprintf(stderr, "dspark train: --out and either --cache or both --target and --data are required (see --help)\n");
     return 2;

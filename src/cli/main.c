@@ -21,6 +21,8 @@ static const command k_commands[] = {
     {"forward", cmd_forward, "run the target over token ids; write logits and captured hidden states", 1},
     {"tokenize", cmd_tokenize, "encode text / decode ids with a tokenizer.json; ChatML rendering", 0},
     {"train", cmd_train, "train a DSpark draft against the live target or from a cache", 1},
+    {"pretrain", cmd_pretrain, "train a causal LM (a student) from scratch or a checkpoint with the LM loss", 1},
+    {"distill", cmd_distill, "distill a student from a teacher (live or cached top-K): ghost-token KD + LM", 1},
     {"capture", cmd_capture, "run the target once; write the offline feature / KD cache (resumable)", 1},
     {"inspect", cmd_inspect, "print a cache's manifest, counts and bytes per token; verify its checksums", 0},
     {"export", cmd_export, "write a trained draft in the HF layout serving engines load", 0},

@@ -11,6 +11,7 @@
 #include "core/json_util.h"
 #include "dspark/draft_trainer.h"
 #include "dspark/fileio.h"
+#include "dspark/lm_trainer.h"
 #include "dspark/trainer.h"
 
 static char *dup_meta(const ds_safetensors *st, const char *key) {
@@ -130,4 +131,44 @@ ds_status ds_draft_open(const char *dir, const ds_backend *backend, ds_draft **d
   }
   free(ckpt);
   return st;
+}
+
+ds_status ds_checkpoint_format(const char *path, char **format) {
+  *format = NULL;
+  ds_safetensors *st;
+  DS_TRY(ds_st_open(path, &st));
+  const char *f = ds_st_metadata(st, "format");
+  *format = strdup(f ? f : "");
+  ds_st_close(st);
+  return *format ? DS_OK : DS_ERR_NOMEM;
+}
+
+static ds_status load_student(const ds_safetensors *st, const ds_backend *backend, ds_student **s,
+                              ds_checkpoint_info *info) {
+  const char *path = ds_st_path(st);
+  DS_TRY(ds_trainer_checkpoint_verify(st, DS_STUDENT_CHECKPOINT_FORMAT, &info->format_version));
+  DS_TRY(ds_trainer_checkpoint_int(st, "step", &info->step));
+  DS_TRY(ds_trainer_checkpoint_int(st, "skipped_steps", &info->skipped_steps));
+  info->train_config = dup_meta(st, "train_config");
+  const char *json = ds_st_metadata(st, "student_config");
+  if (!json || !info->train_config)
+    return DS_FAIL(DS_ERR_FORMAT, "%s: metadata 'student_config' or 'train_config' is missing", path);
+  DS_TRY(ds_student_new(json, strlen(json), path, 0, backend, s));
+  return ds_student_read_tensors(*s, st, "student."); /* refuses a non-finite weight, naming it */
+}
+
+ds_status ds_checkpoint_load_student(const char *path, const ds_backend *backend, ds_student **s,
+                                     ds_checkpoint_info *info) {
+  *s = NULL;
+  memset(info, 0, sizeof *info);
+  ds_safetensors *st;
+  DS_TRY(ds_st_open(path, &st));
+  ds_status r = load_student(st, backend, s, info);
+  ds_st_close(st);
+  if (r != DS_OK) {
+    ds_student_free(*s);
+    *s = NULL;
+    ds_checkpoint_info_free(info);
+  }
+  return r;
 }

@@ -112,6 +112,9 @@ static ds_status evaluate(ds_trainer *t, double elapsed) {
     for (int i = 0; i < t->ops->n_pairs && at < sizeof line; i++)
       if (r.pair_present[i])
         at += (size_t)snprintf(line + at, sizeof line - at, " %s %.4f", t->ops->pair_names[i], pair_value(&r, i));
+    if (t->ops->exp_name && r.pair_present[t->ops->exp_pair] && at < sizeof line)
+      at += (size_t)snprintf(line + at, sizeof line - at, " %s %.3f", t->ops->exp_name,
+                             exp(pair_value(&r, t->ops->exp_pair)));
     ds_note("eval at step %lld:%s (%lld held-out items)", (long long)t->step, line, (long long)t->obj->n_eval);
   }
   return DS_OK;

@@ -3,6 +3,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -186,6 +187,8 @@ ds_status ds_trainer_metrics_write(ds_trainer *t, const char *kind, const ds_rep
   cJSON_AddNumberToObject(j, "step", (double)t->step);
   for (int i = 0; i < ops->n_pairs; i++)
     if (r->pair_present[i]) add_pair(j, ops->pair_names[i], r->pair[i]);
+  if (ops->exp_name && r->pair_present[ops->exp_pair] && r->pair[ops->exp_pair][1] > 0)
+    cJSON_AddNumberToObject(j, ops->exp_name, exp(r->pair[ops->exp_pair][0] / r->pair[ops->exp_pair][1]));
   if (ops->vec_name && r->pair_present[ops->vec_pair]) {
     cJSON *arr = cJSON_CreateArray();
     for (int k = 0; k < ops->vec_len; k++)

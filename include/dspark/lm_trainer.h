@@ -1,0 +1,47 @@
+/* Causal-LM objectives of the trainer core (dspark/trainer.h): pretraining a student
+ * (`dspark pretrain`: the LM cross-entropy, kd_loss_alpha = 0) and distilling it from a frozen
+ * teacher (`dspark distill`: the ghost-token sparse KL of spec/kd.md mixed with the LM loss by
+ * kd_loss_alpha), the teacher live (its top-K selected per row by the capture's code, or its
+ * full distribution for the dense KL) or from an offline cache written by
+ * `dspark capture --topk`. The student is dspark/student.h; the loss dspark/kd_loss.h, row
+ * chunked (no [tokens, V] tensor). Data, order, evaluation split, checkpoints, resume, metrics
+ * and progress are the core's. Checkpoint format "dspark-student-checkpoint": tensors
+ * "student.<HF name>", metadata "student_config" (the student's config.json text). */
+#ifndef DSPARK_LM_TRAINER_H
+#define DSPARK_LM_TRAINER_H
+
+#include "dspark/dataset.h"
+#include "dspark/kd_loss.h"
+#include "dspark/trainer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DS_STUDENT_CHECKPOINT_FORMAT "dspark-student-checkpoint"
+
+typedef struct {
+  ds_loop_options loop;
+  /* the student: one of the two */
+  const char *student_dir;      /* an HF checkpoint to continue */
+  const char *student_config;   /* a config.json for a fresh student (seeded by loop.seed) */
+  const char *tokenizer_path;   /* tokenizer.json (default: the student dir's, else the teacher's or cache's) */
+  /* data (not with cache_dir, which brings its own sequences) */
+  const char *data_path;
+  ds_data_format data_format;
+  int64_t seq_len;              /* 512 */
+  int64_t eval_seqs;            /* 8 */
+  /* distillation: none of the two for pretraining */
+  const char *teacher_dir;      /* the live teacher */
+  const char *cache_dir;        /* an offline KD cache (top-K log-probs) */
+  ds_kd_loss_config kd;         /* kd_loss_alpha 0 for pretraining; top_k 0 with a live teacher: dense KL */
+  int distill;                  /* 1: `distill` (a teacher or cache is required) */
+} ds_lm_train_options;
+
+void ds_lm_train_options_default(ds_lm_train_options *o, int distill);
+ds_status ds_train_lm(const ds_lm_train_options *o);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

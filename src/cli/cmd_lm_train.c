@@ -1,0 +1,97 @@
+/* dspark pretrain / dspark distill: causal-LM training of a student on the trainer core
+ * (include/dspark/lm_trainer.h); pretraining is the LM loss alone, distillation mixes the
+ * ghost-token sparse KL (spec/kd.md) in by --kd-loss-alpha. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/loop_args.h"
+#include "dspark/lm_trainer.h"
+
+static void usage(FILE *f, int distill) {
+  if (distill)
+    fprintf(f,
+      "usage: dspark distill (--teacher DIR | --cache CACHE) (--student DIR | --student-config FILE) --out RUN [options]\n"
+      "Distills a student from a frozen teacher: total = (1 - alpha) LM + alpha KD per supervised token,\n"
+      "divided by the step's global token count; KD is the ghost-token sparse KL over the teacher's top-K\n"
+      "(+ the ghost bucket), or the dense KL with a live teacher and --topk 0 (spec/kd.md).\n"
+      "  --teacher DIR         the live teacher (runs on every batch; its top-K selected as capture does)\n"
+      "  --cache CACHE         an offline cache from `dspark capture --topk K` (its sequences; its K must be >=\n"
+      "                        --topk, its temperature --temperature; with --teacher too, the teacher is checked)\n"
+      "  --student DIR | --student-config FILE   continue an HF checkpoint, or a fresh student (seeded)\n"
+      "  --tokenizer FILE      tokenizer.json (default: the student's, else the teacher's or the cache's)\n"
+      "  --data FILE  --data-format auto|text|jsonl  --seq-len N (512)  --eval-seqs N (8)   (not with --cache)\n"
+      "  --topk K (64; 0 = dense KL)  --top-p P (1)  --min-k M (1)  --temperature T (1)  --reverse\n"
+      "  --kd-loss-alpha A     in [0, 1] (1: KD only, the LM loss is not computed)\n"
+      "  --chunk-rows N        rows per logits/loss chunk (128)\n");
+  else
+    fprintf(f,
+      "usage: dspark pretrain (--config config.json | --student DIR) --tokenizer tokenizer.json --data FILE --out RUN [options]\n"
+      "Trains a causal LM (Llama / Qwen2 / Qwen3 config) on text or chat JSONL with the LM cross-entropy over\n"
+      "supervised tokens, divided by the step's global token count; evaluations report the held-out\n"
+      "cross-entropy and perplexity. `dspark export RUN --out DIR` writes the HF model.\n"
+      "  --config FILE         a config.json for a fresh model (weights seeded by --seed)\n"
+      "  --student DIR         continue an HF checkpoint instead\n"
+      "  --tokenizer FILE      tokenizer.json (default: --student DIR's)\n"
+      "  --data FILE  --data-format auto|text|jsonl  --seq-len N (512)  --eval-seqs N (8)\n"
+      "  --chunk-rows N        rows per logits/loss chunk (128)\n");
+  fputs(cli_loop_usage, f);
+}
+
+static int lm_command(int argc, char **argv, int distill) {
+  const char *name = distill ? "distill" : "pretrain";
+  ds_lm_train_options o;
+  ds_lm_train_options_default(&o, distill);
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v;
+    int64_t n;
+    double x;
+    if (cli_is_help(a)) { usage(stdout, distill); return 0; }
+    int loop = cli_loop_option(argc, argv, &i, &o.loop);
+    if (loop < 0) return 2;
+    if (loop) continue;
+    if (!strcmp(a, "--student")) { CLI_VALUE(); o.student_dir = v; }
+    else if (!strcmp(a, distill ? "--student-config" : "--config")) { CLI_VALUE(); o.student_config = v; }
+    else if (!strcmp(a, "--tokenizer")) { CLI_VALUE(); o.tokenizer_path = v; }
+    else if (!strcmp(a, "--data")) { CLI_VALUE(); o.data_path = v; }
+    else if (!strcmp(a, "--data-format")) {
+      CLI_VALUE();
+      if (!ds_data_format_parse(v, &o.data_format)) {
+        fprintf(stderr, "dspark %s: --data-format expects auto, text or jsonl, got '%s'\n", name, v);
+        return 2;
+      }
+    }
+    else if (!strcmp(a, "--seq-len")) CLI_INT(2, 1 << 20, o.seq_len);
+    else if (!strcmp(a, "--eval-seqs")) CLI_INT(0, 1 << 20, o.eval_seqs);
+    else if (!strcmp(a, "--chunk-rows")) CLI_INT(1, 1 << 20, o.kd.chunk_rows);
+    else if (distill && !strcmp(a, "--teacher")) { CLI_VALUE(); o.teacher_dir = v; }
+    else if (distill && !strcmp(a, "--cache")) { CLI_VALUE(); o.cache_dir = v; }
+    else if (distill && !strcmp(a, "--topk")) CLI_INT(0, 1 << 24, o.kd.top_k);
+    else if (distill && !strcmp(a, "--top-p")) CLI_NUM(-1e9, 1e9, o.kd.top_p);
+    else if (distill && !strcmp(a, "--min-k")) CLI_INT(-(1 << 24), 1 << 24, o.kd.min_k);
+    else if (distill && !strcmp(a, "--temperature")) CLI_NUM(-1e9, 1e9, o.kd.temperature);
+    else if (distill && !strcmp(a, "--reverse")) o.kd.reverse = 1;
+    else if (distill && !strcmp(a, "--kd-loss-alpha")) CLI_NUM(-1e9, 1e9, o.kd.kd_loss_alpha);
+    else {
+      if (ds_kd_check_removed_option(a) != DS_OK) {
+        fprintf(stderr, "dspark %s: %s\n", name, ds_last_error());
+        return 2;
+      }
+      fprintf(stderr, "dspark %s: %s '%s' (see --help)\n", name, a[0] == '-' ? "unknown option" : "unexpected argument", a);
+      return 2;
+    }
+  }
+  if (!cli_loop_check(name, &o.loop)) return 2;
+  /* the loss options' ranges are checked by the library, naming each (spec/kd.md section 3) */
+  if (ds_kd_loss_config_check(&o.kd, INT32_MAX) != DS_OK) {
+    fprintf(stderr, "dspark %s: %s\n", name, ds_last_error());
+    return 2;
+  }
+  if (ds_train_lm(&o) != DS_OK) return cli_report_error(name);
+  return 0;
+}
+
+int cmd_pretrain(int argc, char **argv) { return lm_command(argc, argv, 0); }
+int cmd_distill(int argc, char **argv) { return lm_command(argc, argv, 1); }
