@@ -125,7 +125,9 @@ int cmd_generate(int argc, char **argv) {
     rc = 2;
     goto done;
   }
+  double t_load = ds_time_sec();
   if (ds_target_load(dir, ds_backend_cpu(), &m) != DS_OK) goto report;
+  t_load = ds_time_sec() - t_load;
   const ds_model_config *c = ds_target_config(m);
   size_t prompt_len = ids.len;
   if (ds_kv_cache_new(m, (int64_t)prompt_len + max_new, &cache) != DS_OK) goto report;
@@ -161,6 +163,7 @@ int cmd_generate(int argc, char **argv) {
   if (!print_ids) stream_text(tok, ids.ids + prompt_len, ids.len - prompt_len, &printed, 1);
   printf("\n");
   /* Decode rate counts the forwards after the first sampled token (generated - 1 of them). */
+  fprintf(stderr, "load: %.3f s; ", t_load);
   fprintf(stderr, "prefill: %zu tokens, %.3f s (%.1f tokens/s); decode: %lld tokens, %.3f s (%.1f tokens/s)\n",
           prompt_len, t_prefill, prompt_len / (t_prefill > 0 ? t_prefill : 1e-9), (long long)generated, t_decode,
           generated > 1 ? (generated - 1) / (t_decode > 0 ? t_decode : 1e-9) : 0.0);

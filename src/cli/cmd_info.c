@@ -113,8 +113,18 @@ int cmd_info(int argc, char **argv) {
   for (int i = 0; i < c->n_stop; i++) printf(" %lld", (long long)c->stop_token_ids[i]);
   printf("%s (generation stops here; from %s)\n", c->n_stop ? "" : " none", c->stop_source);
   if (c->defaulted[0]) printf("class defaults:     %s (%s)\n", c->defaulted, ds_config_class_name(c->arch));
-  printf("loaded in:          %.2f s (fp32 compute, BLAS kernel %s, %d threads)\n", load_s, ds_blas_kernel_name(),
-         ds_get_num_threads());
+  size_t f32_bytes, mapped_bytes;
+  ds_dtype mapped_dtype;
+  ds_target_weight_memory(m, &f32_bytes, &mapped_bytes, &mapped_dtype);
+  printf("weights in memory:  %.3f GB", (double)(f32_bytes + mapped_bytes) / 1e9);
+  if (mapped_bytes)
+    printf(": %.3f GB %s used in place (memory-mapped checkpoint), %.3f GB F32 (converted at load)",
+           (double)mapped_bytes / 1e9, ds_dtype_name(mapped_dtype), (double)f32_bytes / 1e9);
+  else
+    printf(" F32 (converted at load)");
+  printf("\n");
+  printf("loaded in:          %.2f s (fp32 compute, BLAS kernel %s, 16-bit weight kernels %s, %d threads)\n", load_s,
+         ds_blas_kernel_name(), ds_weight16_kernel_name(), ds_get_num_threads());
   ds_target_free(m);
 
   if (list_tensors) {
