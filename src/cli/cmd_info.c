@@ -48,6 +48,16 @@ static int print_config(const char *dir) {
   return 0;
 }
 
+/* "3.44 GB", "12.5 MB", "96.0 kB", "512 B" (powers of 1000). */
+static const char *human_bytes(size_t n, char buf[32]) {
+  double x = (double)n;
+  if (x >= 1e9) snprintf(buf, 32, "%.2f GB", x / 1e9);
+  else if (x >= 1e6) snprintf(buf, 32, "%.1f MB", x / 1e6);
+  else if (x >= 1e3) snprintf(buf, 32, "%.1f kB", x / 1e3);
+  else snprintf(buf, 32, "%zu B", n);
+  return buf;
+}
+
 int cmd_info(int argc, char **argv) {
   const char *dir = NULL;
   int list_tensors = 0, config_only = 0;
@@ -116,10 +126,11 @@ int cmd_info(int argc, char **argv) {
   size_t f32_bytes, mapped_bytes;
   ds_dtype mapped_dtype;
   ds_target_weight_memory(m, &f32_bytes, &mapped_bytes, &mapped_dtype);
-  printf("weights in memory:  %.3f GB", (double)(f32_bytes + mapped_bytes) / 1e9);
+  char all[32], mapped[32], f32[32];
+  printf("weights in memory:  %s", human_bytes(f32_bytes + mapped_bytes, all));
   if (mapped_bytes)
-    printf(": %.3f GB %s used in place (memory-mapped checkpoint), %.3f GB F32 (converted at load)",
-           (double)mapped_bytes / 1e9, ds_dtype_name(mapped_dtype), (double)f32_bytes / 1e9);
+    printf(": %s %s used in place (memory-mapped checkpoint), %s F32 (converted at load)",
+           human_bytes(mapped_bytes, mapped), ds_dtype_name(mapped_dtype), human_bytes(f32_bytes, f32));
   else
     printf(" F32 (converted at load)");
   printf("\n");
