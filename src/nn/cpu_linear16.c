@@ -68,7 +68,7 @@ const char *ds_isa_name(ds_isa isa) {
 const char *ds_weight16_kernel_name(void) { return ds_isa_name(ds_isa_best()); }
 
 int64_t ds_linear16_chunk_rows(int64_t in, int64_t out) {
-  int64_t rows = ((int64_t)4 << 20) / (4 * (in > 0 ? in : 1));
+  int64_t rows = ((int64_t)16 << 20) / (4 * (in > 0 ? in : 1));
   rows = rows < 16 ? 16 : rows & ~(int64_t)15;
   return rows < out ? rows : out;
 }
@@ -371,9 +371,8 @@ int ds_linear16_backward_chunked(ds_isa isa, float *dx, const float *dy, ds_weig
 void ds_cpu_linear16(float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n, int64_t in,
                      int64_t out) {
   ds_isa isa = ds_isa_best();
-  if (n > DS_LINEAR16_DIRECT_MAX_ROWS &&
-      ds_linear16_chunked(isa, y, ldy, x, w, bias, n, in, out, ds_linear16_chunk_rows(in, out)))
-    return;
+  int direct = n <= DS_LINEAR16_DIRECT_MAX_ROWS || n * in * (int64_t)sizeof(float) <= DS_LINEAR16_DIRECT_MAX_X_BYTES;
+  if (!direct && ds_linear16_chunked(isa, y, ldy, x, w, bias, n, in, out, ds_linear16_chunk_rows(in, out))) return;
   ds_linear16_direct(isa, y, ldy, x, w, bias, n, in, out);
 }
 

@@ -23,10 +23,20 @@ typedef enum { DS_ISA_PORTABLE = 0, DS_ISA_AVX2, DS_ISA_AVX512 } ds_isa;
 ds_isa ds_isa_best(void);
 const char *ds_isa_name(ds_isa isa);
 
-/* Rows of x at or below which the backend entries take the direct path (decode, speculative
- * verification); above it the chunked one. */
-enum { DS_LINEAR16_DIRECT_MAX_ROWS = 8, DS_LINEAR16_BWD_DIRECT_MAX_ROWS = 4 };
-/* The chunk the backend entries use: about 4 MiB of fp32 rows (at least 16 rows, a multiple of 16). */
+/* The forward takes the direct path for at most DS_LINEAR16_DIRECT_MAX_ROWS rows of x (decode,
+ * speculative verification), and for more while x stays within DS_LINEAR16_DIRECT_MAX_X_BYTES
+ * (it is re-read from cache for every block of weight rows: measured on Qwen3-1.7B's shapes,
+ * the direct path beats convert + fp32 GEMM up to about 1 MiB of x, 128 rows of 2048); the
+ * backward up to DS_LINEAR16_BWD_DIRECT_MAX_ROWS rows; the chunked path otherwise. */
+enum {
+  DS_LINEAR16_DIRECT_MAX_ROWS = 8,
+  DS_LINEAR16_DIRECT_MAX_X_BYTES = 1 << 20,
+  DS_LINEAR16_BWD_DIRECT_MAX_ROWS = 4
+};
+/* The chunk the backend entries use: about 16 MiB of fp32 rows (at least 16 rows, a multiple of
+ * 16). Fewer, larger GEMM calls pay off: each call packs x again and synchronizes the threads
+ * (Qwen3-1.7B's gate_up and down at 512 rows, 2 threads: 4 MiB chunks took 1.2-2.3x the fp32
+ * GEMM's time, more the busier the machine; 16 MiB chunks about 1.3x on the busy machine). */
 int64_t ds_linear16_chunk_rows(int64_t in, int64_t out);
 
 /* dst[count] = src[count] (BF16 or F16 bits) as fp32, exactly (the F16C / AVX-512 conversion

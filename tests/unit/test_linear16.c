@@ -100,7 +100,7 @@ static void test_forward_paths(void) {
 /* The exactness contract: the chunked path is the fp32 GEMM on the converted weights (bit for
  * bit when one chunk covers the weight), and an F32 weight is the fp32 linear itself. */
 static void test_exactness(void) {
-  int64_t n = 40, in = 96, out = 72;
+  int64_t n = 300, in = 1024, out = 40; /* x over 1 MiB: the backend takes the chunked path */
   for (int t = 0; t < 2; t++) {
     float *wf, *x = rand_f32((size_t)(n * in), 1), *b = rand_f32((size_t)out, 1);
     uint16_t *w16 = rand_w16((size_t)(out * in), k_dtypes[t], 1.0f, &wf);
@@ -111,7 +111,7 @@ static void test_exactness(void) {
       EXPECT(ds_linear16_chunked((ds_isa)isa, g, out, x, (ds_weight){w16, k_dtypes[t]}, b, n, in, out, out));
       EXPECT(memcmp(a, g, ny * sizeof(float)) == 0);
     }
-    /* Through the backend with the default chunk (here one chunk): the same bits. */
+    /* Through the backend (the chunked path, its default chunk: here one): the same bits. */
     ds_backend_cpu()->linear_w(g, out, x, (ds_weight){w16, k_dtypes[t]}, b, n, in, out);
     EXPECT(memcmp(a, g, ny * sizeof(float)) == 0);
     /* F32: linear_w is linear. */
@@ -237,8 +237,8 @@ static void test_conversion_all_patterns(void) {
 }
 
 static void test_chunk_rows(void) {
-  EXPECT(ds_linear16_chunk_rows(2048, 151936) == 512);
-  EXPECT(ds_linear16_chunk_rows(6144, 2048) == 160);
+  EXPECT(ds_linear16_chunk_rows(2048, 151936) == 2048);
+  EXPECT(ds_linear16_chunk_rows(6144, 2048) == 672);
   EXPECT(ds_linear16_chunk_rows(1 << 20, 100) == 16);
   EXPECT(ds_linear16_chunk_rows(64, 10) == 10);
   fprintf(stderr, "16-bit weight kernels on this CPU: %s\n", ds_weight16_kernel_name());
