@@ -4,9 +4,10 @@ fp32. Checked here:
 
 - a bf16 (tied, Qwen3) and an f16 (untied, Llama with biases) checkpoint: logits, captured
   layers and final hidden state equal dspark's on the fp32 upcast of the same weights (converted
-  at load, the fp32 path) within 1e-5 normwise (fp32 summation order only; measured about
-  1e-7), prefill and decode in chunks of 1; and transformers on the upcast weights within 1e-4;
-- `dspark info` reports the weight bytes held in place and their dtype;
+  at load, the fp32 path) within 1e-5 normwise (fp32 summation order only; measured below
+  1e-6), prefill and decode in chunks of 1; and transformers on the upcast weights within 1e-4;
+- `dspark info` reports the weight bytes held in place and their dtype; a NaN or infinity in a
+  16-bit matrix is refused at load naming the tensor and the element;
 - memory: the peak RSS of `dspark info` on a ~23M-parameter bf16 model is about its bf16
   size (at most 0.6x its fp32 size above a tiny model's), while the fp32 copy of it needs at
   least its fp32 size;
@@ -99,6 +100,23 @@ def check_same_weights(args, ck):
                     err = common.normwise_rel_err(got[f"logits.{b}"], hf)
                     print(f"{name} seq {b} logits vs transformers (upcast weights): rel err {err:.2e}")
                     ck.check(err <= TOL_HF, f"{name} seq {b}: vs transformers {err:.2e} > {TOL_HF}")
+
+
+def check_nonfinite(args, ck):
+    """A NaN or infinity in a 16-bit matrix used in place is refused at load, naming the tensor
+    and the element, as the fp32 path does for converted tensors."""
+    from safetensors.torch import load_file as load_torch, save_file as save_torch
+    src = os.path.join(args.tmp, "qwen3-bf16-tied")
+    for name, value in (("model.layers.1.mlp.down_proj.weight", float("nan")),
+                        ("model.embed_tokens.weight", float("inf"))):
+        bad = os.path.join(args.tmp, "qwen3-bf16-nonfinite")
+        shutil.rmtree(bad, ignore_errors=True)
+        shutil.copytree(src, bad)
+        t = load_torch(os.path.join(src, "model.safetensors"))
+        t[name].view(-1)[5] = value
+        save_torch(t, os.path.join(bad, "model.safetensors"), metadata={"format": "pt"})
+        _, err, _ = common.run([args.dspark, "info", bad], expect_rc=1)
+        ck.check(name in err and "element 5" in err and "non-finite" in err, f"{name} = {value}: {err}")
 
 
 def check_memory(args, ck):
@@ -196,6 +214,7 @@ def main():
     args = common.parse_args(__doc__)
     ck = common.Checker()
     check_same_weights(args, ck)
+    check_nonfinite(args, ck)
     check_memory(args, ck)
     check_draft_on_bf16_target(args, ck)
     ck.finish("test_target_bf16")
