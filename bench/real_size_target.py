@@ -33,13 +33,16 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
 SHAPES = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
               num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
               rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True)
+# --smoke: the same steps on a small model, to check the script itself in seconds.
+SMOKE = dict(SHAPES, vocab_size=8192, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=64)
 
 
 def stdlib_files(lo, hi):
     return sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py")))[lo:hi]
 
 
-def build(path):
+def build(path, shapes):
     """The tokenizer and the bf16 model (run in a child process: its memory is gone after)."""
     import torch
     import transformers
@@ -52,7 +55,7 @@ def build(path):
                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train(stdlib_files(0, 40), tr)
     tok.save(os.path.join(path, "tokenizer.json"))
-    cfg = transformers.Qwen3Config(eos_token_id=tok.token_to_id("<|endoftext|>"), **SHAPES)
+    cfg = transformers.Qwen3Config(eos_token_id=tok.token_to_id("<|endoftext|>"), **shapes)
     cfg.architectures = ["Qwen3ForCausalLM"]
     # Created in bf16 from the start (2 bytes a parameter): no fp32 model, no second copy. The
     # random init is transformers' own (normal(0, 0.02) matrices, unit norms).
@@ -96,26 +99,28 @@ def main():
     ap.add_argument("--dir", default="/tmp/dspark-qwen3-1.7b-shape")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--smoke", action="store_true", help="a small model instead (checks the script in seconds)")
     ap.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    shapes = SMOKE if args.smoke else SHAPES
     if args.build_only:
-        build(args.dir)
+        build(args.dir, shapes)
         return
     if not os.path.exists(os.path.join(args.dir, "config.json")):
         t0 = time.perf_counter()
         _, err, rss, _ = run_timed([sys.executable, os.path.abspath(__file__), "--dspark", args.dspark, "--dir",
-                                    args.dir, "--build-only"])
+                                    args.dir, "--build-only"] + (["--smoke"] if args.smoke else []))
         print(f"builder: {time.perf_counter() - t0:.1f} s, peak RSS {rss:.0f} MiB", flush=True)
     files = sorted(os.listdir(args.dir))
     disk = sum(os.path.getsize(os.path.join(args.dir, f)) for f in files)
     th = ["--threads", str(args.threads)]
-    res = {"model_dir": args.dir, "files": files, "disk_bytes": disk, "threads": args.threads}
+    res = {"model_dir": args.dir, "files": files, "disk_bytes": disk, "threads": args.threads, "shapes": shapes}
     res["cpu"] = next((l.split(":", 1)[1].strip() for l in subprocess.run(["lscpu"], capture_output=True,
                                                                            text=True).stdout.splitlines()
                        if l.startswith("Model name")), "?")
     res["load_average_before"] = os.getloadavg()[0]
 
-    out, err, rss, wall = run_timed([args.dspark, "info", args.dir] + th)
+    out, err, rss, wall = run_timed([args.dspark, "info", args.dir])
     res["info"] = {"peak_rss_mib": rss, "wall_s": wall,
                    "load_s": float(re.search(r"loaded in:\s+([\d.]+) s", out).group(1)),
                    "weights_line": re.search(r"weights in memory:\s+(.*)", out).group(1),
@@ -131,7 +136,7 @@ def main():
                        "prompt_tokens": int(m.group(2)), "prefill_s": float(m.group(3)),
                        "prefill_tok_s": float(m.group(4)), "new_tokens": int(m.group(5)),
                        "decode_s": float(m.group(6)), "decode_tok_s": float(m.group(7))}
-    c = SHAPES
+    c = shapes
     d, I, V, L = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
     q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
     per_token = 2 * (L * (d * (q + 2 * kv) + q * d + 3 * d * I) + V * d)  # every matrix once, lm_head = the table
@@ -167,7 +172,8 @@ def main():
           f"cache {cp['cache_bytes'] / 1e9:.2f} GB")
     print(f"load average before / after: {res['load_average_before']:.2f} / {res['load_average_after']:.2f}")
     os.makedirs(os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"), exist_ok=True)
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "out", "real_size_target.json"), "w") as f:
+    name = "real_size_target_smoke.json" if args.smoke else "real_size_target.json"
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "out", name), "w") as f:
         json.dump(res, f, indent=1)
 
 
