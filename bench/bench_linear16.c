@@ -2,8 +2,9 @@
  * the same weights converted, on Qwen3-1.7B's shapes, for a few row counts: the direct
  * (convert-on-the-fly) path, the chunked (convert + fp32 GEMM) path and what the backend
  * picks. For the direct path it also prints the weight bytes read per second, to compare
- * with the machine's streaming bandwidth (measured here by a copy of 1 GiB).
- *   bench_linear16 [--threads N] [--reps R] [--rows 1,4,8,...] */
+ * with the machine's streaming bandwidth (measured here by a copy of 1 GiB, and by a read-only
+ * pass over 1 GiB with every thread: the roofline of a weight-bound decode).
+ *   bench_linear16 [--threads N] [--reps R] [--rows 1,4,8,...] [--stream-only] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,19 +48,38 @@ static void copy_job(void *p) {
   memcpy(b[0], b[1], (size_t)1 << 30);
 }
 
+/* Sums 1 GiB of floats with every thread: the read bandwidth a weight-bound kernel can reach. */
+static void read_job(void *p) {
+  const float *a = p;
+  int64_t n = ((int64_t)1 << 30) / 4;
+  float s = 0.0f;
+#pragma omp parallel for reduction(+ : s) schedule(static)
+  for (int64_t b = 0; b < n / 4096; b++) {
+    float acc[16] = {0}; /* 16 independent sums: vector adds, bound by memory, not by latency */
+    for (int64_t i = b * 4096; i < (b + 1) * 4096; i += 16)
+      for (int j = 0; j < 16; j++) acc[j] += a[i + j];
+    for (int j = 0; j < 16; j++) s += acc[j];
+  }
+  if (s == 12345.0f) printf("(sum %g)\n", s); /* keeps the loop */
+}
+
 int main(int argc, char **argv) {
-  int threads = 0, reps = 5;
+  int threads = 0, reps = 5, stream_only = 0;
   const char *rows_arg = "1,2,4,8,16,32,128,512";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
-    else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
-    else if (!strcmp(argv[i], "--rows")) rows_arg = argv[i + 1];
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--stream-only")) stream_only = 1;
+    else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--rows") && i + 1 < argc) rows_arg = argv[++i];
   }
   ds_set_num_threads(threads);
   printf("threads %d, GEMM %s, 16-bit kernels %s\n", ds_get_num_threads(), ds_gemm_name(), ds_weight16_kernel_name());
   void *bufs[2] = {malloc((size_t)1 << 30), malloc((size_t)1 << 30)};
   memset(bufs[0], 1, (size_t)1 << 30);
   memset(bufs[1], 2, (size_t)1 << 30);
+  double tr = best_of(3, read_job, bufs[0]);
+  printf("stream read 1 GiB, %d threads: %.2f GB/s\n", ds_get_num_threads(), 1.073741824 / tr);
+  if (stream_only) return 0;
   double tc = best_of(3, copy_job, bufs);
   printf("memcpy 1 GiB: %.2f GB/s read (+ the same written)\n", 1.073741824 / tc);
   free(bufs[0]);

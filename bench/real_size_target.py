@@ -7,7 +7,8 @@ vocabulary. Then, each under /usr/bin/time -v for its peak RSS:
 - `dspark info`: load time and the weight bytes held (in place, memory-mapped);
 - `dspark generate`: a prompt, 32 new tokens: load time, prefill and decode tokens/s;
   decode is also given as a share of the memory-bandwidth roofline (weight bytes read per
-  token over the streaming read bandwidth measured here by a 1 GiB numpy copy);
+  token over the streaming read bandwidth measured in the same run: a read-only pass over
+  1 GiB with the same threads, bench_linear16 --stream-only);
 - `dspark capture` of a small corpus (a few sequences of --seq-len tokens, bf16 features of
   5 layers and the KD top-16): time and tokens/s.
 
@@ -80,8 +81,15 @@ def run_timed(cmd):
     return p.stdout, p.stderr, rss, wall
 
 
-def stream_bandwidth():
-    """Streaming read GB/s of a 1 GiB copy (numpy, one thread; bytes read, not read + written)."""
+def stream_bandwidth(dspark, threads):
+    """Streaming read GB/s of a 1 GiB read-only pass with the run's threads (bench_linear16
+    --stream-only, built next to dspark), or, without it, of a one-thread numpy copy."""
+    exe = os.path.join(os.path.dirname(os.path.abspath(dspark)), "bench_linear16")
+    if os.path.exists(exe):
+        out = subprocess.run([exe, "--stream-only", "--threads", str(threads)], capture_output=True, text=True).stdout
+        m = re.search(r"stream read 1 GiB, \d+ threads: ([\d.]+) GB/s", out)
+        if m:
+            return float(m.group(1)), f"bench_linear16 --stream-only --threads {threads}"
     import numpy as np
     a = np.ones(1 << 28, dtype=np.float32)
     b = np.empty_like(a)
@@ -90,7 +98,7 @@ def stream_bandwidth():
         t0 = time.perf_counter()
         np.copyto(b, a)
         best = min(best, time.perf_counter() - t0)
-    return a.nbytes / best / 1e9
+    return a.nbytes / best / 1e9, "numpy copy, one thread"
 
 
 def main():
@@ -140,9 +148,10 @@ def main():
     d, I, V, L = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
     q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
     per_token = 2 * (L * (d * (q + 2 * kv) + q * d + 3 * d * I) + V * d)  # every matrix once, lm_head = the table
-    bw = stream_bandwidth()
+    bw, bw_how = stream_bandwidth(args.dspark, args.threads)
     roof = bw * 1e9 / per_token
-    res["roofline"] = {"weight_bytes_per_token": per_token, "stream_read_gb_s": bw, "decode_roofline_tok_s": roof,
+    res["roofline"] = {"weight_bytes_per_token": per_token, "stream_read_gb_s": bw, "stream_measured_by": bw_how,
+                       "decode_roofline_tok_s": roof,
                        "decode_share_of_roofline": res["generate"]["decode_tok_s"] / roof}
 
     data = os.path.join(args.dir + "-corpus.txt")
