@@ -58,8 +58,8 @@ typedef struct ds_backend {
    * dx[n, in] += dy[n, out] @ w[out, in]. */
   void (*linear_w_backward)(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out);
   /* y[n, d] = table[ids[i], 0:d] converted to fp32 (exact); ids must be rows of the table
-   * (callers check them). The lookup has no backward here: the tables it reads are frozen. */
-  void (*embedding)(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d);
+   * (callers check them). No backward: the tables it reads are frozen. */
+  void (*embedding_w)(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d);
 
   /* ---- training: backward kernels. Rule for every backward below: it ADDS into each
    * gradient buffer it is given (dx, dw, db, ...) so that contributions from several uses

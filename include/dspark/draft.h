@@ -58,7 +58,7 @@ typedef struct ds_draft ds_draft;
  * norms, zeros for biases) and COPIES of the given frozen tables embed/lm_head [V, d], kept in
  * the dtype given (F32, BF16 or F16): the target's own, so a bf16 target's tables cost the
  * draft half of what fp32 replicas would, and compute exactly as the target's do (the
- * backend's linear_w / embedding). A table whose data is NULL is created zero, in its dtype
+ * backend's linear_w / embedding_w). A table whose data is NULL is created zero, in its dtype
  * (for a draft whose tables are then read from a file). Trainable parameters are fp32. */
 ds_status ds_draft_new(const ds_draft_config *cfg, ds_weight embed, ds_weight lm_head, uint64_t seed,
                        const ds_backend *backend, ds_draft **out);

@@ -342,7 +342,7 @@ ds_status draft_forward(ds_draft *d, const ds_draft_seq *s) {
   for (int64_t b = 0; b < s->n_blocks; b++)
     for (int64_t k = 0; k < g; k++) {
       int32_t tok = k == 0 && s->block_keep[b] ? s->ids[s->anchors[b]] : c->mask_token_id;
-      be->embedding(h + (b * g + k) * dm, &tok, d->embed, 1, dm);
+      be->embedding_w(h + (b * g + k) * dm, &tok, d->embed, 1, dm);
     }
 
   float scale = 1.0f / sqrtf((float)c->head_dim);

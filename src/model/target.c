@@ -231,7 +231,7 @@ ds_status ds_target_forward(ds_target *m, const ds_target_seq *seqs, int n_seqs,
 
   int64_t row = 0;
   for (int s = 0; s < n_seqs; s++) {
-    be->embedding(ws->h + row * d, seqs[s].ids, m->embed, seqs[s].n, d);
+    be->embedding_w(ws->h + row * d, seqs[s].ids, m->embed, seqs[s].n, d);
     for (int64_t t = 0; t < seqs[s].n; t++, row++) ws->pos[row] = seqs[s].cache->len + t;
   }
   capture_rows(out, -1, ws->h, rows, d);

@@ -207,7 +207,7 @@ static const ds_backend k_cpu = {
     .block_attention_backward = ds_cpu_block_attention_backward,
     .linear_w = cpu_linear_w,
     .linear_w_backward = cpu_linear_w_backward,
-    .embedding = ds_cpu_embedding,
+    .embedding_w = ds_cpu_embedding_w,
 };
 
 const ds_backend *ds_backend_cpu(void) { return &k_cpu; }

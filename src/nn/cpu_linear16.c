@@ -383,7 +383,7 @@ void ds_cpu_linear16_backward(float *dx, const float *dy, ds_weight w, int64_t n
   ds_linear16_backward_direct(dx, dy, w, n, in, out);
 }
 
-void ds_cpu_embedding(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d) {
+void ds_cpu_embedding_w(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d) {
   if (table.dtype == DS_F32) {
     const float *t = table.data;
     for (int64_t i = 0; i < n; i++) memcpy(y + i * d, t + (int64_t)ids[i] * d, (size_t)d * sizeof(float));

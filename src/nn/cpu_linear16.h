@@ -1,4 +1,4 @@
-/* Internal to the CPU backend: the kernels behind linear_w / linear_w_backward / embedding on
+/* Internal to the CPU backend: the kernels behind linear_w / linear_w_backward / embedding_w on
  * BF16 and F16 weights (cpu_linear16.c), in both regimes and for each instruction set, so the
  * tests can run every path the CPU has against the reference kernels. Not a public header;
  * the contracts of the backend entries are in include/dspark/backend.h.
@@ -65,6 +65,6 @@ void ds_cpu_linear16(float *y, int64_t ldy, const float *x, ds_weight w, const f
                      int64_t out);
 void ds_cpu_linear16_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out);
 /* y[n, d] = table[ids[i]] for a table in any of F32 / BF16 / F16. */
-void ds_cpu_embedding(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d);
+void ds_cpu_embedding_w(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d);
 
 #endif

@@ -92,10 +92,10 @@ static void p_linear_w_backward(float *dx, const float *dy, ds_weight w, int64_t
           2.0 * (double)n * (double)in * (double)out);
 }
 
-static void p_embedding(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d) {
+static void p_embedding_w(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d) {
   double t0 = ds_time_sec();
-  g_inner->embedding(y, ids, table, n, d);
-  account(DS_KERNEL_EMBEDDING, t0, 0.0);
+  g_inner->embedding_w(y, ids, table, n, d);
+  account(DS_KERNEL_EMBEDDING_W, t0, 0.0);
 }
 
 /* (query row, visible key) pairs of a block attention call, over all query heads. */
@@ -145,7 +145,7 @@ static ds_backend g_profiled = {
     .block_attention_backward = p_block_attention_backward,
     .linear_w = p_linear_w,
     .linear_w_backward = p_linear_w_backward,
-    .embedding = p_embedding,
+    .embedding_w = p_embedding_w,
 };
 
 const ds_backend *ds_backend_profiled(const ds_backend *inner, ds_profile *prof) {
@@ -158,7 +158,7 @@ void ds_profile_print(const ds_profile *p, double total_seconds, FILE *f) {
   static const char *names[DS_KERNEL_COUNT] = {"linear",     "rmsnorm",     "rope",     "attention",
                                                "swiglu",     "add",         "linear_bwd", "rmsnorm_bwd",
                                                "rope_bwd",   "swiglu_bwd",  "block_attn", "block_attn_bwd",
-                                               "linear16",   "linear16_bwd", "embedding"};
+                                               "linear16",   "linear16_bwd", "embedding_w"};
   double accounted = 0, total = total_seconds > 0 ? total_seconds : 1;
   for (int k = 0; k < DS_KERNEL_COUNT; k++) accounted += p->seconds[k];
   fprintf(f, "%-14s %8s %10s %7s %10s\n", "kernel", "calls", "seconds", "share", "GFLOP/s");

@@ -72,7 +72,7 @@ static void ref_linear_w_backward(float *dx, const float *dy, ds_weight w, int64
 }
 
 /* y[n, d] = table[ids[i], :] */
-static void ref_embedding(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d) {
+static void ref_embedding_w(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d) {
   for (int64_t i = 0; i < n; i++)
     for (int64_t j = 0; j < d; j++) y[i * d + j] = (float)ref_weight_at(table, (int64_t)ids[i] * d + j);
 }
@@ -315,7 +315,7 @@ static const ds_backend k_reference = {
     .block_attention_backward = ref_block_attention_backward,
     .linear_w = ref_linear_w,
     .linear_w_backward = ref_linear_w_backward,
-    .embedding = ref_embedding,
+    .embedding_w = ref_embedding_w,
 };
 
 const ds_backend *ds_backend_reference(void) { return &k_reference; }

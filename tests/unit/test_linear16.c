@@ -1,5 +1,5 @@
 /* The kernels on frozen BF16 / F16 weights (nn/cpu_linear16.h, the backend's linear_w,
- * linear_w_backward and embedding) against the naive reference kernels: every instruction
+ * linear_w_backward and embedding_w) against the naive reference kernels: every instruction
  * set this CPU has (AVX-512, AVX2, portable), both regimes (direct and chunked, chunks that do
  * and do not divide the rows), random shapes with odd sizes, n = 1 and large, with and
  * without bias, an output row stride; the exactness contract (chunked = fp32 GEMM on the
@@ -218,11 +218,11 @@ static void test_conversion_all_patterns(void) {
       if (isa == DS_ISA_PORTABLE) EXPECT(memcmp(got, want, N * sizeof(float)) == 0); /* payloads too */
     }
     memset(got, 0, N * sizeof(float));
-    ds_backend_cpu()->embedding(got, ids, (ds_weight){table, k_dtypes[t]}, N / D, D);
+    ds_backend_cpu()->embedding_w(got, ids, (ds_weight){table, k_dtypes[t]}, N / D, D);
     int same = 1;
     for (int r = 0; r < N / D; r++) same &= same_values(got + r * D, want + ids[r] * D, D);
     EXPECT(same);
-    ds_backend_reference()->embedding(got, ids, (ds_weight){table, k_dtypes[t]}, N / D, D);
+    ds_backend_reference()->embedding_w(got, ids, (ds_weight){table, k_dtypes[t]}, N / D, D);
     same = 1;
     for (int r = 0; r < N / D; r++) same &= same_values(got + r * D, want + ids[r] * D, D); /* via double */
     EXPECT(same);
@@ -231,7 +231,7 @@ static void test_conversion_all_patterns(void) {
   int32_t two[2] = {3, 1};
   float tab[4 * 5], y[2 * 5];
   for (int i = 0; i < 20; i++) tab[i] = (float)i - 0.5f;
-  ds_backend_cpu()->embedding(y, two, (ds_weight){tab, DS_F32}, 2, 5);
+  ds_backend_cpu()->embedding_w(y, two, (ds_weight){tab, DS_F32}, 2, 5);
   EXPECT(memcmp(y, tab + 15, 5 * sizeof(float)) == 0 && memcmp(y + 5, tab + 5, 5 * sizeof(float)) == 0);
   free(table); free(want); free(got);
 }
