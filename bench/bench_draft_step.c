@@ -217,7 +217,7 @@ static void dump(const options *o, const ds_draft_config *c, ds_draft *d, const 
   if (!st) st = ds_st_writer_add(w, "input.eval_mask", DS_U8, 1, s_rows, in->eval_mask);
   for (size_t i = 0; !st && i < ds_draft_tensor_count(d); i++) {
     const ds_draft_tensor *t = ds_draft_tensor_at(d, i);
-    st = ds_st_writer_add(w, t->name, DS_F32, t->ndim, t->shape, t->data);
+    st = ds_st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data);
   }
   char cfg[1024];
   ds_dspark_loss_config lc = ds_dspark_loss_config_default();
@@ -277,7 +277,7 @@ int main(int argc, char **argv) {
   memset(&prof, 0, sizeof prof);
   const ds_backend *be = o.profile ? ds_backend_profiled(ds_backend_cpu(), &prof) : ds_backend_cpu();
   ds_draft *d;
-  ds_status st = ds_draft_new(&c, embed, lm_head, o.seed + 1, be, &d);
+  ds_status st = ds_draft_new(&c, (ds_weight){embed, DS_F32}, (ds_weight){lm_head, DS_F32}, o.seed + 1, be, &d);
   if (st) die(st, "ds_draft_new");
   free(embed); /* the draft holds its own copies */
   free(lm_head);

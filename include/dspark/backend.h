@@ -43,6 +43,24 @@ typedef struct ds_backend {
   /* y[n] += x[n] */
   void (*add)(float *y, const float *x, int64_t n);
 
+  /* ---- frozen weights in their checkpoint dtype (ds_weight, dspark/common.h: F32, BF16 or
+   * F16, data aligned to its element size, row-major [out, in] / [rows, d]). Each 16-bit
+   * value is converted to fp32 exactly and every product is accumulated in fp32, so the
+   * result equals the fp32 entries run on the same weights converted to fp32, up to fp32
+   * summation order (activations are never rounded to 16 bits). With an F32 weight they are
+   * the fp32 entries themselves: linear_w with ldy == out is linear, bit for bit. */
+
+  /* y[n, out] (row stride ldy >= out) = x[n, in] @ w[out, in]^T (+ bias[out] when bias != NULL).
+   * Overwrites those n x out values of y, nothing else. */
+  void (*linear_w)(float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n, int64_t in,
+                   int64_t out);
+  /* Its backward through x only (the weight is frozen: no dw, no db):
+   * dx[n, in] += dy[n, out] @ w[out, in]. */
+  void (*linear_w_backward)(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out);
+  /* y[n, d] = table[ids[i], 0:d] converted to fp32 (exact); ids must be rows of the table
+   * (callers check them). No backward: the tables it reads are frozen. */
+  void (*embedding_w)(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d);
+
   /* ---- training: backward kernels. Rule for every backward below: it ADDS into each
    * gradient buffer it is given (dx, dw, db, ...) so that contributions from several uses
    * accumulate; callers zero them first. A NULL gradient pointer skips that gradient. */
@@ -147,6 +165,10 @@ const char *ds_gemm_name(void);
 /* A one-line warning when the matmuls run a slow generic path on a CPU that has a faster one
  * (OpenBLAS's fallback kernel, an ISA cap, no GEMM library), else NULL. */
 const char *ds_gemm_warning(void);
+/* The instruction set the cpu backend's 16-bit weight kernels (linear_w and its backward on
+ * BF16 / F16 weights) run on this CPU, chosen at run time from cpuid: "AVX-512", "AVX2" or
+ * "portable" (plain C); one binary runs on any x86-64 (and elsewhere, portable). */
+const char *ds_weight16_kernel_name(void);
 
 #ifdef __cplusplus
 }

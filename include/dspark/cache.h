@@ -14,7 +14,8 @@
  *       topk_ids                 [n, S, K]    I32  teacher top-K ids, by descending probability (KD)
  *       topk_logprobs            [n, S, K]    dtype  FULL-vocabulary log-probs of those ids (KD)
  *     Every value at padding is zero, except KD entries, which are sentinels there.
- *   target_weights.safetensors embed_tokens.weight, lm_head.weight [V, d] F32 (frozen tables)
+ *   target_weights.safetensors embed_tokens.weight, lm_head.weight [V, d] (frozen tables, in the
+ *                              target's dtype: F32, or its checkpoint's BF16 / F16)
  *   target_config.json, tokenizer.json   copies of the target's files (hashes in the manifest)
  *
  * KD entries (spec/kd.md section 1): for logits x of a position, lse = logsumexp(x / T) over the
@@ -174,9 +175,10 @@ ds_status ds_cache_take_tokens(ds_cache *c, ds_dataset *out);
 /* target_config.json / tokenizer.json of the cache, their hashes checked (malloc'd text). */
 ds_status ds_cache_read_target_config(const ds_cache *c, char **text, size_t *len);
 ds_status ds_cache_read_tokenizer(const ds_cache *c, char **text, size_t *len);
-/* embed_tokens / lm_head as fp32 [V, d] (64-byte aligned; free with ds_free_aligned), the file's
- * hash checked against the manifest. */
-ds_status ds_cache_load_target_weights(const ds_cache *c, float **embed, float **lm_head);
+/* embed_tokens / lm_head [V, d] in the dtype the file stores each in (F32, BF16 or F16: the
+ * target's; data 64-byte aligned, free with ds_free_aligned((void *)w.data)), the file's hash
+ * checked against the manifest and every value finite. */
+ds_status ds_cache_load_target_weights(const ds_cache *c, ds_weight *embed, ds_weight *lm_head);
 /* Verifies shard i's checksum (once; remembered). */
 ds_status ds_cache_verify_shard(ds_cache *c, int64_t i);
 /* Verifies every shard, then the target weights and the copied json files. */

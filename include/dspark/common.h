@@ -57,6 +57,15 @@ typedef enum {
   DS_DTYPE_COUNT
 } ds_dtype;
 
+/* A read-only (frozen, never trained) matrix in its storage dtype, as the backend's *_w
+ * kernels read it (include/dspark/backend.h): F32, BF16 or F16, row-major and contiguous, data
+ * aligned to its element size. The memory belongs to whoever made it (a model's buffer, a
+ * checkpoint's mapping) and must outlive every use. */
+typedef struct {
+  const void *data;
+  ds_dtype dtype;
+} ds_weight;
+
 size_t ds_dtype_size(ds_dtype dt);
 const char *ds_dtype_name(ds_dtype dt);            /* "F32", "BF16", ... */
 int ds_dtype_from_name(const char *name, ds_dtype *out); /* 1 on success */

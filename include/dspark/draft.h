@@ -55,8 +55,12 @@ ds_status ds_draft_config_default(const ds_model_config *target, int64_t num_lay
 typedef struct ds_draft ds_draft;
 
 /* Creates a draft with seeded random trainable weights (normal(0, 0.02) matrices, ones for
- * norms, zeros for biases) and COPIES of the given frozen tables embed/lm_head [V, d]. */
-ds_status ds_draft_new(const ds_draft_config *cfg, const float *embed, const float *lm_head, uint64_t seed,
+ * norms, zeros for biases) and COPIES of the given frozen tables embed/lm_head [V, d], kept in
+ * the dtype given (F32, BF16 or F16): the target's own, so a bf16 target's tables cost the
+ * draft half of what fp32 replicas would, and compute exactly as the target's do (the
+ * backend's linear_w / embedding_w). A table whose data is NULL is created zero, in its dtype
+ * (for a draft whose tables are then read from a file). Trainable parameters are fp32. */
+ds_status ds_draft_new(const ds_draft_config *cfg, ds_weight embed, ds_weight lm_head, uint64_t seed,
                        const ds_backend *backend, ds_draft **out);
 void ds_draft_free(ds_draft *d);
 const ds_draft_config *ds_draft_get_config(const ds_draft *d);
@@ -66,17 +70,19 @@ float *ds_draft_params(ds_draft *d);
 float *ds_draft_grads(ds_draft *d);
 size_t ds_draft_num_params(const ds_draft *d);
 void ds_draft_zero_grads(ds_draft *d);
-const float *ds_draft_embed(const ds_draft *d);
-const float *ds_draft_lm_head(const ds_draft *d);
+/* The frozen replicas, in their dtype. */
+ds_weight ds_draft_embed(const ds_draft *d);
+ds_weight ds_draft_lm_head(const ds_draft *d);
 
 /* Named views of every tensor (trainable and frozen) with its HF export name and shape, in
  * export order; used by checkpoints and export. */
 typedef struct {
   const char *name; /* e.g. "layers.0.self_attn.q_proj.weight" */
-  float *data;
+  void *data;       /* float * when dtype is F32 (every trainable tensor) */
   float *grad;      /* NULL for frozen tensors */
   int ndim;
   int64_t shape[2];
+  ds_dtype dtype;   /* F32, or a frozen table's BF16 / F16 */
 } ds_draft_tensor;
 size_t ds_draft_tensor_count(const ds_draft *d);
 const ds_draft_tensor *ds_draft_tensor_at(const ds_draft *d, size_t i);
@@ -151,7 +157,7 @@ ds_status ds_draft_head_step(ds_draft *d, ds_draft_state *s, const float *h_k, i
 
 /* Writes the HF draft layout of spec section 7 into out_dir: config.json (the target's
  * config.json object, target_config_json, plus the draft keys) and model.safetensors (F32,
- * names without a "model." prefix; metadata format = "pt" and DS_EXPORT_MARKER_KEY = "1").
+ * the frozen tables in their own dtype, names without a "model." prefix; metadata format = "pt" and DS_EXPORT_MARKER_KEY = "1").
  * Both files are written atomically, model.safetensors first. It writes whatever out_dir
  * holds: callers that take out_dir from a user check it with ds_draft_export_dir_check. */
 ds_status ds_draft_export_hf(const ds_draft *d, const char *target_config_json, const char *out_dir);
@@ -171,8 +177,14 @@ ds_status ds_draft_hf_config_json(const ds_draft *d, const char *target_config_j
 /* Loads such a directory (ours, or any writer of the same layout). */
 ds_status ds_draft_load_hf(const char *dir, const ds_backend *backend, ds_draft **out);
 /* Reads every tensor of the draft (trainable and frozen) from st, named prefix + export name;
- * shapes must match exactly. */
+ * shapes must match exactly and every value be finite. An F32 tensor of the draft takes any
+ * float dtype (converted); a BF16 / F16 table must be stored in its own dtype. */
 ds_status ds_draft_read_tensors(ds_draft *d, const ds_safetensors *st, const char *prefix);
+/* A draft of config cfg with every tensor read from st (ds_draft_read_tensors); its frozen
+ * tables take the dtype st stores them in (BF16 and F16 kept, anything else read as F32), so
+ * a checkpoint or export loads as it was written. */
+ds_status ds_draft_load_tensors(const ds_draft_config *cfg, const ds_safetensors *st, const char *prefix,
+                                const ds_backend *backend, ds_draft **out);
 /* The draft keys of the exported config.json, parsed back (target fields included). */
 ds_status ds_draft_config_from_json(const char *json, size_t len, const char *label, ds_draft_config *out);
 

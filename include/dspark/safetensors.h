@@ -63,6 +63,12 @@ const ds_tensor_view *ds_ckpt_tensor(const ds_checkpoint *ck, size_t i);
  * Integer dtypes are refused (DS_ERR_UNSUPPORTED); a NaN/Inf value is DS_ERR_NUMERIC. */
 ds_status ds_ckpt_read_f32(const ds_checkpoint *ck, const char *name, int ndim,
                            const int64_t *shape, float *dst);
+/* The same checks without a copy: name, ndim / shape, a float dtype (F32/F16/BF16/F64) and
+ * every value finite (DS_ERR_NUMERIC naming the element otherwise); *out is the tensor's view,
+ * whose data lies in the checkpoint's mapping (valid until ds_ckpt_close; it may be
+ * unaligned). For weights used where they lie instead of converted. */
+ds_status ds_ckpt_view_checked(const ds_checkpoint *ck, const char *name, int ndim, const int64_t *shape,
+                               const ds_tensor_view **out);
 
 /* Writer: collects tensors (borrowed pointers, which must stay valid until write), then
  * writes the whole file atomically. Tensors are laid out in insertion order, 8-byte aligned

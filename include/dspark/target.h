@@ -2,8 +2,15 @@
  * batched prefill, capture of selected decoder layers' outputs and of the final-normed
  * hidden state, and logits only for the rows asked for.
  *
- * Weights are converted to fp32 once at load (from F32/BF16/F16 checkpoints) into one
- * contiguous buffer; q/k/v and gate/up are stored fused so each is one matmul. */
+ * Weights: the matrices a checkpoint stores in BF16 or F16 (q/k/v, o, gate/up, down,
+ * embed_tokens, lm_head) stay in that dtype, used where they lie in the checkpoint's memory
+ * mapping (no copy: a bf16 model holds about half the bytes of its fp32 form, and loads as
+ * fast as its pages can be read), and are multiplied by the backend's linear_w (exact
+ * conversion, fp32 accumulation: activations stay fp32). A group that feeds one matmul (q/k/v,
+ * gate/up) stays in 16 bits only when all its tensors do. Everything else (F32 / F64
+ * tensors, every norm and bias) is converted to fp32 once at load into one contiguous buffer,
+ * where q/k/v and gate/up are fused so each is one matmul; an fp32 checkpoint computes
+ * exactly as before. The checkpoint stays open (mapped) as long as the target uses it. */
 #ifndef DSPARK_TARGET_H
 #define DSPARK_TARGET_H
 
@@ -27,9 +34,15 @@ typedef struct ds_kv_cache ds_kv_cache;
 ds_status ds_target_load(const char *model_dir, const ds_backend *backend, ds_target **out);
 void ds_target_free(ds_target *m);
 const ds_model_config *ds_target_config(const ds_target *m);
-/* The frozen tables (fp32, [V, d]); lm_head == embed when the model ties them. */
-const float *ds_target_embed(const ds_target *m);
-const float *ds_target_lm_head(const ds_target *m);
+/* The frozen tables [V, d] in their dtype (F32 when converted at load, else the checkpoint's
+ * BF16 / F16 in its mapping), valid while the target lives; lm_head is embed (the same data)
+ * when the model ties them. */
+ds_weight ds_target_embed(const ds_target *m);
+ds_weight ds_target_lm_head(const ds_target *m);
+/* The weight bytes the target holds: *f32_bytes converted to fp32 at load, *mapped_bytes used
+ * in place in the checkpoint's mapping (a tied table counted once), in *mapped_dtype (BF16 or
+ * F16; DS_F32 when nothing is mapped). Each pointer may be NULL. */
+void ds_target_weight_memory(const ds_target *m, size_t *f32_bytes, size_t *mapped_bytes, ds_dtype *mapped_dtype);
 /* 1 when lm_head is the embedding table itself (tied and not stored separately). */
 int ds_target_head_is_embedding(const ds_target *m);
 

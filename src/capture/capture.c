@@ -192,7 +192,8 @@ static ds_status run_sample(capture *c, int64_t i) {
   for (int64_t r = 0; c->K && r < len; r += KD_CHUNK_ROWS) {
     int64_t rows = len - r < KD_CHUNK_ROWS ? len - r : KD_CHUNK_ROWS;
     double t1 = ds_time_sec();
-    ds_backend_cpu()->linear(c->logits, c->last + r * c->d, ds_target_lm_head(c->target), NULL, rows, c->d, c->V);
+    ds_backend_cpu()->linear_w(c->logits, c->V, c->last + r * c->d, ds_target_lm_head(c->target), NULL, rows, c->d,
+                               c->V);
     double t2 = ds_time_sec();
     c->t_forward += t2 - t1; /* the teacher's logits are part of its forward */
     if (c->o->forward_only) continue;
@@ -223,8 +224,10 @@ static ds_status write_target_weights(capture *c) {
   ds_status st = path && w ? DS_OK : DS_ERR_NOMEM;
   int64_t shape[2] = {c->V, c->d};
   if (st == DS_OK) st = ds_st_writer_set_metadata(w, "format", "dspark-cache-target-weights");
-  if (st == DS_OK) st = ds_st_writer_add(w, "embed_tokens.weight", DS_F32, 2, shape, ds_target_embed(c->target));
-  if (st == DS_OK) st = ds_st_writer_add(w, "lm_head.weight", DS_F32, 2, shape, ds_target_lm_head(c->target));
+  /* In the target's dtype: a bf16 target's tables stay bf16 (the draft keeps them so). */
+  ds_weight e = ds_target_embed(c->target), h = ds_target_lm_head(c->target);
+  if (st == DS_OK) st = ds_st_writer_add(w, "embed_tokens.weight", e.dtype, 2, shape, e.data);
+  if (st == DS_OK) st = ds_st_writer_add(w, "lm_head.weight", h.dtype, 2, shape, h.data);
   if (st == DS_OK) st = ds_st_writer_write(w, path);
   if (st == DS_OK) st = ds_cache_hash_file(path, &c->m.target_weights_file_xxh64);
   ds_st_writer_free(w);

@@ -100,7 +100,9 @@ int cmd_generate(int argc, char **argv) {
     rc = 2;
     goto done;
   }
+  double t_load = ds_time_sec();
   if (ds_target_load(dir, ds_backend_cpu(), &m) != DS_OK) goto report;
+  t_load = ds_time_sec() - t_load;
   size_t prompt_len = ids.len;
   cli_stream st_out = {tok, print_ids, 0};
   ds_spec_options so;
@@ -118,6 +120,7 @@ int cmd_generate(int argc, char **argv) {
   printf("\n");
   double t_decode = res.total_s - res.prefill_s;
   /* Decode rate counts the forwards after the first sampled token (generated - 1 of them). */
+  fprintf(stderr, "load: %.3f s; ", t_load);
   fprintf(stderr, "prefill: %zu tokens, %.3f s (%.1f tokens/s); decode: %lld tokens, %.3f s (%.1f tokens/s)\n",
           prompt_len, res.prefill_s, prompt_len / (res.prefill_s > 0 ? res.prefill_s : 1e-9), (long long)res.n,
           t_decode, res.n > 1 ? (res.n - 1) / (t_decode > 0 ? t_decode : 1e-9) : 0.0);

@@ -48,6 +48,16 @@ static int print_config(const char *dir) {
   return 0;
 }
 
+/* "3.44 GB", "12.5 MB", "96.0 kB", "512 B" (powers of 1000). */
+static const char *human_bytes(size_t n, char buf[32]) {
+  double x = (double)n;
+  if (x >= 1e9) snprintf(buf, 32, "%.2f GB", x / 1e9);
+  else if (x >= 1e6) snprintf(buf, 32, "%.1f MB", x / 1e6);
+  else if (x >= 1e3) snprintf(buf, 32, "%.1f kB", x / 1e3);
+  else snprintf(buf, 32, "%zu B", n);
+  return buf;
+}
+
 int cmd_info(int argc, char **argv) {
   const char *dir = NULL;
   int list_tensors = 0, config_only = 0;
@@ -113,8 +123,19 @@ int cmd_info(int argc, char **argv) {
   for (int i = 0; i < c->n_stop; i++) printf(" %lld", (long long)c->stop_token_ids[i]);
   printf("%s (generation stops here; from %s)\n", c->n_stop ? "" : " none", c->stop_source);
   if (c->defaulted[0]) printf("class defaults:     %s (%s)\n", c->defaulted, ds_config_class_name(c->arch));
-  printf("loaded in:          %.2f s (fp32 compute, GEMM %s, %d threads)\n", load_s, ds_gemm_name(),
-         ds_get_num_threads());
+  size_t f32_bytes, mapped_bytes;
+  ds_dtype mapped_dtype;
+  ds_target_weight_memory(m, &f32_bytes, &mapped_bytes, &mapped_dtype);
+  char all[32], mapped[32], f32[32];
+  printf("weights in memory:  %s", human_bytes(f32_bytes + mapped_bytes, all));
+  if (mapped_bytes)
+    printf(": %s %s used in place (memory-mapped checkpoint), %s F32 (converted at load)",
+           human_bytes(mapped_bytes, mapped), ds_dtype_name(mapped_dtype), human_bytes(f32_bytes, f32));
+  else
+    printf(" F32 (converted at load)");
+  printf("\n");
+  printf("loaded in:          %.2f s (fp32 compute, GEMM %s, 16-bit weight kernels %s, %d threads)\n", load_s,
+         ds_gemm_name(), ds_weight16_kernel_name(), ds_get_num_threads());
   ds_target_free(m);
 
   if (list_tensors) {

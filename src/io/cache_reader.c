@@ -2,6 +2,7 @@
  * against the manifest at open, tokens validated, checksums verified on a shard's first
  * feature read, samples converted to fp32 from read-only mappings. See include/dspark/cache.h. */
 #define _GNU_SOURCE
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -277,8 +278,31 @@ static ds_status verify_weights_file(const ds_cache *c, const char *path) {
   return DS_OK;
 }
 
-ds_status ds_cache_load_target_weights(const ds_cache *c, float **embed, float **lm_head) {
-  *embed = *lm_head = NULL;
+/* One frozen table [V, d]: F32 / BF16 / F16 as stored, copied to aligned memory, finite. */
+static ds_status load_table(const ds_safetensors *st, const char *name, const int64_t *shape, const char *why,
+                            ds_weight *out) {
+  const ds_tensor_view *v = ds_st_find(st, name);
+  ds_dtype dt = v && (v->dtype == DS_BF16 || v->dtype == DS_F16) ? v->dtype : DS_F32;
+  DS_TRY(expect_tensor(st, name, dt, 2, shape, why));
+  void *data = ds_malloc_aligned(v->nbytes, why);
+  if (!data) return DS_ERR_NOMEM;
+  memcpy(data, v->data, v->nbytes);
+  for (int64_t k = 0; k < v->numel; k++) {
+    float x;
+    if (dt == DS_F32) memcpy(&x, (const char *)data + 4 * k, 4);
+    else x = dt == DS_BF16 ? ds_bf16_to_f32(((const uint16_t *)data)[k]) : ds_f16_to_f32(((const uint16_t *)data)[k]);
+    if (!isfinite(x)) {
+      ds_free_aligned(data);
+      return DS_FAIL(DS_ERR_NUMERIC, "%s: tensor '%s' holds %g at element %lld (%s)", ds_st_path(st), name, (double)x,
+                     (long long)k, why);
+    }
+  }
+  *out = (ds_weight){data, dt};
+  return DS_OK;
+}
+
+ds_status ds_cache_load_target_weights(const ds_cache *c, ds_weight *embed, ds_weight *lm_head) {
+  *embed = *lm_head = (ds_weight){NULL, DS_F32};
   char *path = ds_path_join(c->dir, "target_weights.safetensors");
   if (!path) return DS_ERR_NOMEM;
   ds_safetensors *st = NULL;
@@ -287,21 +311,13 @@ ds_status ds_cache_load_target_weights(const ds_cache *c, float **embed, float *
   free(path);
   if (s != DS_OK) return s;
   int64_t shape[2] = {c->m.vocab_size, c->d};
-  size_t n = (size_t)(shape[0] * shape[1]);
-  s = expect_tensor(st, "embed_tokens.weight", DS_F32, 2, shape, "the frozen embedding");
-  if (s == DS_OK) s = expect_tensor(st, "lm_head.weight", DS_F32, 2, shape, "the frozen lm_head");
-  if (s == DS_OK) {
-    *embed = ds_malloc_aligned(n * sizeof(float), "target embedding");
-    *lm_head = ds_malloc_aligned(n * sizeof(float), "target lm_head");
-    if (!*embed || !*lm_head) s = DS_ERR_NOMEM;
-  }
-  if (s == DS_OK) s = ds_convert_to_f32(*embed, ds_st_find(st, "embed_tokens.weight")->data, DS_F32, n);
-  if (s == DS_OK) s = ds_convert_to_f32(*lm_head, ds_st_find(st, "lm_head.weight")->data, DS_F32, n);
+  s = load_table(st, "embed_tokens.weight", shape, "the frozen embedding", embed);
+  if (s == DS_OK) s = load_table(st, "lm_head.weight", shape, "the frozen lm_head", lm_head);
   ds_st_close(st);
   if (s != DS_OK) {
-    ds_free_aligned(*embed);
-    ds_free_aligned(*lm_head);
-    *embed = *lm_head = NULL;
+    ds_free_aligned((void *)embed->data);
+    ds_free_aligned((void *)lm_head->data);
+    *embed = *lm_head = (ds_weight){NULL, DS_F32};
   }
   return s;
 }

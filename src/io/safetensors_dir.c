@@ -202,10 +202,13 @@ const ds_tensor_view *ds_ckpt_tensor(const ds_checkpoint *ck, size_t i) {
   return ck && i < ck->n ? ck->views[i] : NULL;
 }
 
-ds_status ds_ckpt_read_f32(const ds_checkpoint *ck, const char *name, int ndim, const int64_t *shape,
-                           float *dst) {
-  if (!ck || !name || !dst || ndim < 0 || ndim > DS_MAX_DIMS || (ndim > 0 && !shape))
-    return DS_FAIL(DS_ERR_ARG, "ds_ckpt_read_f32: invalid arguments for tensor '%s'", name ? name : "(null)");
+/* The tensor `name`, with ndim / shape as asked (a shape entry < 0 matches anything) and a
+ * float dtype; fn names the caller in an argument error. */
+static ds_status find_float_tensor(const ds_checkpoint *ck, const char *name, int ndim, const int64_t *shape,
+                                   const char *fn, const ds_tensor_view **out) {
+  *out = NULL;
+  if (!ck || !name || ndim < 0 || ndim > DS_MAX_DIMS || (ndim > 0 && !shape))
+    return DS_FAIL(DS_ERR_ARG, "%s: invalid arguments for tensor '%s'", fn, name ? name : "(null)");
   const ds_tensor_view *v = ds_ckpt_find(ck, name);
   if (!v)
     return DS_FAIL(DS_ERR_NOT_FOUND, "%s: tensor '%s' not found in the checkpoint (%zu tensors)",
@@ -223,6 +226,20 @@ ds_status ds_ckpt_read_f32(const ds_checkpoint *ck, const char *name, int ndim, 
   if (v->dtype != DS_F32 && v->dtype != DS_F16 && v->dtype != DS_BF16 && v->dtype != DS_F64)
     return DS_FAIL(DS_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s; only F32/F16/BF16/F64 convert to F32",
                    v->file, name, ds_dtype_name(v->dtype));
+  *out = v;
+  return DS_OK;
+}
+
+static ds_status nonfinite_weight(const ds_tensor_view *v, size_t at, float value) {
+  return DS_FAIL(DS_ERR_NUMERIC, "%s: tensor '%s': element %zu is %g (non-finite weight)", v->file, v->name, at,
+                 (double)value);
+}
+
+ds_status ds_ckpt_read_f32(const ds_checkpoint *ck, const char *name, int ndim, const int64_t *shape,
+                           float *dst) {
+  const ds_tensor_view *v;
+  DS_TRY(find_float_tensor(ck, name, ndim, shape, "ds_ckpt_read_f32", &v));
+  if (!dst) return DS_FAIL(DS_ERR_ARG, "ds_ckpt_read_f32: no destination for tensor '%s'", name);
   /* Convert in cache-sized chunks and check each chunk while it is hot: non-finite weights
    * mean a corrupt checkpoint, and must not be trained on silently. */
   const size_t chunk = 16384, esize = ds_dtype_size(v->dtype), numel = (size_t)v->numel;
@@ -232,10 +249,43 @@ ds_status ds_ckpt_read_f32(const ds_checkpoint *ck, const char *name, int ndim, 
     ds_status status = ds_convert_to_f32(dst + off, src + off * esize, v->dtype, m);
     if (status != DS_OK) return ds_error_wrap(status, "%s: tensor '%s'", v->file, name);
     for (size_t i = 0; i < m; i++)
-      if (!isfinite(dst[off + i]))
-        return DS_FAIL(DS_ERR_NUMERIC, "%s: tensor '%s': element %zu is %g (non-finite weight)",
-                       v->file, name, off + i, (double)dst[off + i]);
+      if (!isfinite(dst[off + i])) return nonfinite_weight(v, off + i, dst[off + i]);
   }
   return DS_OK;
 }
 
+ds_status ds_ckpt_view_checked(const ds_checkpoint *ck, const char *name, int ndim, const int64_t *shape,
+                               const ds_tensor_view **out) {
+  const ds_tensor_view *v;
+  DS_TRY(find_float_tensor(ck, name, ndim, shape, "ds_ckpt_view_checked", &v));
+  const unsigned char *src = v->data;
+  size_t numel = (size_t)v->numel;
+  if (v->dtype == DS_BF16 || v->dtype == DS_F16) {
+    /* A 16-bit value is non-finite when its exponent bits are all ones: one branch-free pass
+     * (it vectorizes), then the search for the first one only when there is one. */
+    uint16_t mask = v->dtype == DS_BF16 ? 0x7f80u : 0x7c00u;
+    unsigned any = 0;
+    for (size_t i = 0; i < numel; i++) {
+      uint16_t h;
+      memcpy(&h, src + 2 * i, 2);
+      any |= (h & mask) == mask;
+    }
+    for (size_t i = 0; any && i < numel; i++) {
+      uint16_t h;
+      memcpy(&h, src + 2 * i, 2);
+      if ((h & mask) == mask)
+        return nonfinite_weight(v, i, v->dtype == DS_BF16 ? ds_bf16_to_f32(h) : ds_f16_to_f32(h));
+    }
+  } else {
+    float buf[1024];
+    size_t esize = ds_dtype_size(v->dtype);
+    for (size_t off = 0; off < numel; off += 1024) {
+      size_t m = numel - off < 1024 ? numel - off : 1024;
+      DS_TRY(ds_convert_to_f32(buf, src + off * esize, v->dtype, m));
+      for (size_t i = 0; i < m; i++)
+        if (!isfinite(buf[i])) return nonfinite_weight(v, off + i, buf[i]);
+    }
+  }
+  *out = v;
+  return DS_OK;
+}

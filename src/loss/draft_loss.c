@@ -101,7 +101,7 @@ ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *s, const ds_dspark_
         if (t >= s->T) t = 0; /* unsupervised row: any finite input */
         memcpy(b.last_rows + i * dm, s->last + t * dm, (size_t)dm * sizeof(float));
       }
-      ds_draft_backend(d)->linear(b.teacher, b.last_rows, ds_draft_lm_head(d), NULL, n, dm, V);
+      ds_draft_backend(d)->linear_w(b.teacher, V, b.last_rows, ds_draft_lm_head(d), NULL, n, dm, V);
     }
     ds_dspark_row_stats chunk_rows = {rows.ce + r0, rows.l1 + r0, rows.accept + r0, rows.bce + r0};
     st = ds_dspark_loss_rows(&lc, r0, g, n, V, b.logits, lc.has_teacher ? b.teacher : NULL, b.ids + r0, b.sup + r0,

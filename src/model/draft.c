@@ -16,7 +16,7 @@ typedef struct {
 } spec_list;
 
 static void add_spec(spec_list *l, const char *name, int64_t rows, int64_t cols, int trainable, int init,
-                     float **slot, float **grad_slot) {
+                     float **slot, float **grad_slot, ds_weight *table) {
   if (l->n == l->cap) {
     size_t cap = l->cap ? 2 * l->cap : 64;
     tensor_spec *v = realloc(l->v, cap * sizeof *v);
@@ -26,7 +26,8 @@ static void add_spec(spec_list *l, const char *name, int64_t rows, int64_t cols,
   }
   char *copy = strdup(name);
   if (!copy) { l->failed = 1; return; }
-  l->v[l->n++] = (tensor_spec){copy, rows, cols, trainable, init, 0, slot, grad_slot};
+  l->v[l->n++] = (tensor_spec){copy, rows, cols, trainable, init, 0, slot, grad_slot, table,
+                                table ? table->dtype : DS_F32};
 }
 
 /* The export order and names of spec section 7. */
@@ -35,13 +36,13 @@ static void build_specs(ds_draft *d, spec_list *l) {
   int64_t dm = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, r = c->markov_rank;
   int64_t hd = c->head_dim;
   char name[128];
-  add_spec(l, "embed_tokens.weight", V, dm, 0, 0, &d->embed, NULL);
-  add_spec(l, "lm_head.weight", V, dm, 0, 0, &d->lm_head, NULL);
+  add_spec(l, "embed_tokens.weight", V, dm, 0, 0, NULL, NULL, &d->embed);
+  add_spec(l, "lm_head.weight", V, dm, 0, 0, NULL, NULL, &d->lm_head);
   for (int64_t i = 0; i < c->num_layers; i++) {
     draft_layer *w = &d->w.layers[i], *g = &d->g.layers[i];
 #define LAYER(suffix, rows, cols, init, field)                              \
   snprintf(name, sizeof name, "layers.%lld.%s", (long long)i, suffix);      \
-  add_spec(l, name, rows, cols, 1, init, &w->field, &g->field)
+  add_spec(l, name, rows, cols, 1, init, &w->field, &g->field, NULL)
     LAYER("self_attn.q_proj.weight", d->q_dim, dm, 0, wq);
     LAYER("self_attn.k_proj.weight", d->kv_dim, dm, 0, wk);
     LAYER("self_attn.v_proj.weight", d->kv_dim, dm, 0, wv);
@@ -55,24 +56,24 @@ static void build_specs(ds_draft *d, spec_list *l) {
     LAYER("post_attention_layernorm.weight", dm, 0, 1, post_norm);
 #undef LAYER
   }
-  add_spec(l, "fc.weight", dm, (int64_t)c->n_target_layers * dm, 1, 0, &d->w.fc, &d->g.fc);
-  add_spec(l, "hidden_norm.weight", dm, 0, 1, 1, &d->w.hidden_norm, &d->g.hidden_norm);
-  add_spec(l, "norm.weight", dm, 0, 1, 1, &d->w.norm, &d->g.norm);
+  add_spec(l, "fc.weight", dm, (int64_t)c->n_target_layers * dm, 1, 0, &d->w.fc, &d->g.fc, NULL);
+  add_spec(l, "hidden_norm.weight", dm, 0, 1, 1, &d->w.hidden_norm, &d->g.hidden_norm, NULL);
+  add_spec(l, "norm.weight", dm, 0, 1, 1, &d->w.norm, &d->g.norm, NULL);
   if (r > 0) {
-    add_spec(l, "markov_head.markov_w1.weight", V, r, 1, 0, &d->w.markov_w1, &d->g.markov_w1);
-    add_spec(l, "markov_head.markov_w2.weight", V, r, 1, 0, &d->w.markov_w2, &d->g.markov_w2);
+    add_spec(l, "markov_head.markov_w1.weight", V, r, 1, 0, &d->w.markov_w1, &d->g.markov_w1, NULL);
+    add_spec(l, "markov_head.markov_w2.weight", V, r, 1, 0, &d->w.markov_w2, &d->g.markov_w2, NULL);
   }
   if (c->markov_type == DS_MARKOV_GATED) {
-    add_spec(l, "markov_head.gate_proj.weight", r, dm + r, 1, 0, &d->w.gate_w, &d->g.gate_w);
-    add_spec(l, "markov_head.gate_proj.bias", r, 0, 1, 2, &d->w.gate_b, &d->g.gate_b);
+    add_spec(l, "markov_head.gate_proj.weight", r, dm + r, 1, 0, &d->w.gate_w, &d->g.gate_w, NULL);
+    add_spec(l, "markov_head.gate_proj.bias", r, 0, 1, 2, &d->w.gate_b, &d->g.gate_b, NULL);
   } else if (c->markov_type == DS_MARKOV_RNN) {
-    add_spec(l, "markov_head.joint_proj.weight", 3 * r, 2 * r + dm, 1, 0, &d->w.joint_w, &d->g.joint_w);
-    add_spec(l, "markov_head.joint_proj.bias", 3 * r, 0, 1, 2, &d->w.joint_b, &d->g.joint_b);
+    add_spec(l, "markov_head.joint_proj.weight", 3 * r, 2 * r + dm, 1, 0, &d->w.joint_w, &d->g.joint_w, NULL);
+    add_spec(l, "markov_head.joint_proj.bias", 3 * r, 0, 1, 2, &d->w.joint_b, &d->g.joint_b, NULL);
   }
   if (c->enable_confidence_head) {
     int64_t in = dm + (c->confidence_head_with_markov ? r : 0);
-    add_spec(l, "confidence_head.proj.weight", 1, in, 1, 0, &d->w.conf_w, &d->g.conf_w);
-    add_spec(l, "confidence_head.proj.bias", 1, 0, 1, 2, &d->w.conf_b, &d->g.conf_b);
+    add_spec(l, "confidence_head.proj.weight", 1, in, 1, 0, &d->w.conf_w, &d->g.conf_w, NULL);
+    add_spec(l, "confidence_head.proj.bias", 1, 0, 1, 2, &d->w.conf_b, &d->g.conf_b, NULL);
   }
 }
 
@@ -85,16 +86,23 @@ static float normal01(ds_rng *rng) {
   return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
-ds_status ds_draft_new(const ds_draft_config *cfg, const float *embed, const float *lm_head, uint64_t seed,
+static int table_dtype_ok(ds_dtype dt) { return dt == DS_F32 || dt == DS_BF16 || dt == DS_F16; }
+
+ds_status ds_draft_new(const ds_draft_config *cfg, ds_weight embed, ds_weight lm_head, uint64_t seed,
                        const ds_backend *backend, ds_draft **out) {
   *out = NULL;
   DS_TRY(ds_draft_config_check(cfg));
+  if (!table_dtype_ok(embed.dtype) || !table_dtype_ok(lm_head.dtype))
+    return DS_FAIL(DS_ERR_ARG, "draft: the frozen tables must be F32, BF16 or F16 (got %s and %s)",
+                   ds_dtype_name(embed.dtype), ds_dtype_name(lm_head.dtype));
   ds_draft *d = ds_calloc(1, sizeof *d, "draft");
   if (!d) return DS_ERR_NOMEM;
   d->cfg = *cfg;
   d->be = backend ? backend : ds_backend_cpu();
   d->q_dim = cfg->num_attention_heads * cfg->head_dim;
   d->kv_dim = cfg->num_key_value_heads * cfg->head_dim;
+  d->embed.dtype = embed.dtype;
+  d->lm_head.dtype = lm_head.dtype;
   d->w.layers = ds_calloc((size_t)cfg->num_layers, sizeof(draft_layer), "draft layers");
   d->g.layers = ds_calloc((size_t)cfg->num_layers, sizeof(draft_layer), "draft layers");
   d->inv_freq = ds_malloc((size_t)cfg->head_dim / 2 * sizeof(float), "rope table");
@@ -106,36 +114,50 @@ ds_status ds_draft_new(const ds_draft_config *cfg, const float *embed, const flo
   d->specs = l.v;
   d->n_specs = l.n;
   if (l.failed) goto fail;
-  size_t n_train = 0, n_frozen = 0;
+  size_t n_train = 0, frozen_bytes = 0;
   for (size_t i = 0; i < l.n; i++) {
     tensor_spec *s = &l.v[i];
-    size_t *acc = s->trainable ? &n_train : &n_frozen;
-    s->offset = *acc;
-    *acc += spec_numel(s);
+    if (s->trainable) {
+      s->offset = n_train;
+      n_train += spec_numel(s);
+    } else {
+      s->offset = frozen_bytes;
+      frozen_bytes += (spec_numel(s) * ds_dtype_size(s->dtype) + 63) & ~(size_t)63;
+    }
   }
   d->n_params = n_train;
   d->params = ds_malloc_aligned(n_train * sizeof(float), "draft parameters");
   d->grads = ds_malloc_aligned(n_train * sizeof(float), "draft gradients");
-  d->frozen = ds_malloc_aligned(n_frozen * sizeof(float), "draft frozen tables");
+  d->frozen = ds_malloc_aligned(frozen_bytes, "draft frozen tables");
   d->tensors = ds_calloc(l.n, sizeof *d->tensors, "draft tensor table");
   if (!d->params || !d->grads || !d->frozen || !d->tensors) goto fail;
   ds_rng rng;
   ds_rng_seed(&rng, seed);
   for (size_t i = 0; i < l.n; i++) {
     tensor_spec *s = &l.v[i];
-    float *base = s->trainable ? d->params : d->frozen;
-    *s->slot = base + s->offset;
-    if (s->grad_slot) *s->grad_slot = d->grads + s->offset;
     size_t n = spec_numel(s);
-    if (s->trainable)
+    void *data;
+    if (s->trainable) {
+      *s->slot = d->params + s->offset;
+      *s->grad_slot = d->grads + s->offset;
       for (size_t k = 0; k < n; k++) (*s->slot)[k] = s->init == 1 ? 1.0f : s->init == 2 ? 0.0f : 0.02f * normal01(&rng);
-    d->tensors[i] = (ds_draft_tensor){s->name, *s->slot, s->grad_slot ? *s->grad_slot : NULL, s->cols ? 2 : 1,
-                                      {s->rows, s->cols}};
+      data = *s->slot;
+    } else {
+      data = (char *)d->frozen + s->offset;
+      s->table->data = data;
+    }
+    d->tensors[i] = (ds_draft_tensor){s->name, data, s->trainable ? *s->grad_slot : NULL, s->cols ? 2 : 1,
+                                      {s->rows, s->cols}, s->dtype};
   }
-  /* Replicas, not aliases: the draft owns its copies (spec section 1). */
-  size_t table = (size_t)cfg->vocab_size * (size_t)cfg->hidden_size * sizeof(float);
-  memcpy(d->embed, embed, table);
-  memcpy(d->lm_head, lm_head, table);
+  /* Replicas, not aliases: the draft owns its copies (spec section 1), in the dtype given. */
+  size_t cells = (size_t)cfg->vocab_size * (size_t)cfg->hidden_size;
+  const ds_weight src[2] = {embed, lm_head};
+  ds_weight *dst[2] = {&d->embed, &d->lm_head};
+  for (int k = 0; k < 2; k++) {
+    size_t bytes = cells * ds_dtype_size(src[k].dtype);
+    if (src[k].data) memcpy((void *)dst[k]->data, src[k].data, bytes);
+    else memset((void *)dst[k]->data, 0, bytes);
+  }
   ds_draft_zero_grads(d);
   /* The MLP runs gate and up as one (2I, d) matmul: they must be adjacent. */
   for (int64_t i = 0; i < cfg->num_layers; i++)
@@ -180,8 +202,8 @@ float *ds_draft_params(ds_draft *d) { return d->params; }
 float *ds_draft_grads(ds_draft *d) { return d->grads; }
 size_t ds_draft_num_params(const ds_draft *d) { return d->n_params; }
 void ds_draft_zero_grads(ds_draft *d) { memset(d->grads, 0, d->n_params * sizeof(float)); }
-const float *ds_draft_embed(const ds_draft *d) { return d->embed; }
-const float *ds_draft_lm_head(const ds_draft *d) { return d->lm_head; }
+ds_weight ds_draft_embed(const ds_draft *d) { return d->embed; }
+ds_weight ds_draft_lm_head(const ds_draft *d) { return d->lm_head; }
 size_t ds_draft_tensor_count(const ds_draft *d) { return d->n_specs; }
 const ds_draft_tensor *ds_draft_tensor_at(const ds_draft *d, size_t i) { return i < d->n_specs ? &d->tensors[i] : NULL; }
 
@@ -320,7 +342,7 @@ ds_status draft_forward(ds_draft *d, const ds_draft_seq *s) {
   for (int64_t b = 0; b < s->n_blocks; b++)
     for (int64_t k = 0; k < g; k++) {
       int32_t tok = k == 0 && s->block_keep[b] ? s->ids[s->anchors[b]] : c->mask_token_id;
-      memcpy(h + (b * g + k) * dm, d->embed + (int64_t)tok * dm, (size_t)dm * sizeof(float));
+      be->embedding_w(h + (b * g + k) * dm, &tok, d->embed, 1, dm);
     }
 
   float scale = 1.0f / sqrtf((float)c->head_dim);
@@ -358,7 +380,7 @@ ds_status draft_forward(ds_draft *d, const ds_draft_seq *s) {
 void draft_block_logits(ds_draft *d, int64_t r0, int64_t c, float *logits, float *scratch) {
   const ds_draft_config *cfg = &d->cfg;
   int64_t dm = cfg->hidden_size, V = cfg->vocab_size, r = cfg->markov_rank;
-  d->be->linear(logits, d->acts.h + r0 * dm, d->lm_head, NULL, c, dm, V);
+  d->be->linear_w(logits, V, d->acts.h + r0 * dm, d->lm_head, NULL, c, dm, V);
   if (r > 0) {
     /* logits += z @ W2^T: the Markov bias of each slot's previous token. */
     d->be->linear(scratch, d->acts.z + r0 * r, d->w.markov_w2, NULL, c, r, V);

@@ -131,8 +131,10 @@ ds_status ds_draft_block(ds_draft *d, ds_draft_state *s, int32_t anchor, float *
   float eps = (float)c->rms_norm_eps, scale = 1.0f / sqrtf((float)c->head_dim);
   int64_t pos[64], ctx_len = s->len;
   for (int64_t k = 0; k < g; k++) pos[k] = s->len + k;
-  for (int64_t k = 0; k < g; k++)
-    memcpy(s->h + k * dm, d->embed + (int64_t)(k == 0 ? anchor : c->mask_token_id) * dm, (size_t)dm * sizeof(float));
+  for (int64_t k = 0; k < g; k++) {
+    int32_t tok = k == 0 ? anchor : c->mask_token_id;
+    be->embedding_w(s->h + k * dm, &tok, d->embed, 1, dm);
+  }
   for (int64_t l = 0; l < c->num_layers; l++) {
     const draft_layer *w = &d->w.layers[l];
     const float *kc = s->k + (size_t)(l * s->cap) * d->kv_dim, *vc = s->v + (size_t)(l * s->cap) * d->kv_dim;
@@ -153,7 +155,7 @@ ds_status ds_draft_block(ds_draft *d, ds_draft_state *s, int32_t anchor, float *
     be->add(s->h, s->mid, g * dm);
   }
   be->rmsnorm(h_out, s->rstd, s->h, d->w.norm, g, dm, eps);
-  if (base_logits) be->linear(base_logits, h_out, d->lm_head, NULL, g, dm, V);
+  if (base_logits) be->linear_w(base_logits, V, h_out, d->lm_head, NULL, g, dm, V);
   memset(s->rnn_s, 0, (size_t)(c->markov_rank ? c->markov_rank : 1) * sizeof(float)); /* s_0 = 0 per block */
   return DS_OK;
 }

@@ -83,9 +83,11 @@ typedef struct {
   int64_t rows, cols; /* cols 0 for a vector */
   int trainable;
   int init;           /* 0 normal(0, 0.02), 1 ones, 2 zeros */
-  size_t offset;      /* in the params (trainable) or frozen buffer */
-  float **slot;       /* where the value pointer goes */
-  float **grad_slot;  /* where the gradient pointer goes (trainable only) */
+  size_t offset;      /* in the params (trainable: floats) or frozen buffer (bytes) */
+  float **slot;       /* trainable: where the value pointer goes */
+  float **grad_slot;  /* trainable: where the gradient pointer goes */
+  ds_weight *table;   /* frozen: the table it is (data and dtype set at creation) */
+  ds_dtype dtype;     /* F32 for trainables; a frozen table's own dtype */
 } tensor_spec;
 
 struct ds_draft {
@@ -95,8 +97,8 @@ struct ds_draft {
   float *params;   /* trainable, flat */
   float *grads;    /* same layout */
   size_t n_params;
-  float *frozen;   /* embed (V, d) then lm_head (V, d) */
-  float *embed, *lm_head;
+  void *frozen;    /* embed (V, d) then lm_head (V, d), each in its own dtype */
+  ds_weight embed, lm_head; /* F32 replicas of an fp32 target's tables, BF16 / F16 of a 16-bit one's */
   draft_weights w, g; /* values and gradients */
   float *inv_freq;    /* (head_dim / 2) */
   tensor_spec *specs;

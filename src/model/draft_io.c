@@ -111,7 +111,7 @@ ds_status ds_draft_export_hf(const ds_draft *d, const char *target_config_json, 
   for (size_t i = 0; i < d->n_specs; i++) {
     const ds_draft_tensor *t = &d->tensors[i];
     int64_t shape[2] = {t->shape[0], t->shape[1]};
-    if ((st = ds_st_writer_add(w, t->name, DS_F32, t->ndim, shape, t->data)) != DS_OK) goto done;
+    if ((st = ds_st_writer_add(w, t->name, t->dtype, t->ndim, shape, t->data)) != DS_OK) goto done;
   }
   if ((st = ds_st_writer_set_metadata(w, "format", "pt")) != DS_OK) goto done;
   /* Marks the file as ours: an export interrupted before config.json is still recognized. */
@@ -190,6 +190,11 @@ ds_status ds_draft_config_from_json(const char *json, size_t len, const char *la
   return st;
 }
 
+static ds_status nonfinite(const ds_safetensors *st, const char *name, double value, int64_t k) {
+  return DS_FAIL(DS_ERR_NUMERIC, "%s: tensor '%s' holds %s at element %lld (a non-finite weight)", ds_st_path(st), name,
+                 isnan(value) ? "NaN" : value > 0 ? "+inf" : "-inf", (long long)k);
+}
+
 ds_status ds_draft_read_tensors(ds_draft *d, const ds_safetensors *st, const char *prefix) {
   char name[256];
   for (size_t i = 0; i < d->n_specs; i++) {
@@ -202,15 +207,50 @@ ds_status ds_draft_read_tensors(ds_draft *d, const ds_safetensors *st, const cha
       return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' has shape [%lld%s%lld] but the draft config needs [%lld, %lld]",
                      ds_st_path(st), name, (long long)v->shape[0], v->ndim > 1 ? ", " : " ",
                      (long long)(v->ndim > 1 ? v->shape[1] : 0), (long long)t->shape[0], (long long)t->shape[1]);
-    ds_status cs = ds_convert_to_f32(t->data, v->data, v->dtype, (size_t)v->numel);
+    if (t->dtype != DS_F32) {
+      /* A 16-bit table is read as it is stored, never rounded from another dtype. */
+      if (v->dtype != t->dtype)
+        return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' is %s but the draft holds it in %s", ds_st_path(st), name,
+                       ds_dtype_name(v->dtype), ds_dtype_name(t->dtype));
+      memcpy(t->data, v->data, v->nbytes);
+      const uint16_t *h = t->data;
+      uint16_t mask = t->dtype == DS_BF16 ? 0x7f80u : 0x7c00u;
+      for (int64_t k = 0; k < v->numel; k++)
+        if ((h[k] & mask) == mask)
+          return nonfinite(st, name, t->dtype == DS_BF16 ? ds_bf16_to_f32(h[k]) : ds_f16_to_f32(h[k]), k);
+      continue;
+    }
+    float *f = t->data;
+    ds_status cs = ds_convert_to_f32(f, v->data, v->dtype, (size_t)v->numel);
     if (cs != DS_OK) return ds_error_wrap(cs, "%s: tensor '%s'", ds_st_path(st), name);
     /* a non-finite weight is a damaged file: named here, not later as NaN logits */
     for (int64_t k = 0; k < v->numel; k++)
-      if (!isfinite(t->data[k]))
-        return DS_FAIL(DS_ERR_NUMERIC, "%s: tensor '%s' holds %s at element %lld (a non-finite weight)",
-                       ds_st_path(st), name, isnan(t->data[k]) ? "NaN" : t->data[k] > 0 ? "+inf" : "-inf",
-                       (long long)k);
+      if (!isfinite(f[k])) return nonfinite(st, name, f[k], k);
   }
+  return DS_OK;
+}
+
+/* The dtype a table is kept in when read from st: its stored BF16 / F16, else F32. */
+static ds_dtype table_dtype(const ds_safetensors *st, const char *prefix, const char *name) {
+  char full[256];
+  snprintf(full, sizeof full, "%s%s", prefix, name);
+  const ds_tensor_view *v = ds_st_find(st, full);
+  return v && (v->dtype == DS_BF16 || v->dtype == DS_F16) ? v->dtype : DS_F32;
+}
+
+ds_status ds_draft_load_tensors(const ds_draft_config *cfg, const ds_safetensors *st, const char *prefix,
+                                const ds_backend *backend, ds_draft **out) {
+  *out = NULL;
+  ds_weight embed = {NULL, table_dtype(st, prefix, "embed_tokens.weight")};
+  ds_weight lm_head = {NULL, table_dtype(st, prefix, "lm_head.weight")};
+  ds_draft *d = NULL;
+  DS_TRY(ds_draft_new(cfg, embed, lm_head, 0, backend, &d));
+  ds_status s = ds_draft_read_tensors(d, st, prefix);
+  if (s != DS_OK) {
+    ds_draft_free(d);
+    return s;
+  }
+  *out = d;
   return DS_OK;
 }
 
@@ -226,21 +266,13 @@ ds_status ds_draft_load_hf(const char *dir, const ds_backend *backend, ds_draft 
   if (s == DS_OK) s = ds_read_file(cfg_path, &text, &len);
   if (s == DS_OK) s = ds_draft_config_from_json(text, len, cfg_path, &cfg);
   if (s == DS_OK) s = ds_st_open(st_path, &st);
-  if (s == DS_OK) {
-    /* Frozen tables come from the file too: build with zero tables, then read everything. */
-    float *zeros = ds_calloc((size_t)(cfg.vocab_size * cfg.hidden_size), sizeof(float), "draft tables");
-    s = zeros ? ds_draft_new(&cfg, zeros, zeros, 0, backend, &d) : DS_ERR_NOMEM;
-    free(zeros);
-  }
-  if (s == DS_OK) s = ds_draft_read_tensors(d, st, "");
+  /* Frozen tables come from the file too, in the dtype it stores them in. */
+  if (s == DS_OK) s = ds_draft_load_tensors(&cfg, st, "", backend, &d);
   ds_st_close(st);
   free(text);
   free(cfg_path);
   free(st_path);
-  if (s != DS_OK) {
-    ds_draft_free(d);
-    return s;
-  }
+  if (s != DS_OK) return s;
   *out = d;
   return DS_OK;
 }

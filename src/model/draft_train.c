@@ -20,7 +20,7 @@ void ds_draft_rows_logits(ds_draft *d, int64_t r0, int64_t c, float *logits, flo
 
 void ds_draft_rows_logits_backward(ds_draft *d, int64_t r0, int64_t c, const float *dlogits, float *dh, float *dz) {
   int64_t dm = d->cfg.hidden_size, r = d->cfg.markov_rank, V = d->cfg.vocab_size;
-  d->be->linear_backward(dh, NULL, NULL, dlogits, d->acts.h + r0 * dm, d->lm_head, c, dm, V);
+  d->be->linear_w_backward(dh, dlogits, d->lm_head, c, dm, V);
   if (r > 0 && dz) d->be->linear_backward(dz, d->g.markov_w2, NULL, dlogits, d->acts.z + r0 * r, d->w.markov_w2, c, r, V);
 }
 

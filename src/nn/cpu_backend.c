@@ -7,6 +7,7 @@
 
 #include "dspark/backend.h"
 #include "nn/cpu_kernels.h"
+#include "nn/cpu_linear16.h"
 
 #ifdef DSPARK_USE_OPENMP
 #include <omp.h>
@@ -14,16 +15,36 @@
 
 /* ---------------------------------------------------------------- linear */
 
-/* y[n, out] = x[n, in] @ w[out, in]^T (+ bias[out]). */
-static void cpu_linear(float *y, const float *x, const float *w, const float *bias, int64_t n, int64_t in,
-                       int64_t out) {
+/* y[n, out] (row stride ldy) = x[n, in] @ w[out, in]^T (+ bias[out]). */
+static void linear_f32(float *y, int64_t ldy, const float *x, const float *w, const float *bias, int64_t n,
+                       int64_t in, int64_t out) {
   float beta = 0.0f;
   if (bias) {
     DS_OMP(parallel for schedule(static) if (n * out > 65536))
-    for (int64_t i = 0; i < n; i++) memcpy(y + i * out, bias, (size_t)out * sizeof(float));
+    for (int64_t i = 0; i < n; i++) memcpy(y + i * ldy, bias, (size_t)out * sizeof(float));
     beta = 1.0f;
   }
-  ds_cpu_sgemm(0, 1, n, out, in, x, in, w, in, beta, y, out);
+  ds_cpu_sgemm(0, 1, n, out, in, x, in, w, in, beta, y, ldy);
+}
+
+/* y[n, out] = x[n, in] @ w[out, in]^T (+ bias[out]). */
+static void cpu_linear(float *y, const float *x, const float *w, const float *bias, int64_t n, int64_t in,
+                       int64_t out) {
+  linear_f32(y, out, x, w, bias, n, in, out);
+}
+
+/* y[n, out] (row stride ldy) = x[n, in] @ w[out, in]^T (+ bias[out]), w frozen in F32 / BF16 / F16:
+ * F32 is the fp32 linear itself; 16-bit weights go to cpu_linear16.c. */
+static void cpu_linear_w(float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n,
+                         int64_t in, int64_t out) {
+  if (w.dtype == DS_F32) linear_f32(y, ldy, x, w.data, bias, n, in, out);
+  else ds_cpu_linear16(y, ldy, x, w, bias, n, in, out);
+}
+
+/* dx[n, in] += dy[n, out] @ w[out, in], w frozen (no dw). */
+static void cpu_linear_w_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out) {
+  if (w.dtype == DS_F32) ds_cpu_sgemm(0, 0, n, in, out, dy, out, w.data, in, 1.0f, dx, in);
+  else ds_cpu_linear16_backward(dx, dy, w, n, in, out);
 }
 
 enum { COL_CHUNK = 64 }; /* columns per task when summing over rows */
@@ -209,6 +230,9 @@ static const ds_backend k_cpu = {
     .attention_causal_train_backward = ds_cpu_attention_causal_train_backward,
     .embedding = cpu_embedding,
     .embedding_backward = cpu_embedding_backward,
+    .linear_w = cpu_linear_w,
+    .linear_w_backward = cpu_linear_w_backward,
+    .embedding_w = ds_cpu_embedding_w,
 };
 
 const ds_backend *ds_backend_cpu(void) { return &k_cpu; }

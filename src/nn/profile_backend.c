@@ -77,6 +77,27 @@ static void p_swiglu_backward(float *dgu, const float *dout, const float *gu, in
   account(DS_KERNEL_SWIGLU_BWD, t0, 12.0 * (double)n * (double)inter);
 }
 
+/* Frozen-weight matmuls: F32 weights count as "linear", BF16 / F16 as "linear16". */
+static void p_linear_w(float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n, int64_t in,
+                       int64_t out) {
+  double t0 = ds_time_sec();
+  g_inner->linear_w(y, ldy, x, w, bias, n, in, out);
+  account(w.dtype == DS_F32 ? DS_KERNEL_LINEAR : DS_KERNEL_LINEAR16, t0, 2.0 * (double)n * (double)in * (double)out);
+}
+
+static void p_linear_w_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out) {
+  double t0 = ds_time_sec();
+  g_inner->linear_w_backward(dx, dy, w, n, in, out);
+  account(w.dtype == DS_F32 ? DS_KERNEL_LINEAR_BWD : DS_KERNEL_LINEAR16_BWD, t0,
+          2.0 * (double)n * (double)in * (double)out);
+}
+
+static void p_embedding_w(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d) {
+  double t0 = ds_time_sec();
+  g_inner->embedding_w(y, ids, table, n, d);
+  account(DS_KERNEL_EMBEDDING_W, t0, 0.0);
+}
+
 /* (query row, visible key) pairs of a block attention call, over all query heads. */
 static double block_attn_pairs(const int64_t *ctx_len, int64_t n_blocks, int64_t g, int64_t n_heads) {
   double pairs = 0;
@@ -168,6 +189,9 @@ static ds_backend g_profiled = {
     .attention_causal_train_backward = p_attention_causal_train_backward,
     .embedding = p_embedding,
     .embedding_backward = p_embedding_backward,
+    .linear_w = p_linear_w,
+    .linear_w_backward = p_linear_w_backward,
+    .embedding_w = p_embedding_w,
 };
 
 const ds_backend *ds_backend_profiled(const ds_backend *inner, ds_profile *prof) {
@@ -180,7 +204,8 @@ void ds_profile_print(const ds_profile *p, double total_seconds, FILE *f) {
   static const char *names[DS_KERNEL_COUNT] = {"linear",     "rmsnorm",     "rope",     "attention",
                                                "swiglu",     "add",         "linear_bwd", "rmsnorm_bwd",
                                                "rope_bwd",   "swiglu_bwd",  "block_attn", "block_attn_bwd",
-                                               "causal_attn", "causal_attn_bwd", "embedding", "embedding_bwd"};
+                                               "causal_attn", "causal_attn_bwd", "embedding", "embedding_bwd",
+                                               "linear16",   "linear16_bwd", "embedding_w"};
   double accounted = 0, total = total_seconds > 0 ? total_seconds : 1;
   for (int k = 0; k < DS_KERNEL_COUNT; k++) accounted += p->seconds[k];
   fprintf(f, "%-14s %8s %10s %7s %10s\n", "kernel", "calls", "seconds", "share", "GFLOP/s");

@@ -8,6 +8,7 @@
 
 #include "dspark/backend.h"
 #include "dspark/common.h"
+#include "dspark/dtype.h"
 
 static void ref_linear(float *y, const float *x, const float *w, const float *bias, int64_t n, int64_t in,
                        int64_t out) {
@@ -39,6 +40,41 @@ static void ref_linear_backward(float *dx, float *dw, float *db, const float *dy
     for (int64_t i = 0; i < n; i++) s += dy[i * out + o];
     db[o] += (float)s;
   }
+}
+
+/* Element idx of a frozen weight, converted with the core's scalar conversions. */
+static double ref_weight_at(ds_weight w, int64_t idx) {
+  if (w.dtype == DS_F32) return ((const float *)w.data)[idx];
+  uint16_t h = ((const uint16_t *)w.data)[idx];
+  DS_CHECK(w.dtype == DS_BF16 || w.dtype == DS_F16);
+  return w.dtype == DS_BF16 ? ds_bf16_to_f32(h) : ds_f16_to_f32(h);
+}
+
+/* y[n, out] (row stride ldy) = x[n, in] @ w[out, in]^T (+ bias[out]), w in F32 / BF16 / F16. */
+static void ref_linear_w(float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n, int64_t in,
+                         int64_t out) {
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t o = 0; o < out; o++) {
+      double s = bias ? bias[o] : 0.0;
+      for (int64_t p = 0; p < in; p++) s += (double)x[i * in + p] * ref_weight_at(w, o * in + p);
+      y[i * ldy + o] = (float)s;
+    }
+}
+
+/* dx[n, in] += dy[n, out] @ w[out, in] */
+static void ref_linear_w_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out) {
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t p = 0; p < in; p++) {
+      double s = 0.0;
+      for (int64_t o = 0; o < out; o++) s += (double)dy[i * out + o] * ref_weight_at(w, o * in + p);
+      dx[i * in + p] += (float)s;
+    }
+}
+
+/* y[n, d] = table[ids[i], :] */
+static void ref_embedding_w(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d) {
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < d; j++) y[i * d + j] = (float)ref_weight_at(table, (int64_t)ids[i] * d + j);
 }
 
 static void ref_rmsnorm(float *y, float *rstd, const float *x, const float *w, int64_t n, int64_t d, float eps) {
@@ -386,6 +422,9 @@ static const ds_backend k_reference = {
     .attention_causal_train_backward = ref_attention_causal_train_backward,
     .embedding = ref_embedding,
     .embedding_backward = ref_embedding_backward,
+    .linear_w = ref_linear_w,
+    .linear_w_backward = ref_linear_w_backward,
+    .embedding_w = ref_embedding_w,
 };
 
 const ds_backend *ds_backend_reference(void) { return &k_reference; }

@@ -78,19 +78,8 @@ static ds_status load(const ds_safetensors *st, const ds_backend *backend, ds_dr
   ds_draft_config cfg;
   DS_TRY(ds_draft_config_from_json(info->draft_config, strlen(info->draft_config), path, &cfg));
   DS_TRY(check_consistent(path, &cfg, info->train_config, info, optim_step));
-  float *zeros = ds_calloc((size_t)(cfg.vocab_size * cfg.hidden_size), sizeof(float), "draft tables");
-  if (!zeros) return DS_ERR_NOMEM;
-  ds_status s = ds_draft_new(&cfg, zeros, zeros, 0, backend, d);
-  free(zeros);
-  if (s != DS_OK) return s;
-  DS_TRY(ds_draft_read_tensors(*d, st, "draft."));
-  char name[320];
-  for (size_t i = 0; i < ds_draft_tensor_count(*d); i++) {
-    const ds_draft_tensor *x = ds_draft_tensor_at(*d, i);
-    snprintf(name, sizeof name, "draft.%s", x->name);
-    DS_TRY(ds_check_finite_tensor(path, name, x->data, (size_t)x->shape[0] * (size_t)(x->ndim > 1 ? x->shape[1] : 1)));
-  }
-  return DS_OK;
+  /* Tables in the dtype the checkpoint stores them in; every tensor is checked finite. */
+  return ds_draft_load_tensors(&cfg, st, "draft.", backend, d);
 }
 
 ds_status ds_checkpoint_load_draft(const char *path, const ds_backend *backend, ds_draft **d, ds_checkpoint_info *info) {

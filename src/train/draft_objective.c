@@ -88,12 +88,14 @@ static void add_result(ds_report *r, const ds_dspark_loss_result *res, const dou
 
 static ds_status op_init(void *self, uint64_t seed) {
   draft_run *t = self;
-  const float *embed = t->target ? ds_target_embed(t->target) : t->embed;
-  const float *lm_head = t->target ? ds_target_lm_head(t->target) : t->lm_head;
+  /* The replicas keep the target's dtype: fp32 tables for an fp32 target, its BF16 / F16 ones
+   * otherwise (as the cache stores them). */
+  ds_weight embed = t->target ? ds_target_embed(t->target) : t->embed;
+  ds_weight lm_head = t->target ? ds_target_lm_head(t->target) : t->lm_head;
   DS_TRY(ds_draft_new(&t->dc, embed, lm_head, seed, ds_backend_cpu(), &t->draft));
-  ds_free_aligned(t->embed); /* the draft holds its own replicas */
-  ds_free_aligned(t->lm_head);
-  t->embed = t->lm_head = NULL;
+  ds_free_aligned((void *)t->embed.data); /* the draft holds its own replicas */
+  ds_free_aligned((void *)t->lm_head.data);
+  t->embed = t->lm_head = (ds_weight){NULL, DS_F32};
   return DS_OK;
 }
 
@@ -104,19 +106,8 @@ static ds_status op_load(void *self, const ds_safetensors *ck) {
   ds_draft_config saved;
   DS_TRY(ds_draft_config_from_json(json, strlen(json), path, &saved));
   DS_TRY(ds_draft_run_check_loaded(t, &saved, path));
-  float *zeros = ds_calloc((size_t)(t->dc.vocab_size * t->dc.hidden_size), sizeof(float), "draft tables");
-  if (!zeros) return DS_ERR_NOMEM;
-  ds_status st = ds_draft_new(&t->dc, zeros, zeros, 0, ds_backend_cpu(), &t->draft);
-  free(zeros);
-  if (st != DS_OK) return st;
-  DS_TRY(ds_draft_read_tensors(t->draft, ck, "draft."));
-  for (size_t i = 0; i < ds_draft_tensor_count(t->draft); i++) {
-    const ds_draft_tensor *x = ds_draft_tensor_at(t->draft, i);
-    char name[320];
-    snprintf(name, sizeof name, "draft.%s", x->name);
-    DS_TRY(ds_check_finite_tensor(path, name, x->data, (size_t)x->shape[0] * (size_t)(x->ndim > 1 ? x->shape[1] : 1)));
-  }
-  return DS_OK;
+  /* Tables in the dtype the checkpoint stores them in; every tensor is checked finite. */
+  return ds_draft_load_tensors(&t->dc, ck, "draft.", ds_backend_cpu(), &t->draft);
 }
 
 static ds_status op_start(void *self, const ds_trainer *core) {
@@ -184,7 +175,7 @@ static ds_status op_save(void *self, ds_st_writer *w) {
     const ds_draft_tensor *x = ds_draft_tensor_at(t->draft, i);
     int64_t shape[2] = {x->shape[0], x->shape[1]};
     snprintf(name, sizeof name, "draft.%s", x->name);
-    DS_TRY(ds_st_writer_add(w, name, DS_F32, x->ndim, shape, x->data));
+    DS_TRY(ds_st_writer_add(w, name, x->dtype, x->ndim, shape, x->data));
   }
   return ds_st_writer_set_metadata(w, "draft_config", t->draft_config);
 }

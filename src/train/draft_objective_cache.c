@@ -154,6 +154,6 @@ void ds_draft_cache_free(draft_run *t) {
   ds_trainer_plan_free(&t->plan);
   ds_free_aligned(t->pre_ctx);
   ds_free_aligned(t->pre_last);
-  ds_free_aligned(t->embed);
-  ds_free_aligned(t->lm_head);
+  ds_free_aligned((void *)t->embed.data);
+  ds_free_aligned((void *)t->lm_head.data);
 }

@@ -41,7 +41,7 @@ typedef struct {
   ds_cache_stream *stream;
   ds_trainer_plan plan;
   float *pre_ctx, *pre_last;  /* preload: (n, S, m*d), (n, S, d) */
-  float *embed, *lm_head;     /* (V, d) frozen tables read from the cache (fresh runs) */
+  ds_weight embed, lm_head;   /* (V, d) frozen tables read from the cache (fresh runs; owned) */
 } draft_run;
 
 /* draft_objective_config.c */

@@ -68,7 +68,7 @@ static ds_status teacher_rows(lm_run *t, int64_t r0, int64_t c, ds_kd_rows_in *i
     return DS_OK;
   }
   int64_t V = t->V, d = ds_target_config(t->teacher)->hidden_size;
-  ds_backend_cpu()->linear(t->tlogits, t->thidden + r0 * d, ds_target_lm_head(t->teacher), NULL, c, d, V);
+  ds_backend_cpu()->linear_w(t->tlogits, V, t->thidden + r0 * d, ds_target_lm_head(t->teacher), NULL, c, d, V);
   if (kd->top_k == 0) { /* dense KL against the full distribution */
     in->teacher = t->tlogits;
     return DS_OK;

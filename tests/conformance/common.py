@@ -93,16 +93,17 @@ def build_tiny_model(arch, out_dir, seed=0, dtype="float32", tied=False, **overr
     if tied:
         model.tie_weights()
     model.eval()
-    if dtype == "bfloat16":
-        model = model.to(torch.bfloat16)
+    if dtype in ("bfloat16", "float16"):
+        model = model.to(getattr(torch, dtype))
     model.save_pretrained(out_dir)
     return model
 
 
 def build_bpe_target(tmp, n_files=40, vocab_size=400, seed=5, specials=("<|endoftext|>", "<|mask|>"), layers=4,
-                     name="target"):
+                     name="target", dtype="float32"):
     """A tiny Qwen3 target in tmp/name with a byte-level BPE tokenizer trained (tokenizers) on the
-    first n_files of the standard library's sources; specials[0] is EOS. Built once per tmp."""
+    first n_files of the standard library's sources; specials[0] is EOS; weights saved in dtype.
+    Built once per tmp."""
     import glob
     import sysconfig
     mdir = os.path.join(tmp, name)
@@ -117,6 +118,6 @@ def build_bpe_target(tmp, n_files=40, vocab_size=400, seed=5, specials=("<|endof
                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train(files, tr)
     build_tiny_model("qwen3", mdir, seed=seed, vocab_size=tok.get_vocab_size(),
-                     eos_token_id=tok.token_to_id(specials[0]), num_hidden_layers=layers)
+                     eos_token_id=tok.token_to_id(specials[0]), num_hidden_layers=layers, dtype=dtype)
     tok.save(os.path.join(mdir, "tokenizer.json"))
     return mdir

@@ -4,7 +4,8 @@
     python test_kernels_torch.py --dspark BUILD/dspark --tmp TMPDIR
 
 Uses the unit-test binary next to dspark (BUILD/kernel_dump IN OUT): Python writes
-seeded random fp32 inputs for each case (linear, rmsnorm, rope, swiglu, block attention) with
+seeded random fp32 inputs for each case (linear, linear_w on a frozen BF16 / F16 weight, rmsnorm,
+rope, swiglu, block attention) with
 safetensors; the binary runs forward and backward of every case on the cpu and the reference
 backends and writes outputs and gradients. PyTorch computes the same in float64 from the same
 fp32 inputs (F.linear, a hand-written rmsnorm in HF order, rotate_half rope with the fp32
@@ -47,6 +48,15 @@ def ref_linear(t):
     if b is not None:
         out["db"] = b.grad
     return out
+
+
+def ref_linear_w(t):
+    """A frozen weight stored in bf16 / f16: F.linear on its exact float64 value; dx only."""
+    x, dy = t["x"].double().requires_grad_(), t["dy"].double()
+    w = t["w"].double()
+    y = F.linear(x, w, t["b"].double() if "b" in t else None)
+    (y * dy).sum().backward()
+    return {"y": y, "dx": x.grad}
 
 
 def ref_rmsnorm(t):
@@ -150,7 +160,7 @@ def ref_cattn(t):
     return {"out": out, "lse": torch.cat(lses, 0), "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
 
-REFS = {"linear": ref_linear, "rmsnorm": ref_rmsnorm, "rope": ref_rope, "swiglu": ref_swiglu, "attn": ref_attn,
+REFS = {"linear": ref_linear, "linear_w": ref_linear_w, "rmsnorm": ref_rmsnorm, "rope": ref_rope, "swiglu": ref_swiglu, "attn": ref_attn,
         "cattn": ref_cattn}
 
 
@@ -174,6 +184,11 @@ def build_cases(seed):
     cases["lin0"] = ("linear", {"x": rnd(gen, 7, 33), "w": rnd(gen, 17, 33), "b": rnd(gen, 17), "dy": rnd(gen, 7, 17)})
     cases["lin1"] = ("linear", {"x": rnd(gen, 70, 64), "w": rnd(gen, 96, 64), "dy": rnd(gen, 70, 96)})  # no bias
     cases["lin2"] = ("linear", {"x": rnd(gen, 1, 48), "w": rnd(gen, 20, 48), "b": rnd(gen, 20), "dy": rnd(gen, 1, 20)})
+    # frozen 16-bit weights: decode (1 row, the direct path), prefill (40 rows, the chunked path)
+    cases["lw0"] = ("linear_w", {"x": rnd(gen, 1, 70), "w": rnd(gen, 37, 70).to(torch.bfloat16),
+                                 "b": rnd(gen, 37), "dy": rnd(gen, 1, 37)})
+    cases["lw1"] = ("linear_w", {"x": rnd(gen, 40, 64), "w": rnd(gen, 96, 64).to(torch.float16), "dy": rnd(gen, 40, 96)})
+    cases["lw2"] = ("linear_w", {"x": rnd(gen, 40, 33), "w": rnd(gen, 17, 33).to(torch.bfloat16), "dy": rnd(gen, 40, 17)})
     cases["rms0"] = ("rmsnorm", {"x": rnd(gen, 9, 80, scale=3), "w": 1 + 0.2 * rnd(gen, 80),
                                  "eps": torch.tensor([1e-6]), "dy": rnd(gen, 9, 80)})
     cases["rms1"] = ("rmsnorm", {"x": rnd(gen, 33, 512, scale=0.01), "w": rnd(gen, 512),

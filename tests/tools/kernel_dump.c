@@ -99,6 +99,24 @@ static int dump_case(pool *pl, ds_st_writer *w, const ds_safetensors *st, const 
     return put(pl, w, bn, px, "y", 2, s4, y) && put(pl, w, bn, px, "dx", 2, s1, dx) &&
            put(pl, w, bn, px, "dw", 2, s2, dw) && (!b || put(pl, w, bn, px, "db", 1, s3, db));
   }
+  if (strcmp(kind, "linear_w") == 0) { /* a frozen weight w in F32, BF16 or F16: y and dx only */
+    char full[256];
+    snprintf(full, sizeof full, "%s.w", px);
+    const ds_tensor_view *wv = ds_st_find(st, full);
+    float *x = get_f32(pl, st, px, "x", 2, s1, 0), *b = get_f32(pl, st, px, "b", 1, s3, 1);
+    float *dy = get_f32(pl, st, px, "dy", 2, s4, 0);
+    if (!wv || wv->ndim != 2 || (wv->dtype != DS_F32 && wv->dtype != DS_BF16 && wv->dtype != DS_F16) || !x || !dy ||
+        s1[1] != wv->shape[1] || s4[0] != s1[0] || s4[1] != wv->shape[0] || (b && s3[0] != wv->shape[0]))
+      return 0;
+    void *wd = pool_keep(pl, malloc(wv->nbytes ? wv->nbytes : 1)); /* aligned copy */
+    memcpy(wd, wv->data, wv->nbytes);
+    ds_weight wt = {wd, wv->dtype};
+    int64_t n = s1[0], in = s1[1], out = wv->shape[0];
+    float *y = pool_zeros(pl, (size_t)(n * out)), *dx = pool_zeros(pl, (size_t)(n * in));
+    be->linear_w(y, out, x, wt, b, n, in, out);
+    be->linear_w_backward(dx, dy, wt, n, in, out);
+    return put(pl, w, bn, px, "y", 2, s4, y) && put(pl, w, bn, px, "dx", 2, s1, dx);
+  }
   if (strcmp(kind, "rmsnorm") == 0) {
     float *x = get_f32(pl, st, px, "x", 2, s1, 0), *wt = get_f32(pl, st, px, "w", 1, s2, 0);
     float *eps = get_f32(pl, st, px, "eps", 1, s3, 0), *dy = get_f32(pl, st, px, "dy", 2, s4, 0);
@@ -193,8 +211,8 @@ static int dump_case(pool *pl, ds_st_writer *w, const ds_safetensors *st, const 
   return 0;
 }
 
-/* IN's metadata "cases" lists "kind:prefix" entries, comma separated (kinds: linear, rmsnorm,
- * rope, swiglu, attn (block attention), cattn (causal attention over packed sequences)); each case's tensors are named prefix.NAME. OUT gets cpu.prefix.NAME
+/* IN's metadata "cases" lists "kind:prefix" entries, comma separated (kinds: linear, linear_w,
+ * rmsnorm, rope, swiglu, attn (block attention), cattn (causal attention over packed sequences)); each case's tensors are named prefix.NAME. OUT gets cpu.prefix.NAME
  * and ref.prefix.NAME for the outputs and gradients of both backends. */
 static int dump(const char *in_path, const char *out_path) {
   ds_safetensors *st = NULL;

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "dspark/draft.h"
+#include "dspark/dtype.h"
 #include "dspark/rng.h"
 #include "model/draft_internal.h"
 #include "test_util.h"
@@ -88,23 +89,33 @@ static void analytic(ds_draft *d, fixture *f) {
   EXPECT_OK(draft_forward(d, &s));
   float *dh = calloc((size_t)(R * DM), sizeof(float)), *dz = calloc((size_t)(R * (r ? r : 1)), sizeof(float));
   /* logits = h @ lm_head^T + z @ W2^T */
-  d->be->linear_backward(dh, NULL, NULL, f->G_logits, d->acts.h, d->lm_head, R, DM, V);
-  if (r) d->be->linear_backward(dz, d->g.markov_w2, NULL, f->G_logits, d->acts.z, d->w.markov_w2, R, r, V);
+  ds_draft_rows_logits_backward(d, 0, R, f->G_logits, dh, r ? dz : NULL);
   markov_head_backward(d, R, r ? dz : NULL, f->G_conf, dh);
   EXPECT_OK(draft_backward(d, &s, dh));
   free(dh);
   free(dz);
 }
 
-static void check_grads(ds_markov_type type, int conf, int conf_markov) {
+/* Random [V, DM] tables in dtype (F32, BF16 or F16). */
+static void *rand_table(ds_rng *rng, ds_dtype dt) {
+  void *p = malloc(sizeof(float) * V * DM);
+  for (int i = 0; i < V * DM; i++) {
+    float x = 2.0f * ds_rng_uniform_f32(rng) - 1.0f;
+    if (dt == DS_F32) ((float *)p)[i] = x;
+    else ((uint16_t *)p)[i] = dt == DS_BF16 ? ds_f32_to_bf16(x) : ds_f32_to_f16(x);
+  }
+  return p;
+}
+
+/* Every trainable gradient against finite differences, with the frozen tables in dtype (the
+ * backward through a 16-bit lm_head is linear_w_backward). */
+static void check_grads(ds_markov_type type, int conf, int conf_markov, ds_dtype table_dtype) {
   ds_draft_config c = tiny_config(type, conf, conf_markov);
   ds_rng rng;
   ds_rng_seed(&rng, 11 + (uint64_t)type);
-  float *table = malloc(sizeof(float) * V * DM), *head = malloc(sizeof(float) * V * DM);
-  for (int i = 0; i < V * DM; i++) table[i] = 2.0f * ds_rng_uniform_f32(&rng) - 1.0f;
-  for (int i = 0; i < V * DM; i++) head[i] = 2.0f * ds_rng_uniform_f32(&rng) - 1.0f;
+  void *table = rand_table(&rng, table_dtype), *head = rand_table(&rng, table_dtype);
   ds_draft *d;
-  EXPECT_OK(ds_draft_new(&c, table, head, 5, ds_backend_cpu(), &d));
+  EXPECT_OK(ds_draft_new(&c, (ds_weight){table, table_dtype}, (ds_weight){head, table_dtype}, 5, ds_backend_cpu(), &d));
   /* Larger random weights than the init so every path carries signal. */
   for (size_t i = 0; i < d->n_params; i++) d->params[i] += 0.3f * (2.0f * ds_rng_uniform_f32(&rng) - 1.0f);
   fixture f;
@@ -117,7 +128,7 @@ static void check_grads(ds_markov_type type, int conf, int conf_markov) {
     const ds_draft_tensor *ten = ds_draft_tensor_at(d, t);
     if (!ten->grad) continue;
     size_t n = (size_t)ten->shape[0] * (size_t)(ten->ndim == 2 ? ten->shape[1] : 1);
-    size_t off = (size_t)(ten->data - d->params);
+    size_t off = (size_t)((float *)ten->data - d->params);
     double max_err = 0, max_g = 1e-3;
     for (int probe = 0; probe < 12; probe++) {
       size_t i = off + (size_t)(ds_rng_next_u64(&rng) % n);
@@ -146,12 +157,45 @@ static void check_grads(ds_markov_type type, int conf, int conf_markov) {
 }
 
 static void test_grads_all_heads(void) {
-  check_grads(DS_MARKOV_NONE, 1, 0);
-  check_grads(DS_MARKOV_VANILLA, 1, 1);
-  check_grads(DS_MARKOV_GATED, 1, 1);
-  check_grads(DS_MARKOV_RNN, 1, 1);
-  check_grads(DS_MARKOV_VANILLA, 0, 0);
-  check_grads(DS_MARKOV_RNN, 1, 0);
+  check_grads(DS_MARKOV_NONE, 1, 0, DS_F32);
+  check_grads(DS_MARKOV_VANILLA, 1, 1, DS_F32);
+  check_grads(DS_MARKOV_GATED, 1, 1, DS_F32);
+  check_grads(DS_MARKOV_RNN, 1, 1, DS_F32);
+  check_grads(DS_MARKOV_VANILLA, 0, 0, DS_F32);
+  check_grads(DS_MARKOV_RNN, 1, 0, DS_F32);
+}
+
+/* The same with the frozen tables of a bf16 / f16 target. */
+static void test_grads_16bit_tables(void) {
+  check_grads(DS_MARKOV_VANILLA, 1, 1, DS_BF16);
+  check_grads(DS_MARKOV_NONE, 1, 0, DS_F16);
+}
+
+/* A draft with BF16 tables computes what a draft with those tables converted to F32 computes
+ * (same seed: same trainable weights), to fp32 summation order. */
+static void test_bf16_tables_match_f32(void) {
+  ds_draft_config c = tiny_config(DS_MARKOV_VANILLA, 1, 1);
+  ds_rng rng;
+  ds_rng_seed(&rng, 21);
+  uint16_t *t16 = rand_table(&rng, DS_BF16), *h16 = rand_table(&rng, DS_BF16);
+  float t32[V * DM], h32[V * DM];
+  for (int i = 0; i < V * DM; i++) t32[i] = ds_bf16_to_f32(t16[i]), h32[i] = ds_bf16_to_f32(h16[i]);
+  ds_draft *a, *b;
+  EXPECT_OK(ds_draft_new(&c, (ds_weight){t16, DS_BF16}, (ds_weight){h16, DS_BF16}, 4, ds_backend_cpu(), &a));
+  EXPECT_OK(ds_draft_new(&c, (ds_weight){t32, DS_F32}, (ds_weight){h32, DS_F32}, 4, ds_backend_cpu(), &b));
+  EXPECT(a->n_params == b->n_params && !memcmp(a->params, b->params, a->n_params * sizeof(float)));
+  EXPECT(ds_draft_lm_head(a).dtype == DS_BF16 && ds_draft_embed(b).dtype == DS_F32);
+  fixture f;
+  make_fixture(&f, &rng);
+  static float l1[NB * G * V], l2[NB * G * V], c1[NB * G], c2[NB * G];
+  ds_draft_seq s = seq_of(&f);
+  EXPECT_OK(ds_draft_forward_blocks(a, &s, l1, c1));
+  EXPECT_OK(ds_draft_forward_blocks(b, &s, l2, c2));
+  EXPECT(test_rel_err(l1, l2, NB * G * V) < 1e-5 && test_rel_err(c1, c2, NB * G) < 1e-5);
+  ds_draft_free(a);
+  ds_draft_free(b);
+  free(t16);
+  free(h16);
 }
 
 static void test_dropped_block_finite(void) {
@@ -161,7 +205,7 @@ static void test_dropped_block_finite(void) {
   float *table = calloc(V * DM, sizeof(float));
   for (int i = 0; i < V * DM; i++) table[i] = ds_rng_uniform_f32(&rng);
   ds_draft *d;
-  EXPECT_OK(ds_draft_new(&c, table, table, 1, ds_backend_cpu(), &d));
+  EXPECT_OK(ds_draft_new(&c, (ds_weight){table, DS_F32}, (ds_weight){table, DS_F32}, 1, ds_backend_cpu(), &d));
   fixture f;
   make_fixture(&f, &rng);
   static float logits[NB * G * V], conf[NB * G];
@@ -175,14 +219,15 @@ static void test_dropped_block_finite(void) {
   free(table);
 }
 
-static void test_export_roundtrip(void) {
+/* Export then load: the same logits, bit for bit; 16-bit tables are written and read back in
+ * their dtype (the export holds them, as a checkpoint does). */
+static void export_roundtrip(ds_dtype table_dtype) {
   ds_draft_config c = tiny_config(DS_MARKOV_RNN, 1, 1);
   ds_rng rng;
   ds_rng_seed(&rng, 9);
-  float *table = malloc(sizeof(float) * V * DM);
-  for (int i = 0; i < V * DM; i++) table[i] = ds_rng_uniform_f32(&rng);
+  void *table = rand_table(&rng, table_dtype);
   ds_draft *d, *e;
-  EXPECT_OK(ds_draft_new(&c, table, table, 2, ds_backend_cpu(), &d));
+  EXPECT_OK(ds_draft_new(&c, (ds_weight){table, table_dtype}, (ds_weight){table, table_dtype}, 2, ds_backend_cpu(), &d));
   const char *dir = getenv("DSPARK_TEST_TMP") ? getenv("DSPARK_TEST_TMP") : "/tmp";
   char out[512];
   mkdir(dir, 0755);
@@ -202,10 +247,17 @@ static void test_export_roundtrip(void) {
     EXPECT_OK(ds_draft_forward_blocks(e, &s, l2, c2));
     EXPECT(!memcmp(l1, l2, sizeof l1) && !memcmp(c1, c2, sizeof c1));
     EXPECT(e->cfg.markov_type == DS_MARKOV_RNN && e->cfg.markov_rank == 5 && e->cfg.block_size == G);
+    EXPECT(ds_draft_embed(e).dtype == table_dtype && ds_draft_lm_head(e).dtype == table_dtype);
     ds_draft_free(e);
   }
   ds_draft_free(d);
   free(table);
+}
+
+static void test_export_roundtrip(void) {
+  export_roundtrip(DS_F32);
+  export_roundtrip(DS_BF16);
+  export_roundtrip(DS_F16);
 }
 
 static void test_config_rules(void) {
@@ -239,6 +291,8 @@ static void test_config_rules(void) {
 
 int main(void) {
   TEST_RUN(test_grads_all_heads);
+  TEST_RUN(test_grads_16bit_tables);
+  TEST_RUN(test_bf16_tables_match_f32);
   TEST_RUN(test_dropped_block_finite);
   TEST_RUN(test_export_roundtrip);
   TEST_RUN(test_config_rules);

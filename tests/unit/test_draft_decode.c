@@ -48,7 +48,7 @@ static void check_type(ds_markov_type type) {
   float *table = malloc(sizeof(float) * V * DM);
   for (int i = 0; i < V * DM; i++) table[i] = 0.3f * (2.0f * ds_rng_uniform_f32(&rng) - 1.0f);
   ds_draft *d = NULL;
-  EXPECT_OK(ds_draft_new(&c, table, table, 9, ds_backend_cpu(), &d));
+  EXPECT_OK(ds_draft_new(&c, (ds_weight){table, DS_F32}, (ds_weight){table, DS_F32}, 9, ds_backend_cpu(), &d));
   if (!d) { free(table); return; }
   /* larger random trainable weights than the init, so the heads matter */
   float *p = ds_draft_params(d);

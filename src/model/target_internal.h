@@ -1,0 +1,79 @@
+/* Internals shared by the target's loading (target_load.c) and its forward and KV cache
+ * (target.c). Loading calls into target.c (the workspace), never the other way. */
+#ifndef DSPARK_MODEL_TARGET_INTERNAL_H
+#define DSPARK_MODEL_TARGET_INTERNAL_H
+
+#include "dspark/safetensors.h"
+#include "dspark/target.h"
+
+/* One linear layer's weight [rows, in] as the matmuls read it: its output rows in 1 to 3
+ * consecutive row segments. A group converted to fp32 at load is one fused segment (q|k|v,
+ * gate|up: one matmul); a group kept in the checkpoint's BF16 / F16 has one segment per
+ * checkpoint tensor, used where it lies in the mapping. */
+typedef struct {
+  ds_weight seg[3];
+  int64_t seg_rows[3];
+  int n_seg;
+  int mapped; /* 1: the segments are the checkpoint's 16-bit tensors */
+} target_linear;
+
+typedef struct {
+  target_linear qkv;     /* (q_dim + 2 kv_dim, d)  rows: q | k | v */
+  float *bqkv;           /* (q_dim + 2 kv_dim) or NULL */
+  float *q_norm;         /* (head_dim) or NULL */
+  float *k_norm;         /* (head_dim) or NULL */
+  target_linear wo;      /* (d, q_dim) */
+  float *bo;             /* (d) or NULL */
+  target_linear gate_up; /* (2 I, d)  rows: gate | up */
+  float *b_gate_up;      /* (2 I) or NULL */
+  target_linear down;    /* (d, I) */
+  float *b_down;         /* (d) or NULL */
+  float *in_norm;        /* (d) */
+  float *post_norm;      /* (d) */
+} layer_weights;
+
+/* Grow-only scratch for one forward; R = rows of the largest forward so far. */
+typedef struct {
+  int64_t rows;
+  float *h;       /* (R, d) residual stream */
+  float *x;       /* (R, d) normed input of a sub-block */
+  float *qkv;     /* (R, q_dim + 2 kv_dim) */
+  float *attn;    /* (R, q_dim) */
+  float *gu;      /* (R, 2 I) */
+  float *act;     /* (R, I) */
+  float *tmp;     /* (R, d) */
+  int64_t *pos;   /* (R) */
+} workspace;
+
+struct ds_target {
+  ds_model_config cfg;
+  char *dir;      /* the model directory, for messages */
+  int own_head;   /* lm_head has its own weights (untied, or tied in config.json but stored: transformers unties) */
+  const ds_backend *be;
+  int64_t q_dim, kv_dim, qkv_dim;
+  float *params;  /* one buffer holding every weight converted to fp32 */
+  size_t n_params;
+  ds_checkpoint *ck;   /* open while a weight is used where it lies in its mapping, else NULL */
+  void **owned;        /* 16-bit tensors copied out of the mapping (unaligned there), freed with the target */
+  int n_owned;
+  size_t mapped_bytes; /* bytes of the 16-bit weights used in place (a tied table counted once) */
+  ds_dtype mapped_dtype; /* their dtype (DS_F32 when there is none) */
+  ds_weight embed;   /* (V, d) */
+  ds_weight lm_head; /* (V, d), the same data as embed when tied */
+  float *norm;       /* (d) */
+  layer_weights *layers;
+  float *inv_freq; /* (head_dim / 2) */
+  workspace ws;
+};
+
+struct ds_kv_cache {
+  int64_t len, cap;
+  int64_t n_layers, n_kv_heads, head_dim;
+  float *k; /* (L, n_kv_heads, cap, head_dim) */
+  float *v; /* (L, n_kv_heads, cap, head_dim) */
+};
+
+/* Frees the forward's scratch (target.c). */
+void target_workspace_free(workspace *ws);
+
+#endif

@@ -1,0 +1,334 @@
+/* Loading a target (include/dspark/target.h): config, checkpoint, and the weights either
+ * converted to fp32 into one buffer or, when the checkpoint stores them in BF16 / F16, used
+ * where they lie in its memory mapping (no copy). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dspark/fileio.h"
+#include "model/rope_freq.h"
+#include "model/target_internal.h"
+
+static const char k_embed_name[] = "model.embed_tokens.weight", k_head_name[] = "lm_head.weight";
+
+/* ---------------------------------------------------------------- the plan */
+
+static int is16(ds_dtype dt) { return dt == DS_BF16 || dt == DS_F16; }
+
+/* Whether the checkpoint stores `name` in BF16 / F16 (an absent tensor is not: the fp32 read
+ * reports it). */
+static int stored16(const ds_checkpoint *ck, const char *name) {
+  const ds_tensor_view *v = ds_ckpt_find(ck, name);
+  return v && is16(v->dtype);
+}
+
+/* A group of tensors that feed one matmul stays in its checkpoint dtype when every one of them
+ * is BF16 / F16; otherwise it is converted to fp32 as a whole (fused, one matmul). */
+static int group16(const ds_checkpoint *ck, int64_t layer, const char *const *suffixes, int n) {
+  char name[256];
+  for (int i = 0; i < n; i++) {
+    snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)layer, suffixes[i]);
+    if (!stored16(ck, name)) return 0;
+  }
+  return 1;
+}
+
+static const char *const k_qkv[3] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"};
+static const char *const k_o[1] = {"self_attn.o_proj.weight"};
+static const char *const k_gate_up[2] = {"mlp.gate_proj.weight", "mlp.up_proj.weight"};
+static const char *const k_down[1] = {"mlp.down_proj.weight"};
+
+/* The name the embedding is read from: a tied checkpoint holding only lm_head.weight ties the
+ * embedding to it. */
+static const char *embed_source(const ds_target *m, const ds_checkpoint *ck) {
+  int from_head = m->cfg.tie_word_embeddings && !ds_ckpt_find(ck, k_embed_name) && ds_ckpt_find(ck, k_head_name);
+  return from_head ? k_head_name : k_embed_name;
+}
+
+static void plan_storage(ds_target *m, const ds_checkpoint *ck) {
+  for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++) {
+    layer_weights *w = &m->layers[l];
+    w->qkv.mapped = group16(ck, l, k_qkv, 3);
+    w->wo.mapped = group16(ck, l, k_o, 1);
+    w->gate_up.mapped = group16(ck, l, k_gate_up, 2);
+    w->down.mapped = group16(ck, l, k_down, 1);
+  }
+  m->embed.dtype = stored16(ck, embed_source(m, ck)) ? ds_ckpt_find(ck, embed_source(m, ck))->dtype : DS_F32;
+  m->lm_head.dtype = !m->own_head ? m->embed.dtype
+                     : stored16(ck, k_head_name) ? ds_ckpt_find(ck, k_head_name)->dtype : DS_F32;
+}
+
+/* Tied embeddings as transformers (5.x) ties them when loading: with tie_word_embeddings a
+ * checkpoint holding both tables keeps them apart (tied only when equal, which computes the
+ * same), one holding only lm_head.weight ties the embedding to it; untied needs both. */
+static void plan_head(ds_target *m, const ds_checkpoint *ck) {
+  int has_head = ds_ckpt_find(ck, k_head_name) != NULL;
+  m->own_head = !m->cfg.tie_word_embeddings || (has_head && ds_ckpt_find(ck, k_embed_name));
+}
+
+/* ---------------------------------------------------------------- the fp32 buffer */
+
+static void set_fused(target_linear *t, float *p, int64_t rows) {
+  t->seg[0] = (ds_weight){p, DS_F32};
+  t->seg_rows[0] = rows;
+  t->n_seg = 1;
+}
+
+/* Carves the fp32 buffer into named pointers; called twice: once to count (base NULL), once
+ * to assign, so the size table and the layout cannot disagree. Groups kept in 16 bits take
+ * no room here. */
+static size_t layout_params(ds_target *m, float *base) {
+  const ds_model_config *c = &m->cfg;
+  size_t off = 0;
+#define TAKE(ptr, count)                       \
+  do {                                         \
+    if (base) (ptr) = base + off;              \
+    off += (size_t)(count);                    \
+  } while (0)
+#define TAKE_LINEAR(lin, rows, cols)                                 \
+  do {                                                               \
+    if (!(lin).mapped) {                                             \
+      if (base) set_fused(&(lin), base + off, (rows));               \
+      off += (size_t)(rows) * (size_t)(cols);                        \
+    }                                                                \
+  } while (0)
+  int64_t d = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+  float *p = NULL;
+  if (m->embed.dtype == DS_F32) {
+    TAKE(p, V * d);
+    if (base) m->embed.data = p;
+  }
+  if (!m->own_head) {
+    if (base) m->lm_head = m->embed;
+  } else if (m->lm_head.dtype == DS_F32) {
+    TAKE(p, V * d);
+    if (base) m->lm_head.data = p;
+  }
+  TAKE(m->norm, d);
+  for (int64_t l = 0; l < c->num_hidden_layers; l++) {
+    layer_weights *w = &m->layers[l];
+    TAKE_LINEAR(w->qkv, m->qkv_dim, d);
+    if (c->attention_bias) TAKE(w->bqkv, m->qkv_dim);
+    if (c->qk_norm) {
+      TAKE(w->q_norm, c->head_dim);
+      TAKE(w->k_norm, c->head_dim);
+    }
+    TAKE_LINEAR(w->wo, d, m->q_dim);
+    if (c->o_proj_bias) TAKE(w->bo, d);
+    TAKE_LINEAR(w->gate_up, 2 * I, d);
+    if (c->mlp_bias) TAKE(w->b_gate_up, 2 * I);
+    TAKE_LINEAR(w->down, d, I);
+    if (c->mlp_bias) TAKE(w->b_down, d);
+    TAKE(w->in_norm, d);
+    TAKE(w->post_norm, d);
+  }
+#undef TAKE_LINEAR
+#undef TAKE
+  return off;
+}
+
+/* ---------------------------------------------------------------- checks before allocating */
+
+/* Shape of one 2-D tensor, checked before the weight buffer is allocated: a config whose
+ * sizes disagree with the checkpoint (often a field left to its class default) is refused
+ * without first allocating what those sizes would need. */
+static ds_status expect_shape(const ds_checkpoint *ck, const char *name, int64_t rows, int64_t cols) {
+  const ds_tensor_view *v = ds_ckpt_find(ck, name);
+  if (!v) return DS_OK; /* reported by the full read, which names every missing tensor */
+  if (v->ndim == 2 && v->shape[0] == rows && v->shape[1] == cols) return DS_OK;
+  char have[128] = "[";
+  for (int i = 0; i < v->ndim; i++) {
+    size_t n = strlen(have);
+    snprintf(have + n, sizeof have - n, "%s%lld", i ? ", " : "", (long long)v->shape[i]);
+  }
+  strncat(have, "]", sizeof have - strlen(have) - 1);
+  return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' has shape %s but [%lld, %lld] was expected", v->file, name, have,
+                 (long long)rows, (long long)cols);
+}
+
+static ds_status preflight(const ds_target *m, const ds_checkpoint *ck) {
+  const ds_model_config *c = &m->cfg;
+  int64_t d = c->hidden_size;
+  DS_TRY(expect_shape(ck, k_embed_name, c->vocab_size, d));
+  DS_TRY(expect_shape(ck, k_head_name, c->vocab_size, d));
+  DS_TRY(expect_shape(ck, "model.layers.0.self_attn.q_proj.weight", m->q_dim, d));
+  DS_TRY(expect_shape(ck, "model.layers.0.self_attn.k_proj.weight", m->kv_dim, d));
+  DS_TRY(expect_shape(ck, "model.layers.0.mlp.gate_proj.weight", c->intermediate_size, d));
+  char name[96];
+  snprintf(name, sizeof name, "model.layers.%lld.input_layernorm.weight", (long long)(c->num_hidden_layers - 1));
+  if (!ds_ckpt_find(ck, name))
+    return DS_FAIL(DS_ERR_NOT_FOUND, "%s: tensor '%s' not found: the checkpoint has fewer than num_hidden_layers = %lld "
+                   "layers", m->dir, name, (long long)c->num_hidden_layers);
+  return DS_OK;
+}
+
+/* ---------------------------------------------------------------- reading */
+
+static ds_status read2(const ds_checkpoint *ck, const char *name, int64_t rows, int64_t cols, float *dst) {
+  int64_t shape[2] = {rows, cols};
+  return ds_ckpt_read_f32(ck, name, 2, shape, dst);
+}
+
+static ds_status read1(const ds_checkpoint *ck, const char *name, int64_t n, float *dst) {
+  return ds_ckpt_read_f32(ck, name, 1, &n, dst);
+}
+
+/* A BF16 / F16 tensor [rows, cols], checked (shape, finite values) and used where it lies; a
+ * tensor at an odd offset in its file (possible, if unusual) is copied to aligned memory
+ * first, still in its dtype. */
+static ds_status map16(ds_target *m, const char *name, int64_t rows, int64_t cols, ds_weight *out) {
+  int64_t shape[2] = {rows, cols};
+  const ds_tensor_view *v;
+  DS_TRY(ds_ckpt_view_checked(m->ck, name, 2, shape, &v));
+  DS_CHECK(is16(v->dtype));
+  const void *data = v->data;
+  if ((uintptr_t)data % 2 != 0) {
+    void **owned = realloc(m->owned, (size_t)(m->n_owned + 1) * sizeof *owned);
+    if (!owned) return DS_FAIL(DS_ERR_NOMEM, "%s: out of memory", name);
+    m->owned = owned;
+    void *copy = ds_malloc_aligned(v->nbytes, "realigned weight");
+    if (!copy) return DS_ERR_NOMEM;
+    memcpy(copy, data, v->nbytes);
+    m->owned[m->n_owned++] = copy;
+    data = copy;
+  }
+  *out = (ds_weight){data, v->dtype};
+  m->mapped_bytes += v->nbytes;
+  m->mapped_dtype = m->mapped_dtype == DS_F32 || m->mapped_dtype == v->dtype ? v->dtype : m->mapped_dtype;
+  return DS_OK;
+}
+
+/* One group of tensors (suffixes, each rows[i] x cols): into the fp32 buffer one after the
+ * other (the fused segment layout_params placed), or mapped, one segment each. */
+static ds_status load_linear(ds_target *m, int64_t layer, target_linear *t, const char *const *suffixes,
+                             const int64_t *rows, int n, int64_t cols) {
+  char name[256];
+  float *dst = t->mapped ? NULL : (float *)t->seg[0].data;
+  for (int i = 0; i < n; i++) {
+    snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)layer, suffixes[i]);
+    if (t->mapped) {
+      DS_TRY(map16(m, name, rows[i], cols, &t->seg[i]));
+      t->seg_rows[i] = rows[i];
+    } else {
+      DS_TRY(read2(m->ck, name, rows[i], cols, dst));
+      dst += rows[i] * cols;
+    }
+  }
+  if (t->mapped) t->n_seg = n;
+  return DS_OK;
+}
+
+static ds_status load_weights(ds_target *m) {
+  const ds_model_config *c = &m->cfg;
+  const ds_checkpoint *ck = m->ck;
+  int64_t d = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+  char name[256];
+  if (m->embed.dtype == DS_F32) DS_TRY(read2(ck, embed_source(m, ck), V, d, (float *)m->embed.data));
+  else DS_TRY(map16(m, embed_source(m, ck), V, d, &m->embed));
+  if (!m->own_head) m->lm_head = m->embed;
+  else if (m->lm_head.dtype == DS_F32) DS_TRY(read2(ck, k_head_name, V, d, (float *)m->lm_head.data));
+  else DS_TRY(map16(m, k_head_name, V, d, &m->lm_head));
+  DS_TRY(read1(ck, "model.norm.weight", d, m->norm));
+  int64_t qkv_rows[3] = {m->q_dim, m->kv_dim, m->kv_dim}, d_rows[1] = {d}, gu_rows[2] = {I, I};
+  for (int64_t l = 0; l < c->num_hidden_layers; l++) {
+    layer_weights *w = &m->layers[l];
+#define NAME(fmt) (snprintf(name, sizeof name, "model.layers.%lld." fmt, (long long)l), name)
+    DS_TRY(load_linear(m, l, &w->qkv, k_qkv, qkv_rows, 3, d));
+    if (c->attention_bias) {
+      DS_TRY(read1(ck, NAME("self_attn.q_proj.bias"), m->q_dim, w->bqkv));
+      DS_TRY(read1(ck, NAME("self_attn.k_proj.bias"), m->kv_dim, w->bqkv + m->q_dim));
+      DS_TRY(read1(ck, NAME("self_attn.v_proj.bias"), m->kv_dim, w->bqkv + m->q_dim + m->kv_dim));
+    }
+    if (c->qk_norm) {
+      DS_TRY(read1(ck, NAME("self_attn.q_norm.weight"), c->head_dim, w->q_norm));
+      DS_TRY(read1(ck, NAME("self_attn.k_norm.weight"), c->head_dim, w->k_norm));
+    }
+    DS_TRY(load_linear(m, l, &w->wo, k_o, d_rows, 1, m->q_dim));
+    if (c->o_proj_bias) DS_TRY(read1(ck, NAME("self_attn.o_proj.bias"), d, w->bo));
+    DS_TRY(load_linear(m, l, &w->gate_up, k_gate_up, gu_rows, 2, d));
+    DS_TRY(load_linear(m, l, &w->down, k_down, d_rows, 1, I));
+    if (c->mlp_bias) {
+      DS_TRY(read1(ck, NAME("mlp.gate_proj.bias"), I, w->b_gate_up));
+      DS_TRY(read1(ck, NAME("mlp.up_proj.bias"), I, w->b_gate_up + I));
+      DS_TRY(read1(ck, NAME("mlp.down_proj.bias"), d, w->b_down));
+    }
+    DS_TRY(read1(ck, NAME("input_layernorm.weight"), d, w->in_norm));
+    DS_TRY(read1(ck, NAME("post_attention_layernorm.weight"), d, w->post_norm));
+#undef NAME
+  }
+  return DS_OK;
+}
+
+ds_status ds_target_load(const char *model_dir, const ds_backend *backend, ds_target **out) {
+  *out = NULL;
+  ds_target *m = ds_calloc(1, sizeof *m, "target model");
+  if (!m) return DS_ERR_NOMEM;
+  m->be = backend ? backend : ds_backend_cpu();
+  m->mapped_dtype = DS_F32;
+  m->dir = ds_malloc(strlen(model_dir) + 1, "path");
+  if (!m->dir) { ds_target_free(m); return DS_ERR_NOMEM; }
+  strcpy(m->dir, model_dir);
+  ds_status st = ds_config_load_dir(model_dir, &m->cfg);
+  if (st != DS_OK) goto fail;
+  const ds_model_config *c = &m->cfg;
+  if (c->head_dim > 2048) {
+    st = DS_FAIL(DS_ERR_UNSUPPORTED, "%s/config.json: head_dim %lld exceeds 2048", model_dir, (long long)c->head_dim);
+    goto fail;
+  }
+  m->q_dim = c->num_attention_heads * c->head_dim;
+  m->kv_dim = c->num_key_value_heads * c->head_dim;
+  m->qkv_dim = m->q_dim + 2 * m->kv_dim;
+  m->layers = ds_calloc((size_t)c->num_hidden_layers, sizeof *m->layers, "layer table");
+  m->inv_freq = ds_malloc((size_t)c->head_dim / 2 * sizeof(float), "rope table");
+  if (!m->layers || !m->inv_freq) { st = DS_ERR_NOMEM; goto fail; }
+  if ((st = ds_ckpt_open(model_dir, &m->ck)) != DS_OK) goto fail;
+  plan_head(m, m->ck);
+  plan_storage(m, m->ck);
+  m->n_params = layout_params(m, NULL);
+  if ((st = preflight(m, m->ck)) == DS_OK) {
+    m->params = ds_malloc_aligned((m->n_params ? m->n_params : 1) * sizeof(float), "model weights");
+    if (!m->params) st = DS_ERR_NOMEM;
+  }
+  if (st == DS_OK) {
+    layout_params(m, m->params);
+    ds_rope_inv_freq(c, m->inv_freq);
+    st = load_weights(m);
+  }
+  if (st == DS_OK && m->mapped_bytes == 0 && m->n_owned == 0) {
+    ds_ckpt_close(m->ck); /* everything was converted: the mapping is not needed */
+    m->ck = NULL;
+  }
+  if ((st == DS_ERR_FORMAT || st == DS_ERR_NOT_FOUND) && c->defaulted[0])
+    ds_error_wrap(st, "%s/config.json leaves these fields to %s's defaults (as transformers does): %s", model_dir,
+                  ds_config_class_name(c->arch), c->defaulted);
+  if (st != DS_OK) goto fail;
+  *out = m;
+  return DS_OK;
+fail:
+  ds_target_free(m);
+  return st;
+}
+
+void ds_target_free(ds_target *m) {
+  if (!m) return;
+  target_workspace_free(&m->ws);
+  ds_free_aligned(m->params);
+  for (int i = 0; i < m->n_owned; i++) ds_free_aligned(m->owned[i]);
+  free(m->owned);
+  ds_ckpt_close(m->ck); /* after the last use of a mapped weight */
+  free(m->layers);
+  free(m->inv_freq);
+  free(m->dir);
+  free(m);
+}
+
+const ds_model_config *ds_target_config(const ds_target *m) { return &m->cfg; }
+ds_weight ds_target_embed(const ds_target *m) { return m->embed; }
+ds_weight ds_target_lm_head(const ds_target *m) { return m->lm_head; }
+int ds_target_head_is_embedding(const ds_target *m) { return !m->own_head; }
+
+void ds_target_weight_memory(const ds_target *m, size_t *f32_bytes, size_t *mapped_bytes, ds_dtype *mapped_dtype) {
+  if (f32_bytes) *f32_bytes = m->n_params * sizeof(float);
+  if (mapped_bytes) *mapped_bytes = m->mapped_bytes;
+  if (mapped_dtype) *mapped_dtype = m->mapped_dtype;
+}

@@ -1,0 +1,397 @@
+/* Matmuls and lookups on frozen BF16 / F16 weights for the CPU backend (contracts in
+ * nn/cpu_linear16.h and include/dspark/backend.h). Every weight value is converted to fp32
+ * exactly (bf16: the 16 bits are the top half of the fp32; f16: the IEEE half is widened) and
+ * every product accumulates in fp32: activations are never rounded.
+ *
+ * The instruction-set variants are compiled with __attribute__((target(...))) and chosen at
+ * run time from cpuid (__builtin_cpu_supports), so the same binary is correct on a CPU
+ * without AVX-512 or AVX2, whatever -march the build used. OpenMP regions live in plain
+ * functions that call the per-ISA kernels on row blocks. */
+#include "nn/cpu_linear16.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn/cpu_kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define DS_X86 1
+#include <immintrin.h>
+#endif
+
+/* ---------------------------------------------------------------- scalar conversion */
+
+static inline float bits_to_f32(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static inline float bf16_f32(uint16_t h) { return bits_to_f32((uint32_t)h << 16); }
+
+/* IEEE half -> float, exact: the exponent and mantissa bits shifted into place make a float
+ * 2^112 times too small (a half subnormal becomes a float subnormal), so one multiply by 2^112
+ * rescales normals and subnormals alike; infinities and NaNs keep their payload. */
+static inline float f16_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7fffu;
+  if (em >= 0x7c00u) return bits_to_f32(sign | 0x7f800000u | ((em & 0x3ffu) << 13));
+  float f = bits_to_f32(em << 13) * 0x1p112f;
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return bits_to_f32(u | sign);
+}
+
+static inline float conv16(uint16_t h, int f16) { return f16 ? f16_f32(h) : bf16_f32(h); }
+
+static void convert_portable(float *dst, const uint16_t *src, int64_t count, int f16) {
+  if (f16)
+    for (int64_t i = 0; i < count; i++) dst[i] = f16_f32(src[i]);
+  else
+    for (int64_t i = 0; i < count; i++) dst[i] = bf16_f32(src[i]);
+}
+
+/* ---------------------------------------------------------------- instruction sets */
+
+ds_isa ds_isa_best(void) {
+#ifdef DS_X86
+  if (__builtin_cpu_supports("avx512f")) return DS_ISA_AVX512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    return DS_ISA_AVX2;
+#endif
+  return DS_ISA_PORTABLE;
+}
+
+const char *ds_isa_name(ds_isa isa) {
+  return isa == DS_ISA_AVX512 ? "AVX-512" : isa == DS_ISA_AVX2 ? "AVX2" : "portable";
+}
+
+const char *ds_weight16_kernel_name(void) { return ds_isa_name(ds_isa_best()); }
+
+int64_t ds_linear16_chunk_rows(int64_t in, int64_t out) {
+  int64_t rows = ((int64_t)16 << 20) / (4 * (in > 0 ? in : 1));
+  rows = rows < 16 ? 16 : rows & ~(int64_t)15;
+  return rows < out ? rows : out;
+}
+
+/* A row-block kernel: y[i, o] for i < n and o in [o0, o1). */
+typedef void (*rows_fn)(float *y, int64_t ldy, const float *x, const uint16_t *w, const float *bias, int64_t n,
+                        int64_t in, int64_t o0, int64_t o1, int f16);
+typedef void (*convert_fn)(float *dst, const uint16_t *src, int64_t count, int f16);
+
+/* Portable rows: each weight row is converted in pieces of 256 into a local fp32 buffer and
+ * dotted with up to 8 rows of x at a time. */
+static void rows_portable(float *y, int64_t ldy, const float *x, const uint16_t *w, const float *bias, int64_t n,
+                          int64_t in, int64_t o0, int64_t o1, int f16) {
+  enum { P = 256, NI = 8 };
+  float wf[P];
+  for (int64_t o = o0; o < o1; o++) {
+    const uint16_t *wr = w + o * in;
+    for (int64_t i0 = 0; i0 < n; i0 += NI) {
+      int64_t ni = n - i0 < NI ? n - i0 : NI;
+      float acc[NI] = {0};
+      for (int64_t p0 = 0; p0 < in; p0 += P) {
+        int64_t np = in - p0 < P ? in - p0 : P;
+        convert_portable(wf, wr + p0, np, f16);
+        for (int64_t i = 0; i < ni; i++) {
+          const float *xi = x + (i0 + i) * in + p0;
+          float s = 0.0f;
+          DS_OMP(simd reduction(+ : s))
+          for (int64_t p = 0; p < np; p++) s += wf[p] * xi[p];
+          acc[i] += s;
+        }
+      }
+      for (int64_t i = 0; i < ni; i++) y[(i0 + i) * ldy + o] = acc[i] + (bias ? bias[o] : 0.0f);
+    }
+  }
+}
+
+#ifdef DS_X86
+/* ---------------------------------------------------------------- AVX-512 */
+
+#define T512 __attribute__((target("avx512f")))
+#define T512_INLINE static inline __attribute__((always_inline, target("avx512f")))
+
+T512_INLINE __m512 load16_512(const uint16_t *p, int f16) {
+  __m256i h = _mm256_loadu_si256((const __m256i *)p);
+  if (f16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* R weight rows (o .. o+R-1) times C rows of x (i .. i+C-1): R * C fp32 accumulators of 16
+ * lanes; R, C and f16 are constants at every call site, so the arrays live in registers. */
+T512_INLINE void tile_512(float *y, int64_t ldy, const float *x, const uint16_t *w, const float *bias, int64_t in,
+                          int R, int C, int f16) {
+  __m512 acc[4][4];
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+  int64_t p = 0;
+  for (; p + 16 <= in; p += 16) {
+    __m512 wv[4], xv[4];
+    for (int r = 0; r < R; r++) wv[r] = load16_512(w + r * in + p, f16);
+    for (int c = 0; c < C; c++) xv[c] = _mm512_loadu_ps(x + c * in + p);
+    for (int r = 0; r < R; r++)
+      for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(wv[r], xv[c], acc[r][c]);
+  }
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) {
+      float s = _mm512_reduce_add_ps(acc[r][c]);
+      for (int64_t q = p; q < in; q++) s += conv16(w[r * in + q], f16) * x[c * in + q];
+      y[c * ldy + r] = s + (bias ? bias[r] : 0.0f);
+    }
+}
+
+/* One block of R weight rows against every row of x, 4 rows of x at a time. */
+T512_INLINE void band_512(float *y, int64_t ldy, const float *x, const uint16_t *w, const float *bias, int64_t n,
+                          int64_t in, int R, int f16) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) tile_512(y + i * ldy, ldy, x + i * in, w, bias, in, R, 4, f16);
+  for (; i < n; i++) tile_512(y + i * ldy, ldy, x + i * in, w, bias, in, R, 1, f16);
+}
+
+T512 static void rows_avx512(float *y, int64_t ldy, const float *x, const uint16_t *w, const float *bias, int64_t n,
+                             int64_t in, int64_t o0, int64_t o1, int f16) {
+  int64_t o = o0;
+  for (; o + 4 <= o1; o += 4) {
+    if (f16) band_512(y + o, ldy, x, w + o * in, bias ? bias + o : NULL, n, in, 4, 1);
+    else band_512(y + o, ldy, x, w + o * in, bias ? bias + o : NULL, n, in, 4, 0);
+  }
+  for (; o < o1; o++) {
+    if (f16) band_512(y + o, ldy, x, w + o * in, bias ? bias + o : NULL, n, in, 1, 1);
+    else band_512(y + o, ldy, x, w + o * in, bias ? bias + o : NULL, n, in, 1, 0);
+  }
+}
+
+T512 static void convert_avx512(float *dst, const uint16_t *src, int64_t count, int f16) {
+  int64_t i = 0;
+  if (f16)
+    for (; i + 16 <= count; i += 16) _mm512_storeu_ps(dst + i, load16_512(src + i, 1));
+  else
+    for (; i + 16 <= count; i += 16) _mm512_storeu_ps(dst + i, load16_512(src + i, 0));
+  convert_portable(dst + i, src + i, count - i, f16);
+}
+
+/* ---------------------------------------------------------------- AVX2 + FMA + F16C */
+
+#define T256 __attribute__((target("avx2,fma,f16c")))
+#define T256_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+
+T256_INLINE __m256 load8_256(const uint16_t *p, int f16) {
+  __m128i h = _mm_loadu_si128((const __m128i *)p);
+  if (f16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+T256_INLINE float hsum_256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+T256_INLINE void tile_256(float *y, int64_t ldy, const float *x, const uint16_t *w, const float *bias, int64_t in,
+                          int R, int C, int f16) {
+  __m256 acc[4][3];
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+  int64_t p = 0;
+  for (; p + 8 <= in; p += 8) {
+    __m256 wv[4], xv[3];
+    for (int r = 0; r < R; r++) wv[r] = load8_256(w + r * in + p, f16);
+    for (int c = 0; c < C; c++) xv[c] = _mm256_loadu_ps(x + c * in + p);
+    for (int r = 0; r < R; r++)
+      for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(wv[r], xv[c], acc[r][c]);
+  }
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) {
+      float s = hsum_256(acc[r][c]);
+      for (int64_t q = p; q < in; q++) s += conv16(w[r * in + q], f16) * x[c * in + q];
+      y[c * ldy + r] = s + (bias ? bias[r] : 0.0f);
+    }
+}
+
+/* 16 registers: 4 weight rows x 3 rows of x accumulators, plus the loads. */
+T256_INLINE void band_256(float *y, int64_t ldy, const float *x, const uint16_t *w, const float *bias, int64_t n,
+                          int64_t in, int R, int f16) {
+  int64_t i = 0;
+  for (; i + 3 <= n; i += 3) tile_256(y + i * ldy, ldy, x + i * in, w, bias, in, R, 3, f16);
+  for (; i < n; i++) tile_256(y + i * ldy, ldy, x + i * in, w, bias, in, R, 1, f16);
+}
+
+T256 static void rows_avx2(float *y, int64_t ldy, const float *x, const uint16_t *w, const float *bias, int64_t n,
+                           int64_t in, int64_t o0, int64_t o1, int f16) {
+  int64_t o = o0;
+  for (; o + 4 <= o1; o += 4) {
+    if (f16) band_256(y + o, ldy, x, w + o * in, bias ? bias + o : NULL, n, in, 4, 1);
+    else band_256(y + o, ldy, x, w + o * in, bias ? bias + o : NULL, n, in, 4, 0);
+  }
+  for (; o < o1; o++) {
+    if (f16) band_256(y + o, ldy, x, w + o * in, bias ? bias + o : NULL, n, in, 1, 1);
+    else band_256(y + o, ldy, x, w + o * in, bias ? bias + o : NULL, n, in, 1, 0);
+  }
+}
+
+T256 static void convert_avx2(float *dst, const uint16_t *src, int64_t count, int f16) {
+  int64_t i = 0;
+  if (f16)
+    for (; i + 8 <= count; i += 8) _mm256_storeu_ps(dst + i, load8_256(src + i, 1));
+  else
+    for (; i + 8 <= count; i += 8) _mm256_storeu_ps(dst + i, load8_256(src + i, 0));
+  convert_portable(dst + i, src + i, count - i, f16);
+}
+#endif /* DS_X86 */
+
+/* ---------------------------------------------------------------- dispatch */
+
+static rows_fn pick_rows(ds_isa isa) {
+#ifdef DS_X86
+  if (isa == DS_ISA_AVX512) return rows_avx512;
+  if (isa == DS_ISA_AVX2) return rows_avx2;
+#endif
+  (void)isa;
+  return rows_portable;
+}
+
+static convert_fn pick_convert(ds_isa isa) {
+#ifdef DS_X86
+  if (isa == DS_ISA_AVX512) return convert_avx512;
+  if (isa == DS_ISA_AVX2) return convert_avx2;
+#endif
+  (void)isa;
+  return convert_portable;
+}
+
+/* A request for an instruction set the CPU lacks runs the best one it has (never a SIGILL). */
+static ds_isa clamp_isa(ds_isa isa) {
+  ds_isa best = ds_isa_best();
+  return isa > best ? best : isa;
+}
+
+static int is_f16(ds_weight w) {
+  DS_CHECK(w.dtype == DS_BF16 || w.dtype == DS_F16);
+  return w.dtype == DS_F16;
+}
+
+enum { ROW_BLOCK = 16 }; /* weight rows per parallel task */
+
+void ds_convert16(ds_isa isa, float *dst, const uint16_t *src, int64_t count, ds_dtype dtype) {
+  convert_fn conv = pick_convert(clamp_isa(isa));
+  int f16 = dtype == DS_F16;
+  enum { PIECE = 16384 };
+  int64_t pieces = (count + PIECE - 1) / PIECE;
+  DS_OMP(parallel for schedule(static) if (pieces > 1))
+  for (int64_t k = 0; k < pieces; k++) {
+    int64_t i0 = k * PIECE, m = count - i0 < PIECE ? count - i0 : PIECE;
+    conv(dst + i0, src + i0, m, f16);
+  }
+}
+
+/* y[n, out] (ldy) = x[n, in] @ w[out, in]^T (+ bias), reading w once. */
+void ds_linear16_direct(ds_isa isa, float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n,
+                        int64_t in, int64_t out) {
+  if (n <= 0 || out <= 0) return;
+  rows_fn rows = pick_rows(clamp_isa(isa));
+  int f16 = is_f16(w);
+  const uint16_t *w16 = w.data;
+  int64_t blocks = (out + ROW_BLOCK - 1) / ROW_BLOCK;
+  DS_OMP(parallel for schedule(static) if (out * in > 65536))
+  for (int64_t b = 0; b < blocks; b++) {
+    int64_t o0 = b * ROW_BLOCK, o1 = o0 + ROW_BLOCK < out ? o0 + ROW_BLOCK : out;
+    rows(y, ldy, x, w16, bias, n, in, o0, o1, f16);
+  }
+}
+
+static float *scratch_alloc(int64_t floats) {
+  size_t bytes = ((size_t)floats * sizeof(float) + 63) & ~(size_t)63;
+  return aligned_alloc(64, bytes ? bytes : 64); /* no error recorded: the caller falls back */
+}
+
+/* y[n, out] (ldy) = x[n, in] @ w[out, in]^T (+ bias), chunk_rows converted rows at a time. */
+int ds_linear16_chunked(ds_isa isa, float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n,
+                        int64_t in, int64_t out, int64_t chunk_rows) {
+  if (n <= 0 || out <= 0) return 1;
+  if (chunk_rows < 1 || chunk_rows > out) chunk_rows = out;
+  float *buf = scratch_alloc(chunk_rows * in);
+  if (!buf) return 0;
+  const uint16_t *w16 = w.data;
+  if (bias) {
+    DS_OMP(parallel for schedule(static) if (n * out > 65536))
+    for (int64_t i = 0; i < n; i++) memcpy(y + i * ldy, bias, (size_t)out * sizeof(float));
+  }
+  for (int64_t o0 = 0; o0 < out; o0 += chunk_rows) {
+    int64_t c = out - o0 < chunk_rows ? out - o0 : chunk_rows;
+    ds_convert16(isa, buf, w16 + o0 * in, c * in, w.dtype);
+    ds_gemm_f32(0, 1, n, c, in, x, in, buf, in, bias ? 1.0f : 0.0f, y + o0, ldy);
+  }
+  free(buf);
+  return 1;
+}
+
+/* dx[n, in] += dy[n, out] @ w[out, in]: each task owns a band of 256 columns of dx and
+ * streams the weight rows' matching pieces, so dx is written by one thread and summed in
+ * row order. */
+void ds_linear16_backward_direct(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out) {
+  if (n <= 0 || in <= 0) return;
+  enum { P = 256 };
+  int f16 = is_f16(w);
+  const uint16_t *w16 = w.data;
+  int64_t bands = (in + P - 1) / P;
+  DS_OMP(parallel for schedule(static) if (out * in > 65536))
+  for (int64_t b = 0; b < bands; b++) {
+    int64_t p0 = b * P, np = in - p0 < P ? in - p0 : P;
+    float wf[P];
+    for (int64_t o = 0; o < out; o++) {
+      convert_portable(wf, w16 + o * in + p0, np, f16);
+      for (int64_t i = 0; i < n; i++) {
+        float g = dy[i * out + o], *d = dx + i * in + p0;
+        for (int64_t p = 0; p < np; p++) d[p] += g * wf[p];
+      }
+    }
+  }
+}
+
+int ds_linear16_backward_chunked(ds_isa isa, float *dx, const float *dy, ds_weight w, int64_t n, int64_t in,
+                                 int64_t out, int64_t chunk_rows) {
+  if (n <= 0 || in <= 0 || out <= 0) return 1;
+  if (chunk_rows < 1 || chunk_rows > out) chunk_rows = out;
+  float *buf = scratch_alloc(chunk_rows * in);
+  if (!buf) return 0;
+  const uint16_t *w16 = w.data;
+  for (int64_t o0 = 0; o0 < out; o0 += chunk_rows) {
+    int64_t c = out - o0 < chunk_rows ? out - o0 : chunk_rows;
+    ds_convert16(isa, buf, w16 + o0 * in, c * in, w.dtype);
+    /* dx += dy[:, o0:o0+c] @ w[o0:o0+c, :] */
+    ds_gemm_f32(0, 0, n, in, c, dy + o0, out, buf, in, 1.0f, dx, in);
+  }
+  free(buf);
+  return 1;
+}
+
+/* ---------------------------------------------------------------- backend entries */
+
+void ds_cpu_linear16(float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n, int64_t in,
+                     int64_t out) {
+  ds_isa isa = ds_isa_best();
+  int direct = n <= DS_LINEAR16_DIRECT_MAX_ROWS || n * in * (int64_t)sizeof(float) <= DS_LINEAR16_DIRECT_MAX_X_BYTES;
+  if (!direct && ds_linear16_chunked(isa, y, ldy, x, w, bias, n, in, out, ds_linear16_chunk_rows(in, out))) return;
+  ds_linear16_direct(isa, y, ldy, x, w, bias, n, in, out);
+}
+
+void ds_cpu_linear16_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out) {
+  if (n > DS_LINEAR16_BWD_DIRECT_MAX_ROWS &&
+      ds_linear16_backward_chunked(ds_isa_best(), dx, dy, w, n, in, out, ds_linear16_chunk_rows(in, out)))
+    return;
+  ds_linear16_backward_direct(dx, dy, w, n, in, out);
+}
+
+void ds_cpu_embedding_w(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d) {
+  if (table.dtype == DS_F32) {
+    const float *t = table.data;
+    for (int64_t i = 0; i < n; i++) memcpy(y + i * d, t + (int64_t)ids[i] * d, (size_t)d * sizeof(float));
+    return;
+  }
+  convert_fn conv = pick_convert(ds_isa_best());
+  int f16 = is_f16(table);
+  const uint16_t *t = table.data;
+  DS_OMP(parallel for schedule(static) if (n * d > 65536))
+  for (int64_t i = 0; i < n; i++) conv(y + i * d, t + (int64_t)ids[i] * d, d, f16);
+}
