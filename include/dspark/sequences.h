@@ -19,6 +19,10 @@ typedef struct {
 } ds_dataset;
 
 void ds_dataset_free(ds_dataset *ds);
+/* xxh64 of the packed sequences themselves (lengths, then ids, then masks of every sequence):
+ * whatever produced them (file, format, tokenizer, template, seq_len), equal hashes mean a run
+ * sees the same sequences. */
+uint64_t ds_dataset_hash(const ds_dataset *ds);
 
 #ifdef __cplusplus
 }

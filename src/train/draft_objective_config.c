@@ -132,24 +132,9 @@ static cJSON *train_config_obj(const draft_run *t) {
   return j;
 }
 
-/* The packed sequences themselves (lengths, ids, masks of every sequence, training and held
- * out): whatever produced them (file, format, tokenizer, template, seq_len), a resumed run
- * must see the same ones; an f32 cache holds exactly the online run's. */
-static uint64_t sequences_hash(const ds_dataset *ds) {
-  XXH64_state_t *h = XXH64_createState();
-  if (!h) return 0;
-  XXH64_reset(h, 0);
-  size_t n = (size_t)ds->n_seqs, S = (size_t)ds->seq_len;
-  XXH64_update(h, ds->lengths, n * sizeof *ds->lengths);
-  XXH64_update(h, ds->ids, n * S * sizeof *ds->ids);
-  XXH64_update(h, ds->loss_mask, n * S);
-  uint64_t v = XXH64_digest(h);
-  XXH64_freeState(h);
-  return v;
-}
 
 ds_status ds_draft_run_config_texts(draft_run *t) {
-  t->sequences_xxh64 = sequences_hash(&t->data);
+  t->sequences_xxh64 = ds_dataset_hash(&t->data);
   cJSON *j = train_config_obj(t);
   t->train_config = j ? cJSON_Print(j) : NULL;
   cJSON_Delete(j);

@@ -20,18 +20,6 @@ static void add_hex(cJSON *j, const char *key, uint64_t h) {
   cJSON_AddStringToObject(j, key, hex);
 }
 
-static uint64_t sequences_hash(const ds_dataset *ds) {
-  XXH64_state_t *h = XXH64_createState();
-  if (!h) return 0;
-  XXH64_reset(h, 0);
-  size_t n = (size_t)ds->n_seqs, S = (size_t)ds->seq_len;
-  XXH64_update(h, ds->lengths, n * sizeof *ds->lengths);
-  XXH64_update(h, ds->ids, n * S * sizeof *ds->ids);
-  XXH64_update(h, ds->loss_mask, n * S);
-  uint64_t v = XXH64_digest(h);
-  XXH64_freeState(h);
-  return v;
-}
 
 /* The student's config (shapes) before the model exists: a fresh config, or the directory's. */
 static ds_status student_shapes(lm_run *t, ds_model_config *sc, uint64_t *source_hash) {
@@ -120,7 +108,7 @@ static ds_status config_texts(lm_run *t, uint64_t student_hash, uint64_t teacher
   add_hex(j, o->student_dir ? "student_weights_xxh64" : "student_config_xxh64", student_hash);
   add_hex(j, "tokenizer_xxh64", XXH64(t->tok_text, t->tok_len, 0));
   add_hex(j, "data_xxh64", t->data.source_hash);
-  add_hex(j, "sequences_xxh64", sequences_hash(&t->data));
+  add_hex(j, "sequences_xxh64", ds_dataset_hash(&t->data));
   if (o->distill) add_hex(j, "teacher_weights_xxh64", teacher_hash);
   cJSON_AddNumberToObject(j, "seq_len", (double)t->opt.seq_len);
   cJSON_AddNumberToObject(j, "eval_seqs", (double)o->eval_seqs);
