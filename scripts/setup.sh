@@ -24,6 +24,7 @@ apt_packages=(
   libpcre2-dev             # Unicode pre-tokenizer regexes (GPT-2 / Qwen2 / Llama-3)
   libxxhash-dev            # fast content hashes and shard checksums
   libopenmpi-dev openmpi-bin  # data parallelism
+  gnuplot-nox              # `dspark plot`: training curves, acceptance and calibration figures
   clang libclang-rt-14-dev # libFuzzer fuzz targets and sanitizer runtimes
   python3-venv
 )

@@ -29,6 +29,7 @@ static const command k_commands[] = {
     {"speculate", cmd_speculate, "lossless speculative decoding with a DSpark draft; tau, acceptance, speedup", 1},
     {"draft-forward", cmd_draft_forward, "run a draft on given features and anchors; logits, loss and gradients", 1},
     {"loss", cmd_loss, "evaluate the DSpark loss and its gradients on tensors from a safetensors file", 0},
+    {"plot", cmd_plot, "draw a run's training curves (PNG, with gnuplot) from its metrics.jsonl", 0},
     {"kd-loss", cmd_kd_loss, "evaluate the KD loss (ghost-token top-K / dense KL + LM) and its gradient", 0},
 };
 

@@ -1,0 +1,299 @@
+/* gnuplot driver and the training curves of a run (metrics.jsonl, written by the trainer core:
+ * one JSON object per line, "kind" train or eval, "step", then the objective's metrics). */
+#include "cli/plot.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/json_util.h"
+#include "dspark/fileio.h"
+
+FILE *plot_open(const char *dir, const char *name) {
+  char *path = ds_path_join(dir, name);
+  if (!path) { DS_FAIL(DS_ERR_NOMEM, "out of memory"); return NULL; }
+  FILE *f = fopen(path, "w");
+  if (!f) DS_FAIL(DS_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+  free(path);
+  return f;
+}
+
+ds_status plot_close(FILE *f, const char *dir, const char *name) {
+  int bad = ferror(f) != 0;
+  bad |= fclose(f) != 0;
+  if (bad) return DS_FAIL(DS_ERR_IO, "%s/%s: write failed", dir, name);
+  return DS_OK;
+}
+
+void plot_quote(FILE *f, const char *s) {
+  fputc('\'', f);
+  for (; *s; s++) {
+    if (*s == '\'') fputc('\'', f);
+    fputc(*s, f);
+  }
+  fputc('\'', f);
+}
+
+ds_status plot_run(const char *dir, const char *script) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0) return DS_FAIL(DS_ERR_IO, "cannot start gnuplot: %s", strerror(errno));
+  if (pid == 0) {
+    /* The scripts name their files relative to the figure folder. */
+    if (chdir(dir) != 0) _exit(126);
+    execlp("gnuplot", "gnuplot", script, (char *)NULL);
+    _exit(errno == ENOENT ? 127 : 126);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) return DS_FAIL(DS_ERR_IO, "waiting for gnuplot: %s", strerror(errno));
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
+    return DS_FAIL(DS_ERR_UNSUPPORTED, "gnuplot is not installed: run scripts/setup.sh (Debian package gnuplot-nox)");
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return DS_FAIL(DS_ERR_IO, "gnuplot failed on %s/%s (exit status %d)", dir, script,
+                   WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  return DS_OK;
+}
+
+/* ---- training curves ---- */
+
+enum { MAX_METRICS = 48, MAX_VECTORS = 6 };
+
+typedef struct {
+  char name[64];
+  double *step, *value;
+  unsigned char *is_eval;
+  int n, cap;
+} series;
+
+typedef struct {
+  series m[MAX_METRICS];
+  int n;
+  /* the per-position vector (accept_per_position) of the last evaluations */
+  char vec_name[64];
+  double *vec[MAX_VECTORS];
+  int vec_len[MAX_VECTORS], vec_step[MAX_VECTORS], n_vec;
+} curves;
+
+/* Bookkeeping fields that are not curves. */
+static int is_curve(const char *key) {
+  static const char *const skip[] = {"kind", "step", "elapsed_s", "tokens", "skipped_steps"};
+  for (size_t i = 0; i < sizeof skip / sizeof *skip; i++)
+    if (!strcmp(key, skip[i])) return 0;
+  return 1;
+}
+
+static ds_status add_point(curves *c, const char *name, double step, double value, int is_eval) {
+  int k = 0;
+  while (k < c->n && strcmp(c->m[k].name, name)) k++;
+  if (k == c->n) {
+    if (c->n == MAX_METRICS) return DS_OK; /* more metrics than a reader looks at */
+    snprintf(c->m[k].name, sizeof c->m[k].name, "%s", name);
+    c->n++;
+  }
+  series *s = &c->m[k];
+  if (s->n == s->cap) {
+    int cap = s->cap ? 2 * s->cap : 256;
+    double *st = realloc(s->step, (size_t)cap * sizeof *st);
+    if (st) s->step = st;
+    double *va = realloc(s->value, (size_t)cap * sizeof *va);
+    if (va) s->value = va;
+    unsigned char *ev = realloc(s->is_eval, (size_t)cap);
+    if (ev) s->is_eval = ev;
+    if (!st || !va || !ev) return DS_FAIL(DS_ERR_NOMEM, "out of memory");
+    s->cap = cap;
+  }
+  s->step[s->n] = step;
+  s->value[s->n] = value;
+  s->is_eval[s->n] = (unsigned char)is_eval;
+  s->n++;
+  return DS_OK;
+}
+
+static ds_status add_vector(curves *c, const char *name, const cJSON *arr, int step) {
+  int len = cJSON_GetArraySize(arr);
+  if (len <= 0) return DS_OK;
+  double *v = malloc((size_t)len * sizeof *v);
+  if (!v) return DS_FAIL(DS_ERR_NOMEM, "out of memory");
+  for (int i = 0; i < len; i++) {
+    const cJSON *e = cJSON_GetArrayItem(arr, i);
+    v[i] = cJSON_IsNumber(e) ? e->valuedouble : NAN;
+  }
+  if (c->n_vec == MAX_VECTORS) { /* keep the latest: drop the oldest */
+    free(c->vec[0]);
+    memmove(c->vec, c->vec + 1, (MAX_VECTORS - 1) * sizeof *c->vec);
+    memmove(c->vec_len, c->vec_len + 1, (MAX_VECTORS - 1) * sizeof *c->vec_len);
+    memmove(c->vec_step, c->vec_step + 1, (MAX_VECTORS - 1) * sizeof *c->vec_step);
+    c->n_vec--;
+  }
+  snprintf(c->vec_name, sizeof c->vec_name, "%s", name);
+  c->vec[c->n_vec] = v;
+  c->vec_len[c->n_vec] = len;
+  c->vec_step[c->n_vec] = step;
+  c->n_vec++;
+  return DS_OK;
+}
+
+static void curves_free(curves *c) {
+  for (int k = 0; k < c->n; k++) {
+    free(c->m[k].step);
+    free(c->m[k].value);
+    free(c->m[k].is_eval);
+  }
+  for (int k = 0; k < c->n_vec; k++) free(c->vec[k]);
+}
+
+/* One record; a line that is not a JSON object is an error naming the line, except the last
+ * one, which a run still writing may have torn. */
+static ds_status read_record(curves *c, const char *path, const char *line, size_t len, int line_no, int last) {
+  char label[64];
+  snprintf(label, sizeof label, "line %d", line_no);
+  ds_status st;
+  cJSON *j = ds_json_parse(line, len, label, &st);
+  if (!j) {
+    if (last) return DS_OK;
+    return ds_error_wrap(st, "%s", path);
+  }
+  const cJSON *kind = cJSON_GetObjectItemCaseSensitive(j, "kind"), *step = cJSON_GetObjectItemCaseSensitive(j, "step");
+  st = DS_OK;
+  if (cJSON_IsString(kind) && cJSON_IsNumber(step)) {
+    int is_eval = !strcmp(kind->valuestring, "eval");
+    for (const cJSON *e = j->child; e && st == DS_OK; e = e->next) {
+      if (!e->string || !is_curve(e->string)) continue;
+      if (cJSON_IsNumber(e) && isfinite(e->valuedouble))
+        st = add_point(c, e->string, step->valuedouble, e->valuedouble, is_eval);
+      else if (cJSON_IsArray(e) && is_eval)
+        st = add_vector(c, e->string, e, (int)step->valuedouble);
+    }
+  }
+  cJSON_Delete(j);
+  return st;
+}
+
+/* A name safe as a file name: letters, digits, '_' and '-'. */
+static void file_stem(const char *name, char *out, size_t cap) {
+  size_t i = 0;
+  for (; name[i] && i + 1 < cap; i++) {
+    char ch = name[i];
+    out[i] = ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-') ? ch : '_';
+  }
+  out[i] = 0;
+}
+
+static const char *base_name(const char *path) {
+  size_t n = strlen(path);
+  while (n > 1 && path[n - 1] == '/') n--;
+  const char *b = path + n;
+  while (b > path && b[-1] != '/') b--;
+  return b;
+}
+
+/* Prints the run's name (the path's last component, without trailing slashes) quoted. */
+static void quote_run_name(FILE *f, const char *run_dir, const char *what) {
+  const char *b = base_name(run_dir);
+  size_t n = strcspn(b, "/");
+  char buf[256];
+  snprintf(buf, sizeof buf, "%.*s: %s", (int)(n < 200 ? n : 200), b, what);
+  plot_quote(f, buf);
+}
+
+static ds_status plot_series(const series *s, const char *run_dir, const char *out_dir) {
+  char stem[64], dat[80], gp[80];
+  file_stem(s->name, stem, sizeof stem);
+  snprintf(dat, sizeof dat, "%s.dat", stem);
+  snprintf(gp, sizeof gp, "%s.gp", stem);
+  int n_train = 0, n_eval = 0;
+  FILE *f = plot_open(out_dir, dat);
+  if (!f) return DS_ERR_IO;
+  fprintf(f, "# %s: step value; block 0 training steps, block 1 evaluations\n", s->name);
+  for (int pass = 0; pass < 2; pass++) {
+    if (pass) fprintf(f, "\n\n");
+    for (int i = 0; i < s->n; i++)
+      if (s->is_eval[i] == pass) {
+        fprintf(f, "%.17g %.9g\n", s->step[i], s->value[i]);
+        if (pass) n_eval++;
+        else n_train++;
+      }
+  }
+  DS_TRY(plot_close(f, out_dir, dat));
+  if (!(f = plot_open(out_dir, gp))) return DS_ERR_IO;
+  fprintf(f, "set terminal pngcairo size 800,480 noenhanced font ',10'\nset output '%s.png'\n", stem);
+  fprintf(f, "set title ");
+  quote_run_name(f, run_dir, s->name);
+  fprintf(f, "\nset xlabel 'step'\nset ylabel '%s'\nset grid\nset key top right\n", stem);
+  int positive = 1;
+  for (int i = 0; i < s->n; i++) positive &= s->value[i] > 0;
+  if (positive && (!strcmp(s->name, "ppl") || !strcmp(s->name, "lr"))) fprintf(f, "set logscale y\n");
+  fprintf(f, "plot ");
+  if (n_train)
+    fprintf(f, "'%s' index 0 using 1:2 with %s lw 1.5 lc rgb '#1f77b4' title 'train'%s", dat,
+            n_train > 1 ? "lines" : "points pt 7", n_eval ? ", \\\n     " : "");
+  if (n_eval)
+    fprintf(f, "'%s' index 1 using 1:2 with linespoints pt 7 ps 0.8 lw 2 lc rgb '#d62728' title 'held-out'", dat);
+  fprintf(f, "\n");
+  DS_TRY(plot_close(f, out_dir, gp));
+  return plot_run(out_dir, gp);
+}
+
+static ds_status plot_vectors(const curves *c, const char *run_dir, const char *out_dir) {
+  char stem[64], dat[80], gp[80];
+  file_stem(c->vec_name, stem, sizeof stem);
+  snprintf(dat, sizeof dat, "%s.dat", stem);
+  snprintf(gp, sizeof gp, "%s.gp", stem);
+  FILE *f = plot_open(out_dir, dat);
+  if (!f) return DS_ERR_IO;
+  fprintf(f, "# %s at the last evaluations: position value; one block per evaluation step\n", c->vec_name);
+  for (int k = 0; k < c->n_vec; k++) {
+    if (k) fprintf(f, "\n\n");
+    for (int i = 0; i < c->vec_len[k]; i++) fprintf(f, "%d %.9g\n", i + 1, c->vec[k][i]);
+  }
+  DS_TRY(plot_close(f, out_dir, dat));
+  if (!(f = plot_open(out_dir, gp))) return DS_ERR_IO;
+  fprintf(f, "set terminal pngcairo size 800,480 noenhanced font ',10'\nset output '%s.png'\nset title ", stem);
+  quote_run_name(f, run_dir, c->vec_name);
+  fprintf(f, "\nset xlabel 'position in the block'\nset ylabel '%s'\nset grid\nset yrange [0:*]\n"
+             "set xtics 1\nset key top right\nplot ", stem);
+  for (int k = 0; k < c->n_vec; k++)
+    fprintf(f, "%s'%s' index %d using 1:2 with linespoints pt 7 lw %s title 'step %d'", k ? ", \\\n     " : "", dat,
+            k, k == c->n_vec - 1 ? "2.5" : "1", c->vec_step[k]);
+  fprintf(f, "\n");
+  DS_TRY(plot_close(f, out_dir, gp));
+  return plot_run(out_dir, gp);
+}
+
+ds_status plot_metrics(const char *run_dir, const char *out_dir, int *n_png) {
+  *n_png = 0;
+  char *path = ds_path_join(run_dir, "metrics.jsonl");
+  if (!path) return DS_FAIL(DS_ERR_NOMEM, "out of memory");
+  char *buf = NULL;
+  size_t len = 0;
+  ds_status st = ds_read_file(path, &buf, &len);
+  curves c;
+  memset(&c, 0, sizeof c);
+  int line_no = 0;
+  for (size_t at = 0; st == DS_OK && at < len;) {
+    const char *nl = memchr(buf + at, '\n', len - at);
+    size_t end = nl ? (size_t)(nl - buf) : len;
+    line_no++;
+    if (end > at) st = read_record(&c, path, buf + at, end - at, line_no, !nl || end + 1 >= len);
+    at = end + 1;
+  }
+  if (st == DS_OK && c.n == 0) st = DS_FAIL(DS_ERR_FORMAT, "%s: no metrics records to plot", path);
+  if (st == DS_OK) st = ds_mkdir_p(out_dir);
+  for (int k = 0; st == DS_OK && k < c.n; k++) {
+    st = plot_series(&c.m[k], run_dir, out_dir);
+    if (st == DS_OK) (*n_png)++;
+  }
+  if (st == DS_OK && c.n_vec) {
+    st = plot_vectors(&c, run_dir, out_dir);
+    if (st == DS_OK) (*n_png)++;
+  }
+  curves_free(&c);
+  free(buf);
+  free(path);
+  return st;
+}

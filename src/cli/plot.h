@@ -1,0 +1,24 @@
+/* Plots drawn by gnuplot (Debian's gnuplot-nox, installed by scripts/setup.sh): the program
+ * writes the data (.dat) and the script (.gp) next to the PNG, so a user can redraw or restyle
+ * a figure without rerunning anything, and gnuplot renders it. */
+#ifndef DSPARK_CLI_PLOT_H
+#define DSPARK_CLI_PLOT_H
+
+#include <stdio.h>
+
+#include "dspark/common.h"
+
+/* Opens DIR/NAME for writing (a .dat or .gp file); NULL with an error recorded. */
+FILE *plot_open(const char *dir, const char *name);
+/* Closes f, checking the writes: DS_OK or an error naming DIR/NAME. */
+ds_status plot_close(FILE *f, const char *dir, const char *name);
+/* Runs `gnuplot SCRIPT` with DIR as the working directory; DS_OK, or an error
+ * recorded (gnuplot missing names the set-up script; its own failure its exit status). */
+ds_status plot_run(const char *dir, const char *script);
+/* Writes s as a gnuplot single-quoted string (quotes doubled). */
+void plot_quote(FILE *f, const char *s);
+
+/* The training curves of a run directory (metrics.jsonl): one PNG per metric into out_dir. */
+ds_status plot_metrics(const char *run_dir, const char *out_dir, int *n_png);
+
+#endif

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# dspark plot: training curves from a run's metrics.jsonl, drawn by gnuplot. The data files hold
+# exactly the records' values (train and held-out blocks), every PNG is a real PNG, a torn last
+# line (a run still writing) is tolerated, a malformed earlier line is an error naming it, a
+# folder of runs draws each run, and a machine without gnuplot gets an error naming the set-up.
+#   test_plot.sh DSPARK TMPDIR
+set -euo pipefail
+dspark="$1"
+tmp="$2"
+rm -rf "$tmp"
+mkdir -p "$tmp/runs/a" "$tmp/runs/b" "$tmp/runs/notarun"
+fail=0
+no() { echo "FAIL: $*"; fail=1; }
+
+cat > "$tmp/runs/a/metrics.jsonl" <<'EOF'
+{"kind":"train","step":1,"loss":4.5,"tau":1.25,"tokens":100,"lr":0.001,"elapsed_s":1}
+{"kind":"train","step":2,"loss":4.0,"tau":1.5,"tokens":100,"lr":0.002,"elapsed_s":2}
+{"kind":"eval","step":2,"loss":4.25,"tau":1.4,"accept_per_position":[0.5,0.25,0.125],"tokens":50,"elapsed_s":2}
+{"kind":"train","step":3,"loss":3.5,"tau":1.75,"tokens":100,"lr":0.002,"elapsed_s":3}
+{"kind":"eval","step":3,"loss":3.75,"tau":1.6,"accept_per_position":[0.625,0.375,0.25],"tokens":50,"elapsed_s":3}
+{"kind":"train","step":4,"lo
+EOF
+cp "$tmp/runs/a/metrics.jsonl" "$tmp/runs/b/metrics.jsonl"
+
+if ! "$dspark" plot "$tmp/runs/a" 2> "$tmp/err"; then no "plot of a run failed: $(cat "$tmp/err")"; fi
+p="$tmp/runs/a/plots"
+for m in loss tau lr accept_per_position; do
+  [ -f "$p/$m.png" ] || { no "$m.png missing"; continue; }
+  [ "$(head -c 8 "$p/$m.png" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a" ] || no "$m.png is not a PNG"
+done
+for m in tokens elapsed_s kind step; do [ ! -e "$p/$m.png" ] || no "bookkeeping field $m was plotted"; done
+# loss: train block (steps 1..3), then the held-out block (steps 2, 3)
+want="$(printf '1 4.5\n2 4\n3 3.5\n\n\n2 4.25\n3 3.75\n')"
+got="$(grep -v '^#' "$p/loss.dat")"
+[ "$got" = "$want" ] || no "loss.dat: got [$got] want [$want]"
+grep -q "^3 0.25$" "$p/accept_per_position.dat" || no "accept_per_position.dat lacks the last evaluation's values"
+grep -q "index 1" "$p/accept_per_position.gp" || no "accept_per_position.gp does not draw both evaluations"
+
+# a folder of runs: every run inside, into --out/RUN
+if ! "$dspark" plot "$tmp/runs" --out "$tmp/all" 2> "$tmp/err"; then no "plot of a folder failed: $(cat "$tmp/err")"; fi
+[ -f "$tmp/all/a/loss.png" ] && [ -f "$tmp/all/b/tau.png" ] || no "folder of runs: figures missing: $(ls -R "$tmp/all")"
+
+# a malformed line before the last one names the file and the line
+sed -i '2s/.*/{"kind":"train","step":2,,}/' "$tmp/runs/b/metrics.jsonl"
+if "$dspark" plot "$tmp/runs/b" 2> "$tmp/err"; then no "a malformed line 2 was accepted"; fi
+grep -q "metrics.jsonl" "$tmp/err" && grep -q "line 2" "$tmp/err" || no "malformed line error does not name file and line: $(cat "$tmp/err")"
+
+# not a run
+if "$dspark" plot "$tmp/runs/notarun" 2> "$tmp/err"; then no "an empty folder was accepted"; fi
+grep -q "metrics.jsonl" "$tmp/err" || no "empty folder error unclear: $(cat "$tmp/err")"
+
+# no gnuplot on PATH: the error names the set-up script
+mkdir -p "$tmp/emptybin"
+if PATH="$tmp/emptybin" "$dspark" plot "$tmp/runs/a" --out "$tmp/x" 2> "$tmp/err"; then no "ran without gnuplot"; fi
+grep -q "setup.sh" "$tmp/err" || no "missing gnuplot error does not name scripts/setup.sh: $(cat "$tmp/err")"
+
+[ "$fail" = 0 ] && echo "plot: all checks passed"
+exit "$fail"
