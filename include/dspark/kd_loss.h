@@ -37,6 +37,10 @@
  * as torch.clamp's is). Computing the rest as log(1 - sum e^q) with a floor instead loses the
  * term to rounding at K = 1024, where the kept mass exceeds 0.9999; log(-expm1(.)) does not.
  * With K = V (everything kept) kd equals the dense KL to about 1e-6.
+ * no_ghost (an ablation, to measure what the ghost bucket is worth; not kd.md's loss): p^_i =
+ * p_i - logsumexp(p), q^_i = q_i - logsumexp(q) over the n kept entries, kd = sum_i e^q^_i
+ * (q^_i - p^_i) (reverse: sum_i e^p^_i (p^_i - q^_i)); g_i = e^p^_i - e^q^_i (reverse
+ * e^p^_i (p^_i - q^_i - kd)), so sum_i g_i = 0: the mass outside the kept ids gets no gradient.
  *
  * Gradient of the numerator w.r.t. s (teacher detached), with g_i = d kd / d p_i:
  *   forward  g_i = -e^q_i + [Lp unclamped] e^gq e^(p_i - gp)
@@ -100,6 +104,8 @@ typedef struct {
   double top_p;         /* 1.0 (off): the training-time top-p on the kept prefix; in (0, 1] */
   int64_t min_k;        /* 1: the top-p rule's floor, >= 1 */
   int reverse;          /* 0: KL(teacher || student); 1: KL(student || teacher), ghost included */
+  int no_ghost;         /* 0 (kd.md): the K+1-bucket KL. 1, an ablation only (--no-ghost): both sides
+                           renormalized over the kept entries, the KL over K buckets (see below) */
   int64_t chunk_rows;   /* 128: rows per chunk in ds_kd_loss; >= 1 */
 } ds_kd_loss_config;
 

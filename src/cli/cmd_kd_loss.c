@@ -51,6 +51,7 @@ static void usage(FILE *f) {
           "                      before it is < P or i < --min-k (default 1: keep all; needs topk_*)\n"
           "  --min-k M           the top-p floor (default 1)\n"
           "  --reverse           KL(student || teacher) instead of KL(teacher || student), ghost included\n"
+          "  --no-ghost          ablation: both sides renormalized over the kept entries, no ghost bucket\n"
           "  --kd-loss-alpha A   total = (1 - A) lm + A kd, A in [0, 1] (default 1: KD only, LM not computed;\n"
           "                      0: LM only, the teacher not read)\n"
           "  --chunk-rows N      rows per chunk (default 128); results do not depend on it\n"
@@ -100,6 +101,8 @@ static int parse_args(int argc, char **argv, kd_args *a) {
       if (!cli_int(o, v, 1, 1024, &a->threads)) return 2;
     } else if (!strcmp(o, "--reverse")) {
       a->cfg.reverse = 1;
+    } else if (!strcmp(o, "--no-ghost")) {
+      a->cfg.no_ghost = 1;
     } else if (ds_kd_check_removed_option(o) != DS_OK) {
       fprintf(stderr, "dspark kd-loss: %s\n", ds_last_error());
       return 2;
@@ -189,6 +192,7 @@ static ds_status write_metadata(ds_st_writer *w, const kd_args *a, int dense) {
   snprintf(buf, sizeof buf, "%lld", (long long)a->cfg.chunk_rows);
   DS_TRY(ds_st_writer_set_metadata(w, "chunk_rows", buf));
   DS_TRY(ds_st_writer_set_metadata(w, "reverse", a->cfg.reverse ? "1" : "0"));
+  if (a->cfg.no_ghost) DS_TRY(ds_st_writer_set_metadata(w, "no_ghost", "1"));
   return ds_st_writer_set_metadata(w, "teacher", dense ? "dense" : "topk");
 }
 

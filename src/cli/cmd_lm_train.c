@@ -25,6 +25,7 @@ static void usage(FILE *f, int distill) {
       "  --data FILE  --data-format auto|text|jsonl  --seq-len N (512)  --eval-seqs N (8)   (not with --cache)\n"
       "  --topk K (64; 0 = dense KL)  --top-p P (1)  --min-k M (1)  --temperature T (1)  --reverse\n"
       "  --kd-loss-alpha A     in [0, 1] (1: KD only, the LM loss is not computed)\n"
+      "  --no-ghost            ablation only: renormalize both sides over the kept top-K (no ghost bucket)\n"
       "  --chunk-rows N        rows per logits/loss chunk (128)\n");
   else
     fprintf(f,
@@ -73,6 +74,7 @@ static int lm_command(int argc, char **argv, int distill) {
     else if (distill && !strcmp(a, "--min-k")) CLI_INT(-(1 << 24), 1 << 24, o.kd.min_k);
     else if (distill && !strcmp(a, "--temperature")) CLI_NUM(-1e9, 1e9, o.kd.temperature);
     else if (distill && !strcmp(a, "--reverse")) o.kd.reverse = 1;
+    else if (distill && !strcmp(a, "--no-ghost")) o.kd.no_ghost = 1;
     else if (distill && !strcmp(a, "--kd-loss-alpha")) CLI_NUM(-1e9, 1e9, o.kd.kd_loss_alpha);
     else {
       if (ds_kd_check_removed_option(a) != DS_OK) {

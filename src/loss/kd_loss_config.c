@@ -36,6 +36,8 @@ ds_status ds_kd_loss_config_check(const ds_kd_loss_config *cfg, int64_t vocab) {
   if (cfg->top_k == 0 && cfg->top_p < 1.0)
     return DS_FAIL(DS_ERR_ARG, "--top-p %g needs --topk: top-p truncates the teacher's top-K entries, and the "
                    "dense KL (no top-K) has none", cfg->top_p);
+  if (cfg->no_ghost && cfg->top_k == 0)
+    return DS_FAIL(DS_ERR_ARG, "--no-ghost needs --topk: it renormalizes over the teacher's kept entries");
   if (cfg->chunk_rows < 1)
     return DS_FAIL(DS_ERR_ARG, "--chunk-rows %lld must be >= 1", (long long)cfg->chunk_rows);
   return DS_OK;

@@ -47,7 +47,7 @@ enum {
 /* What every row of a call shares. */
 typedef struct {
   int64_t V, K, ks;  /* vocabulary, entries used, entries stored per row */
-  int want_kd, want_lm, dense, reverse;
+  int want_kd, want_lm, dense, reverse, no_ghost;
   double top_p, inv_t, a, b; /* a = scale alpha (kd), b = scale (1 - alpha) (lm) */
   int64_t min_k;
 } row_ctx;
@@ -239,6 +239,31 @@ static double ghost_kd(const row_ctx *x, const double *p, const float *q, int64_
   return kd;
 }
 
+/* The ablation without the ghost bucket (kd_loss.h): both sides renormalized over the n kept
+ * entries; same arguments as ghost_kd, *G = sum g = 0 up to rounding. */
+static double renormalized_kd(const row_ctx *x, const double *p, const float *q, int64_t n, double *g, double *G) {
+  double *qd = g;
+  for (int64_t i = 0; i < n; i++) qd[i] = (double)q[i];
+  double Lq = lse_d(qd, n), Lp = lse_d(p, n), kd = 0.0, sum = 0.0;
+  for (int64_t i = 0; i < n; i++) {
+    double qh = qd[i] - Lq, ph = p[i] - Lp;
+    if (!x->reverse) {
+      kd += exp(qh) * (qh - ph);
+      g[i] = exp(ph) - exp(qh);
+    } else if (p[i] == -INFINITY) {
+      g[i] = 0.0;
+    } else {
+      kd += exp(ph) * (ph - qh);
+      g[i] = ph - qh; /* times e^ph, minus e^ph kd: finished below, once kd is known */
+    }
+  }
+  for (int64_t i = 0; x->reverse && i < n; i++)
+    if (p[i] != -INFINITY) g[i] = exp(p[i] - Lp) * (g[i] - kd);
+  for (int64_t i = 0; i < n; i++) sum += g[i];
+  *G = sum;
+  return kd;
+}
+
 /* One supervised row: fills kd, lm and the gradient row; returns a ROW_* code (*at: entry).
  *   s [V], ids / lq [ks] or NULL, t [V] or NULL, gr [V] or NULL (may alias s) */
 static int row_one(const row_ctx *x, const float *s, const int32_t *ids, const float *lq, const float *t,
@@ -299,7 +324,7 @@ static int row_one(const row_ctx *x, const float *s, const int32_t *ids, const f
   /* sparse: the kept ids' student log-probs, the K+1 buckets, then the gradient row */
   for (int64_t i = 0; i < n; i++) sc->p[i] = ((double)s[ids[i]] - (double)mx) * x->inv_t - lsT;
   double G;
-  double kd = ghost_kd(x, sc->p, lq, n, sc->g, &G);
+  double kd = x->no_ghost ? renormalized_kd(x, sc->p, lq, n, sc->g, &G) : ghost_kd(x, sc->p, lq, n, sc->g, &G);
   *kd_out = kd;
   if (!isfinite(kd)) return ROW_KD_INF;
   if (gr) {
@@ -400,6 +425,7 @@ ds_status ds_kd_loss_rows(const ds_kd_loss_config *cfg, int64_t row0, int64_t c,
   x.want_lm = cfg->kd_loss_alpha < 1.0;
   x.dense = cfg->top_k == 0;
   x.reverse = cfg->reverse != 0;
+  x.no_ghost = cfg->no_ghost != 0;
   x.K = cfg->top_k;
   x.ks = in->k_stride;
   x.top_p = cfg->top_p;

@@ -119,6 +119,7 @@ static ds_status config_texts(lm_run *t, uint64_t student_hash, uint64_t teacher
     cJSON_AddNumberToObject(j, "top_p", t->cfg.top_p);
     cJSON_AddNumberToObject(j, "min_k", (double)t->cfg.min_k);
     cJSON_AddBoolToObject(j, "reverse", t->cfg.reverse);
+    if (t->cfg.no_ghost) cJSON_AddBoolToObject(j, "no_ghost", 1); /* absent when off: older runs resume */
   }
   cJSON_AddNumberToObject(j, "chunk_rows", (double)t->cfg.chunk_rows);
   t->train_config = cJSON_Print(j);

@@ -32,7 +32,7 @@ TOL = 1e-5
 EPS = float(torch.finfo(torch.float32).eps)  # the ghost clamp of the fp32 compute dtype
 
 
-def reference(inp, T=1.0, top_p=1.0, min_k=1, reverse=False, alpha=1.0):
+def reference(inp, T=1.0, top_p=1.0, min_k=1, reverse=False, alpha=1.0, no_ghost=False):
     """kd.md sections 2-3 in float64 with autograd. Masked rows are replaced (torch.where
     selects), never multiplied by zero."""
     s = torch.tensor(inp["student_logits"], dtype=torch.float64).requires_grad_(True)
@@ -68,7 +68,12 @@ def reference(inp, T=1.0, top_p=1.0, min_k=1, reverse=False, alpha=1.0):
         Lq = torch.logsumexp(torch.where(keep, q, ninf), -1).clamp(max=-EPS)
         Lp = torch.logsumexp(torch.where(keep, p, ninf), -1).clamp(max=-EPS)
         gq, gp = torch.log(-torch.expm1(Lq)), torch.log(-torch.expm1(Lp))
-        if reverse:
+        if no_ghost:  # the ablation: both sides renormalized over the kept entries, K buckets
+            qh = q - torch.logsumexp(torch.where(keep, q, ninf), -1, keepdim=True)
+            ph = p - torch.logsumexp(torch.where(keep, p, ninf), -1, keepdim=True)
+            a, b = (ph, qh) if reverse else (qh, ph)
+            kd = torch.where(keep, a.exp() * (a - b), torch.zeros_like(p)).sum(-1)
+        elif reverse:
             kd = torch.where(keep, p.exp() * (p - q), torch.zeros_like(p)).sum(-1) + gp.exp() * (gp - gq)
         else:
             kd = torch.where(keep, q.exp() * (q - p), torch.zeros_like(p)).sum(-1) + gq.exp() * (gq - gp)
@@ -134,8 +139,8 @@ def make_inputs(rng, R, V, K, masked=False, dropped=False, dense=False, scale=3.
     return inp
 
 
-def options(T, top_p, min_k, reverse, alpha):
-    o = ["--temperature", repr(T), "--kd-loss-alpha", repr(alpha)]
+def options(T, top_p, min_k, reverse, alpha, no_ghost=False):
+    o = ["--temperature", repr(T), "--kd-loss-alpha", repr(alpha)] + (["--no-ghost"] if no_ghost else [])
     if top_p < 1:
         o += ["--top-p", repr(top_p), "--min-k", str(min_k)]
     if reverse:
@@ -193,6 +198,10 @@ def check_grid(ck, args, rng, st):
             ours, _, _ = run_ours(args, path, "grid", options(T, top_p, min_k, reverse, alpha))
             ref = reference(inp, T, top_p, min_k, reverse, alpha)
             check_case(ck, st, ours, ref, label, alpha)
+            if K > 1 and T == 2.5 and min_k == 1:  # the no-ghost ablation (distillation comparison)
+                ours, _, _ = run_ours(args, path, "grid", options(T, top_p, min_k, reverse, alpha, True))
+                check_case(ck, st, ours, reference(inp, T, top_p, min_k, reverse, alpha, True), label + " no-ghost",
+                           alpha)
     # K = V: every id kept
     inp = make_inputs(rng, 6, 40, 40)
     path = os.path.join(args.tmp, "k-eq-v.in.safetensors")
