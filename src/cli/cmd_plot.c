@@ -1,7 +1,9 @@
 /* dspark plot PATH... [--out DIR]: draws figures with gnuplot from what runs leave behind.
  *   a run directory (metrics.jsonl of train / pretrain / distill): one PNG per metric, train
  *     and held-out curves, into RUN/plots/ (or --out);
- *   a folder of runs (such as the demo's): every run directory directly inside it. */
+ *   a speculation report (`dspark speculate --report FILE.json`): acceptance by position,
+ *     tokens per round and calibration figures beside it (or in --out);
+ *   a folder (such as the demo's): every run directory and every report directly inside it. */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,8 +19,9 @@ static void plot_usage(FILE *f) {
   fprintf(f,
           "usage: dspark plot PATH... [--out DIR]\n"
           "  PATH  a run directory (its metrics.jsonl: loss, held-out loss, acceptance, tau, perplexity,\n"
-          "        learning rate, ... per step) or a folder holding run directories\n"
-          "  --out DIR  where the figures go (default: RUN/plots); each figure's data (.dat) and\n"
+          "        learning rate, ... per step), a `dspark speculate --report` JSON (acceptance by\n"
+          "        position, tokens per round, calibration), or a folder holding runs and reports\n"
+          "  --out DIR  where the figures go (default: RUN/plots, beside a report); each figure's data (.dat) and\n"
           "             gnuplot script (.gp) are written beside its PNG, to redraw or restyle it\n");
 }
 
@@ -46,7 +49,30 @@ static int plot_run_dir(const char *run, const char *out, int many) {
   return st == DS_OK ? 0 : cli_report_error("plot");
 }
 
-/* The run directories directly inside dir, sorted by name. */
+static int ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), m = strlen(suffix);
+  return n >= m && !strcmp(s + n - m, suffix);
+}
+
+/* A report's figures go beside it unless --out says otherwise. skip_other: a JSON that is
+ * not a report is passed over (in a folder) rather than an error. */
+static int plot_report_file(const char *path, const char *out, int skip_other) {
+  char *dir = NULL;
+  if (out) dir = strdup(out);
+  else {
+    const char *slash = strrchr(path, '/');
+    dir = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
+  }
+  if (!dir) return cli_report_error("plot");
+  int n = 0;
+  ds_status st = plot_report(path, dir, &n);
+  if (st == DS_OK) fprintf(stderr, "plot: %s: %d figure%s in %s\n", path, n, n == 1 ? "" : "s", dir);
+  free(dir);
+  if (st == DS_ERR_NOT_FOUND && skip_other) return 0;
+  return st == DS_OK ? 0 : cli_report_error("plot");
+}
+
+/* The run directories and reports directly inside dir, sorted by name. */
 static int plot_folder(const char *dir, const char *out) {
   struct dirent **names = NULL;
   int n = scandir(dir, &names, NULL, alphasort), found = 0, rc = 0;
@@ -61,6 +87,9 @@ static int plot_folder(const char *dir, const char *out) {
       else if (is_dir(sub) && has_metrics(sub)) {
         found++;
         rc = plot_run_dir(sub, out, 1);
+      } else if (!is_dir(sub) && ends_with(sub, ".json")) {
+        found++;
+        rc = plot_report_file(sub, out, 1);
       }
       free(sub);
     }
@@ -68,7 +97,7 @@ static int plot_folder(const char *dir, const char *out) {
   }
   free(names);
   if (rc == 0 && !found) {
-    fprintf(stderr, "dspark plot: %s: neither a run directory (no metrics.jsonl) nor a folder of runs\n", dir);
+    fprintf(stderr, "dspark plot: %s: neither a run directory (no metrics.jsonl) nor a folder of runs or reports\n", dir);
     return 1;
   }
   return rc;
@@ -104,8 +133,7 @@ int cmd_plot(int argc, char **argv) {
       continue;
     }
     if (!is_dir(a)) {
-      fprintf(stderr, "dspark plot: %s: not a directory\n", a);
-      rc = 1;
+      rc = plot_report_file(a, out, 0);
     } else {
       rc = has_metrics(a) ? plot_run_dir(a, out, n_paths > 1) : plot_folder(a, out);
     }

@@ -20,5 +20,9 @@ void plot_quote(FILE *f, const char *s);
 
 /* The training curves of a run directory (metrics.jsonl): one PNG per metric into out_dir. */
 ds_status plot_metrics(const char *run_dir, const char *out_dir, int *n_png);
+/* The figures of a `dspark speculate --report` JSON into out_dir, named after the report
+ * (REPORT-acceptance.png, REPORT-tokens-per-round.png, REPORT-calibration.png when it has a
+ * calibration). A JSON that is not such a report: DS_ERR_NOT_FOUND. */
+ds_status plot_report(const char *json_path, const char *out_dir, int *n_png);
 
 #endif

@@ -49,6 +49,27 @@ grep -q "metrics.jsonl" "$tmp/err" && grep -q "line 2" "$tmp/err" || no "malform
 if "$dspark" plot "$tmp/runs/notarun" 2> "$tmp/err"; then no "an empty folder was accepted"; fi
 grep -q "metrics.jsonl" "$tmp/err" || no "empty folder error unclear: $(cat "$tmp/err")"
 
+# a speculation report: acceptance, tokens per round and calibration figures beside it
+cat > "$tmp/runs/spec.json" <<'EOF'
+{"convention": "tau: tokens committed per target pass, bonus counted", "policy": "fixed", "tau": 2.5,
+ "accept_conditional": [0.8, 0.5, 0.25], "accept_unconditional": [0.8, 0.4, 0.1],
+ "tokens_per_round_histogram": [3, 5, 1, 1],
+ "calibration": {"ece_raw": [0.2, 0.3, 0.1], "ece_calibrated": [0.05, 0.04, 0.02]}}
+EOF
+echo '{"not": "a report"}' > "$tmp/runs/other.json"
+if ! "$dspark" plot "$tmp/runs/spec.json" 2> "$tmp/err"; then no "plot of a report failed: $(cat "$tmp/err")"; fi
+for m in acceptance tokens-per-round calibration; do
+  [ -f "$tmp/runs/spec-$m.png" ] || no "spec-$m.png missing"
+done
+[ "$(grep -v '^#' "$tmp/runs/spec-acceptance.dat")" = "$(printf '1 0.8 0.8\n2 0.5 0.4\n3 0.25 0.1')" ] ||
+  no "spec-acceptance.dat: $(cat "$tmp/runs/spec-acceptance.dat")"
+grep -q "^2 5$" "$tmp/runs/spec-tokens-per-round.dat" || no "histogram data wrong"
+if "$dspark" plot "$tmp/runs/other.json" 2> "$tmp/err"; then no "a JSON that is not a report was accepted"; fi
+grep -q "not a speculative-decoding report" "$tmp/err" || no "non-report error unclear: $(cat "$tmp/err")"
+cp "$tmp/runs/a/metrics.jsonl" "$tmp/runs/b/metrics.jsonl" # b was broken above
+"$dspark" plot "$tmp/runs" --out "$tmp/all2" 2> "$tmp/err" || no "a folder with a report and another JSON failed: $(cat "$tmp/err")"
+[ -f "$tmp/all2/spec-calibration.png" ] || no "folder: the report's figures missing"
+
 # no gnuplot on PATH: the error names the set-up script
 mkdir -p "$tmp/emptybin"
 if PATH="$tmp/emptybin" "$dspark" plot "$tmp/runs/a" --out "$tmp/x" 2> "$tmp/err"; then no "ran without gnuplot"; fi

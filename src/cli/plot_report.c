@@ -1,0 +1,120 @@
+/* The figures of a speculative-decoding report (`dspark speculate --report`): acceptance by
+ * position (conditional and unconditional), the histogram of tokens committed per round, and
+ * the calibration (ECE of the cumulative acceptance per position, before and after STS). */
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/plot.h"
+#include "core/json_util.h"
+#include "dspark/fileio.h"
+
+static const cJSON *field(const cJSON *j, const char *key) { return cJSON_GetObjectItemCaseSensitive(j, key); }
+
+/* Writes the arrays as columns: index (from `first`), then one column per array; a missing or
+ * shorter array leaves "?" (gnuplot's missing value). Returns the row count. */
+static int write_columns(FILE *f, const cJSON *const *cols, int n_cols, int first) {
+  int rows = 0;
+  for (int c = 0; c < n_cols; c++)
+    if (cJSON_IsArray(cols[c]) && cJSON_GetArraySize(cols[c]) > rows) rows = cJSON_GetArraySize(cols[c]);
+  for (int r = 0; r < rows; r++) {
+    fprintf(f, "%d", r + first);
+    for (int c = 0; c < n_cols; c++) {
+      const cJSON *e = cJSON_IsArray(cols[c]) ? cJSON_GetArrayItem(cols[c], r) : NULL;
+      if (cJSON_IsNumber(e)) fprintf(f, " %.9g", e->valuedouble);
+      else fprintf(f, " ?");
+    }
+    fprintf(f, "\n");
+  }
+  return rows;
+}
+
+typedef struct {
+  const char *out_dir, *stem, *title; /* stem: the report's file name without .json */
+} figure_ctx;
+
+/* Writes STEM-NAME.dat with the columns, STEM-NAME.gp with `head` then `plot` and draws it. */
+static ds_status draw(const figure_ctx *x, const char *name, const cJSON *const *cols, int n_cols, int first,
+                      const char *head, const char *plot, int *n_png) {
+  char dat[320], gp[320];
+  snprintf(dat, sizeof dat, "%s-%s.dat", x->stem, name);
+  snprintf(gp, sizeof gp, "%s-%s.gp", x->stem, name);
+  FILE *f = plot_open(x->out_dir, dat);
+  if (!f) return DS_ERR_IO;
+  int rows = write_columns(f, cols, n_cols, first);
+  DS_TRY(plot_close(f, x->out_dir, dat));
+  if (!rows) return DS_OK; /* nothing to draw (e.g. no calibration in this report) */
+  if (!(f = plot_open(x->out_dir, gp))) return DS_ERR_IO;
+  fprintf(f, "set terminal pngcairo size 800,480 noenhanced font ',10'\nset output ");
+  char png[320];
+  snprintf(png, sizeof png, "%s-%s.png", x->stem, name);
+  plot_quote(f, png);
+  fprintf(f, "\nset title ");
+  char title[400];
+  snprintf(title, sizeof title, "%s: %s", x->title, name);
+  plot_quote(f, title);
+  fprintf(f, "\nset grid\nset key top right\n%s\ndatafile = ", head);
+  plot_quote(f, dat);
+  fprintf(f, "\n%s\n", plot);
+  DS_TRY(plot_close(f, x->out_dir, gp));
+  DS_TRY(plot_run(x->out_dir, gp));
+  (*n_png)++;
+  return DS_OK;
+}
+
+ds_status plot_report(const char *json_path, const char *out_dir, int *n_png) {
+  *n_png = 0;
+  char *buf = NULL;
+  size_t len = 0;
+  DS_TRY(ds_read_file(json_path, &buf, &len));
+  ds_status st;
+  cJSON *j = ds_json_parse(buf, len, json_path, &st);
+  free(buf);
+  if (!j) return st;
+  const cJSON *cond = field(j, "accept_conditional"), *uncond = field(j, "accept_unconditional");
+  const cJSON *hist = field(j, "tokens_per_round_histogram"), *tau = field(j, "tau");
+  if (!cJSON_IsArray(cond) || !cJSON_IsArray(hist) || !cJSON_IsNumber(tau)) {
+    cJSON_Delete(j);
+    return DS_FAIL(DS_ERR_NOT_FOUND, "%s: not a speculative-decoding report (accept_conditional, "
+                   "tokens_per_round_histogram or tau missing)", json_path);
+  }
+  /* the stem names the figures: report.json -> report-acceptance.png */
+  const char *base = strrchr(json_path, '/') ? strrchr(json_path, '/') + 1 : json_path;
+  char stem[256], title[300];
+  snprintf(stem, sizeof stem, "%.*s", (int)(strlen(base) > 5 && !strcmp(base + strlen(base) - 5, ".json")
+                                                ? strlen(base) - 5 : strlen(base)), base);
+  const cJSON *policy = field(j, "policy");
+  snprintf(title, sizeof title, "%s (%s, tau %.3f)", stem, cJSON_IsString(policy) ? policy->valuestring : "?",
+           tau->valuedouble);
+  figure_ctx x = {out_dir, stem, title};
+  st = ds_mkdir_p(out_dir);
+  if (st == DS_OK) {
+    const cJSON *cols[2] = {cond, uncond};
+    st = draw(&x, "acceptance", cols, 2, 1,
+              "set xlabel 'draft position'\nset ylabel 'acceptance'\nset yrange [0:1.05]\nset xtics 1",
+              "plot datafile using 1:2 with linespoints pt 7 lw 2 title 'conditional (given the earlier accepted)', \\\n"
+              "     datafile using 1:3 with linespoints pt 5 lw 2 title 'unconditional (per round)'",
+              n_png);
+  }
+  if (st == DS_OK) {
+    const cJSON *cols[1] = {hist};
+    st = draw(&x, "tokens-per-round", cols, 1, 1,
+              "set xlabel 'tokens committed in a round (bonus counted)'\nset ylabel 'rounds'\nset yrange [0:*]\n"
+              "set xtics 1\nset style fill solid 0.6\nset boxwidth 0.7",
+              "plot datafile using 1:2 with boxes lc rgb '#1f77b4' notitle", n_png);
+  }
+  const cJSON *cal = field(j, "calibration");
+  if (st == DS_OK && cJSON_IsObject(cal)) {
+    const cJSON *cols[2] = {field(cal, "ece_raw"), field(cal, "ece_calibrated")};
+    int after = cJSON_IsArray(cols[1]) && cJSON_GetArraySize(cols[1]) > 0;
+    st = draw(&x, "calibration", cols, after ? 2 : 1, 1,
+              "set xlabel 'draft position'\nset ylabel 'ECE of the cumulative acceptance'\nset yrange [0:*]\n"
+              "set xtics 1\nset style data histogram\nset style histogram clustered gap 1\n"
+              "set style fill solid 0.7",
+              after ? "plot datafile using 2:xtic(1) title 'raw confidence', '' using 3 title 'after STS'"
+                    : "plot datafile using 2:xtic(1) title 'raw confidence'",
+              n_png);
+  }
+  cJSON_Delete(j);
+  return st;
+}
