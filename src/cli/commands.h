@@ -17,6 +17,8 @@ int cmd_kd_loss(int argc, char **argv);
 int cmd_draft_forward(int argc, char **argv);
 int cmd_capture(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+int cmd_calibrate(int argc, char **argv);
+int cmd_profile(int argc, char **argv);
 
 /* Prints "dspark: <status>: <message>" for the thread's last error and returns 1. */
 int cli_report_error(const char *what);
