@@ -44,17 +44,18 @@ void ds_sts_fit(const ds_round_set *s, double *T);
 /* The prefix scheduler (paper Algorithm 1). R requests; request r offers n_cand[r] candidate
  * tokens with survival probabilities a[r][0..n_cand[r]-1] (non-increasing: a_{r,j} =
  * prod_{i<=j} c_{r,i}). verify_s[B-1] = seconds of one target pass verifying B tokens,
- * B = 1 .. max_B; fixed_s = seconds of the round that do not depend on the choice (the drafts
+ * B = 1 .. max_B (past the end: the line through the last two entries, never decreasing; a
+ * one-entry table: proportional to B); fixed_s = seconds of the round that do not depend on the choice (the drafts
  * already run). Starting from B = R, tau = R (every request commits one token), candidates are
  * admitted in descending a (ties: lower r, then lower j), B += 1 and tau += a each, while
  * Theta = tau / (fixed_s + verify_s[B-1]) (expected tokens per second; with fixed_s = 0 it is
- * tau * SPS(B)) improves; the first admission that does not improve it, or that exceeds max_B,
- * stops the scan (the early stop). len[r] = the admitted prefix length of request r. Returns
+ * tau * SPS(B)) improves; the first admission that does not improve it stops the scan (the
+ * early stop). len[r] = the admitted prefix length of request r. Returns
  * the best Theta. Allocates nothing (the requests' lists are merged head by head). */
 double ds_prefix_schedule(int R, const int64_t *n_cand, const double *const *a, const double *verify_s, int64_t max_B,
                           double fixed_s, int64_t *len);
 /* The expected speedup of speculating one request alone over plain decoding, at its best
- * length: max over L = 1 .. n_cand (and L + 1 <= max_B) of
+ * length (the table priced as above): max over L = 1 .. n_cand of
  * (1 + sum_{j<L} a_j) * verify_s[0] / (draft_s + verify_s[L]); 0 when no L qualifies. Below 1,
  * drafting for the request does not pay. *best_len (may be NULL) gets that L. */
 double ds_spec_expected_gain(int64_t n_cand, const double *a, const double *verify_s, int64_t max_B, double draft_s,

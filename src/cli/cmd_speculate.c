@@ -284,8 +284,9 @@ int cmd_speculate(int argc, char **argv) {
       else snprintf(profile_source + strlen(profile_source), sizeof profile_source - strlen(profile_source),
                     " (no draft cost for block length %lld: measured during decoding)", (long long)drafted);
     } else {
-      /* a quick table for this batch's largest pass; `dspark profile` measures a steadier one */
-      n_verify = (int64_t)R * (drafted + 1);
+      /* a quick table up to this batch's largest pass (at most 64 tokens: the scheduler extends
+       * it linearly); `dspark profile` measures a steadier one */
+      n_verify = (int64_t)R * (drafted + 1) < 64 ? (int64_t)R * (drafted + 1) : 64;
       verify = malloc((size_t)n_verify * sizeof *verify);
       double t0 = ds_time_sec();
       if (!verify || ds_spec_profile_verify(t, 64, n_verify, 3, dc->target_layer_ids, dc->n_target_layers, verify) != DS_OK) {

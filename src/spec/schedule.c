@@ -74,20 +74,29 @@ void ds_sts_fit(const ds_round_set *s, double *T) {
   free(prefix);
 }
 
+/* Seconds of a pass verifying B tokens: the table's entry, past its end the line through its
+ * last two entries (never cheaper than the last), a one-entry table proportional to B. */
+static double verify_cost(const double *verify_s, int64_t max_B, int64_t B) {
+  if (B <= max_B) return verify_s[B - 1];
+  if (max_B < 2) return verify_s[0] * (double)B;
+  double slope = verify_s[max_B - 1] - verify_s[max_B - 2];
+  return verify_s[max_B - 1] + (slope > 0 ? slope : 0.0) * (double)(B - max_B);
+}
+
 double ds_prefix_schedule(int R, const int64_t *n_cand, const double *const *a, const double *verify_s, int64_t max_B,
                           double fixed_s, int64_t *len) {
   for (int r = 0; r < R; r++) len[r] = 0;
-  if (R < 1 || R > max_B) return 0.0;
+  if (R < 1 || max_B < 1) return 0.0;
   int64_t B = R;
-  double tau = R, best = tau / (fixed_s + verify_s[B - 1]);
+  double tau = R, best = tau / (fixed_s + verify_cost(verify_s, max_B, B));
   for (;;) {
     /* the next candidate in descending survival: each request's list is non-increasing, so
      * the best is one of the R heads (ties: the lower request) */
     int pick = -1;
     for (int r = 0; r < R; r++)
       if (len[r] < n_cand[r] && (pick < 0 || a[r][len[r]] > a[pick][len[pick]])) pick = r;
-    if (pick < 0 || B + 1 > max_B) break;
-    double theta = (tau + a[pick][len[pick]]) / (fixed_s + verify_s[B]);
+    if (pick < 0) break;
+    double theta = (tau + a[pick][len[pick]]) / (fixed_s + verify_cost(verify_s, max_B, B + 1));
     if (!(theta > best)) break; /* the early stop: the first admission that does not pay ends the scan */
     best = theta;
     tau += a[pick][len[pick]];
@@ -101,9 +110,10 @@ double ds_spec_expected_gain(int64_t n_cand, const double *a, const double *veri
                              int64_t *best_len) {
   double best = 0.0, tokens = 1.0; /* L = 0 (plain decoding) would be 1 by definition: not a candidate */
   int64_t at = 0;
-  for (int64_t L = 1; L <= n_cand && L + 1 <= max_B; L++) {
+  if (max_B < 1) return 0.0;
+  for (int64_t L = 1; L <= n_cand; L++) {
     tokens += a[L - 1];
-    double g = tokens * verify_s[0] / (draft_s + verify_s[L]);
+    double g = tokens * verify_s[0] / (draft_s + verify_cost(verify_s, max_B, L + 1));
     if (g > best) best = g, at = L;
   }
   if (best_len) *best_len = at;

@@ -37,17 +37,19 @@ static void test_prefix_schedule_limits(void) {
   /* verification costs nothing more per token: every candidate pays */
   ds_prefix_schedule(2, n_cand, a, flat, 8, 0.0, len);
   EXPECT(len[0] == 3 && len[1] == 2);
-  /* the table ends at B = 4: two admissions (0.9, then 0.8) */
-  ds_prefix_schedule(2, n_cand, a, flat, 4, 0.0, len);
-  EXPECT(len[0] == 1 && len[1] == 1);
-  /* a table shorter than the batch admits nothing */
+  /* past the table's end (B = 3) the line through its last two entries, 0.2 s per token:
+   * 2/1, 2.9/1.2 = 2.417, 3.7/1.4 = 2.643, 4.42/1.6 = 2.7625, then 4.82/1.8 = 2.678 stops */
+  const double short_table[] = {1, 1, 1.2};
+  EXPECT_CLOSE(ds_prefix_schedule(2, n_cand, a, short_table, 3, 0.0, len), 4.42 / 1.6, 1e-12, 0);
+  EXPECT(len[0] == 2 && len[1] == 1);
+  /* a one-entry table prices tokens proportionally: 2/2 = 1, then 2.9/3 does not pay */
   ds_prefix_schedule(2, n_cand, a, flat, 1, 0.0, len);
   EXPECT(len[0] == 0 && len[1] == 0);
-  /* equal survivals: the lower request first */
-  const double b0[] = {0.5}, b1[] = {0.5};
+  /* equal survivals: the lower request first (2/1, 2.5/1, then 3/2 stops) */
+  const double b0[] = {0.5}, b1[] = {0.5}, dear4[] = {1, 1, 1, 2};
   const double *b[] = {b0, b1};
   const int64_t one[] = {1, 1};
-  ds_prefix_schedule(2, one, b, flat, 3, 0.0, len);
+  ds_prefix_schedule(2, one, b, dear4, 4, 0.0, len);
   EXPECT(len[0] == 1 && len[1] == 0);
   /* a verification cost that doubles with one more token never pays for a survival of 0.9 */
   const double steep[] = {1, 2, 4};
@@ -65,7 +67,8 @@ static void test_expected_gain(void) {
   EXPECT_CLOSE(ds_spec_expected_gain(2, a, verify, 3, 0.5, &L), 2.62 / 1.7, 1e-12, 0);
   EXPECT(L == 2);
   EXPECT_CLOSE(ds_spec_expected_gain(2, a, verify, 3, 5.0, &L), 2.62 / 6.2, 1e-12, 0);
-  EXPECT(ds_spec_expected_gain(2, a, verify, 2, 0.5, &L) == 1.9 / 1.6 && L == 1); /* the table ends at B = 2 */
+  /* a table ending at B = 2 is extended by its last step (0.1): the same answer */
+  EXPECT_CLOSE(ds_spec_expected_gain(2, a, verify, 2, 0.5, &L), 2.62 / 1.7, 1e-12, 0);
   EXPECT(ds_spec_expected_gain(0, a, verify, 3, 0.5, &L) == 0.0 && L == 0);
 }
 
