@@ -7,8 +7,9 @@
  *   2. the sequential head left to right: slot k's logits are the base logits plus the Markov
  *      bias of the token chosen at slot k-1 (x_s for the first), x_k drawn from
  *      q_k = the sampling distribution (temperature, top-p) of those logits, greedy = argmax;
- *      the policy decides how many slots L to propose (fixed, or until the cumulative
- *      confidence falls below a threshold);
+ *      the policy decides how many slots L to propose (fixed, until the cumulative
+ *      confidence falls below a threshold, or the prefix scheduler over the batch, see
+ *      spec_schedule.h);
  *   3. one target pass over [x_s, x_1 .. x_L] with its KV cache gives p_0 .. p_L;
  *   4. x_k is accepted with probability min(1, p_{k-1}(x_k) / q_k(x_k)) (greedy: when it is
  *      the target's argmax); at the first rejection the replacement is drawn from
