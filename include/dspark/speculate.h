@@ -7,8 +7,9 @@
  *   2. the sequential head left to right: slot k's logits are the base logits plus the Markov
  *      bias of the token chosen at slot k-1 (x_s for the first), x_k drawn from
  *      q_k = the sampling distribution (temperature, top-p) of those logits, greedy = argmax;
- *      the policy decides how many slots L to propose (fixed, or until the cumulative
- *      confidence falls below a threshold);
+ *      the policy decides how many slots L to propose (fixed, until the cumulative
+ *      confidence falls below a threshold, or the prefix scheduler over the batch, see
+ *      spec_schedule.h);
  *   3. one target pass over [x_s, x_1 .. x_L] with its KV cache gives p_0 .. p_L;
  *   4. x_k is accepted with probability min(1, p_{k-1}(x_k) / q_k(x_k)) (greedy: when it is
  *      the target's argmax); at the first rejection the replacement is drawn from
@@ -34,7 +35,7 @@
 extern "C" {
 #endif
 
-typedef enum { DS_SPEC_FIXED = 0, DS_SPEC_THRESHOLD } ds_spec_policy;
+typedef enum { DS_SPEC_FIXED = 0, DS_SPEC_THRESHOLD, DS_SPEC_SCHEDULER } ds_spec_policy;
 
 enum { DS_SPEC_MAX_LEN = 64 };
 
@@ -48,6 +49,25 @@ typedef struct {
   int64_t draft_len;       /* L for the fixed policy, the most for the others (default: the block size) */
   double threshold;        /* threshold policy: propose while prod sigmoid(conf) >= threshold (0.5) */
   int test_bias;           /* testing aid: accept every draft token (breaks losslessness on purpose) */
+  /* Sequential Temperature Scaling (spec_schedule.h): confidence at position k =
+   * sigmoid(logit / calibration[k]); NULL (or positions past n_calibration): T = 1. */
+  const double *calibration;
+  int64_t n_calibration;
+  /* The scheduler policy (prefix scheduler, spec_schedule.h): every request drafts its whole
+   * block, then one schedule over the batch picks each request's length to maximize the
+   * expected tokens per second, priced by verify_s[B-1] = seconds of a target pass verifying
+   * B tokens (B = 1 .. n_verify) and draft_block_s = seconds of one request's draft block
+   * (<= 0: the mean measured in this run). A request whose expected gain over plain decoding
+   * is below 1 stops drafting (plain rounds, same output) and tries again after a back-off.
+   * Without the confidence head the survival probabilities are this run's acceptance rates. */
+  const double *verify_s;
+  int64_t n_verify;
+  double draft_block_s;
+  /* Called after each request's round with the confidence logits of the slots drafted
+   * (conf [n_conf], NAN without the confidence head), the tokens proposed and accepted; may
+   * be NULL. Setting it makes every policy compute the confidences. */
+  void (*on_round)(void *user, int request, const float *conf, int64_t n_conf, int64_t n_prop, int64_t n_acc);
+  void *round_user;
   /* Called after each committed token with all generated ids so far (streaming output); may be NULL. */
   void (*on_token)(void *user, const int32_t *ids, int64_t n);
   void *user;
@@ -65,6 +85,9 @@ typedef struct {
   double pos_accepted[DS_SPEC_MAX_LEN];  /* ... and accepted it */
   int64_t committed_hist[DS_SPEC_MAX_LEN + 2]; /* rounds that committed c tokens, c = 1 .. L + 1 */
   double prefill_s, draft_s, verify_s, total_s;
+  int64_t steps;                         /* verification passes of the whole batch (the same in every result) */
+  int64_t plain_rounds;                  /* rounds the scheduler decoded plainly (speculation switched off) */
+  int64_t switched_off;                  /* times the scheduler switched speculation off for the request */
 } ds_spec_result;
 
 /* Plain decoding with the target alone (what `dspark generate` runs): prefill once, then one

@@ -10,6 +10,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/prompt.h"
+#include "cli/spec_io.h"
 #include "dspark/backend.h"
 #include "dspark/checkpoint.h"
 #include "dspark/fileio.h"
@@ -27,8 +28,15 @@ static void usage(FILE *f) {
           "                        every request's candidates; one output line per request (ids, or the text as\n"
           "                        a JSON string); request i samples with seed S + i\n"
           "  --top-p P  --seed S  --ignore-eos  --print-ids   as for `dspark generate`\n"
-          "  --policy fixed|threshold  fixed: propose --draft-len tokens every round; threshold: propose while\n"
-          "                        the product of the confidence head's probabilities stays >= --threshold\n"
+          "  --policy fixed|threshold|scheduler  fixed: propose --draft-len tokens every round; threshold:\n"
+          "                        propose while the product of the confidence head's probabilities stays >=\n"
+          "                        --threshold; scheduler: the prefix scheduler picks each request's length to\n"
+          "                        maximize expected tokens per second from the (calibrated) confidences and\n"
+          "                        the profiled costs, and switches speculation off for a request (plain\n"
+          "                        decoding, same output) while it does not pay\n"
+          "  --calibration FILE.json  temperatures from `dspark calibrate` applied to the confidences\n"
+          "  --profile FILE.json   costs from `dspark profile` for the scheduler (without it: the verification\n"
+          "                        table is measured in-process before decoding, the draft cost during it)\n"
           "  --draft-len L         tokens proposed per round (default: the draft's block size; at most it)\n"
           "  --threshold C         for --policy threshold (0.5)\n"
           "  --baseline            also decode the prompt plainly in the same run and report the speedup\n"
@@ -39,18 +47,21 @@ static void usage(FILE *f) {
           "  --threads N\n"
           "Report convention: tau = tokens committed per target verification pass, the bonus or replacement\n"
           "token counted; acceptance per position conditional (accepted / proposed there) and unconditional\n"
-          "(accepted / rounds).\n");
+          "(accepted / rounds); the report's \"convention\" field says so.\n");
 }
 
 /* Sums of the per-request results (ids dropped); the timings are the batch's, counted once. */
 static void accumulate(ds_spec_result *acc, const ds_spec_result *r, int with_time) {
   acc->n += r->n;
   acc->rounds += r->rounds;
+  acc->plain_rounds += r->plain_rounds;
+  acc->switched_off += r->switched_off;
   acc->proposed += r->proposed;
   for (int k = 0; k < DS_SPEC_MAX_LEN; k++) acc->pos_proposed[k] += r->pos_proposed[k], acc->pos_accepted[k] += r->pos_accepted[k];
   for (int c = 0; c < DS_SPEC_MAX_LEN + 2; c++) acc->committed_hist[c] += r->committed_hist[c];
   if (with_time)
-    acc->prefill_s += r->prefill_s, acc->draft_s += r->draft_s, acc->verify_s += r->verify_s, acc->total_s += r->total_s;
+    acc->prefill_s += r->prefill_s, acc->draft_s += r->draft_s, acc->verify_s += r->verify_s, acc->total_s += r->total_s,
+    acc->steps += r->steps;
 }
 
 /* Tokens per second after the prefill over `requests` requests: each request's first token
@@ -60,18 +71,45 @@ static double decode_rate(const ds_spec_result *r, int64_t requests) {
   return r->n > requests && t > 0 ? (double)(r->n - requests) / t : 0.0;
 }
 
+/* What the report says beyond the sums of the results. */
+typedef struct {
+  const char *policy;
+  const char *calibration_path; /* NULL: none */
+  const double *T;              /* [g] the temperatures (1 past the file's), NULL without calibration */
+  const cli_rounds *rounds;     /* NULL without the confidence head */
+  const char *profile_source;   /* scheduler only */
+  int64_t requests_switched_off;
+} report_extras;
+
+static const char k_convention[] =
+    "tau = tokens committed per target verification pass (the bonus or replacement token counted); "
+    "accept_conditional[k] = accepted / proposed at draft position k+1 (given the earlier ones were "
+    "accepted); accept_unconditional[k] = accepted at position k+1 / rounds; "
+    "tokens_per_round_histogram[i] = rounds that committed i+1 tokens; per_round times are per "
+    "verification pass of the batch (bookkeeping = total - prefill - draft - verify); ECE = expected "
+    "calibration error (10 equal-width bins) of the cumulative acceptance prediction prod_{i<=k} "
+    "confidence_i against whether positions 1..k+1 were all accepted, over the rounds that proposed "
+    "position k+1";
+
+static double mean_array(const cJSON *a) {
+  double sum = 0;
+  int n = 0;
+  const cJSON *e;
+  cJSON_ArrayForEach(e, a) sum += e->valuedouble, n++;
+  return n ? sum / n : 0.0;
+}
+
 static ds_status write_report(const char *path, const ds_spec_options *o, int64_t g, int64_t requests,
-                              const ds_spec_result *s, const ds_spec_result *plain) {
+                              const ds_spec_result *s, const ds_spec_result *plain, const report_extras *x) {
   cJSON *j = cJSON_CreateObject();
-  cJSON_AddStringToObject(j, "convention", "tau = tokens committed per target verification pass (bonus counted); "
-                                           "conditional = accepted / proposed at the position; unconditional = "
-                                           "accepted / rounds");
+  cJSON_AddStringToObject(j, "convention", k_convention);
   cJSON_AddNumberToObject(j, "requests", (double)requests);
-  cJSON_AddStringToObject(j, "policy", o->policy == DS_SPEC_THRESHOLD ? "threshold" : "fixed");
+  cJSON_AddStringToObject(j, "policy", x->policy);
   cJSON_AddNumberToObject(j, "draft_len", (double)(o->draft_len > 0 ? o->draft_len : g));
   cJSON_AddNumberToObject(j, "temperature", o->temperature);
   cJSON_AddNumberToObject(j, "generated_tokens", (double)s->n);
   cJSON_AddNumberToObject(j, "rounds", (double)s->rounds);
+  cJSON_AddNumberToObject(j, "verification_passes", (double)s->steps);
   cJSON_AddNumberToObject(j, "tau", ds_spec_tau(s));
   cJSON *cond = cJSON_CreateArray(), *uncond = cJSON_CreateArray(), *hist = cJSON_CreateArray();
   for (int64_t k = 0; k < g; k++) {
@@ -82,27 +120,58 @@ static ds_status write_report(const char *path, const ds_spec_options *o, int64_
   cJSON_AddItemToObject(j, "accept_conditional", cond);
   cJSON_AddItemToObject(j, "accept_unconditional", uncond);
   cJSON_AddItemToObject(j, "tokens_per_round_histogram", hist); /* index i: rounds that committed i + 1 tokens */
+  double book = s->total_s - s->prefill_s - s->draft_s - s->verify_s;
   cJSON_AddNumberToObject(j, "prefill_s", s->prefill_s);
   cJSON_AddNumberToObject(j, "draft_s", s->draft_s);
   cJSON_AddNumberToObject(j, "verify_s", s->verify_s);
+  cJSON_AddNumberToObject(j, "bookkeeping_s", book > 0 ? book : 0);
   cJSON_AddNumberToObject(j, "total_s", s->total_s);
+  cJSON *per = cJSON_CreateObject();
+  double steps = s->steps > 0 ? (double)s->steps : 1.0;
+  cJSON_AddNumberToObject(per, "draft_s", s->draft_s / steps);
+  cJSON_AddNumberToObject(per, "verify_s", s->verify_s / steps);
+  cJSON_AddNumberToObject(per, "bookkeeping_s", (book > 0 ? book : 0) / steps);
+  cJSON_AddItemToObject(j, "per_round", per);
   cJSON_AddNumberToObject(j, "decode_tokens_per_s", decode_rate(s, requests));
   if (plain) {
     cJSON_AddNumberToObject(j, "plain_decode_tokens_per_s", decode_rate(plain, requests));
     cJSON_AddNumberToObject(j, "speedup", decode_rate(plain, requests) > 0 ? decode_rate(s, requests) / decode_rate(plain, requests) : 0);
   }
+  if (x->rounds) {
+    cJSON *cal = cJSON_CreateObject();
+    ds_round_set set = cli_rounds_set(x->rounds, NULL);
+    if (x->calibration_path) cJSON_AddStringToObject(cal, "file", x->calibration_path);
+    else cJSON_AddNullToObject(cal, "file");
+    cJSON *raw = cli_ece_array(&set, NULL);
+    cJSON_AddNumberToObject(cal, "ece_raw_mean", mean_array(raw));
+    cJSON_AddItemToObject(cal, "ece_raw", raw);
+    if (x->T) {
+      cJSON *after = cli_ece_array(&set, x->T);
+      cJSON_AddNumberToObject(cal, "ece_calibrated_mean", mean_array(after));
+      cJSON_AddItemToObject(cal, "ece_calibrated", after);
+      cJSON_AddItemToObject(cal, "temperatures", cli_number_array(x->T, g));
+    }
+    cJSON_AddItemToObject(cal, "count", cli_ece_counts(&set));
+    cJSON_AddItemToObject(j, "calibration", cal);
+  } else {
+    cJSON_AddNullToObject(j, "calibration"); /* no confidence head */
+  }
+  if (o->policy == DS_SPEC_SCHEDULER) {
+    cJSON *sc = cJSON_CreateObject();
+    cJSON_AddStringToObject(sc, "profile", x->profile_source);
+    cJSON_AddNumberToObject(sc, "switch_offs", (double)s->switched_off);
+    cJSON_AddNumberToObject(sc, "rounds_switched_off", (double)s->plain_rounds);
+    cJSON_AddNumberToObject(sc, "requests_switched_off", (double)x->requests_switched_off);
+    cJSON_AddItemToObject(j, "scheduler", sc);
+  }
   cJSON_AddStringToObject(j, "gemm", ds_gemm_name());
   cJSON_AddNumberToObject(j, "threads", ds_get_num_threads());
-  char *text = cJSON_Print(j);
-  cJSON_Delete(j);
-  if (!text) return DS_FAIL(DS_ERR_NOMEM, "out of memory");
-  ds_status st = ds_write_file_atomic(path, text, strlen(text));
-  free(text);
-  return st;
+  return cli_write_json(path, j);
 }
 
 int cmd_speculate(int argc, char **argv) {
   const char *target_dir = NULL, *draft_dir = NULL, *prompt = NULL, *prompt_ids = NULL, *report = NULL, *data = NULL;
+  const char *calibration = NULL, *profile = NULL;
   ds_spec_options o;
   ds_spec_options_default(&o);
   int chat = 0, print_ids = 0, baseline = 0;
@@ -122,6 +191,8 @@ int cmd_speculate(int argc, char **argv) {
     else if (!strcmp(a, "--baseline")) baseline = 1;
     else if (!strcmp(a, "--test-bias-acceptance")) o.test_bias = 1;
     else if (!strcmp(a, "--report")) { CLI_VALUE(); report = v; }
+    else if (!strcmp(a, "--calibration")) { CLI_VALUE(); calibration = v; }
+    else if (!strcmp(a, "--profile")) { CLI_VALUE(); profile = v; }
     else if (!strcmp(a, "--max-new-tokens")) CLI_INT(0, 1 << 24, o.max_new_tokens);
     else if (!strcmp(a, "--seed")) { CLI_INT(0, INT64_MAX, n); o.seed = (uint64_t)n; }
     else if (!strcmp(a, "--repeat")) CLI_INT(1, 1 << 24, repeat);
@@ -134,8 +205,9 @@ int cmd_speculate(int argc, char **argv) {
       CLI_VALUE();
       if (!strcmp(v, "fixed")) o.policy = DS_SPEC_FIXED;
       else if (!strcmp(v, "threshold")) o.policy = DS_SPEC_THRESHOLD;
+      else if (!strcmp(v, "scheduler")) o.policy = DS_SPEC_SCHEDULER;
       else {
-        fprintf(stderr, "dspark speculate: --policy expects fixed or threshold, got '%s'\n", v);
+        fprintf(stderr, "dspark speculate: --policy expects fixed, threshold or scheduler, got '%s'\n", v);
         return 2;
       }
     } else {
@@ -162,6 +234,11 @@ int cmd_speculate(int argc, char **argv) {
   ds_ids ids = {0};
   cli_prompts batch = {0};
   ds_spec_result sum, plain_sum, *res = NULL;
+  double *temps = NULL, *T = NULL, *verify = NULL, *draft_cost = NULL;
+  int64_t n_temps = 0, n_verify = 0, n_draft_cost = 0, requests_off = 0;
+  char profile_source[512] = "";
+  cli_rounds rounds;
+  cli_rounds_init(&rounds, 0);
   memset(&sum, 0, sizeof sum);
   memset(&plain_sum, 0, sizeof plain_sum);
   char *tok_path = ds_path_join(target_dir, "tokenizer.json");
@@ -187,7 +264,47 @@ int cmd_speculate(int argc, char **argv) {
     free(pv), free(pn);
     goto report;
   }
-  int64_t g = ds_draft_get_config(d)->block_size;
+  const ds_draft_config *dc = ds_draft_get_config(d);
+  int64_t g = dc->block_size, drafted = o.draft_len > 0 && o.draft_len < g ? o.draft_len : g;
+  if (calibration) {
+    if (cli_read_calibration(calibration, &temps, &n_temps) != DS_OK) { free(pv), free(pn); goto report; }
+    if (!dc->enable_confidence_head)
+      fprintf(stderr, "speculate: the draft has no confidence head: --calibration changes nothing\n");
+    o.calibration = temps;
+    o.n_calibration = n_temps;
+  }
+  T = malloc((size_t)g * sizeof *T);
+  if (!T) { free(pv), free(pn); goto report; }
+  for (int64_t k = 0; k < g; k++) T[k] = k < n_temps ? temps[k] : 1.0;
+  if (o.policy == DS_SPEC_SCHEDULER) {
+    if (profile) {
+      if (cli_read_profile(profile, &verify, &n_verify, &draft_cost, &n_draft_cost) != DS_OK) { free(pv), free(pn); goto report; }
+      snprintf(profile_source, sizeof profile_source, "file %s", profile);
+      if (n_draft_cost >= drafted) o.draft_block_s = draft_cost[drafted - 1];
+      else snprintf(profile_source + strlen(profile_source), sizeof profile_source - strlen(profile_source),
+                    " (no draft cost for block length %lld: measured during decoding)", (long long)drafted);
+    } else {
+      /* a quick table up to this batch's largest pass (at most 64 tokens: the scheduler extends
+       * it linearly); `dspark profile` measures a steadier one */
+      n_verify = (int64_t)R * (drafted + 1) < 64 ? (int64_t)R * (drafted + 1) : 64;
+      verify = malloc((size_t)n_verify * sizeof *verify);
+      double t0 = ds_time_sec();
+      if (!verify || ds_spec_profile_verify(t, 64, n_verify, 3, dc->target_layer_ids, dc->n_target_layers, verify) != DS_OK) {
+        free(pv), free(pn);
+        goto report;
+      }
+      snprintf(profile_source, sizeof profile_source, "measured in-process before decoding (B = 1 .. %lld, %.2f s; "
+               "the draft cost measured during decoding)", (long long)n_verify, ds_time_sec() - t0);
+      fprintf(stderr, "speculate: no --profile: verification costs %s\n", profile_source);
+    }
+    o.verify_s = verify;
+    o.n_verify = n_verify;
+  }
+  if (dc->enable_confidence_head) {
+    cli_rounds_init(&rounds, g);
+    o.on_round = cli_rounds_add;
+    o.round_user = &rounds;
+  }
   uint64_t seed0 = o.seed;
   ds_status st = DS_OK;
   for (int64_t rep = 0; rep < repeat && st == DS_OK; rep++) {
@@ -195,8 +312,10 @@ int cmd_speculate(int argc, char **argv) {
     o.seed = seed0 + (uint64_t)rep * (uint64_t)R;
     o.on_token = R == 1 ? cli_stream_token : NULL; /* stream a single request as generate does */
     o.user = &out;
+    rounds.request_base = (int)(rep * R);
     st = ds_speculate_batch(t, d, pv, pn, R, &o, res);
     for (int i = 0; st == DS_OK && i < R; i++) {
+      requests_off += res[i].switched_off > 0;
       if (R == 1 && !print_ids) cli_print_text(tok, res[i].ids, (size_t)res[i].n, &out.printed, 1);
       else if (R > 1) cli_print_result(tok, print_ids, res[i].ids, res[i].n);
       printf("\n");
@@ -226,13 +345,34 @@ int cmd_speculate(int argc, char **argv) {
   fprintf(stderr, "\nacceptance per position (conditional):");
   for (int64_t k = 0; k < g; k++)
     fprintf(stderr, " %.3f", sum.pos_proposed[k] > 0 ? sum.pos_accepted[k] / sum.pos_proposed[k] : 0.0);
+  double steps = sum.steps > 0 ? (double)sum.steps : 1.0, book = sum.total_s - sum.prefill_s - sum.draft_s - sum.verify_s;
+  fprintf(stderr, "\nper round: draft %.3f ms, verify %.3f ms, bookkeeping %.3f ms", 1e3 * sum.draft_s / steps,
+          1e3 * sum.verify_s / steps, 1e3 * (book > 0 ? book : 0) / steps);
+  if (rounds.n > 0 && !rounds.failed) {
+    ds_round_set set = cli_rounds_set(&rounds, NULL);
+    double raw = 0, cal = 0;
+    for (int64_t k = 0; k < g; k++) raw += ds_cumulative_ece(&set, k, NULL, NULL), cal += ds_cumulative_ece(&set, k, T, NULL);
+    fprintf(stderr, "\ncalibration: mean ECE of the cumulative acceptance %.4f", raw / (double)g);
+    if (calibration) fprintf(stderr, " raw -> %.4f calibrated", cal / (double)g);
+  }
+  if (o.policy == DS_SPEC_SCHEDULER)
+    fprintf(stderr, "\nscheduler: speculation switched off %lld times (%lld plain rounds, %lld of %lld requests)",
+            (long long)sum.switched_off, (long long)sum.plain_rounds, (long long)requests_off, (long long)(R * repeat));
   fprintf(stderr, "\n");
-  if (report && write_report(report, &o, g, R * repeat, &sum, baseline ? &plain_sum : NULL) != DS_OK) goto report;
+  report_extras extras = {o.policy == DS_SPEC_SCHEDULER ? "scheduler" : o.policy == DS_SPEC_THRESHOLD ? "threshold" : "fixed",
+                          calibration, calibration ? T : NULL, rounds.n > 0 && !rounds.failed ? &rounds : NULL,
+                          profile_source, requests_off};
+  if (report && write_report(report, &o, g, R * repeat, &sum, baseline ? &plain_sum : NULL, &extras) != DS_OK) goto report;
   rc = 0;
   goto done;
 report:
   rc = cli_report_error("speculate");
 done:
+  free(temps);
+  free(T);
+  free(verify);
+  free(draft_cost);
+  cli_rounds_free(&rounds);
   free(given);
   free(tok_path);
   ds_ids_free(&ids);

@@ -18,6 +18,8 @@ int cmd_draft_forward(int argc, char **argv);
 int cmd_capture(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_plot(int argc, char **argv);
+int cmd_calibrate(int argc, char **argv);
+int cmd_profile(int argc, char **argv);
 
 /* Prints "dspark: <status>: <message>" for the thread's last error and returns 1. */
 int cli_report_error(const char *what);

@@ -27,6 +27,8 @@ static const command k_commands[] = {
     {"inspect", cmd_inspect, "print a cache's manifest, counts and bytes per token; verify its checksums", 0},
     {"export", cmd_export, "write a trained draft in the HF layout serving engines load", 0},
     {"speculate", cmd_speculate, "lossless speculative decoding with a DSpark draft; tau, acceptance, speedup", 1},
+    {"calibrate", cmd_calibrate, "fit the draft's confidences to its acceptance (Sequential Temperature Scaling)", 1},
+    {"profile", cmd_profile, "measure this machine's verification cost per batch of tokens and the draft's cost", 1},
     {"draft-forward", cmd_draft_forward, "run a draft on given features and anchors; logits, loss and gradients", 1},
     {"loss", cmd_loss, "evaluate the DSpark loss and its gradients on tensors from a safetensors file", 0},
     {"plot", cmd_plot, "draw a run's training curves (PNG, with gnuplot) from its metrics.jsonl", 0},

@@ -10,6 +10,7 @@
 
 #include "dspark/rng.h"
 #include "dspark/sampling.h"
+#include "dspark/spec_schedule.h"
 
 void ds_spec_options_default(ds_spec_options *o) {
   memset(o, 0, sizeof *o);
@@ -43,6 +44,11 @@ typedef struct {
   int32_t toks[DS_SPEC_MAX_LEN + 1]; /* [x_s, x_1 .. x_L] */
   float *q;               /* [g, V] the draft's sampling distributions of the proposed tokens */
   int64_t row0;           /* its first row in the batch's target pass */
+  float conf[DS_SPEC_MAX_LEN];      /* confidence logits of the slots drafted this round (NAN: none) */
+  int64_t n_conf;                   /* slots drafted (the scheduler drafts more than it proposes) */
+  double survive[DS_SPEC_MAX_LEN];  /* scheduler: P(slots 0..k all accepted) */
+  int64_t off_until;                /* scheduler: plain rounds until this batch step */
+  int64_t backoff;                  /* scheduler: plain rounds after the next switch-off */
 } request;
 
 typedef struct {
@@ -60,9 +66,22 @@ typedef struct {
   float *h, *dlogits;    /* [g, d], [g, V] a draft block */
   float *p, *resid;      /* [V] */
   void *scratch;
+  int64_t step;                      /* batch rounds so far */
+  double draft_sum_s;                /* scheduler: measured draft blocks, for their mean cost */
+  int64_t draft_blocks;
+  double seen_prop[DS_SPEC_MAX_LEN], seen_acc[DS_SPEC_MAX_LEN]; /* this run's acceptance per position */
 } run;
 
-static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+enum { SCHED_BACKOFF_FIRST = 4, SCHED_BACKOFF_MAX = 64 };
+
+static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+/* P(slot k accepted | the earlier ones were) from its confidence logit, calibrated when a
+ * temperature is given for k. */
+static double confidence(const ds_spec_options *o, int64_t k, float logit) {
+  double T = o->calibration && k < o->n_calibration ? o->calibration[k] : 1.0;
+  return sigmoid((double)logit / T);
+}
 
 /* Appends a token; returns 1 when generation ends with it (a stop token, or the budget). */
 static int commit(run *u, request *q, int32_t tok) {
@@ -87,25 +106,83 @@ static void probs_of(run *u, const float *logits, float *probs) {
 }
 
 /* The draft's proposal for request q's round: up to L tokens into q->toks[1..], their
- * distributions into q->q. */
+ * distributions into q->q, their confidence logits into q->conf. */
 static ds_status propose(run *u, request *q, int64_t L) {
-  q->n_prop = 0;
+  const ds_spec_options *o = u->o;
+  q->n_prop = q->n_conf = 0;
   if (L <= 0) return DS_OK;
   DS_TRY(ds_draft_block(u->draft, q->st, q->xs, u->h, u->dlogits));
+  int want_conf = o->policy != DS_SPEC_FIXED || o->on_round;
   int32_t prev = q->xs;
   double cum = 1.0;
   for (int64_t k = 0; k < L; k++) {
     float *logits = u->dlogits + k * u->V, conf = NAN;
-    DS_TRY(ds_draft_head_step(u->draft, q->st, u->h + k * u->dc->hidden_size, prev, logits,
-                              u->o->policy == DS_SPEC_THRESHOLD ? &conf : NULL));
-    if (u->o->policy == DS_SPEC_THRESHOLD && u->dc->enable_confidence_head) {
-      cum *= sigmoidf(conf); /* P(slot k accepted | the earlier ones were) */
-      if (cum < u->o->threshold) break;
+    DS_TRY(ds_draft_head_step(u->draft, q->st, u->h + k * u->dc->hidden_size, prev, logits, want_conf ? &conf : NULL));
+    q->conf[q->n_conf++] = conf;
+    if (o->policy == DS_SPEC_THRESHOLD && u->dc->enable_confidence_head) {
+      cum *= confidence(o, k, conf);
+      if (cum < o->threshold) break;
     }
     probs_of(u, logits, q->q + k * u->V);
     prev = q->toks[k + 1] = draw(u, q, q->q + k * u->V);
     q->n_prop++;
   }
+  return DS_OK;
+}
+
+/* The scheduler's survival probabilities of q's drafted slots: the calibrated confidences'
+ * running product, or without the confidence head this run's acceptance rates (add-one
+ * smoothed, so an unseen position is a coin flip). */
+static void survival(run *u, request *q) {
+  double cum = 1.0;
+  for (int64_t k = 0; k < q->n_prop; k++) {
+    double c = u->dc->enable_confidence_head ? confidence(u->o, k, q->conf[k])
+                                             : (u->seen_acc[k] + 1.0) / (u->seen_prop[k] + 2.0);
+    q->survive[k] = cum *= c;
+  }
+}
+
+/* The scheduler's part of a round, after every active request drafted: one prefix schedule
+ * over the batch cuts each request's proposal to its length; a request that would not gain
+ * over plain decoding alone switches speculation off for a back-off of rounds. */
+static ds_status schedule(run *u, int64_t drafting) {
+  const ds_spec_options *o = u->o;
+  if (!o->verify_s || o->n_verify < 1)
+    return DS_FAIL(DS_ERR_ARG, "speculate: the scheduler policy needs the verification cost table (a profile)");
+  double draft_s = o->draft_block_s > 0 ? o->draft_block_s
+                   : u->draft_blocks > 0 ? u->draft_sum_s / (double)u->draft_blocks : 0.0;
+  int64_t *len = ds_malloc((size_t)u->R * sizeof(int64_t), "schedule");
+  int64_t *n_cand = ds_malloc((size_t)u->R * sizeof(int64_t), "schedule");
+  const double **a = ds_malloc((size_t)u->R * sizeof(*a), "schedule");
+  if (!len || !n_cand || !a) {
+    free(len), free(n_cand), free(a);
+    return DS_ERR_NOMEM;
+  }
+  int n = 0;
+  for (int i = 0; i < u->R; i++) {
+    request *q = &u->req[i];
+    if (q->done) continue;
+    survival(u, q);
+    n_cand[n] = q->n_prop;
+    a[n++] = q->survive;
+  }
+  ds_prefix_schedule(n, n_cand, a, o->verify_s, o->n_verify, (double)drafting * draft_s, len);
+  n = 0;
+  for (int i = 0; i < u->R; i++) {
+    request *q = &u->req[i];
+    if (q->done) continue;
+    int64_t drafted = q->n_prop;
+    q->n_prop = len[n++];
+    if (drafted == 0) continue;
+    if (ds_spec_expected_gain(drafted, q->survive, o->verify_s, o->n_verify, draft_s, NULL) < 1.0) {
+      q->off_until = u->step + 1 + q->backoff;
+      q->backoff = q->backoff * 2 < SCHED_BACKOFF_MAX ? q->backoff * 2 : SCHED_BACKOFF_MAX;
+      q->r->switched_off++;
+    } else {
+      q->backoff = SCHED_BACKOFF_FIRST;
+    }
+  }
+  free(len), free(n_cand), free(a);
   return DS_OK;
 }
 
@@ -146,6 +223,8 @@ static ds_status accept(run *u, request *q) {
       r->pos_accepted[k - 1] += 1;
     }
   }
+  for (int64_t k = 0; k < q->n_prop; k++) u->seen_prop[k] += 1, u->seen_acc[k] += k < j;
+  if (o->on_round) o->on_round(o->round_user, (int)(q - u->req), q->conf, q->n_conf, q->n_prop, j);
   if (next < 0) { /* every proposal accepted: the bonus token from p_L */
     probs_of(u, rows + q->n_prop * u->V, u->p);
     next = draw(u, q, u->p);
@@ -168,7 +247,7 @@ static ds_status accept(run *u, request *q) {
 static ds_status round_all(run *u, int *active) {
   const ds_spec_options *o = u->o;
   int n = 0;
-  int64_t rows = 0;
+  int64_t rows = 0, drafting = 0;
   double t0 = ds_time_sec();
   for (int i = 0; i < u->R; i++) {
     request *q = &u->req[i];
@@ -177,7 +256,19 @@ static ds_status round_all(run *u, int *active) {
     int64_t L = o->draft_len > 0 ? o->draft_len : u->g;
     if (L > u->g) L = u->g;
     if (L > remaining - 1) L = remaining - 1; /* the round commits up to L + 1 tokens */
+    if (o->policy == DS_SPEC_SCHEDULER && u->step < q->off_until) {
+      L = 0; /* speculation switched off: a plain round */
+      q->r->plain_rounds++;
+    }
+    double td = ds_time_sec();
     DS_TRY(propose(u, q, L));
+    if (L > 0) u->draft_sum_s += ds_time_sec() - td, u->draft_blocks++, drafting++;
+  }
+  double t1 = ds_time_sec();
+  if (o->policy == DS_SPEC_SCHEDULER) DS_TRY(schedule(u, drafting));
+  for (int i = 0; i < u->R; i++) {
+    request *q = &u->req[i];
+    if (q->done) continue;
     q->toks[0] = q->xs;
     q->row0 = rows;
     rows += q->n_prop + 1;
@@ -185,7 +276,8 @@ static ds_status round_all(run *u, int *active) {
   }
   *active = n;
   if (!n) return DS_OK;
-  double t1 = ds_time_sec();
+  u->step++;
+  double t1b = ds_time_sec();
   ds_target_outputs out = {u->dc->target_layer_ids, u->dc->n_target_layers, u->ctx, NULL, NULL, 0, u->tlogits};
   DS_TRY(ds_target_forward(u->target, u->seqs, n, &out));
   double t2 = ds_time_sec();
@@ -193,7 +285,8 @@ static ds_status round_all(run *u, int *active) {
     if (!u->req[i].done) DS_TRY(accept(u, &u->req[i]));
   for (int i = 0; i < u->R; i++) {
     u->req[i].r->draft_s += t1 - t0;
-    u->req[i].r->verify_s += t2 - t1;
+    u->req[i].r->verify_s += t2 - t1b;
+    u->req[i].r->steps++;
   }
   return DS_OK;
 }
@@ -291,7 +384,7 @@ ds_status ds_speculate_batch(ds_target *target, ds_draft *draft, const int32_t *
   }
   u.req = ds_calloc((size_t)R, sizeof *u.req, "requests");
   if (!u.req) return DS_ERR_NOMEM;
-  for (int i = 0; i < R; i++) u.req[i].r = &results[i];
+  for (int i = 0; i < R; i++) u.req[i].r = &results[i], u.req[i].backoff = SCHED_BACKOFF_FIRST;
   double t0 = ds_time_sec();
   ds_status st = speculate(&u, prompts, n_prompts);
   double total = ds_time_sec() - t0;

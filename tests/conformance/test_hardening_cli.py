@@ -315,7 +315,9 @@ def main():
                 "tokenize": [tok, "--text", "a"], "train": ["--cache", nowhere, "--out", "r"],
                 "capture": ["--target", nowhere, "--data", "d", "--out", "o"], "inspect": [nowhere],
                 "export": [nowhere, "--out", "o"], "draft-forward": [nowhere, "--inputs", "i", "--out", "o"],
-                "loss": ["i", "--out", "o"]}
+                "loss": ["i", "--out", "o"],
+                "calibrate": ["--target", nowhere, "--draft", nowhere, "--data", "d", "--out", "o"],
+                "profile": ["--target", nowhere, "--out", "o"]}
     for cmd, rest in commands.items():
         expect(f"{cmd} --bogus", [D_, cmd] + rest + ["--bogus"], 2, ["--bogus"])
         value_opt = {"info": None, "inspect": None}.get(cmd, "--out")

@@ -10,8 +10,17 @@ target built here and DSpark drafts trained for it here:
   weights under the same temperature / top-p rule, by a chi-square test at significance 1e-3
   (seeds are fixed, so the outcome is reproducible); and the same test rejects a
   deliberately biased acceptance rule (--test-bias-acceptance accepts every draft token), so
-  it can fail."""
+  it can fail; the scheduler policy with a calibration passes the same test;
+- confidence scheduling: `dspark calibrate` writes one temperature per position and its ECE
+  on the fit rounds is no worse after than before (position 1 by construction, the mean as
+  measured); `dspark profile` writes a sane cost table; the scheduler policy (with a profile,
+  with an in-process one, with a calibration) prints what `generate` prints, batched and not;
+  on synthetic profiles it proposes everything (verification free: tau equals the fixed
+  policy's), nothing (verification steep: tau 1) or switches speculation off for every
+  request (drafting dear), always with the same output; the report states its convention and
+  carries the per-round times, the calibration ECE and the switch-offs."""
 import glob
+import json
 import os
 import sys
 import sysconfig
@@ -58,6 +67,75 @@ def sampling_probs(logits, temperature, top_p):
     return p
 
 
+def confidence_scheduling(args, ck, tmp, target, drafts, batch_file):
+    """calibrate, profile, and the scheduler's choices on synthetic cost tables (greedy, batched,
+    against `generate` and the fixed policy). Returns the paths the other checks reuse."""
+    dspark, run = args.dspark, drafts["vanilla"]
+    cal = os.path.join(tmp, "calibration.json")
+    _, err, _ = common.run([dspark, "calibrate", "--target", target, "--draft", run, "--data", batch_file, "--out", cal,
+                            "--max-new-tokens", "48", "--ignore-eos"])
+    print(err.strip())
+    c = json.load(open(cal))
+    temps = c["temperatures"]
+    ck.check(len(temps) == 4 and all(0.125 - 1e-9 <= t <= 8 + 1e-9 for t in temps),
+             f"calibrate: one temperature per position within the grid, got {temps}")
+    fit = c["ece"]["fit"]
+    ck.check(fit["after"][0] <= fit["before"][0] + 1e-12,
+             f"calibrate: ECE at position 1 on the fit rounds got worse: {fit['before'][0]} -> {fit['after'][0]}")
+    ck.check(fit["after_mean"] <= fit["before_mean"] + 1e-12,
+             f"calibrate: mean ECE on the fit rounds got worse: {fit['before_mean']} -> {fit['after_mean']}")
+    ck.check(c["ece"]["heldout"]["rounds"] > 0 and fit["rounds"] > 0 and "held out" in c["split"],
+             f"calibrate: no held-out split ({c['split']}, {c['ece']['heldout']['rounds']} rounds)")
+    ck.check(any(t != 1.0 for t in temps), f"calibrate: the fit changed nothing ({temps}); the test exercises nothing")
+
+    prof = os.path.join(tmp, "profile.json")
+    common.run([dspark, "profile", "--target", target, "--draft", run, "--out", prof, "--max-tokens", "8",
+                "--context", "32", "--reps", "2"])
+    p = json.load(open(prof))
+    v, sps, d = p["verify_seconds"], p["verify_steps_per_s"], p.get("draft_block_seconds", [])
+    ck.check(len(v) == 8 and all(0 < x < 10 for x in v), f"profile: verify_seconds {v}")
+    ck.check(len(sps) == 8 and all(abs(s * x - 1) < 1e-9 for s, x in zip(sps, v)), f"profile: SPS != 1 / seconds: {sps}")
+    ck.check(len(d) == 4 and all(0 < x < 10 for x in d), f"profile: draft_block_seconds {d}")
+
+    def write(name, verify, draft):
+        path = os.path.join(tmp, name)
+        json.dump({"verify_seconds": verify, "draft_block_seconds": draft}, open(path, "w"))
+        return path
+    flat = write("flat.json", [1e-3] * 64, [1e-9] * 4)     # a verified token costs nothing: propose all
+    # every verified token doubles the pass's cost: no candidate pays, even on top of a batch
+    steep = write("steep.json", [1e-3 * 2.0 ** b for b in range(64)], [1e-9] * 4)
+    # each token adds 30% of a pass: a candidate pays when its survival is high enough
+    linear = write("linear.json", [1e-3 * (1 + 0.3 * b) for b in range(64)], [1e-9] * 4)
+    dear = write("dear.json", [1e-3] * 64, [10.0] * 4)     # drafting costs 10 s: switch speculation off
+
+    def spec(extra):
+        rep = os.path.join(tmp, "sched-report.json")
+        out, _, _ = common.run([dspark, "speculate", "--target", target, "--draft", run, "--data", batch_file,
+                                "--max-new-tokens", "24", "--print-ids", "--ignore-eos", "--report", rep] + extra)
+        return out, json.load(open(rep))
+    plain, _, _ = common.run([dspark, "generate", target, "--prompt", PROMPTS[0].replace("\n", " "),
+                              "--max-new-tokens", "24", "--print-ids", "--ignore-eos"])
+    fixed_out, fixed = spec([])
+    ck.check(fixed_out.split("\n")[0].split() == plain.split(), "the batch's first line differs from generate")
+    for name, path, check in (
+            ("flat", flat, lambda r: abs(r["tau"] - fixed["tau"]) < 1e-12 and r["scheduler"]["switch_offs"] == 0),
+            ("steep", steep, lambda r: r["tau"] == 1.0 and r["accept_conditional"] == [0, 0, 0, 0]),
+            ("dear", dear, lambda r: r["scheduler"]["requests_switched_off"] == len(PROMPTS)
+             and r["scheduler"]["rounds_switched_off"] > 0)):
+        out, r = spec(["--policy", "scheduler", "--profile", path])
+        ck.check(out == fixed_out, f"scheduler on the {name} profile: output differs from the fixed policy's")
+        ck.check(check(r), f"scheduler on the {name} profile: tau {r['tau']} (fixed {fixed['tau']}), "
+                           f"scheduler {r['scheduler']}, acceptance {r['accept_conditional']}")
+    out, r = spec(["--policy", "scheduler", "--profile", flat, "--calibration", cal, "--baseline"])
+    ck.check(out == fixed_out, "scheduler with a calibration: output differs from the fixed policy's")
+    ck.check("bonus" in r["convention"] and set(r["per_round"]) == {"draft_s", "verify_s", "bookkeeping_s"}
+             and len(r["tokens_per_round_histogram"]) == 5 and len(r["accept_unconditional"]) == 4
+             and r["calibration"]["file"] == cal and len(r["calibration"]["ece_calibrated"]) == 4
+             and len(r["calibration"]["ece_raw"]) == 4 and r["plain_decode_tokens_per_s"] > 0
+             and r["scheduler"]["profile"] == f"file {flat}", f"report fields: {r}")
+    return {"calibration": cal, "measured": prof, "flat": flat, "linear": linear}
+
+
 def main():
     args = common.parse_args(__doc__)
     ck = common.Checker()
@@ -82,6 +160,11 @@ def main():
     def ids_of(out):
         return [line.split() for line in out.strip().split("\n")]
 
+    batch_file = os.path.join(tmp, "prompts.txt")
+    with open(batch_file, "w") as f:
+        f.write("\n".join(p.replace("\n", " ") for p in PROMPTS) + "\n")
+    sched = confidence_scheduling(args, ck, tmp, target, drafts, batch_file)
+
     # greedy: identical to plain decoding
     plain = {}
     for prompt in PROMPTS:
@@ -90,7 +173,9 @@ def main():
         plain[prompt] = out.split()
     taus = {}
     for head, run in drafts.items():
-        for policy in (["--draft-len", "1"], ["--draft-len", "3"], [], ["--policy", "threshold", "--threshold", "0.3"]):
+        for policy in (["--draft-len", "1"], ["--draft-len", "3"], [], ["--policy", "threshold", "--threshold", "0.3"],
+                       ["--policy", "scheduler", "--profile", sched["measured"]], ["--policy", "scheduler"],
+                       ["--policy", "scheduler", "--profile", sched["flat"], "--calibration", sched["calibration"]]):
             for prompt in PROMPTS:
                 rep = os.path.join(tmp, "report.json")
                 out, err, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", run, "--prompt",
@@ -103,16 +188,15 @@ def main():
                     import json
                     taus.setdefault(head, []).append(json.load(open(rep))["tau"])
     # batched: every request's output is its plain decoding (one verification pass per round for all)
-    batch_file = os.path.join(tmp, "prompts.txt")
-    with open(batch_file, "w") as f:
-        f.write("\n".join(p.replace("\n", " ") for p in PROMPTS) + "\n")
     flat = {}
     for prompt in PROMPTS:
         out, _, _ = common.run([args.dspark, "generate", target, "--prompt", prompt.replace("\n", " "),
                                 "--max-new-tokens", "24", "--print-ids", "--ignore-eos"])
         flat[prompt] = out.split()
     for head in ("vanilla", "rnn"):
-        for policy in ([], ["--draft-len", "2"], ["--policy", "threshold", "--threshold", "0.3"]):
+        for policy in ([], ["--draft-len", "2"], ["--policy", "threshold", "--threshold", "0.3"],
+                       ["--policy", "scheduler", "--profile", sched["measured"]], ["--policy", "scheduler"],
+                       ["--policy", "scheduler", "--calibration", sched["calibration"]]):
             out, _, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", drafts[head], "--data",
                                     batch_file, "--max-new-tokens", "24", "--print-ids", "--ignore-eos"] + policy)
             lines = out.strip().split("\n")
@@ -142,7 +226,9 @@ def main():
             p1 = sum(float(p0[i]) * sampling_probs(logits[k], temperature, top_p) for k, i in enumerate(support))
         probs = [float(x) for x in p1]
         for label, extra, want_pass in (("speculative", [], True), ("biased acceptance", ["--test-bias-acceptance"],
-                                                                     False)):
+                                                                     False),
+                                        ("scheduler", ["--policy", "scheduler", "--profile", sched["linear"],
+                                                       "--calibration", sched["calibration"]], True)):
             out, _, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", drafts["vanilla"],
                                     "--prompt", prompt, "--max-new-tokens", "3", "--print-ids", "--ignore-eos",
                                     "--temperature", str(temperature), "--top-p", str(top_p), "--repeat", str(n),

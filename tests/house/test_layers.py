@@ -33,7 +33,7 @@ HEADER_LAYER = {
     "dspark_loss.h": "loss", "draft_loss.h": "loss", "kd_select.h": "loss", "kd_loss.h": "loss",
     "trainer.h": "train", "draft_trainer.h": "train", "lm_trainer.h": "train", "anchors.h": "train", "optim.h": "train", "checkpoint.h": "train",
     "capture.h": "capture",
-    "speculate.h": "spec",
+    "speculate.h": "spec", "spec_schedule.h": "spec",
 }
 
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

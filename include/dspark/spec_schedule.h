@@ -1,0 +1,76 @@
+/* Confidence scheduling for speculative decoding (spec/dspark.md section 8): calibration of the
+ * draft's confidence head by Sequential Temperature Scaling (STS), the prefix scheduler (paper
+ * Algorithm 1) that picks per-request draft lengths, and the measurements of this machine's
+ * costs it schedules with (verification time per batch of verified tokens, draft time per
+ * block length).
+ *
+ * Round records: round i proposed n_prop[i] tokens and the target accepted the first
+ * n_acc[i] of them; z[i*K + k] is the confidence head's logit at draft position k (k = 0 .. K-1,
+ * NAN where not computed). The cumulative prediction at position k is
+ * prod_{i<=k} sigmoid(z_i / T_i); its label is 1 when the first k+1 tokens were all accepted.
+ * A round counts at position k only when it proposed that position (k < n_prop). */
+#ifndef DSPARK_SPEC_SCHEDULE_H
+#define DSPARK_SPEC_SCHEDULE_H
+
+#include "dspark/common.h"
+#include "dspark/draft.h"
+#include "dspark/target.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { DS_ECE_BINS = 10, DS_STS_GRID = 49 };
+
+typedef struct {
+  const float *z;        /* [n, K] confidence logits */
+  const int64_t *n_prop; /* [n] */
+  const int64_t *n_acc;  /* [n] */
+  const uint8_t *use;    /* [n] 1: the round belongs to the set (NULL: every round) */
+  int64_t n, K;
+} ds_round_set;
+
+/* The STS grid: DS_STS_GRID temperatures log-spaced over [1/8, 8] (value i of them). */
+double ds_sts_grid_value(int i);
+/* Expected calibration error (DS_ECE_BINS equal-width bins) of the cumulative acceptance
+ * prediction at position k, temperatures T[0..k] (NULL: all 1, the raw head). *count (may be
+ * NULL) = rounds that counted; 0 rounds give 0. */
+double ds_cumulative_ece(const ds_round_set *s, int64_t k, const double *T, int64_t *count);
+/* Fits T[0..K-1] left to right: position k takes the grid temperature whose cumulative ECE is
+ * lowest with T[0..k-1] frozen (ties: the earliest grid value nearest 1, so a position without
+ * data keeps T = 1). */
+void ds_sts_fit(const ds_round_set *s, double *T);
+
+/* The prefix scheduler (paper Algorithm 1). R requests; request r offers n_cand[r] candidate
+ * tokens with survival probabilities a[r][0..n_cand[r]-1] (non-increasing: a_{r,j} =
+ * prod_{i<=j} c_{r,i}). verify_s[B-1] = seconds of one target pass verifying B tokens,
+ * B = 1 .. max_B (past the end: the line through the last two entries, never decreasing; a
+ * one-entry table: proportional to B); fixed_s = seconds of the round that do not depend on the choice (the drafts
+ * already run). Starting from B = R, tau = R (every request commits one token), candidates are
+ * admitted in descending a (ties: lower r, then lower j), B += 1 and tau += a each, while
+ * Theta = tau / (fixed_s + verify_s[B-1]) (expected tokens per second; with fixed_s = 0 it is
+ * tau * SPS(B)) improves; the first admission that does not improve it stops the scan (the
+ * early stop). len[r] = the admitted prefix length of request r. Returns
+ * the best Theta. Allocates nothing (the requests' lists are merged head by head). */
+double ds_prefix_schedule(int R, const int64_t *n_cand, const double *const *a, const double *verify_s, int64_t max_B,
+                          double fixed_s, int64_t *len);
+/* The expected speedup of speculating one request alone over plain decoding, at its best
+ * length (the table priced as above): max over L = 1 .. n_cand of
+ * (1 + sum_{j<L} a_j) * verify_s[0] / (draft_s + verify_s[L]); 0 when no L qualifies. Below 1,
+ * drafting for the request does not pay. *best_len (may be NULL) gets that L. */
+double ds_spec_expected_gain(int64_t n_cand, const double *a, const double *verify_s, int64_t max_B, double draft_s,
+                             int64_t *best_len);
+
+/* Measures seconds[B-1] = the median time of a target pass over B new tokens (logits of every
+ * row, the draft's capture layers when capture_layers is given) after `context` cached tokens,
+ * B = 1 .. max_tokens, reps timings each after one warm-up. */
+ds_status ds_spec_profile_verify(ds_target *t, int64_t context, int64_t max_tokens, int reps,
+                                 const int32_t *capture_layers, int n_capture, double *seconds);
+/* Measures seconds[L-1] = the median time of one draft block followed by L head steps (with
+ * the confidence head), after `context` committed positions, L = 1 .. the block size. */
+ds_status ds_spec_profile_draft(ds_target *t, ds_draft *d, int64_t context, int reps, double *seconds);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

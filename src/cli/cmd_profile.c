@@ -1,0 +1,99 @@
+/* dspark profile: this machine's verification throughput table SPS(B) (a target pass over B
+ * new tokens after a cached context) and, with a draft, the draft's cost per block length;
+ * the prefix scheduler (`speculate --policy scheduler --profile FILE`) prices rounds with it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/spec_io.h"
+#include "dspark/backend.h"
+#include "dspark/checkpoint.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: dspark profile --target DIR --out FILE.json [--draft DIR] [options]\n"
+          "Measures the seconds of one target pass verifying B tokens (with the KV cache of a context, the\n"
+          "logits of every row), B = 1 .. --max-tokens: verify_seconds[B-1] and verify_steps_per_s[B-1] =\n"
+          "SPS(B); with --draft also draft_block_seconds[L-1] = one draft block and L head steps.\n"
+          "  --max-tokens B   the largest batch of verified tokens (32); the scheduler admits no more\n"
+          "  --context C      cached tokens before the measured pass (128)\n"
+          "  --reps N         timings per entry, the median kept (3)\n"
+          "  --threads N\n");
+}
+
+int cmd_profile(int argc, char **argv) {
+  const char *target_dir = NULL, *draft_dir = NULL, *out_path = NULL;
+  int64_t max_tokens = 32, context = 128, reps = 3, threads = 0, n = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v;
+    if (cli_is_help(a)) { usage(stdout); return 0; }
+    else if (!strcmp(a, "--target")) { CLI_VALUE(); target_dir = v; }
+    else if (!strcmp(a, "--draft")) { CLI_VALUE(); draft_dir = v; }
+    else if (!strcmp(a, "--out")) { CLI_VALUE(); out_path = v; }
+    else if (!strcmp(a, "--max-tokens")) CLI_INT(1, 4096, max_tokens);
+    else if (!strcmp(a, "--context")) CLI_INT(1, 1 << 20, context);
+    else if (!strcmp(a, "--reps")) CLI_INT(1, 64, reps);
+    else if (!strcmp(a, "--threads")) CLI_INT(1, 1024, threads);
+    else {
+      fprintf(stderr, "dspark profile: %s '%s' (see --help)\n", a[0] == '-' ? "unknown option" : "unexpected argument", a);
+      return 2;
+    }
+  }
+  if (!target_dir || !out_path) {
+    fprintf(stderr, "dspark profile: --target and --out are required (see --help)\n");
+    return 2;
+  }
+  ds_set_num_threads((int)threads);
+  int rc = 1;
+  ds_target *t = NULL;
+  ds_draft *d = NULL;
+  double *verify = calloc((size_t)max_tokens, sizeof *verify), *draft = NULL, *sps = NULL;
+  int64_t g = 0;
+  if (!verify) goto report;
+  if (ds_target_load(target_dir, ds_backend_cpu(), &t) != DS_OK) goto report;
+  if (draft_dir) {
+    if (ds_draft_open(draft_dir, ds_backend_cpu(), &d) != DS_OK) goto report;
+    g = ds_draft_get_config(d)->block_size;
+    draft = calloc((size_t)g, sizeof *draft);
+    if (!draft) goto report;
+  }
+  const ds_draft_config *dc = d ? ds_draft_get_config(d) : NULL;
+  /* with a draft, the pass also captures its layers, as a verification pass does */
+  if (ds_spec_profile_verify(t, context, max_tokens, (int)reps, dc ? dc->target_layer_ids : NULL,
+                             dc ? dc->n_target_layers : 0, verify) != DS_OK)
+    goto report;
+  if (d && ds_spec_profile_draft(t, d, context, (int)reps, draft) != DS_OK) goto report;
+  sps = calloc((size_t)max_tokens, sizeof *sps);
+  if (!sps) goto report;
+  for (int64_t b = 0; b < max_tokens; b++) sps[b] = 1.0 / verify[b];
+  cJSON *j = cJSON_CreateObject();
+  cJSON_AddStringToObject(j, "format", "dspark-profile-1");
+  cJSON_AddStringToObject(j, "target", target_dir);
+  if (draft_dir) cJSON_AddStringToObject(j, "draft", draft_dir);
+  cJSON_AddNumberToObject(j, "context", (double)context);
+  cJSON_AddNumberToObject(j, "reps", (double)reps);
+  cJSON_AddStringToObject(j, "gemm", ds_gemm_name());
+  cJSON_AddNumberToObject(j, "threads", ds_get_num_threads());
+  cJSON_AddItemToObject(j, "verify_seconds", cli_number_array(verify, max_tokens));
+  cJSON_AddItemToObject(j, "verify_steps_per_s", cli_number_array(sps, max_tokens));
+  if (d) cJSON_AddItemToObject(j, "draft_block_seconds", cli_number_array(draft, g));
+  if (cli_write_json(out_path, j) != DS_OK) goto report;
+  fprintf(stderr, "profile: verifying 1 token %.3f ms, %lld tokens %.3f ms (%.2fx the cost for %lldx the tokens)",
+          verify[0] * 1e3, (long long)max_tokens, verify[max_tokens - 1] * 1e3, verify[max_tokens - 1] / verify[0],
+          (long long)max_tokens);
+  if (d) fprintf(stderr, "; draft block of %lld: %.3f ms", (long long)g, draft[g - 1] * 1e3);
+  fprintf(stderr, "\n");
+  rc = 0;
+  goto done;
+report:
+  rc = cli_report_error("profile");
+done:
+  free(verify);
+  free(draft);
+  free(sps);
+  ds_draft_free(d);
+  ds_target_free(t);
+  return rc;
+}

@@ -1,0 +1,121 @@
+/* Sequential Temperature Scaling, the cumulative-acceptance ECE and the prefix scheduler
+ * (include/dspark/spec_schedule.h, spec/dspark.md section 8). Pure functions of their
+ * arguments: the decoder and the CLI feed them rounds and measured costs. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "dspark/spec_schedule.h"
+
+enum { STS_GRID_CENTER = DS_STS_GRID / 2 }; /* the grid value 1 (no rescaling) */
+
+double ds_sts_grid_value(int i) {
+  if (i == STS_GRID_CENTER) return 1.0; /* exact, so "no change" is representable */
+  return exp(log(0.125) + (double)i * log(64.0) / (double)(DS_STS_GRID - 1));
+}
+
+static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+static int counts_at(const ds_round_set *s, int64_t i, int64_t k) {
+  return (!s->use || s->use[i]) && k < s->n_prop[i];
+}
+
+/* ECE at position k of the predictions prefix[i] * sigmoid(z_k / Tk) (prefix NULL: 1). */
+static double ece_at(const ds_round_set *s, int64_t k, const double *prefix, double Tk, int64_t *count) {
+  double pred_sum[DS_ECE_BINS] = {0}, label_sum[DS_ECE_BINS] = {0};
+  int64_t n = 0;
+  for (int64_t i = 0; i < s->n; i++) {
+    if (!counts_at(s, i, k)) continue;
+    double p = (prefix ? prefix[i] : 1.0) * sigmoid((double)s->z[i * s->K + k] / Tk);
+    if (!isfinite(p)) continue; /* a round without confidences at this position */
+    int b = (int)(p * DS_ECE_BINS);
+    if (b >= DS_ECE_BINS) b = DS_ECE_BINS - 1;
+    if (b < 0) b = 0;
+    pred_sum[b] += p;
+    label_sum[b] += s->n_acc[i] > k ? 1.0 : 0.0;
+    n++;
+  }
+  if (count) *count = n;
+  if (n == 0) return 0.0;
+  double e = 0;
+  for (int b = 0; b < DS_ECE_BINS; b++) e += fabs(pred_sum[b] - label_sum[b]);
+  return e / (double)n;
+}
+
+double ds_cumulative_ece(const ds_round_set *s, int64_t k, const double *T, int64_t *count) {
+  double *prefix = ds_malloc((size_t)(s->n > 0 ? s->n : 1) * sizeof(double), "ECE prefix products");
+  if (!prefix) return NAN;
+  for (int64_t i = 0; i < s->n; i++) {
+    prefix[i] = 1.0;
+    for (int64_t m = 0; m < k && counts_at(s, i, k); m++) prefix[i] *= sigmoid((double)s->z[i * s->K + m] / (T ? T[m] : 1.0));
+  }
+  double e = ece_at(s, k, prefix, T ? T[k] : 1.0, count);
+  free(prefix);
+  return e;
+}
+
+void ds_sts_fit(const ds_round_set *s, double *T) {
+  double *prefix = ds_malloc((size_t)(s->n > 0 ? s->n : 1) * sizeof(double), "STS prefix products");
+  for (int64_t k = 0; k < s->K; k++) T[k] = 1.0;
+  if (!prefix) return; /* out of memory: leave the head uncalibrated (T = 1) */
+  for (int64_t i = 0; i < s->n; i++) prefix[i] = 1.0;
+  for (int64_t k = 0; k < s->K; k++) {
+    /* visit the grid outward from 1, lower values first at equal distance: only a strictly
+     * lower ECE moves T_k away from 1 */
+    double best = ece_at(s, k, prefix, 1.0, NULL);
+    for (int d = 1; d <= STS_GRID_CENTER; d++)
+      for (int side = -1; side <= 1; side += 2) {
+        int i = STS_GRID_CENTER + side * d;
+        if (i < 0 || i >= DS_STS_GRID) continue;
+        double e = ece_at(s, k, prefix, ds_sts_grid_value(i), NULL);
+        if (e < best) best = e, T[k] = ds_sts_grid_value(i);
+      }
+    for (int64_t i = 0; i < s->n; i++) prefix[i] *= sigmoid((double)s->z[i * s->K + k] / T[k]); /* freeze T_k */
+  }
+  free(prefix);
+}
+
+/* Seconds of a pass verifying B tokens: the table's entry, past its end the line through its
+ * last two entries (never cheaper than the last), a one-entry table proportional to B. */
+static double verify_cost(const double *verify_s, int64_t max_B, int64_t B) {
+  if (B <= max_B) return verify_s[B - 1];
+  if (max_B < 2) return verify_s[0] * (double)B;
+  double slope = verify_s[max_B - 1] - verify_s[max_B - 2];
+  return verify_s[max_B - 1] + (slope > 0 ? slope : 0.0) * (double)(B - max_B);
+}
+
+double ds_prefix_schedule(int R, const int64_t *n_cand, const double *const *a, const double *verify_s, int64_t max_B,
+                          double fixed_s, int64_t *len) {
+  for (int r = 0; r < R; r++) len[r] = 0;
+  if (R < 1 || max_B < 1) return 0.0;
+  int64_t B = R;
+  double tau = R, best = tau / (fixed_s + verify_cost(verify_s, max_B, B));
+  for (;;) {
+    /* the next candidate in descending survival: each request's list is non-increasing, so
+     * the best is one of the R heads (ties: the lower request) */
+    int pick = -1;
+    for (int r = 0; r < R; r++)
+      if (len[r] < n_cand[r] && (pick < 0 || a[r][len[r]] > a[pick][len[pick]])) pick = r;
+    if (pick < 0) break;
+    double theta = (tau + a[pick][len[pick]]) / (fixed_s + verify_cost(verify_s, max_B, B + 1));
+    if (!(theta > best)) break; /* the early stop: the first admission that does not pay ends the scan */
+    best = theta;
+    tau += a[pick][len[pick]];
+    B++;
+    len[pick]++;
+  }
+  return best;
+}
+
+double ds_spec_expected_gain(int64_t n_cand, const double *a, const double *verify_s, int64_t max_B, double draft_s,
+                             int64_t *best_len) {
+  double best = 0.0, tokens = 1.0; /* L = 0 (plain decoding) would be 1 by definition: not a candidate */
+  int64_t at = 0;
+  if (max_B < 1) return 0.0;
+  for (int64_t L = 1; L <= n_cand; L++) {
+    tokens += a[L - 1];
+    double g = tokens * verify_s[0] / (draft_s + verify_cost(verify_s, max_B, L + 1));
+    if (g > best) best = g, at = L;
+  }
+  if (best_len) *best_len = at;
+  return best;
+}

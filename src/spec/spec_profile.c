@@ -1,0 +1,114 @@
+/* This machine's costs for the prefix scheduler (include/dspark/spec_schedule.h): the time of
+ * a target pass verifying B tokens after a cached context, and of one draft block with L head
+ * steps. The passes are the decoder's own (ds_target_forward with a KV cache, ds_draft_block,
+ * ds_draft_head_step), so the table prices what speculation actually runs. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dspark/sampling.h"
+#include "dspark/spec_schedule.h"
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+enum { PROFILE_MAX_REPS = 64 };
+
+/* Deterministic token ids that look like text to no one: the cost does not depend on them. */
+static void fill_ids(int32_t *ids, int64_t n, int64_t V) {
+  for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)((i * 31 + 7) % V);
+}
+
+ds_status ds_spec_profile_verify(ds_target *t, int64_t context, int64_t max_tokens, int reps,
+                                 const int32_t *capture_layers, int n_capture, double *seconds) {
+  const ds_model_config *c = ds_target_config(t);
+  if (context < 1 || max_tokens < 1 || reps < 1 || reps > PROFILE_MAX_REPS)
+    return DS_FAIL(DS_ERR_ARG, "profile: context %lld, tokens %lld and repetitions %d must be >= 1 (repetitions <= %d)",
+                   (long long)context, (long long)max_tokens, reps, PROFILE_MAX_REPS);
+  int64_t V = c->vocab_size, n = context + max_tokens;
+  int32_t *ids = ds_malloc((size_t)n * sizeof(int32_t), "profile ids");
+  float *logits = ds_malloc_aligned((size_t)(max_tokens * V) * sizeof(float), "profile logits");
+  float *captured = n_capture > 0 ? ds_malloc_aligned((size_t)(n * n_capture * c->hidden_size) * sizeof(float),
+                                                      "profile captured rows") : NULL;
+  ds_kv_cache *kv = NULL;
+  ds_status st = ids && logits && (n_capture <= 0 || captured) ? DS_OK : DS_ERR_NOMEM;
+  if (st == DS_OK) st = ds_kv_cache_new(t, n, &kv);
+  if (st == DS_OK) {
+    fill_ids(ids, n, V);
+    ds_target_seq seq = {ids, context, kv};
+    int64_t last = context - 1;
+    ds_target_outputs out = {capture_layers, n_capture, captured, NULL, &last, 1, logits};
+    st = ds_target_forward(t, &seq, 1, &out);
+  }
+  for (int64_t B = 1; B <= max_tokens && st == DS_OK; B++) {
+    double times[PROFILE_MAX_REPS];
+    for (int rep = -1; rep < reps && st == DS_OK; rep++) { /* rep -1: the warm-up */
+      ds_target_seq seq = {ids + context, B, kv};
+      ds_target_outputs out = {capture_layers, n_capture, captured, NULL, NULL, 0, logits};
+      double t0 = ds_time_sec();
+      st = ds_target_forward(t, &seq, 1, &out);
+      if (rep >= 0) times[rep] = ds_time_sec() - t0;
+      if (st == DS_OK) st = ds_kv_cache_crop(kv, context);
+    }
+    if (st == DS_OK) seconds[B - 1] = median(times, reps);
+  }
+  ds_kv_cache_free(kv);
+  free(ids);
+  ds_free_aligned(logits);
+  ds_free_aligned(captured);
+  return st;
+}
+
+ds_status ds_spec_profile_draft(ds_target *t, ds_draft *d, int64_t context, int reps, double *seconds) {
+  const ds_draft_config *dc = ds_draft_get_config(d);
+  if (context < 1 || reps < 1 || reps > PROFILE_MAX_REPS)
+    return DS_FAIL(DS_ERR_ARG, "profile: context %lld and repetitions %d must be >= 1 (repetitions <= %d)",
+                   (long long)context, reps, PROFILE_MAX_REPS);
+  DS_TRY(ds_target_check_capture_layers(t, dc->target_layer_ids, dc->n_target_layers));
+  int64_t V = dc->vocab_size, g = dc->block_size, dm = dc->hidden_size, md = dc->n_target_layers * dm;
+  int32_t *ids = ds_malloc((size_t)context * sizeof(int32_t), "profile ids");
+  float *ctx = ds_malloc_aligned((size_t)(context * md) * sizeof(float), "profile captured rows");
+  float *h = ds_malloc_aligned((size_t)(g * dm) * sizeof(float), "profile draft block");
+  float *logits = ds_malloc_aligned((size_t)(g * V) * sizeof(float), "profile draft logits");
+  ds_kv_cache *kv = NULL;
+  ds_draft_state *ds = NULL;
+  ds_status st = ids && ctx && h && logits ? DS_OK : DS_ERR_NOMEM;
+  if (st == DS_OK) st = ds_kv_cache_new(t, context, &kv);
+  if (st == DS_OK) st = ds_draft_state_new(d, context + g, &ds);
+  if (st == DS_OK) {
+    fill_ids(ids, context, V);
+    ds_target_seq seq = {ids, context, kv};
+    int64_t last = context - 1;
+    ds_target_outputs out = {dc->target_layer_ids, dc->n_target_layers, ctx, NULL, &last, 1, logits};
+    st = ds_target_forward(t, &seq, 1, &out);
+  }
+  if (st == DS_OK) st = ds_draft_state_append(d, ds, ctx, context);
+  for (int64_t L = 1; L <= g && st == DS_OK; L++) {
+    double times[PROFILE_MAX_REPS];
+    for (int rep = -1; rep < reps && st == DS_OK; rep++) {
+      double t0 = ds_time_sec();
+      int32_t prev = ids[context - 1];
+      st = ds_draft_block(d, ds, prev, h, logits);
+      for (int64_t k = 0; k < L && st == DS_OK; k++) { /* the decoder's per-slot work: bias, confidence, argmax */
+        float conf;
+        st = ds_draft_head_step(d, ds, h + k * dm, prev, logits + k * V, &conf);
+        prev = ds_argmax(logits + k * V, V);
+      }
+      if (rep >= 0) times[rep] = ds_time_sec() - t0;
+    }
+    if (st == DS_OK) seconds[L - 1] = median(times, reps);
+  }
+  ds_draft_state_free(ds);
+  ds_kv_cache_free(kv);
+  free(ids);
+  ds_free_aligned(ctx);
+  ds_free_aligned(h);
+  ds_free_aligned(logits);
+  return st;
+}

@@ -1,0 +1,116 @@
+/* The confidence-scheduling functions (include/dspark/spec_schedule.h) on inputs whose answers
+ * were worked out by hand: the prefix scheduler's lengths and its early stop, the table limit
+ * and tie rule, the expected gain that switches speculation off, the cumulative ECE and the
+ * STS fit. */
+#include <math.h>
+
+#include "dspark/spec_schedule.h"
+#include "test_util.h"
+
+/* Two requests, survivals [0.9, 0.72, 0.36] and [0.8, 0.4]; verification seconds by B. From
+ * B = 2, tau = 2, Theta = 2 / 1.0 = 2: admit 0.9 (2.9 / 1.1 = 2.636), 0.8 (3.7 / 1.2 = 3.083),
+ * 0.72 (4.42 / 1.3 = 3.4); 0.4 gives 4.82 / 1.6 = 3.0125, no better: stop. Lengths [2, 1].
+ * B = 7 is cheap on purpose (5.18 / 1.45 = 3.57 would beat 3.4): a scan without the early
+ * stop would take it and answer [3, 2]. */
+static void test_prefix_schedule_hand_example(void) {
+  const double a0[] = {0.9, 0.72, 0.36}, a1[] = {0.8, 0.4};
+  const double *a[] = {a0, a1};
+  const int64_t n_cand[] = {3, 2};
+  const double verify[] = {1.0, 1.0, 1.1, 1.2, 1.3, 1.6, 1.45, 3.0};
+  int64_t len[2] = {-1, -1};
+  double theta = ds_prefix_schedule(2, n_cand, a, verify, 8, 0.0, len);
+  EXPECT(len[0] == 2 && len[1] == 1);
+  EXPECT_CLOSE(theta, 4.42 / 1.3, 1e-12, 0);
+  /* the round's fixed cost enters the denominator: 2/2, 2.9/2.1, 3.7/2.2, 4.42/2.3 = 1.922,
+   * then 4.82/2.6 = 1.854 stops: the same lengths, Theta in tokens per second of the round */
+  theta = ds_prefix_schedule(2, n_cand, a, verify, 8, 1.0, len);
+  EXPECT(len[0] == 2 && len[1] == 1);
+  EXPECT_CLOSE(theta, 4.42 / 2.3, 1e-12, 0);
+}
+
+static void test_prefix_schedule_limits(void) {
+  const double a0[] = {0.9, 0.72, 0.36}, a1[] = {0.8, 0.4};
+  const double *a[] = {a0, a1};
+  const int64_t n_cand[] = {3, 2};
+  const double flat[] = {1, 1, 1, 1, 1, 1, 1, 1};
+  int64_t len[2];
+  /* verification costs nothing more per token: every candidate pays */
+  ds_prefix_schedule(2, n_cand, a, flat, 8, 0.0, len);
+  EXPECT(len[0] == 3 && len[1] == 2);
+  /* past the table's end (B = 3) the line through its last two entries, 0.2 s per token:
+   * 2/1, 2.9/1.2 = 2.417, 3.7/1.4 = 2.643, 4.42/1.6 = 2.7625, then 4.82/1.8 = 2.678 stops */
+  const double short_table[] = {1, 1, 1.2};
+  EXPECT_CLOSE(ds_prefix_schedule(2, n_cand, a, short_table, 3, 0.0, len), 4.42 / 1.6, 1e-12, 0);
+  EXPECT(len[0] == 2 && len[1] == 1);
+  /* a one-entry table prices tokens proportionally: 2/2 = 1, then 2.9/3 does not pay */
+  ds_prefix_schedule(2, n_cand, a, flat, 1, 0.0, len);
+  EXPECT(len[0] == 0 && len[1] == 0);
+  /* equal survivals: the lower request first (2/1, 2.5/1, then 3/2 stops) */
+  const double b0[] = {0.5}, b1[] = {0.5}, dear4[] = {1, 1, 1, 2};
+  const double *b[] = {b0, b1};
+  const int64_t one[] = {1, 1};
+  ds_prefix_schedule(2, one, b, dear4, 4, 0.0, len);
+  EXPECT(len[0] == 1 && len[1] == 0);
+  /* a verification cost that doubles with one more token never pays for a survival of 0.9 */
+  const double steep[] = {1, 2, 4};
+  const double *c[] = {a0};
+  ds_prefix_schedule(1, n_cand, c, steep, 3, 0.0, len);
+  EXPECT(len[0] == 0);
+}
+
+/* Alone, a = [0.9, 0.72], verification [1, 1.1, 1.2]: with a draft of 0.5 s, L = 1 gives
+ * 1.9 / 1.6 = 1.1875 and L = 2 gives 2.62 / 1.7 = 1.541; with a draft of 5 s the best is
+ * 2.62 / 6.2 = 0.4226 < 1 (speculation switches off). */
+static void test_expected_gain(void) {
+  const double a[] = {0.9, 0.72}, verify[] = {1.0, 1.1, 1.2};
+  int64_t L = -1;
+  EXPECT_CLOSE(ds_spec_expected_gain(2, a, verify, 3, 0.5, &L), 2.62 / 1.7, 1e-12, 0);
+  EXPECT(L == 2);
+  EXPECT_CLOSE(ds_spec_expected_gain(2, a, verify, 3, 5.0, &L), 2.62 / 6.2, 1e-12, 0);
+  /* a table ending at B = 2 is extended by its last step (0.1): the same answer */
+  EXPECT_CLOSE(ds_spec_expected_gain(2, a, verify, 2, 0.5, &L), 2.62 / 1.7, 1e-12, 0);
+  EXPECT(ds_spec_expected_gain(0, a, verify, 3, 0.5, &L) == 0.0 && L == 0);
+}
+
+/* Two rounds predicting 0.9 (accepted once) and two predicting 0.1 (never accepted): bin 9
+ * errs |1.8 - 1| = 0.8, bin 1 |0.2 - 0| = 0.2, ECE = 1.0 / 4. A fifth round proposed nothing
+ * and does not count; a sixth is left out by the mask. */
+static void test_cumulative_ece(void) {
+  const float l9 = (float)log(9.0);
+  const float z[] = {l9, l9, -l9, -l9, 0, 0};
+  const int64_t n_prop[] = {1, 1, 1, 1, 0, 1}, n_acc[] = {1, 0, 0, 0, 0, 1};
+  const uint8_t use[] = {1, 1, 1, 1, 1, 0};
+  ds_round_set s = {z, n_prop, n_acc, use, 6, 1};
+  int64_t count = 0;
+  EXPECT_CLOSE(ds_cumulative_ece(&s, 0, NULL, &count), 0.25, 1e-6, 0);
+  EXPECT(count == 4);
+}
+
+/* Every round: confidences sigmoid(ln 3) = 0.75 at both positions, three of four rounds accept
+ * both tokens. Position 1 is calibrated already (0.75 against 3/4): T_1 stays 1. Position 2
+ * predicts 0.5625 against 3/4 (ECE 0.1875) and can only approach 0.75 by a confidence near 1:
+ * the smallest temperature, 1/8, leaves ECE 0.75 * (1 - sigmoid(8 ln 3)) ~ 1.1e-4. */
+static void test_sts_fit(void) {
+  const float l3 = (float)log(3.0);
+  const float z[] = {l3, l3, l3, l3, l3, l3, l3, l3};
+  const int64_t n_prop[] = {2, 2, 2, 2}, n_acc[] = {2, 2, 2, 0};
+  ds_round_set s = {z, n_prop, n_acc, NULL, 4, 2};
+  double T[2];
+  ds_sts_fit(&s, T);
+  EXPECT(T[0] == 1.0);
+  EXPECT_CLOSE(T[1], 0.125, 1e-12, 0);
+  EXPECT_CLOSE(ds_cumulative_ece(&s, 1, NULL, NULL), 0.1875, 1e-6, 0);
+  EXPECT(ds_cumulative_ece(&s, 1, T, NULL) < 2e-4);
+  EXPECT_CLOSE(ds_sts_grid_value(0), 0.125, 1e-12, 0);
+  EXPECT_CLOSE(ds_sts_grid_value(DS_STS_GRID - 1), 8.0, 1e-12, 0);
+  EXPECT(ds_sts_grid_value(DS_STS_GRID / 2) == 1.0);
+}
+
+int main(void) {
+  TEST_RUN(test_prefix_schedule_hand_example);
+  TEST_RUN(test_prefix_schedule_limits);
+  TEST_RUN(test_expected_gain);
+  TEST_RUN(test_cumulative_ece);
+  TEST_RUN(test_sts_fit);
+  return TEST_RESULT();
+}
