@@ -6,11 +6,14 @@
  * `dspark capture --topk`. The student is dspark/student.h; the loss dspark/kd_loss.h, row
  * chunked (no [tokens, V] tensor). Data, order, evaluation split, checkpoints, resume, metrics
  * and progress are the core's. Checkpoint format "dspark-student-checkpoint": tensors
- * "student.<HF name>", metadata "student_config" (the student's config.json text). */
+ * "student.<HF name>", "intermediate.<i>.proj.weight" [d_teacher, d_student] for the
+ * --intermediate pairs with a projection, metadata "student_config" (the student's config.json
+ * text). */
 #ifndef DSPARK_LM_TRAINER_H
 #define DSPARK_LM_TRAINER_H
 
 #include "dspark/dataset.h"
+#include "dspark/kd_intermediate.h"
 #include "dspark/kd_loss.h"
 #include "dspark/trainer.h"
 
@@ -36,6 +39,10 @@ typedef struct {
   const char *cache_dir;        /* an offline KD cache (top-K log-probs) */
   ds_kd_loss_config kd;         /* kd_loss_alpha 0 for pretraining; top_k 0 with a live teacher: dense KL */
   int distill;                  /* 1: `distill` (a teacher or cache is required) */
+  /* intermediate-layer pairs (--intermediate S:T[:cosine|mse], dspark/kd_intermediate.h): part
+   * of the KD term, balanced against the logits KD per micro-batch (kd.md section 3) */
+  ds_kd_inter_pair intermediate[DS_KD_MAX_INTERMEDIATE];
+  int n_intermediate;
 } ds_lm_train_options;
 
 void ds_lm_train_options_default(ds_lm_train_options *o, int distill);

@@ -68,11 +68,21 @@ const ds_backend *ds_student_backend(const ds_student *s);
 /* ---- parameters */
 
 /* Flat trainable parameters and their gradients (same layout, ds_student_num_params floats);
- * every tensor of the model is trainable. */
+ * every tensor of the model is trainable, followed by the extra floats below (if any). */
 float *ds_student_params(ds_student *s);
 float *ds_student_grads(ds_student *s);
 size_t ds_student_num_params(const ds_student *s);
 void ds_student_zero_grads(ds_student *s);
+
+/* n extra trainable floats after the model's tensors in both flat buffers: a loss's own
+ * parameters (the intermediate-layer projections of distillation), so that the trainer's one
+ * optimizer, clipping and checkpointed optimizer state cover them with the model. The buffers
+ * move (the model's values and gradients are kept, the tensor views follow; earlier pointers
+ * from ds_student_params / grads / tensor_at are stale); new floats are 0. The extras are
+ * not in the tensor table: export and ds_student_read_tensors ignore them. NULL when n = 0. */
+ds_status ds_student_set_extra_params(ds_student *s, size_t n);
+float *ds_student_extra_params(ds_student *s);
+float *ds_student_extra_grads(ds_student *s);
 
 /* Named views of every tensor, in HF names ("model.embed_tokens.weight",
  * "model.layers.0.self_attn.q_proj.weight", ..., "model.norm.weight", "lm_head.weight" when

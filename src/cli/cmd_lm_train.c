@@ -26,6 +26,10 @@ static void usage(FILE *f, int distill) {
       "  --topk K (64; 0 = dense KL)  --top-p P (1)  --min-k M (1)  --temperature T (1)  --reverse\n"
       "  --kd-loss-alpha A     in [0, 1] (1: KD only, the LM loss is not computed)\n"
       "  --no-ghost            ablation only: renormalize both sides over the kept top-K (no ghost bucket)\n"
+      "  --intermediate S:T[:cosine|mse]   (repeatable) the student's hidden state after layer S against the\n"
+      "                        teacher's after layer T (-1 = embeddings), through a learned projection when the\n"
+      "                        sizes differ; averaged and rescaled to the logits KD's magnitude (kd.md section 3).\n"
+      "                        With --cache, the cache needs features with T in its --target-layer-ids\n"
       "  --chunk-rows N        rows per logits/loss chunk (128)\n");
   else
     fprintf(f,
@@ -76,6 +80,17 @@ static int lm_command(int argc, char **argv, int distill) {
     else if (distill && !strcmp(a, "--reverse")) o.kd.reverse = 1;
     else if (distill && !strcmp(a, "--no-ghost")) o.kd.no_ghost = 1;
     else if (distill && !strcmp(a, "--kd-loss-alpha")) CLI_NUM(-1e9, 1e9, o.kd.kd_loss_alpha);
+    else if (distill && !strcmp(a, "--intermediate")) {
+      CLI_VALUE();
+      if (o.n_intermediate == DS_KD_MAX_INTERMEDIATE) {
+        fprintf(stderr, "dspark %s: --intermediate given more than %d times\n", name, DS_KD_MAX_INTERMEDIATE);
+        return 2;
+      }
+      if (ds_kd_inter_parse(v, &o.intermediate[o.n_intermediate++]) != DS_OK) {
+        fprintf(stderr, "dspark %s: %s\n", name, ds_last_error());
+        return 2;
+      }
+    }
     else {
       if (ds_kd_check_removed_option(a) != DS_OK) {
         fprintf(stderr, "dspark %s: %s\n", name, ds_last_error());

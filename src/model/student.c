@@ -82,6 +82,20 @@ static void build_specs(ds_student *s, spec_list *l) {
 
 static size_t spec_numel(const student_spec *sp) { return (size_t)sp->rows * (size_t)(sp->cols ? sp->cols : 1); }
 
+/* Points the weight structs and the tensor table into the flat buffers (again after they move). */
+static void point_views(ds_student *s) {
+  for (size_t i = 0; i < s->n_specs; i++) {
+    student_spec *sp = &s->specs[i];
+    *sp->slot = s->params + sp->offset;
+    *sp->grad_slot = s->grads + sp->offset;
+    s->tensors[i] = (ds_student_tensor){sp->name, *sp->slot, *sp->grad_slot, sp->cols ? 2 : 1, {sp->rows, sp->cols}};
+  }
+  if (s->tied) {
+    s->w.lm_head = s->w.embed;
+    s->g.lm_head = s->g.embed;
+  }
+}
+
 ds_status student_create(const ds_model_config *cfg, const char *config_json, int tied, double init_range,
                          int64_t pad_token_id, const ds_backend *be, ds_student **out) {
   *out = NULL;
@@ -119,16 +133,7 @@ ds_status student_create(const ds_model_config *cfg, const char *config_json, in
   if (!s->params || !s->grads || !s->tensors) goto nomem;
   memset(s->params, 0, n * sizeof(float));
   memset(s->grads, 0, n * sizeof(float));
-  for (size_t i = 0; i < l.n; i++) {
-    student_spec *sp = &l.v[i];
-    *sp->slot = s->params + sp->offset;
-    *sp->grad_slot = s->grads + sp->offset;
-    s->tensors[i] = (ds_student_tensor){sp->name, *sp->slot, *sp->grad_slot, sp->cols ? 2 : 1, {sp->rows, sp->cols}};
-  }
-  if (tied) {
-    s->w.lm_head = s->w.embed;
-    s->g.lm_head = s->g.embed;
-  }
+  point_views(s);
   /* The MLP runs gate and up as one (2I, d) matmul (with one (2I) bias). */
   for (int64_t i = 0; i < cfg->num_hidden_layers; i++) {
     const student_layer *w = &s->w.layers[i];
@@ -240,8 +245,32 @@ int64_t ds_student_pad_token_id(const ds_student *s) { return s->pad_token_id; }
 const ds_backend *ds_student_backend(const ds_student *s) { return s->be; }
 float *ds_student_params(ds_student *s) { return s->params; }
 float *ds_student_grads(ds_student *s) { return s->grads; }
-size_t ds_student_num_params(const ds_student *s) { return s->n_params; }
-void ds_student_zero_grads(ds_student *s) { memset(s->grads, 0, s->n_params * sizeof(float)); }
+size_t ds_student_num_params(const ds_student *s) { return s->n_params + s->n_extra; }
+void ds_student_zero_grads(ds_student *s) { memset(s->grads, 0, (s->n_params + s->n_extra) * sizeof(float)); }
+float *ds_student_extra_params(ds_student *s) { return s->n_extra ? s->params + s->n_params : NULL; }
+float *ds_student_extra_grads(ds_student *s) { return s->n_extra ? s->grads + s->n_params : NULL; }
+
+ds_status ds_student_set_extra_params(ds_student *s, size_t n) {
+  size_t keep = s->n_params + (n < s->n_extra ? n : s->n_extra), total = s->n_params + n;
+  float *p = ds_malloc_aligned((total ? total : 1) * sizeof(float), "student parameters");
+  float *g = ds_malloc_aligned((total ? total : 1) * sizeof(float), "student gradients");
+  if (!p || !g) {
+    ds_free_aligned(p);
+    ds_free_aligned(g);
+    return DS_FAIL(DS_ERR_NOMEM, "student: out of memory for %zu extra parameters", n);
+  }
+  memcpy(p, s->params, keep * sizeof(float));
+  memcpy(g, s->grads, keep * sizeof(float));
+  memset(p + keep, 0, (total - keep) * sizeof(float));
+  memset(g + keep, 0, (total - keep) * sizeof(float));
+  ds_free_aligned(s->params);
+  ds_free_aligned(s->grads);
+  s->params = p;
+  s->grads = g;
+  s->n_extra = n;
+  point_views(s);
+  return DS_OK;
+}
 size_t ds_student_tensor_count(const ds_student *s) { return s->n_specs; }
 const ds_student_tensor *ds_student_tensor_at(const ds_student *s, size_t i) {
   return i < s->n_specs ? &s->tensors[i] : NULL;

@@ -78,7 +78,8 @@ struct ds_student {
   const ds_backend *be;
   int64_t q_dim, kv_dim;
   float *params, *grads;
-  size_t n_params;
+  size_t n_params;          /* the model's own tensors */
+  size_t n_extra;           /* trailing extra trainable floats (ds_student_set_extra_params) */
   student_weights w, g;
   float *inv_freq;          /* (head_dim / 2) */
   student_spec *specs;

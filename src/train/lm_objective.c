@@ -90,14 +90,18 @@ static ds_status teacher_features(lm_run *t, int64_t idx) {
   if (t->fc) return ds_lm_cache_features(t, idx);
   DS_TRY(ds_kv_cache_crop(t->kv, 0));
   ds_target_seq seq = {t->data.ids + idx * t->data.seq_len, t->data.lengths[idx], t->kv};
-  ds_target_outputs out = {NULL, 0, NULL, t->thidden, NULL, 0, NULL};
+  /* the layers of the --intermediate pairs too (none without them) */
+  ds_target_outputs out = {t->n_tlayers ? t->tlayers : NULL, t->n_tlayers, t->tcaptured, t->thidden, NULL, 0, NULL};
   DS_TRY(ds_target_forward(t->teacher, &seq, 1, &out));
+  t->cur_tfeat = t->tcaptured;
   ds_status st = ds_target_check_finite(t->teacher, &out, seq.n);
   return st == DS_OK ? DS_OK : ds_error_wrap(st, "%s: data sequence %lld", t->data_label, (long long)idx);
 }
 
-/* Forward, the loss over row chunks, and (with scale > 0) the backward of item idx. */
-static ds_status run_item(lm_run *t, int64_t idx, const ds_kd_loss_config *cfg, double scale, ds_report *r) {
+/* Forward, the loss over row chunks, the intermediate pairs, and (with scale > 0) the backward
+ * of item idx. *balanced: what the intermediate pairs add to the kd numerator (NULL: not wanted). */
+static ds_status run_item(lm_run *t, int64_t idx, const ds_kd_loss_config *cfg, double scale, ds_report *r,
+                          double *balanced) {
   int64_t T = t->data.lengths[idx], V = t->V, d = t->d, chunk = cfg->chunk_rows < T ? cfg->chunk_rows : T;
   ds_student_batch b = {t->data.ids + idx * t->data.seq_len, 1, t->data.seq_len, &t->data.lengths[idx]};
   DS_TRY(ds_student_forward(t->student, &b));
@@ -114,7 +118,21 @@ static ds_status run_item(lm_run *t, int64_t idx, const ds_kd_loss_config *cfg, 
   ds_kd_loss_result res;
   DS_TRY(ds_kd_loss_finish(cfg, T, t->mask, cfg->kd_loss_alpha > 0 ? t->kd_rows : NULL,
                            cfg->kd_loss_alpha < 1 ? t->lm_rows : NULL, &res));
-  if (scale > 0) DS_TRY(ds_student_backward(t->student, t->dh, NULL, 0));
+  /* the pairs are balanced against this item's logits KD, normalized like it (by the step's
+   * tokens; an evaluation has no step: its own tokens, the ratio is what matters) */
+  lm_inter_item inter;
+  double norm = scale > 0 ? 1.0 / scale : res.num_tokens > 0 ? (double)res.num_tokens : 1.0;
+  DS_TRY(ds_lm_inter_item(t, T, cfg->kd_loss_alpha, res.pair[DS_KD_PAIR_LM][0], res.pair[DS_KD_PAIR_KD][0], norm,
+                          scale, &inter));
+  if (scale > 0) DS_TRY(ds_student_backward(t->student, t->dh, inter.extra, inter.n_extra));
+  if (balanced) *balanced = inter.balanced;
+  res.numerator += cfg->kd_loss_alpha * inter.balanced;
+  res.pair[DS_KD_PAIR_LOSS][0] += cfg->kd_loss_alpha * inter.balanced;
+  if (t->n_inter) {
+    r->pair[LM_PAIR_INTERMEDIATE][0] += inter.mean_sum;
+    r->pair[LM_PAIR_INTERMEDIATE][1] += (double)res.num_tokens;
+    r->pair_present[LM_PAIR_INTERMEDIATE] = 1;
+  }
   r->numerator += res.numerator;
   r->W += (double)res.num_tokens;
   r->num_tokens += (double)res.num_tokens;
@@ -131,9 +149,11 @@ static ds_status run_item(lm_run *t, int64_t idx, const ds_kd_loss_config *cfg, 
 
 static ds_status op_init(void *self, uint64_t seed) {
   lm_run *t = self;
-  if (t->o->student_dir) return ds_student_load_hf(t->o->student_dir, ds_backend_cpu(), &t->student);
-  return ds_student_new(t->student_json, strlen(t->student_json), t->o->student_config, seed, ds_backend_cpu(),
-                        &t->student);
+  if (t->o->student_dir) DS_TRY(ds_student_load_hf(t->o->student_dir, ds_backend_cpu(), &t->student));
+  else
+    DS_TRY(ds_student_new(t->student_json, strlen(t->student_json), t->o->student_config, seed, ds_backend_cpu(),
+                          &t->student));
+  return ds_lm_inter_params(t, NULL);
 }
 
 static ds_status op_load(void *self, const ds_safetensors *ck) {
@@ -146,7 +166,8 @@ static ds_status op_load(void *self, const ds_safetensors *ck) {
     return DS_FAIL(DS_ERR_FORMAT, "%s: the checkpoint's student (vocabulary %lld, hidden %lld) is not this run's "
                    "(%lld, %lld)", ds_st_path(ck), (long long)c->vocab_size, (long long)c->hidden_size,
                    (long long)t->V, (long long)t->d);
-  return ds_student_read_tensors(t->student, ck, "student.");
+  DS_TRY(ds_student_read_tensors(t->student, ck, "student."));
+  return ds_lm_inter_params(t, ck);
 }
 
 static ds_status op_start(void *self, const ds_trainer *core) {
@@ -171,7 +192,7 @@ static ds_status op_micro_step(void *self, const ds_step_item *it, double W, ds_
   if (W <= 0 && !t->stream) return DS_OK;
   DS_TRY(teacher_features(t, it->index)); /* a cache stream delivers the planned sample regardless */
   if (W <= 0) return DS_OK;
-  return run_item(t, it->index, &t->cfg, 1.0 / W, r);
+  return run_item(t, it->index, &t->cfg, 1.0 / W, r, NULL);
 }
 
 static ds_status op_eval_item(void *self, int64_t e, ds_report *r) {
@@ -184,14 +205,16 @@ static ds_status op_eval_item(void *self, int64_t e, ds_report *r) {
   if (cfg.kd_loss_alpha > 0) cfg.kd_loss_alpha = 0.5;
   ds_report one;
   memset(&one, 0, sizeof one);
-  DS_TRY(run_item(t, idx, &cfg, 0, &one));
+  double balanced = 0;
+  DS_TRY(run_item(t, idx, &cfg, 0, &one, &balanced));
   double a = t->cfg.kd_loss_alpha;
-  one.pair[DS_KD_PAIR_LOSS][0] = (1 - a) * one.pair[DS_KD_PAIR_LM][0] + (a > 0 ? a * one.pair[DS_KD_PAIR_KD][0] : 0);
+  one.pair[DS_KD_PAIR_LOSS][0] =
+      (1 - a) * one.pair[DS_KD_PAIR_LM][0] + (a > 0 ? a * (one.pair[DS_KD_PAIR_KD][0] + balanced) : 0);
   one.numerator = one.pair[DS_KD_PAIR_LOSS][0];
   r->numerator += one.numerator;
   r->W += one.W;
   r->num_tokens += one.num_tokens;
-  for (int i = 0; i < DS_KD_PAIR_COUNT; i++) {
+  for (int i = 0; i < LM_PAIR_COUNT; i++) {
     r->pair[i][0] += one.pair[i][0];
     r->pair[i][1] += one.pair[i][1];
     r->pair_present[i] |= one.pair_present[i];
@@ -207,6 +230,7 @@ static ds_status op_save(void *self, ds_st_writer *w) {
     snprintf(name, sizeof name, "student.%s", x->name);
     DS_TRY(ds_st_writer_add(w, name, DS_F32, x->ndim, x->shape, x->data));
   }
+  DS_TRY(ds_lm_inter_save(t, w));
   if (!t->saved_config) DS_TRY(ds_student_config_json(t->student, &t->saved_config));
   return ds_st_writer_set_metadata(w, "student_config", t->saved_config);
 }
@@ -222,7 +246,7 @@ static ds_status op_setup(void *self, ds_objective *obj) {
   return DS_OK;
 }
 
-static const char *const k_pairs[DS_KD_PAIR_COUNT] = {"loss", "kd", "lm"};
+static const char *const k_pairs[LM_PAIR_COUNT] = {"loss", "kd", "lm", "intermediate"};
 
 ds_status ds_train_lm(const ds_lm_train_options *o) {
   if (o->loop.threads > 0) ds_set_num_threads(o->loop.threads);
@@ -235,7 +259,7 @@ ds_status ds_train_lm(const ds_lm_train_options *o) {
       .name = o->distill ? "distill" : "pretrain",
       .checkpoint_format = DS_STUDENT_CHECKPOINT_FORMAT,
       .pair_names = k_pairs,
-      .n_pairs = DS_KD_PAIR_COUNT,
+      .n_pairs = LM_PAIR_COUNT,
       .progress_pair = o->kd.kd_loss_alpha > 0 && o->kd.kd_loss_alpha < 1 ? DS_KD_PAIR_KD : -1,
       .progress_label = "kd",
       .exp_name = "ppl",

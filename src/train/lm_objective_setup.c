@@ -121,6 +121,16 @@ static ds_status config_texts(lm_run *t, uint64_t student_hash, uint64_t teacher
     cJSON_AddBoolToObject(j, "reverse", t->cfg.reverse);
     if (t->cfg.no_ghost) cJSON_AddBoolToObject(j, "no_ghost", 1); /* absent when off: older runs resume */
   }
+  if (t->n_inter) { /* the pairs define the trajectory (and the checkpoint's projections) */
+    cJSON *pairs = cJSON_AddArrayToObject(j, "intermediate");
+    for (int i = 0; pairs && i < t->n_inter; i++) {
+      char spec[96];
+      const ds_kd_inter_pair *p = &o->intermediate[i];
+      snprintf(spec, sizeof spec, "%lld:%lld:%s", (long long)p->student_layer, (long long)p->teacher_layer,
+               ds_kd_inter_kind_name(p->kind));
+      cJSON_AddItemToArray(pairs, cJSON_CreateString(spec));
+    }
+  }
   cJSON_AddNumberToObject(j, "chunk_rows", (double)t->cfg.chunk_rows);
   t->train_config = cJSON_Print(j);
   cJSON_Delete(j);
@@ -162,6 +172,7 @@ ds_status ds_lm_setup(lm_run *t) {
     DS_TRY(ds_cache_hash_target_weights(o->teacher_dir, &teacher_hash));
     DS_TRY(ds_model_dir_check_positions(o->teacher_dir, o->seq_len, "--seq-len"));
   }
+  DS_TRY(ds_lm_inter_setup(t, &sc));
   DS_TRY(load_tokenizer(t));
   DS_TRY(ds_target_check_tokenizer(&sc, t->tok, o->student_config ? o->student_config : "the student's config.json",
                                    "the tokenizer"));
@@ -206,6 +217,7 @@ ds_status ds_lm_buffers(lm_run *t) {
     t->select_scratch = ds_malloc((size_t)V * sizeof(float), "top-K scratch");
     if (!t->thidden || !t->tlogits || !t->topk_ids || !t->topk_lp || !t->select_scratch) return DS_ERR_NOMEM;
   }
+  DS_TRY(ds_lm_inter_buffers(t));
   return ds_lm_write_tokenizer(t);
 }
 
@@ -226,6 +238,7 @@ ds_status ds_lm_cache_features(lm_run *t, int64_t idx) {
                    (long long)idx, (long long)s.index);
   t->cur_topk_ids = s.topk_ids;
   t->cur_topk_lp = s.topk_logprobs;
+  t->cur_tfeat = s.ctx; /* the captured layers (intermediate pairs) */
   int64_t next;
   while (ds_cache_stream_space(t->stream) > 0 && ds_trainer_plan_next(&t->plan, &next))
     DS_TRY(ds_cache_stream_push(t->stream, next));
@@ -243,6 +256,7 @@ void ds_lm_free(lm_run *t) {
   ds_cache_stream_free(t->stream);
   ds_cache_close(t->fc);
   ds_trainer_plan_free(&t->plan);
+  ds_lm_inter_free(t);
   ds_student_free(t->student);
   ds_target_free(t->teacher);
   ds_kv_cache_free(t->kv);

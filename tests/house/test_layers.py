@@ -31,6 +31,7 @@ HEADER_LAYER = {
     "backend.h": "nn", "profile.h": "nn",
     "target.h": "model", "draft.h": "model", "sampling.h": "model", "student.h": "model",
     "dspark_loss.h": "loss", "draft_loss.h": "loss", "kd_select.h": "loss", "kd_loss.h": "loss",
+    "kd_intermediate.h": "loss",
     "trainer.h": "train", "draft_trainer.h": "train", "lm_trainer.h": "train", "anchors.h": "train", "optim.h": "train", "checkpoint.h": "train",
     "capture.h": "capture",
     "speculate.h": "spec", "spec_schedule.h": "spec",

@@ -409,6 +409,40 @@ static void test_refusals(void) {
   EXPECT(ds_student_load_hf("/nonexistent-student-dir", NULL, &t) != DS_OK && t == NULL);
 }
 
+/* Extra params (a loss's own weights, e.g. --intermediate projections): the model's values and
+ * gradients survive the move, the tensor views and the tied head follow, the extras start at 0,
+ * zeroing covers them, and a forward + backward gives the same gradients as before. */
+static void test_extra_params(void) {
+  ds_student *s = make(k_qwen2, 4, ds_backend_cpu()); /* tied: the head must follow the table */
+  size_t n = ds_student_num_params(s);
+  int32_t ids[6] = {1, 5, 9, 2, 7, 3};
+  ds_student_batch b = {ids, 1, 6, NULL};
+  EXPECT(ds_student_extra_params(s) == NULL);
+  EXPECT_OK(ds_student_forward(s, &b));
+  EXPECT_OK(ds_student_backward(s, ds_student_final_hidden(s), NULL, 0));
+  float *p0 = malloc(n * sizeof(float)), *g0 = malloc(n * sizeof(float));
+  memcpy(p0, ds_student_params(s), n * sizeof(float));
+  memcpy(g0, ds_student_grads(s), n * sizeof(float));
+  EXPECT_OK(ds_student_set_extra_params(s, 100));
+  EXPECT(ds_student_num_params(s) == n + 100);
+  EXPECT(memcmp(ds_student_params(s), p0, n * sizeof(float)) == 0);
+  EXPECT(memcmp(ds_student_grads(s), g0, n * sizeof(float)) == 0);
+  EXPECT(ds_student_extra_params(s) == ds_student_params(s) + n && ds_student_extra_grads(s) == ds_student_grads(s) + n);
+  for (int i = 0; i < 100; i++) EXPECT(ds_student_extra_params(s)[i] == 0.0f && ds_student_extra_grads(s)[i] == 0.0f);
+  EXPECT(ds_student_tensor_at(s, 0)->data == ds_student_params(s));
+  ds_student_extra_grads(s)[7] = 3.0f;
+  ds_student_zero_grads(s);
+  EXPECT(ds_student_extra_grads(s)[7] == 0.0f);
+  /* the same forward + backward through the moved buffers: the same gradients, extras untouched */
+  EXPECT_OK(ds_student_forward(s, &b));
+  EXPECT_OK(ds_student_backward(s, ds_student_final_hidden(s), NULL, 0));
+  EXPECT(memcmp(ds_student_grads(s), g0, n * sizeof(float)) == 0);
+  for (int i = 0; i < 100; i++) EXPECT(ds_student_extra_grads(s)[i] == 0.0f);
+  free(p0);
+  free(g0);
+  ds_student_free(s);
+}
+
 int main(void) {
   ds_set_num_threads(2);
   mkdir(tmp_dir(), 0755);
@@ -420,5 +454,6 @@ int main(void) {
   TEST_RUN(test_init);
   TEST_RUN(test_padding_idx);
   TEST_RUN(test_refusals);
+  TEST_RUN(test_extra_params);
   return TEST_RESULT();
 }
