@@ -16,10 +16,13 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: dspark generate MODEL_DIR (--prompt TEXT | --prompt-ids IDS) [options]\n"
+          "usage: dspark generate MODEL_DIR (--prompt TEXT | --prompt-ids IDS | --data FILE) [options]\n"
           "  --prompt TEXT         prompt, tokenized with MODEL_DIR/tokenizer.json\n"
           "  --chat                wrap the prompt as a ChatML user turn + assistant prompt\n"
           "  --prompt-ids IDS      prompt as comma-separated token ids (no tokenizer needed)\n"
+          "  --data FILE           a batch: one prompt per line (or JSONL {\"prompt\"} / {\"messages\"}), decoded\n"
+          "                        together (one forward per step over every request); one output line per\n"
+          "                        request: its generated text as a JSON string, or its ids with --print-ids\n"
           "  --max-new-tokens N    tokens to generate (default 64)\n"
           "  --temperature T       0 = greedy (default 0)\n"
           "  --top-p P             nucleus sampling mass (default 1.0 = off)\n"
@@ -33,8 +36,47 @@ static void usage(FILE *f) {
           "max_position_embeddings. Timing (prefill and decode tokens/s) goes to stderr.\n");
 }
 
+/* --data: every prompt decoded together; one line per request, then the batch's rates. */
+static ds_status generate_batch(ds_target *m, const ds_tokenizer *tok, const cli_prompts *b, ds_spec_options *so,
+                                int print_ids, double t_load) {
+  const int R = b->n;
+  const int32_t **pv = malloc((size_t)R * sizeof *pv);
+  int64_t *pn = malloc((size_t)R * sizeof *pn), prompt_tokens = 0, generated = 0;
+  ds_spec_result *res = calloc((size_t)R, sizeof *res);
+  if (!pv || !pn || !res) {
+    free(pv);
+    free(pn);
+    free(res);
+    return DS_FAIL(DS_ERR_NOMEM, "out of memory for %d requests", R);
+  }
+  for (int i = 0; i < R; i++) {
+    pv[i] = b->v[i].ids;
+    pn[i] = (int64_t)b->v[i].len;
+    prompt_tokens += pn[i];
+  }
+  so->on_token = NULL; /* whole lines, after the batch */
+  ds_status st = ds_generate_batch(m, pv, pn, R, so, res);
+  for (int i = 0; st == DS_OK && i < R; i++) {
+    cli_print_result(tok, print_ids, res[i].ids, res[i].n);
+    printf("\n");
+    generated += res[i].n;
+  }
+  if (st == DS_OK) {
+    double t_decode = res[0].total_s - res[0].prefill_s;
+    fprintf(stderr, "load: %.3f s; %d requests; prefill: %lld tokens, %.3f s (%.1f tokens/s); decode: %lld tokens, "
+            "%.3f s (%.1f tokens/s)\n", t_load, R, (long long)prompt_tokens, res[0].prefill_s,
+            prompt_tokens / (res[0].prefill_s > 0 ? res[0].prefill_s : 1e-9), (long long)generated, t_decode,
+            generated / (t_decode > 0 ? t_decode : 1e-9));
+  }
+  for (int i = 0; i < R; i++) ds_spec_result_free(&res[i]);
+  free(res);
+  free(pv);
+  free(pn);
+  return st;
+}
+
 int cmd_generate(int argc, char **argv) {
-  const char *dir = NULL, *prompt = NULL, *prompt_ids = NULL;
+  const char *dir = NULL, *prompt = NULL, *prompt_ids = NULL, *data = NULL;
   int64_t max_new = 64, seed = 0, threads = 0;
   double temperature = 0.0, top_p = 1.0;
   int chat = 0, print_ids = 0, ignore_eos = 0;
@@ -43,6 +85,7 @@ int cmd_generate(int argc, char **argv) {
     if (cli_is_help(a)) { usage(stdout); return 0; }
     if (!strcmp(a, "--prompt")) { if (!(prompt = cli_value(argc, argv, &i))) return 2; }
     else if (!strcmp(a, "--prompt-ids")) { if (!(prompt_ids = cli_value(argc, argv, &i))) return 2; }
+    else if (!strcmp(a, "--data")) { if (!(data = cli_value(argc, argv, &i))) return 2; }
     else if (!strcmp(a, "--chat")) chat = 1;
     else if (!strcmp(a, "--print-ids")) print_ids = 1;
     else if (!strcmp(a, "--ignore-eos")) ignore_eos = 1;
@@ -54,8 +97,8 @@ int cmd_generate(int argc, char **argv) {
     else if (a[0] == '-' || dir) { fprintf(stderr, "dspark generate: unexpected argument '%s'\n", a); usage(stderr); return 2; }
     else dir = a;
   }
-  if (!dir || (!prompt == !prompt_ids)) {
-    fprintf(stderr, "dspark generate: give MODEL_DIR and exactly one of --prompt / --prompt-ids\n");
+  if (!dir || (!!prompt + !!prompt_ids + !!data) != 1) {
+    fprintf(stderr, "dspark generate: give MODEL_DIR and exactly one of --prompt / --prompt-ids / --data\n");
     usage(stderr);
     return 2;
   }
@@ -73,12 +116,20 @@ int cmd_generate(int argc, char **argv) {
   ds_target *m = NULL;
   ds_tokenizer *tok = NULL;
   ds_ids ids = {0};
+  cli_prompts batch = {0};
   char *tok_path = ds_path_join(dir, "tokenizer.json");
   if (!tok_path) goto report;
-  if (prompt || !print_ids) {
+  if (prompt || data || !print_ids) {
     if (ds_tokenizer_load(tok_path, &tok) != DS_OK) goto report;
   }
-  if (cli_prompt_ids(tok, prompt, given_ids, n_given, chat, &ids) != DS_OK) goto report;
+  if (data) {
+    if (cli_read_prompts(tok, data, chat, &batch) != DS_OK) goto report;
+    if (batch.n == 0) { fprintf(stderr, "dspark generate: %s holds no prompt\n", data); rc = 2; goto done; }
+    for (int i = 0; i < batch.n; i++)
+      if (batch.v[i].len > ids.len) ids.len = batch.v[i].len; /* the longest, for the position check */
+  } else {
+    if (cli_prompt_ids(tok, prompt, given_ids, n_given, chat, &ids) != DS_OK) goto report;
+  }
   if (ids.len == 0) { fprintf(stderr, "dspark generate: the prompt has no tokens\n"); rc = 2; goto done; }
 
   /* The position limit, before the weights are loaded. */
@@ -114,6 +165,11 @@ int cmd_generate(int argc, char **argv) {
   so.ignore_eos = ignore_eos;
   so.on_token = cli_stream_token;
   so.user = &st_out;
+  if (data) {
+    if (generate_batch(m, tok, &batch, &so, print_ids, t_load) != DS_OK) goto report;
+    rc = 0;
+    goto done;
+  }
   ds_spec_result res;
   if (ds_generate(m, ids.ids, (int64_t)prompt_len, &so, &res) != DS_OK) goto report;
   if (!print_ids) cli_print_text(tok, res.ids, (size_t)res.n, &st_out.printed, 1);
@@ -132,7 +188,8 @@ report:
 done:
   free(given_ids);
   free(tok_path);
-  ds_ids_free(&ids);
+  if (!data) ds_ids_free(&ids);
+  cli_prompts_free(&batch);
   ds_tokenizer_free(tok);
   ds_target_free(m);
   return rc;

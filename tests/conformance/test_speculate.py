@@ -193,6 +193,13 @@ def main():
         out, _, _ = common.run([args.dspark, "generate", target, "--prompt", prompt.replace("\n", " "),
                                 "--max-new-tokens", "24", "--print-ids", "--ignore-eos"])
         flat[prompt] = out.split()
+    # generate --data: the batch decoded together gives every request its own plain decoding
+    out, _, _ = common.run([args.dspark, "generate", target, "--data", batch_file, "--max-new-tokens", "24",
+                            "--print-ids", "--ignore-eos"])
+    lines = out.strip().split("\n")
+    ck.check(len(lines) == len(PROMPTS), f"generate --data: {len(lines)} output lines")
+    for prompt, line in zip(PROMPTS, lines):
+        ck.check(line.split() == flat[prompt], f"generate --data '{prompt}': {line.split()} != {flat[prompt]}")
     for head in ("vanilla", "rnn"):
         for policy in ([], ["--draft-len", "2"], ["--policy", "threshold", "--threshold", "0.3"],
                        ["--policy", "scheduler", "--profile", sched["measured"]], ["--policy", "scheduler"],
