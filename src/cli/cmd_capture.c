@@ -7,6 +7,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "dspark/capture.h"
+#include "dspark/comm.h"
 #include "dspark/hfconfig.h"
 
 static void usage(FILE *f) {
@@ -109,6 +110,12 @@ int cmd_capture(int argc, char **argv) {
   }
   if (!o.features && !o.topk) {
     fprintf(stderr, "dspark capture: --no-features needs --topk (otherwise nothing is captured)\n");
+    return 2;
+  }
+  if (ds_comm_size(cli_comm()) > 1) { /* every rank would write the same cache: refused, not raced */
+    if (ds_comm_rank(cli_comm()) == 0)
+      fprintf(stderr, "dspark capture: capturing with %d ranks is not supported yet; run it as one process "
+              "(without mpirun): the cache it writes serves training runs of any size\n", ds_comm_size(cli_comm()));
     return 2;
   }
   if (!o.out_dir) o.out_dir = "";
