@@ -8,7 +8,9 @@
  * are summed over the ranks before anything reads them (one all-reduce of the flat gradient,
  * one of the report); rank 0 alone writes the run directory. Every rank computes the step's
  * global denominator itself from the weights of all the step's items (masks only, cheap): the
- * same additions in the same order as one process, so W is bit-identical for any world size.
+ * same additions in the same order as one process, so W is bit-identical for any world size;
+ * reports are kept per item and added in item order after the exchange (reduce_rows), so the
+ * metrics are bit-identical too.
  *
  * The gradient is the same for any world size too, to the bit in practice: each item's
  * gradient is computed alone (from zeroed gradients, so it does not depend on which items
@@ -118,27 +120,37 @@ void ds_trainer_plan_free(ds_trainer_plan *p) {
 
 /* ------------------------------------------------------------------ reports over ranks */
 
+/* Each item's report travels as one row of doubles; the last one flags an item that failed
+ * under the skip policy. */
 enum { REPORT_DOUBLES = 4 + 2 * DS_REPORT_MAX_PAIRS + DS_REPORT_MAX_PAIRS + 2 * DS_REPORT_MAX_VEC + 1 };
 
-/* Sums every rank's report (and its count of failed items, `bad`) into every rank's, so that
- * the normalization num / den happens once, over the global sums (spec section 4). One
- * all-reduce of a small flat buffer; a single process returns at once. */
-static ds_status reduce_report(ds_trainer *t, ds_report *r, int *bad) {
-  if (world_of(t) == 1) return DS_OK;
-  double b[REPORT_DOUBLES];
+static void report_to_row(const ds_report *r, int bad, double *row) {
   size_t k = 0;
-  b[k++] = r->numerator, b[k++] = r->W, b[k++] = r->num_tokens, b[k++] = r->seen_tokens;
-  for (int i = 0; i < DS_REPORT_MAX_PAIRS; i++) b[k++] = r->pair[i][0], b[k++] = r->pair[i][1];
-  for (int i = 0; i < DS_REPORT_MAX_PAIRS; i++) b[k++] = r->pair_present[i] ? 1.0 : 0.0;
-  for (int i = 0; i < DS_REPORT_MAX_VEC; i++) b[k++] = r->vec[i][0], b[k++] = r->vec[i][1];
-  b[k++] = bad ? (double)*bad : 0.0;
-  DS_TRY(ds_comm_allreduce_sum_f64(t->o.comm, b, k));
-  k = 0;
-  r->numerator = b[k++], r->W = b[k++], r->num_tokens = b[k++], r->seen_tokens = b[k++];
-  for (int i = 0; i < DS_REPORT_MAX_PAIRS; i++) r->pair[i][0] = b[k++], r->pair[i][1] = b[k++];
-  for (int i = 0; i < DS_REPORT_MAX_PAIRS; i++) r->pair_present[i] = b[k++] > 0;
-  for (int i = 0; i < DS_REPORT_MAX_VEC; i++) r->vec[i][0] = b[k++], r->vec[i][1] = b[k++];
-  if (bad) *bad = b[k] > 0;
+  row[k++] = r->numerator, row[k++] = r->W, row[k++] = r->num_tokens, row[k++] = r->seen_tokens;
+  for (int i = 0; i < DS_REPORT_MAX_PAIRS; i++) row[k++] = r->pair[i][0], row[k++] = r->pair[i][1];
+  for (int i = 0; i < DS_REPORT_MAX_PAIRS; i++) row[k++] = r->pair_present[i] ? 1.0 : 0.0;
+  for (int i = 0; i < DS_REPORT_MAX_VEC; i++) row[k++] = r->vec[i][0], row[k++] = r->vec[i][1];
+  row[k] = bad ? 1.0 : 0.0;
+}
+
+static void add_row(ds_report *r, const double *row, int *bad) {
+  size_t k = 0;
+  r->numerator += row[k++], r->W += row[k++], r->num_tokens += row[k++], r->seen_tokens += row[k++];
+  for (int i = 0; i < DS_REPORT_MAX_PAIRS; i++) r->pair[i][0] += row[k++], r->pair[i][1] += row[k++];
+  for (int i = 0; i < DS_REPORT_MAX_PAIRS; i++) r->pair_present[i] |= row[k++] > 0;
+  for (int i = 0; i < DS_REPORT_MAX_VEC; i++) r->vec[i][0] += row[k++], r->vec[i][1] += row[k++];
+  *bad |= row[k] > 0;
+}
+
+/* t->report_rows [n][REPORT_DOUBLES] holds this rank's items' reports and zeros for the others';
+ * after the all-reduce every row is its item's report, exactly (x + 0 = x), and every rank adds
+ * the rows in item order: the same report, to the bit, for any number of ranks. The
+ * normalization num / den happens afterwards, once, over the global sums (spec section 4). */
+static ds_status reduce_rows(ds_trainer *t, int64_t n, ds_report *r, int *bad) {
+  DS_TRY(ds_comm_allreduce_sum_f64(t->o.comm, t->report_rows, (size_t)n * REPORT_DOUBLES));
+  memset(r, 0, sizeof *r);
+  *bad = 0;
+  for (int64_t j = 0; j < n; j++) add_row(r, t->report_rows + j * REPORT_DOUBLES, bad);
   return DS_OK;
 }
 
@@ -148,13 +160,16 @@ static double pair_value(const ds_report *r, int i) { return r->pair[i][1] > 0 ?
 
 static ds_status evaluate(ds_trainer *t, double elapsed) {
   ds_report r;
-  memset(&r, 0, sizeof r);
+  memset(t->report_rows, 0, (size_t)t->obj->n_eval * REPORT_DOUBLES * sizeof(double));
   for (int64_t e = rank_of(t); e < t->obj->n_eval; e += world_of(t)) {
+    memset(&r, 0, sizeof r);
     ds_status st = t->ops->eval_item(t->self, e, &r);
     if (st != DS_OK)
       return ds_error_wrap(st, "evaluation at step %lld, held-out item %lld", (long long)t->step, (long long)e);
+    report_to_row(&r, 0, t->report_rows + e * REPORT_DOUBLES);
   }
-  DS_TRY(reduce_report(t, &r, NULL));
+  int unused;
+  DS_TRY(reduce_rows(t, t->obj->n_eval, &r, &unused));
   if (!ds_trainer_is_writer(t)) return DS_OK;
   DS_TRY(ds_trainer_metrics_write(t, "eval", &r, -1, -1, -1, elapsed));
   if (!t->o.quiet) {
@@ -211,32 +226,37 @@ static ds_status train_step(ds_trainer *t, ds_report *r, double *grad_norm, doub
   size_t n = t->ops->num_params(t->self);
   t->ops->zero_grads(t->self);
   if (t->grad_sum) memset(t->grad_sum, 0, n * sizeof *t->grad_sum);
+  memset(t->report_rows, 0, (size_t)o->batch_items * REPORT_DOUBLES * sizeof(double));
   ds_status bad = DS_OK; /* a non-finite input (DS_ERR_NUMERIC) under the skip policy */
   for (int64_t j = rank_of(t); j < o->batch_items; j += world_of(t)) { /* this rank's share */
     ds_step_item it = {t->step, j, ds_trainer_item(t, t->step, j)};
     if (t->grad_sum && j != rank_of(t)) t->ops->zero_grads(t->self); /* each item's gradient alone */
     /* After a skipped failure the remaining items are still consumed (W 0), so a streaming
      * source stays in step with the plan. */
-    ds_status st = t->ops->micro_step(t->self, &it, bad == DS_OK ? W : 0.0, r);
+    ds_report item_report;
+    memset(&item_report, 0, sizeof item_report);
+    ds_status st = t->ops->micro_step(t->self, &it, bad == DS_OK ? W : 0.0, &item_report);
     if (st == DS_ERR_NUMERIC && o->skip_nonfinite && bad == DS_OK) {
       ds_note("step %lld: %s", (long long)shown, ds_last_error());
       bad = st;
+      report_to_row(&item_report, 1, t->report_rows + j * REPORT_DOUBLES);
       continue;
     }
     if (st != DS_OK)
       return ds_error_wrap(st, "step %lld, batch item %lld (data item %lld)", (long long)shown, (long long)j,
                            (long long)it.index);
+    report_to_row(&item_report, 0, t->report_rows + j * REPORT_DOUBLES);
     if (t->grad_sum) add_to_sum(t->grad_sum, grads, n);
   }
   *lr = ds_lr_at(t->step, o->steps, o->warmup_frac, o->lr);
   /* The step's gradient and report are complete once summed over the ranks; from here on
    * every rank holds the same values and takes the same decisions. */
-  int any_bad = bad != DS_OK;
+  int any_bad = 0;
   if (t->grad_sum) {
     DS_TRY(ds_comm_allreduce_sum_f64(o->comm, t->grad_sum, n));
     round_sum(grads, t->grad_sum, n);
   }
-  DS_TRY(reduce_report(t, r, &any_bad));
+  DS_TRY(reduce_rows(t, o->batch_items, r, &any_bad));
   if (shown == o->inject_nan_step && n > 0) grads[n / 2] = NAN; /* fault injection for the tests */
   int finite = !any_bad && isfinite(r->numerator) && all_finite(grads, n);
   if (!finite) {
@@ -313,6 +333,9 @@ static ds_status setup(ds_trainer *t, ds_objective *obj) {
     t->grad_sum = ds_malloc(t->ops->num_params(t->self) * sizeof(double) + 1, "the step's gradient sum");
     if (!t->grad_sum) return DS_ERR_NOMEM;
   }
+  int64_t rows = t->o.batch_items > obj->n_eval ? t->o.batch_items : obj->n_eval;
+  t->report_rows = ds_malloc((size_t)rows * REPORT_DOUBLES * sizeof(double), "the step's reports");
+  if (!t->report_rows) return DS_ERR_NOMEM;
   t->first_step = t->step;
   int has_eval = 0;
   if (ds_trainer_is_writer(t)) DS_TRY(ds_trainer_metrics_open(t, &has_eval));
@@ -382,6 +405,7 @@ ds_status ds_trainer_run(ds_objective *obj, const ds_loop_options *o) {
   ds_adamw_free(&t.opt);
   free(t.perm);
   free(t.grad_sum);
+  free(t.report_rows);
   free(t.train_config);
   return st;
 }

@@ -22,6 +22,7 @@ struct ds_trainer {
   int64_t perm_epoch;
   double *grad_sum;        /* (n_params) the step's gradient summed item by item in fp64; NULL when a step
                               has one item on one rank (see train_step) */
+  double *report_rows;     /* (max(batch_items, n_eval), REPORT_DOUBLES) one report per item (trainer.c) */
   ds_adamw opt;
   ds_adamw_config acfg;
   char *train_config;      /* the objective's options + the loop's (checkpoint metadata; compared on resume) */
