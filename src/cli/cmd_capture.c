@@ -112,12 +112,8 @@ int cmd_capture(int argc, char **argv) {
     fprintf(stderr, "dspark capture: --no-features needs --topk (otherwise nothing is captured)\n");
     return 2;
   }
-  if (ds_comm_size(cli_comm()) > 1) { /* every rank would write the same cache: refused, not raced */
-    if (ds_comm_rank(cli_comm()) == 0)
-      fprintf(stderr, "dspark capture: capturing with %d ranks is not supported yet; run it as one process "
-              "(without mpirun): the cache it writes serves training runs of any size\n", ds_comm_size(cli_comm()));
-    return 2;
-  }
+  o.comm = cli_comm(); /* under mpirun the ranks split the shards; rank 0 reports */
+  if (ds_comm_rank(o.comm) != 0) o.quiet = 1;
   if (!o.out_dir) o.out_dir = "";
   /* Up front, from config.json alone: a --seq-len past the target's position limit is a usage
    * error, found before the weights are loaded or the corpus is read. */
