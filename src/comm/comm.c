@@ -22,8 +22,22 @@ int ds_comm_mpi_built(void) {
 #endif
 }
 
+int ds_comm_mpi_launched(void) {
+  static const char *const k_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK"};
+  for (size_t i = 0; i < sizeof k_vars / sizeof k_vars[0]; i++)
+    if (getenv(k_vars[i])) return 1;
+  return 0;
+}
+
 ds_status ds_comm_open(int *argc, char ***argv, ds_comm **out) {
   *out = NULL;
+#if !DSPARK_USE_MPI
+  /* N copies of a single-process program would each run the whole job into the same files. */
+  const char *n = getenv("OMPI_COMM_WORLD_SIZE");
+  if (n && atoi(n) > 1)
+    return DS_FAIL(DS_ERR_UNSUPPORTED, "launched by mpirun with %s processes, but this dspark was built without "
+                   "MPI (DSPARK_MPI=OFF; install libopenmpi-dev and rebuild), so each would run the whole job alone", n);
+#endif
   ds_comm *c = ds_malloc(sizeof *c, "communicator");
   if (!c) return DS_ERR_NOMEM;
   *c = (ds_comm){&k_single, 0, 1, {0, 0, 0}};

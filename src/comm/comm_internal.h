@@ -20,9 +20,10 @@ struct ds_comm {
   ds_comm_stats stats;
 };
 
-#if DSPARK_USE_MPI
 /* Whether the environment says a launcher (mpirun) started this process. */
 int ds_comm_mpi_launched(void);
+
+#if DSPARK_USE_MPI
 /* MPI_Init_thread and the world communicator into c. */
 ds_status ds_comm_mpi_open(int *argc, char ***argv, ds_comm *c);
 #endif

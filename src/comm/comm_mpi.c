@@ -9,13 +9,6 @@
 
 enum { CHUNK = INT_MAX / 8 }; /* elements (or bytes) per MPI call */
 
-int ds_comm_mpi_launched(void) {
-  static const char *const k_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK"};
-  for (size_t i = 0; i < sizeof k_vars / sizeof k_vars[0]; i++)
-    if (getenv(k_vars[i])) return 1;
-  return 0;
-}
-
 static ds_status mpi_fail(int rc, const char *what) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;

@@ -41,9 +41,14 @@ def sha(path):
 
 
 def mpi_env():
-    # CI runs as root; Open MPI refuses that without these two.
+    # CI runs as root; Open MPI refuses that without these two. Under the sanitizer build, leak
+    # detection is off for MPI runs only: Open MPI's plugins leak at exit from modules already
+    # unloaded, which no suppression by library name can match (the single-process runs of
+    # this test keep it, and every leak report seen here was in Open MPI, none in dspark).
+    asan = ":".join(x for x in [os.environ.get("ASAN_OPTIONS", ""), "detect_leaks=0"] if x)
     return dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                OMPI_MCA_btl_vader_single_copy_mechanism="none", OMPI_MCA_rmaps_base_oversubscribe="1")
+                OMPI_MCA_btl_vader_single_copy_mechanism="none", OMPI_MCA_rmaps_base_oversubscribe="1",
+                ASAN_OPTIONS=asan)
 
 
 def mpirun(n, cmd):
