@@ -270,7 +270,8 @@ static ds_status train_step(ds_trainer *t, ds_report *r, double *grad_norm, doub
     t->skipped++;
     *grad_norm = NAN;
     memset(r, 0, sizeof *r); /* a skipped step reports nothing */
-    ds_note("step %lld: non-finite %s, step skipped (%lld so far)", (long long)shown, what, (long long)t->skipped);
+    if (ds_trainer_is_writer(t)) /* every rank skips; one says so */
+      ds_note("step %lld: non-finite %s, step skipped (%lld so far)", (long long)shown, what, (long long)t->skipped);
     return DS_OK;
   }
   *grad_norm = ds_clip_grad_norm(grads, n, o->grad_clip);

@@ -11,6 +11,8 @@ contract of spec/dspark.md section 4), on tiny models built here:
   fp64 before one rounding, so how the items were split does not show); the 1e-6 relative
   bound of the issue is checked as well, so a failure says how far off it is;
 - 10 steps on 2 ranks, then --resume on 1 rank for 10 more, equal 20 steps on 1 rank;
+- the non-finite policy: with --skip-nonfinite 2 ranks skip the same step as 1 rank; without
+  it the job stops naming the step;
 - a rank killed mid-run ends the job within seconds with a message naming the rank; the last
   checkpoint stays intact and --resume on 1 rank continues it;
 - `capture` on 2 ranks (the shards split between them) writes the same cache, file for file,
@@ -56,7 +58,7 @@ def mpirun(n, cmd):
 
 
 def losses(run, kind="train"):
-    return [json.loads(l)["loss"] for l in open(os.path.join(run, "metrics.jsonl")) if f'"kind":"{kind}"' in l]
+    return [json.loads(l).get("loss") for l in open(os.path.join(run, "metrics.jsonl")) if f'"kind":"{kind}"' in l]
 
 
 def rel_diff(a, b):
@@ -131,6 +133,23 @@ def draft_train(ck, args, tmp):
           f"{'byte-identical' if same else 'differ'}")
     ck.check(err < 1e-6 and same and a == b,
              f"train: 2-rank then 1-rank resume differs ({err:.2e}, checkpoint same: {same})")
+
+    # the non-finite policy decides on the summed gradient: every rank skips the same step
+    skips = {}
+    for n in (1, 2):
+        skips[n] = fresh(tmp, f"train-skip-{n}")
+        line = base + ["--out", skips[n], "--inject-nan-step", "4", "--skip-nonfinite"]
+        common.run(mpirun(n, line) if n > 1 else line, env=mpi_env())
+    a, b = losses(skips[1]), losses(skips[2])
+    ck.check(len(a) == 20 and a == b and sha(os.path.join(skips[1], "checkpoint.safetensors")) ==
+             sha(os.path.join(skips[2], "checkpoint.safetensors")),
+             f"--skip-nonfinite: 2 ranks differ from 1 rank: {a} vs {b}")
+    ck.check(a != losses(one), "--inject-nan-step with --skip-nonfinite changed nothing")
+
+    # a non-finite gradient without the policy stops every rank, naming the step
+    _, e, rc = common.run(mpirun(2, base + ["--out", fresh(tmp, "train-nan"), "--inject-nan-step", "4"]),
+                          expect_rc=None, env=mpi_env())
+    ck.check(rc != 0 and "non-finite gradient at step 4" in e, f"2 ranks with a NaN gradient: rc {rc}: {e[-800:]}")
 
     # a killed rank: the job ends within seconds naming it; the checkpoint survives
     killed = fresh(tmp, "train-killed")
