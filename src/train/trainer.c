@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
+
 #include "dspark/backend.h"
 #include "dspark/progress.h"
 #include "dspark/rng.h"
@@ -294,10 +296,23 @@ static ds_status check_options(const ds_loop_options *o) {
 }
 
 /* What rank 0 decided from the run directory, given to every rank (the others read the
- * checkpoint too, but never metrics.jsonl). */
+ * checkpoint too, but never metrics.jsonl), and a check that every rank loaded the same job:
+ * the same options and inputs (train_config holds the data's and the model's hashes), the
+ * same number of parameters and items, the same checkpoint step. */
 static ds_status agree_on_start(ds_trainer *t) {
-  int64_t s[3] = {t->step, t->skipped, t->eval_first};
+  uint64_t config_hash = XXH64(t->train_config, strlen(t->train_config), 0);
+  int64_t mine[6] = {t->step, t->skipped, t->eval_first, (int64_t)t->ops->num_params(t->self), t->obj->n_train,
+                     t->obj->n_eval};
+  int64_t s[6];
+  uint64_t h = config_hash;
+  memcpy(s, mine, sizeof s);
   DS_TRY(ds_comm_broadcast(t->o.comm, s, sizeof s, 0));
+  DS_TRY(ds_comm_broadcast(t->o.comm, &h, sizeof h, 0));
+  if (h != config_hash || s[3] != mine[3] || s[4] != mine[4] || s[5] != mine[5])
+    return DS_FAIL(DS_ERR_ARG, "rank %d loaded a different job than rank 0 (options, data or model: %lld "
+                   "parameters, %lld + %lld items here, %lld and %lld + %lld on rank 0): every rank must be given "
+                   "the same command and see the same files (a shared filesystem)", rank_of(t), (long long)mine[3],
+                   (long long)mine[4], (long long)mine[5], (long long)s[3], (long long)s[4], (long long)s[5]);
   if (s[0] != t->step)
     return DS_FAIL(DS_ERR_IO, "%s: rank %d read step %lld from the checkpoint, rank 0 step %lld: the ranks must "
                    "see the same run directory (a shared filesystem)", t->ckpt_path, rank_of(t), (long long)t->step,

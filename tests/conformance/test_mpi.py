@@ -16,9 +16,9 @@ contract of spec/dspark.md section 4), on tiny models built here:
 - a rank killed mid-run ends the job within seconds with a message naming the rank; the last
   checkpoint stays intact and --resume on 1 rank continues it;
 - `capture` on 2 ranks (the shards split between them) writes the same cache, file for file,
-  as on 1 rank, and training from it (a prefetching stream of each rank's share) on 2 ranks
-  equals 1 rank;
-- run.json records world_size.
+  as on 1 rank, and training (`train --cache`, `distill --cache`: a prefetching stream of each
+  rank's share) from a cache on 2 ranks equals 1 rank;
+- run.json records world_size; ranks given different options are refused naming the rank.
 
 Skipped (exit 77) when the program was built without MPI or mpirun is missing."""
 import glob
@@ -133,6 +133,13 @@ def draft_train(ck, args, tmp):
           f"{'byte-identical' if same else 'differ'}")
     ck.check(err < 1e-6 and same and a == b,
              f"train: 2-rank then 1-rank resume differs ({err:.2e}, checkpoint same: {same})")
+
+    # ranks given different jobs (here another --lr on rank 1) are refused before any step
+    odd = fresh(tmp, "train-odd")
+    _, e, rc = common.run(["mpirun", "--oversubscribe", "-np", "1"] + base + ["--out", odd] +
+                          [":", "-np", "1"] + base + ["--out", odd, "--lr", "1e-3"], expect_rc=None, env=mpi_env())
+    ck.check(rc != 0 and "rank 1 loaded a different job than rank 0" in e,
+             f"ranks with different options: rc {rc}: {e[-800:]}")
 
     # the non-finite policy decides on the summed gradient: every rank skips the same step
     skips = {}
@@ -260,6 +267,18 @@ def lm_train(ck, args, tmp):
         common.run(line + ["--out", one])
         common.run(mpirun(2, line + ["--out", two]), env=mpi_env())
         compare_runs(ck, cmd, one, two)
+
+    # distill from a KD cache captured on 2 ranks: the LM objective's prefetching stream
+    cache = fresh(tmp, "kd-cache")
+    common.run(mpirun(2, [args.dspark, "capture", "--target", teacher, "--data", data, "--data-format", "text",
+                          "--out", cache, "--seq-len", "32", "--topk", "8", "--no-features", "--dtype", "f32",
+                          "--shard-size", "16", "--quiet"]), env=mpi_env())
+    cache_opts = [o for o in opts if o not in ("--data", data, "--data-format", "text")]
+    one, two = fresh(tmp, "distill-cache-1"), fresh(tmp, "distill-cache-2")
+    line = [args.dspark, "distill", "--cache", cache, "--student", student, "--topk", "8"] + cache_opts
+    common.run(line + ["--out", one])
+    common.run(mpirun(2, line + ["--out", two]), env=mpi_env())
+    compare_runs(ck, "distill from a KD cache", one, two)
 
 
 def main():
