@@ -196,7 +196,13 @@ static int all_finite(const float *x, size_t n) {
   return 1;
 }
 
-static void add_to_sum(double *sum, const float *x, size_t n) {
+/* sum (+)= x: the first item of a step sets the sum (no zeroing pass), the others add. */
+static void add_to_sum(double *sum, const float *x, size_t n, int first) {
+  if (first) {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) sum[i] = x[i];
+    return;
+  }
 #pragma omp parallel for simd schedule(static) if (n > 65536)
   for (size_t i = 0; i < n; i++) sum[i] += x[i];
 }
@@ -227,7 +233,7 @@ static ds_status train_step(ds_trainer *t, ds_report *r, double *grad_norm, doub
   float *grads = t->ops->grads(t->self);
   size_t n = t->ops->num_params(t->self);
   t->ops->zero_grads(t->self);
-  if (t->grad_sum) memset(t->grad_sum, 0, n * sizeof *t->grad_sum);
+  int summed = 0; /* items added into t->grad_sum so far */
   memset(t->report_rows, 0, (size_t)o->batch_items * REPORT_DOUBLES * sizeof(double));
   ds_status bad = DS_OK; /* a non-finite input (DS_ERR_NUMERIC) under the skip policy */
   for (int64_t j = rank_of(t); j < o->batch_items; j += world_of(t)) { /* this rank's share */
@@ -248,13 +254,14 @@ static ds_status train_step(ds_trainer *t, ds_report *r, double *grad_norm, doub
       return ds_error_wrap(st, "step %lld, batch item %lld (data item %lld)", (long long)shown, (long long)j,
                            (long long)it.index);
     report_to_row(&item_report, 0, t->report_rows + j * REPORT_DOUBLES);
-    if (t->grad_sum) add_to_sum(t->grad_sum, grads, n);
+    if (t->grad_sum) add_to_sum(t->grad_sum, grads, n, summed++ == 0);
   }
   *lr = ds_lr_at(t->step, o->steps, o->warmup_frac, o->lr);
   /* The step's gradient and report are complete once summed over the ranks; from here on
    * every rank holds the same values and takes the same decisions. */
   int any_bad = 0;
   if (t->grad_sum) {
+    if (!summed) memset(t->grad_sum, 0, n * sizeof *t->grad_sum); /* no item here (or only a failed one) */
     DS_TRY(ds_comm_allreduce_sum_f64(o->comm, t->grad_sum, n));
     round_sum(grads, t->grad_sum, n);
   }
