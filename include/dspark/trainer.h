@@ -5,9 +5,9 @@
  *   - micro-batches with the GLOBAL denominator: every item's weight is summed first (masks
  *     only, no model), then each micro-step scales its gradient by 1 / W_step (spec/dspark.md
  *     section 4: never a mean of means);
- *   - the one place where a step's gradients are complete (ds_trainer_run's step: the spot
- *     for the data-parallel all-reduce), the non-finite policy, clipping, AdamW and the
- *     warmup + cosine schedule;
+ *   - the one place where a step's gradients are complete: each item's gradient summed in
+ *     fp64, all-reduced over the data-parallel ranks (ds_loop_options.comm), rounded once;
+ *     then the non-finite policy, clipping, AdamW and the warmup + cosine schedule;
  *   - the run directory: an exclusive lock, run.json, metrics.jsonl (one JSON object per step
  *     and per evaluation), the checkpoint (atomic, self-contained, every tensor and the
  *     metadata checksummed; resume refuses a changed option by name and continues the
