@@ -4,6 +4,7 @@
 #define DSPARK_CAPTURE_H
 
 #include "dspark/cache.h"
+#include "dspark/comm.h"
 #include "dspark/dataset.h"
 
 #ifdef __cplusplus
@@ -27,6 +28,10 @@ typedef struct {
   int forward_only;              /* benchmark: run the target (and the logits for KD) only; write nothing */
   int64_t throttle_ms;           /* testing aid: sleep after each shard */
   ds_data_format data_format;    /* how data_path is read (DS_DATA_AUTO: by suffix, then content) */
+  /* Several ranks (NULL: one process): shard k is computed and written by rank k mod world
+   * (counting from the first shard still to write), rank 0 writes everything else; the cache is
+   * the same, file for file, as one process writes. The output directory must be shared. */
+  ds_comm *comm;
 } ds_capture_options;
 
 void ds_capture_options_default(ds_capture_options *o);

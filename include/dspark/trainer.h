@@ -5,9 +5,9 @@
  *   - micro-batches with the GLOBAL denominator: every item's weight is summed first (masks
  *     only, no model), then each micro-step scales its gradient by 1 / W_step (spec/dspark.md
  *     section 4: never a mean of means);
- *   - the one place where a step's gradients are complete (ds_trainer_run's step: the spot
- *     for the data-parallel all-reduce), the non-finite policy, clipping, AdamW and the
- *     warmup + cosine schedule;
+ *   - the one place where a step's gradients are complete: each item's gradient summed in
+ *     fp64, all-reduced over the data-parallel ranks (ds_loop_options.comm), rounded once;
+ *     then the non-finite policy, clipping, AdamW and the warmup + cosine schedule;
  *   - the run directory: an exclusive lock, run.json, metrics.jsonl (one JSON object per step
  *     and per evaluation), the checkpoint (atomic, self-contained, every tensor and the
  *     metadata checksummed; resume refuses a changed option by name and continues the
@@ -35,6 +35,7 @@
 #ifndef DSPARK_TRAINER_H
 #define DSPARK_TRAINER_H
 
+#include "dspark/comm.h"
 #include "dspark/common.h"
 #include "dspark/safetensors.h"
 
@@ -61,6 +62,11 @@ typedef struct {
   int64_t inject_nan_step;  /* testing aid: poison the gradient of this step (1-based, as progress counts); 0 = never */
   int threads;              /* 0 = default */
   int quiet;                /* no progress line */
+  /* Data parallelism (include/dspark/comm.h; NULL: one process). Each rank runs batch items
+   * j = rank, rank + world, ... of every step (the global batch does not depend on the number
+   * of ranks), gradients and reports are summed over ranks before the step's update, and rank 0
+   * alone writes the run directory. */
+  ds_comm *comm;
 } ds_loop_options;
 
 void ds_loop_options_default(ds_loop_options *o);
@@ -149,9 +155,13 @@ ds_status ds_trainer_run(ds_objective *obj, const ds_loop_options *o);
 int64_t ds_trainer_item(const ds_trainer *t, int64_t step, int64_t j);
 /* The loop's options and counts, for objectives that size buffers or seed per step. */
 const ds_loop_options *ds_trainer_options(const ds_trainer *t);
+/* Whether this process writes the run directory (rank 0 of a data-parallel job, or the only
+ * process): an objective's own files are written there by it alone. */
+int ds_trainer_is_writer(const ds_trainer *t);
 
-/* The order in which this process's loop will ask for items (evaluations included), for a
- * source that prefetches: begin, then next until it returns 0. */
+/* The order in which this process's loop will ask for items (evaluations included; on a rank
+ * of a data-parallel job, only that rank's share), for a source that prefetches: begin, then
+ * next until it returns 0. */
 typedef struct {
   const ds_trainer *t;
   int64_t step, j;

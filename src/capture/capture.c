@@ -3,7 +3,10 @@
  *
  * The sequences are exactly the trainer's (ds_dataset_load with the same seq_len, EOS and
  * minimum length) and each is run alone through a KV cache of capacity seq_len, as the online
- * trainer does, so an f32 cache holds the very bits online training computes. */
+ * trainer does, so an f32 cache holds the very bits online training computes.
+ *
+ * With several ranks (o->comm) the shards are split between them (capture_shards_ranks); the
+ * files are the ones a single process writes. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -447,6 +450,103 @@ static ds_status capture_shards(capture *c, int64_t first_shard) {
   return DS_OK;
 }
 
+/* ---------------------------------------------------------------- several ranks */
+
+/* What a rank tells the others about the shard it wrote (k < 0: none this round). */
+typedef struct {
+  int64_t k, n, bytes;
+  uint64_t xxh64;
+} shard_note;
+
+/* Rounds of `world` shards: shard first + q * world + r is rank r's. Each rank computes and
+ * writes its own shard file, then every rank's note goes to all (one broadcast per rank) and
+ * rank 0 lists the round's shards in the manifest, in order. The manifest lists a contiguous
+ * prefix of committed shards, as with one process, so a failed job resumes with any number of
+ * ranks. (No background writer here: each rank writes one shard per round.) */
+static ds_status capture_shards_ranks(capture *c, int64_t first_shard) {
+  ds_comm *comm = c->o->comm;
+  int rank = ds_comm_rank(comm), world = ds_comm_size(comm);
+  double t0 = ds_time_sec(), tokens = 0, all_tokens = 0;
+  for (int64_t round = first_shard; round < c->n_shards_total; round += world) {
+    shard_note note = {-1, 0, 0, 0};
+    int64_t k = round + rank;
+    if (k < c->n_shards_total) {
+      int64_t base = k * c->m.shard_size, left = c->m.num_samples - base;
+      int64_t n = left < c->m.shard_size ? left : c->m.shard_size;
+      for (int64_t j = 0; j < n; j++) {
+        int64_t i = base + j;
+        DS_TRY(run_sample(c, i));
+        DS_TRY(ds_shard_store(&c->buf[0], &c->m, j, c->data.lengths[i], c->data.ids + i * c->S,
+                              c->data.loss_mask + i * c->S, c->ctx, c->last, c->kd_ids, c->kd_lp));
+        tokens += (double)c->data.lengths[i];
+      }
+      char name[32];
+      ds_cache_shard_name(k, name, sizeof name);
+      char *path = ds_path_join(c->o->out_dir, name);
+      double tw = ds_time_sec();
+      ds_status st = path ? ds_shard_write(&c->buf[0], &c->m, n, path, &note.xxh64, &note.bytes) : DS_ERR_NOMEM;
+      free(path);
+      c->t_write += ds_time_sec() - tw;
+      if (st != DS_OK) return resumable(st, c, round * c->m.shard_size);
+      note.k = k;
+      note.n = n;
+    }
+    for (int r = 0; r < world; r++) {
+      shard_note got = note;
+      DS_TRY(ds_comm_broadcast(comm, &got, sizeof got, r));
+      if (got.k < 0) continue;
+      ds_cache_shard_info *s = &c->m.shards[got.k];
+      ds_cache_shard_name(got.k, s->file, sizeof s->file);
+      s->num_samples = got.n;
+      s->xxh64 = got.xxh64;
+      c->m.n_shards = got.k + 1;
+      c->bytes_written += got.bytes;
+      for (int64_t i = got.k * c->m.shard_size; i < got.k * c->m.shard_size + got.n; i++)
+        all_tokens += (double)c->data.lengths[i];
+    }
+    if (rank == 0) {
+      ds_status st = write_manifest(c);
+      if (st != DS_OK) return resumable(st, c, round * c->m.shard_size);
+      int64_t done = c->m.n_shards * c->m.shard_size < c->m.num_samples ? c->m.n_shards * c->m.shard_size
+                                                                        : c->m.num_samples;
+      progress(c, done, first_shard * c->m.shard_size, ds_time_sec() - t0, all_tokens, 1);
+    }
+  }
+  if (rank != 0) return DS_OK;
+  c->m.complete = 1;
+  ds_status st = write_manifest(c);
+  if (st != DS_OK) return resumable(st, c, c->m.num_samples);
+  summary(c, c->m.num_samples - first_shard * c->m.shard_size, all_tokens, ds_time_sec() - t0, first_shard);
+  return DS_OK;
+}
+
+static ds_status prepare_locked(capture *c, int64_t *kept, int *done);
+
+/* Rank 0 takes the lock and prepares the directory (resume state, copies, target weights) as
+ * one process would; the others learn where to start from it. */
+static ds_status run_capture_ranks(capture *c) {
+  const ds_capture_options *o = c->o;
+  int64_t start[2] = {0, 0}; /* the first shard to write, and whether the cache is complete */
+  ds_dir_lock lock;
+  int locked = 0;
+  if (ds_comm_rank(o->comm) == 0) {
+    DS_TRY(ds_mkdir_p(o->out_dir));
+    DS_TRY(ds_dir_lock_acquire(o->out_dir, "cache", &lock));
+    locked = 1;
+    int done = 0;
+    ds_status st = prepare_locked(c, &start[0], &done);
+    start[1] = done;
+    if (st != DS_OK) {
+      ds_dir_unlock(&lock);
+      return st;
+    }
+  }
+  ds_status st = ds_comm_broadcast(o->comm, start, sizeof start, 0);
+  if (st == DS_OK && !start[1]) st = capture_shards_ranks(c, start[0]);
+  if (locked) ds_dir_unlock(&lock);
+  return st;
+}
+
 static ds_status capture_locked(capture *c);
 
 static ds_status run_capture(capture *c) {
@@ -456,6 +556,7 @@ static ds_status run_capture(capture *c) {
   if (o->forward_only) return forward_only(c);
   c->m.shards = ds_calloc((size_t)c->n_shards_total + 1, sizeof *c->m.shards, "manifest shards");
   if (!c->m.shards) return DS_ERR_NOMEM;
+  if (ds_comm_size(o->comm) > 1) return run_capture_ranks(c);
   DS_TRY(ds_mkdir_p(o->out_dir));
   /* One writer per cache: a second capture into the directory is refused by name (it would
    * mix files, and its stale-temp cleanup would delete this one's live temp files). */
@@ -468,11 +569,22 @@ static ds_status run_capture(capture *c) {
 
 /* run_capture's part under the cache's lock. */
 static ds_status capture_locked(capture *c) {
+  int64_t kept;
+  int done;
+  DS_TRY(prepare_locked(c, &kept, &done));
+  return done ? DS_OK : capture_shards(c, kept);
+}
+
+/* Under the lock, before any shard: the resume state, the manifest and the copies. *kept is
+ * the first shard to write; *done says the cache is already complete (and said so). */
+static ds_status prepare_locked(capture *c, int64_t *kept_out, int *done_out) {
   const ds_capture_options *o = c->o;
   DS_TRY(ds_remove_stale_temps(o->out_dir, NULL)); /* no live writer owns one: we hold the lock */
   int64_t kept;
   int weights_ok, done;
   DS_TRY(resume_state(c, &kept, &weights_ok, &done));
+  *kept_out = kept;
+  *done_out = done;
   if (done) {
     if (!o->quiet)
       fprintf(stderr, "capture: %s is already complete (every checksum verified: the manifest, every shard, "
@@ -490,7 +602,7 @@ static ds_status capture_locked(capture *c) {
   if (st == DS_OK && !weights_ok) st = write_target_weights(c);
   if (st == DS_OK) st = write_manifest(c);
   if (st != DS_OK) return resumable(st, c, kept * c->m.shard_size);
-  return capture_shards(c, kept);
+  return DS_OK;
 }
 
 ds_status ds_capture_run(const ds_capture_options *o) {

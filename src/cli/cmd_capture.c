@@ -7,6 +7,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "dspark/capture.h"
+#include "dspark/comm.h"
 #include "dspark/hfconfig.h"
 
 static void usage(FILE *f) {
@@ -111,6 +112,8 @@ int cmd_capture(int argc, char **argv) {
     fprintf(stderr, "dspark capture: --no-features needs --topk (otherwise nothing is captured)\n");
     return 2;
   }
+  o.comm = cli_comm(); /* under mpirun the ranks split the shards; rank 0 reports */
+  if (ds_comm_rank(o.comm) != 0) o.quiet = 1;
   if (!o.out_dir) o.out_dir = "";
   /* Up front, from config.json alone: a --seq-len past the target's position limit is a usage
    * error, found before the weights are loaded or the corpus is read. */

@@ -21,6 +21,10 @@ int cmd_plot(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
 int cmd_profile(int argc, char **argv);
 
+/* The job's communicator (include/dspark/comm.h): MPI's world under mpirun, else the single
+ * process. Opened by main before the command runs. */
+struct ds_comm *cli_comm(void);
+
 /* Prints "dspark: <status>: <message>" for the thread's last error and returns 1. */
 int cli_report_error(const char *what);
 

@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "cli/args.h"
+#include "cli/commands.h"
+#include "dspark/comm.h"
 
 const char *const cli_loop_usage =
     "optimization:\n"
@@ -51,7 +53,7 @@ int cli_loop_option(int argc, char **argv, int *i, ds_loop_options *l) {
   return 1;
 }
 
-int cli_loop_check(const char *command, const ds_loop_options *l) {
+int cli_loop_check(const char *command, ds_loop_options *l) {
   if (l->resume && l->overwrite) {
     fprintf(stderr, "dspark %s: --resume and --overwrite contradict each other (see --help)\n", command);
     return 0;
@@ -60,5 +62,7 @@ int cli_loop_check(const char *command, const ds_loop_options *l) {
     fprintf(stderr, "dspark %s: --out RUN_DIR is required (see --help)\n", command);
     return 0;
   }
+  l->comm = cli_comm();
+  if (ds_comm_rank(l->comm) != 0) l->quiet = 1;
   return 1;
 }

@@ -10,8 +10,9 @@
 /* argv[*i] if it is a loop option: consumes it (and its value) and returns 1; returns 0 when
  * it is not one; -1 after a usage message (the command exits 2). */
 int cli_loop_option(int argc, char **argv, int *i, ds_loop_options *l);
-/* Checks after parsing (--out given, --resume with --overwrite): 1 ok, 0 after a message. */
-int cli_loop_check(const char *command, const ds_loop_options *l);
+/* Checks after parsing (--out given, --resume with --overwrite): 1 ok, 0 after a message.
+ * Attaches the job's communicator; ranks other than 0 are quiet (rank 0 reports for all). */
+int cli_loop_check(const char *command, ds_loop_options *l);
 /* The usage lines of these options. */
 extern const char *const cli_loop_usage;
 

@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "dspark/backend.h"
+#include "dspark/comm.h"
 #include "dspark/common.h"
 #include "dspark/progress.h"
 
@@ -35,10 +36,33 @@ static const command k_commands[] = {
     {"kd-loss", cmd_kd_loss, "evaluate the KD loss (ghost-token top-K / dense KL + LM) and its gradient", 0},
 };
 
+/* The program's one communicator (the library keeps none of its own). */
+static ds_comm *g_comm;
+
+ds_comm *cli_comm(void) { return g_comm; }
+
 int cli_report_error(const char *what) {
   ds_progress_break(stderr); /* a progress line left open on a terminal */
-  fprintf(stderr, "dspark %s: %s\n", what, ds_last_error());
+  if (ds_comm_size(g_comm) > 1)
+    fprintf(stderr, "dspark %s (rank %d of %d): %s\n", what, ds_comm_rank(g_comm), ds_comm_size(g_comm),
+            ds_last_error());
+  else
+    fprintf(stderr, "dspark %s: %s\n", what, ds_last_error());
   return 1;
+}
+
+/* A command's exit status, ending the whole job when one rank of several failed: the other
+ * ranks may be waiting in a collective for it and would wait forever. */
+static int finish(int status) {
+  if (status != 0 && ds_comm_size(g_comm) > 1) {
+    fflush(stdout);
+    fprintf(stderr, "dspark: rank %d of %d failed (exit status %d); ending the job\n", ds_comm_rank(g_comm),
+            ds_comm_size(g_comm), status);
+    ds_comm_abort(g_comm, status);
+  }
+  ds_comm_close(g_comm);
+  g_comm = NULL;
+  return status;
 }
 
 static void usage(FILE *f) {
@@ -46,6 +70,8 @@ static void usage(FILE *f) {
   for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
     fprintf(f, "  %-14s %s\n", k_commands[i].name, k_commands[i].summary);
   fprintf(f, "\nmatmuls: %s, %d threads\n", ds_gemm_name(), ds_get_num_threads());
+  fprintf(f, "data parallelism: %s\n", ds_comm_mpi_built() ? "MPI (mpirun -np N dspark train|pretrain|distill ...)"
+                                                            : "not built (no MPI in this build)");
 }
 
 int main(int argc, char **argv) {
@@ -60,9 +86,10 @@ int main(int argc, char **argv) {
   }
   for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
     if (!strcmp(argv[1], k_commands[i].name)) {
-      const char *slow = k_commands[i].computes ? ds_gemm_warning() : NULL;
+      if (ds_comm_open(&argc, &argv, &g_comm) != DS_OK) return cli_report_error("mpi");
+      const char *slow = k_commands[i].computes && ds_comm_rank(g_comm) == 0 ? ds_gemm_warning() : NULL;
       if (slow) fprintf(stderr, "dspark: %s\n", slow);
-      return k_commands[i].run(argc - 1, argv + 1);
+      return finish(k_commands[i].run(argc - 1, argv + 1));
     }
   fprintf(stderr, "dspark: unknown command '%s'\n", argv[1]);
   usage(stderr);

@@ -114,6 +114,7 @@ static ds_status op_start(void *self, const ds_trainer *core) {
   draft_run *t = self;
   t->core = core;
   DS_TRY(ds_draft_hf_config_json(t->draft, t->target_config, &t->draft_config));
+  if (!ds_trainer_is_writer(core)) return t->fc ? ds_draft_cache_start(t) : DS_OK; /* rank 0 writes the run directory */
   char *tc_json = ds_path_join(t->o->loop.out_dir, "target_config.json");
   ds_status st = tc_json ? ds_write_file_atomic(tc_json, t->target_config, strlen(t->target_config)) : DS_ERR_NOMEM;
   free(tc_json);

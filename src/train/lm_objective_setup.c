@@ -218,7 +218,7 @@ ds_status ds_lm_buffers(lm_run *t) {
     if (!t->thidden || !t->tlogits || !t->topk_ids || !t->topk_lp || !t->select_scratch) return DS_ERR_NOMEM;
   }
   DS_TRY(ds_lm_inter_buffers(t));
-  return ds_lm_write_tokenizer(t);
+  return ds_trainer_is_writer(t->core) ? ds_lm_write_tokenizer(t) : DS_OK; /* rank 0 writes the run directory */
 }
 
 ds_status ds_lm_cache_start(lm_run *t) {

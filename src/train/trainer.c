@@ -1,9 +1,28 @@
 /* The trainer core's loop (include/dspark/trainer.h): data order, the step (global
  * denominator, micro-batches, non-finite policy, clipping, AdamW), evaluations, checkpoints,
- * progress. The objective supplies the model and the loss through ds_objective_ops. */
+ * progress. The objective supplies the model and the loss through ds_objective_ops.
+ *
+ * Data parallelism (o.comm with several ranks) changes three things and nothing else: each
+ * rank runs the batch items j = rank, rank + world, ... of a step (the global batch, its order
+ * and its denominator do not depend on the number of ranks); the step's gradient and report
+ * are summed over the ranks before anything reads them (one all-reduce of the flat gradient,
+ * one of the report); rank 0 alone writes the run directory. Every rank computes the step's
+ * global denominator itself from the weights of all the step's items (masks only, cheap): the
+ * same additions in the same order as one process, so W is bit-identical for any world size;
+ * reports are kept per item and added in item order after the exchange (reduce_rows), so the
+ * metrics are bit-identical too.
+ *
+ * The gradient is the same for any world size too, to the bit in practice: each item's
+ * gradient is computed alone (from zeroed gradients, so it does not depend on which items
+ * preceded it on its rank) and added into an fp64 sum; the ranks' fp64 sums are all-reduced
+ * and rounded to fp32 once. fp32 partial sums would depend on how the items were split (a few
+ * 1e-6 of the loss after 20 steps); fp64 sums of fp32 terms are exact or within 1e-16, so the
+ * final rounding almost never tells the splits apart. It costs 8 bytes per parameter. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <xxhash.h>
 
 #include "dspark/backend.h"
 #include "dspark/progress.h"
@@ -23,6 +42,11 @@ void ds_loop_options_default(ds_loop_options *o) {
 }
 
 const ds_loop_options *ds_trainer_options(const ds_trainer *t) { return &t->o; }
+
+static int rank_of(const ds_trainer *t) { return ds_comm_rank(t->o.comm); }
+static int world_of(const ds_trainer *t) { return ds_comm_size(t->o.comm); }
+
+int ds_trainer_is_writer(const ds_trainer *t) { return rank_of(t) == 0; }
 
 /* ------------------------------------------------------------------ data order */
 
@@ -69,7 +93,9 @@ int ds_trainer_plan_next(ds_trainer_plan *p, int64_t *index) {
   for (;;) {
     if (p->in_eval) {
       if (p->j < t->obj->n_eval) {
-        *index = t->obj->n_train + p->j++;
+        int64_t e = p->j++;
+        if (e % world_of(t) != rank_of(t)) continue; /* another rank's held-out item */
+        *index = t->obj->n_train + e;
         return 1;
       }
       p->in_eval = 0;
@@ -78,8 +104,9 @@ int ds_trainer_plan_next(ds_trainer_plan *p, int64_t *index) {
     }
     if (p->step >= t->o.steps) return 0;
     if (p->j < t->o.batch_items) {
-      *index = order_at(&t->o, t->obj->n_train, p->perm, &p->perm_epoch, p->step, p->j);
-      p->j++;
+      int64_t j = p->j++;
+      if (j % world_of(t) != rank_of(t)) continue; /* another rank's batch item */
+      *index = order_at(&t->o, t->obj->n_train, p->perm, &p->perm_epoch, p->step, j);
       return 1;
     }
     p->step++;
@@ -93,18 +120,59 @@ void ds_trainer_plan_free(ds_trainer_plan *p) {
   p->perm = NULL;
 }
 
+/* ------------------------------------------------------------------ reports over ranks */
+
+/* Each item's report travels as one row of doubles; the last one flags an item that failed
+ * under the skip policy. */
+enum { REPORT_DOUBLES = 4 + 2 * DS_REPORT_MAX_PAIRS + DS_REPORT_MAX_PAIRS + 2 * DS_REPORT_MAX_VEC + 1 };
+
+static void report_to_row(const ds_report *r, int bad, double *row) {
+  size_t k = 0;
+  row[k++] = r->numerator, row[k++] = r->W, row[k++] = r->num_tokens, row[k++] = r->seen_tokens;
+  for (int i = 0; i < DS_REPORT_MAX_PAIRS; i++) row[k++] = r->pair[i][0], row[k++] = r->pair[i][1];
+  for (int i = 0; i < DS_REPORT_MAX_PAIRS; i++) row[k++] = r->pair_present[i] ? 1.0 : 0.0;
+  for (int i = 0; i < DS_REPORT_MAX_VEC; i++) row[k++] = r->vec[i][0], row[k++] = r->vec[i][1];
+  row[k] = bad ? 1.0 : 0.0;
+}
+
+static void add_row(ds_report *r, const double *row, int *bad) {
+  size_t k = 0;
+  r->numerator += row[k++], r->W += row[k++], r->num_tokens += row[k++], r->seen_tokens += row[k++];
+  for (int i = 0; i < DS_REPORT_MAX_PAIRS; i++) r->pair[i][0] += row[k++], r->pair[i][1] += row[k++];
+  for (int i = 0; i < DS_REPORT_MAX_PAIRS; i++) r->pair_present[i] |= row[k++] > 0;
+  for (int i = 0; i < DS_REPORT_MAX_VEC; i++) r->vec[i][0] += row[k++], r->vec[i][1] += row[k++];
+  *bad |= row[k] > 0;
+}
+
+/* t->report_rows [n][REPORT_DOUBLES] holds this rank's items' reports and zeros for the others';
+ * after the all-reduce every row is its item's report, exactly (x + 0 = x), and every rank adds
+ * the rows in item order: the same report, to the bit, for any number of ranks. The
+ * normalization num / den happens afterwards, once, over the global sums (spec section 4). */
+static ds_status reduce_rows(ds_trainer *t, int64_t n, ds_report *r, int *bad) {
+  DS_TRY(ds_comm_allreduce_sum_f64(t->o.comm, t->report_rows, (size_t)n * REPORT_DOUBLES));
+  memset(r, 0, sizeof *r);
+  *bad = 0;
+  for (int64_t j = 0; j < n; j++) add_row(r, t->report_rows + j * REPORT_DOUBLES, bad);
+  return DS_OK;
+}
+
 /* ------------------------------------------------------------------ evaluation */
 
 static double pair_value(const ds_report *r, int i) { return r->pair[i][1] > 0 ? r->pair[i][0] / r->pair[i][1] : 0.0; }
 
 static ds_status evaluate(ds_trainer *t, double elapsed) {
   ds_report r;
-  memset(&r, 0, sizeof r);
-  for (int64_t e = 0; e < t->obj->n_eval; e++) {
+  memset(t->report_rows, 0, (size_t)t->obj->n_eval * REPORT_DOUBLES * sizeof(double));
+  for (int64_t e = rank_of(t); e < t->obj->n_eval; e += world_of(t)) {
+    memset(&r, 0, sizeof r);
     ds_status st = t->ops->eval_item(t->self, e, &r);
     if (st != DS_OK)
       return ds_error_wrap(st, "evaluation at step %lld, held-out item %lld", (long long)t->step, (long long)e);
+    report_to_row(&r, 0, t->report_rows + e * REPORT_DOUBLES);
   }
+  int unused;
+  DS_TRY(reduce_rows(t, t->obj->n_eval, &r, &unused));
+  if (!ds_trainer_is_writer(t)) return DS_OK;
   DS_TRY(ds_trainer_metrics_write(t, "eval", &r, -1, -1, -1, elapsed));
   if (!t->o.quiet) {
     char line[512];
@@ -128,6 +196,22 @@ static int all_finite(const float *x, size_t n) {
   return 1;
 }
 
+/* sum (+)= x: the first item of a step sets the sum (no zeroing pass), the others add. */
+static void add_to_sum(double *sum, const float *x, size_t n, int first) {
+  if (first) {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) sum[i] = x[i];
+    return;
+  }
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+  for (size_t i = 0; i < n; i++) sum[i] += x[i];
+}
+
+static void round_sum(float *x, const double *sum, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+  for (size_t i = 0; i < n; i++) x[i] = (float)sum[i];
+}
+
 /* One optimizer step (t->step is the 0-based index of the step being taken; messages say
  * t->step + 1, as the progress line counts). */
 static ds_status train_step(ds_trainer *t, ds_report *r, double *grad_norm, double *lr) {
@@ -146,29 +230,46 @@ static ds_status train_step(ds_trainer *t, ds_report *r, double *grad_norm, doub
                            (long long)it.index);
     W += w;
   }
+  float *grads = t->ops->grads(t->self);
+  size_t n = t->ops->num_params(t->self);
   t->ops->zero_grads(t->self);
+  int summed = 0; /* items added into t->grad_sum so far */
+  memset(t->report_rows, 0, (size_t)o->batch_items * REPORT_DOUBLES * sizeof(double));
   ds_status bad = DS_OK; /* a non-finite input (DS_ERR_NUMERIC) under the skip policy */
-  for (int64_t j = 0; j < o->batch_items; j++) {
+  for (int64_t j = rank_of(t); j < o->batch_items; j += world_of(t)) { /* this rank's share */
     ds_step_item it = {t->step, j, ds_trainer_item(t, t->step, j)};
+    if (t->grad_sum && j != rank_of(t)) t->ops->zero_grads(t->self); /* each item's gradient alone */
     /* After a skipped failure the remaining items are still consumed (W 0), so a streaming
      * source stays in step with the plan. */
-    ds_status st = t->ops->micro_step(t->self, &it, bad == DS_OK ? W : 0.0, r);
+    ds_report item_report;
+    memset(&item_report, 0, sizeof item_report);
+    ds_status st = t->ops->micro_step(t->self, &it, bad == DS_OK ? W : 0.0, &item_report);
     if (st == DS_ERR_NUMERIC && o->skip_nonfinite && bad == DS_OK) {
       ds_note("step %lld: %s", (long long)shown, ds_last_error());
       bad = st;
+      report_to_row(&item_report, 1, t->report_rows + j * REPORT_DOUBLES);
       continue;
     }
     if (st != DS_OK)
       return ds_error_wrap(st, "step %lld, batch item %lld (data item %lld)", (long long)shown, (long long)j,
                            (long long)it.index);
+    report_to_row(&item_report, 0, t->report_rows + j * REPORT_DOUBLES);
+    if (t->grad_sum) add_to_sum(t->grad_sum, grads, n, summed++ == 0);
   }
   *lr = ds_lr_at(t->step, o->steps, o->warmup_frac, o->lr);
-  float *grads = t->ops->grads(t->self);
-  size_t n = t->ops->num_params(t->self);
+  /* The step's gradient and report are complete once summed over the ranks; from here on
+   * every rank holds the same values and takes the same decisions. */
+  int any_bad = 0;
+  if (t->grad_sum) {
+    if (!summed) memset(t->grad_sum, 0, n * sizeof *t->grad_sum); /* no item here (or only a failed one) */
+    DS_TRY(ds_comm_allreduce_sum_f64(o->comm, t->grad_sum, n));
+    round_sum(grads, t->grad_sum, n);
+  }
+  DS_TRY(reduce_rows(t, o->batch_items, r, &any_bad));
   if (shown == o->inject_nan_step && n > 0) grads[n / 2] = NAN; /* fault injection for the tests */
-  int finite = bad == DS_OK && isfinite(r->numerator) && all_finite(grads, n);
+  int finite = !any_bad && isfinite(r->numerator) && all_finite(grads, n);
   if (!finite) {
-    const char *what = bad != DS_OK ? "input" : isfinite(r->numerator) ? "gradient" : "loss";
+    const char *what = any_bad ? "input" : isfinite(r->numerator) ? "gradient" : "loss";
     if (!o->skip_nonfinite)
       return DS_FAIL(DS_ERR_NUMERIC,
                      "non-finite %s at step %lld (batch items %lld..%lld of the data order); the last good "
@@ -178,7 +279,8 @@ static ds_status train_step(ds_trainer *t, ds_report *r, double *grad_norm, doub
     t->skipped++;
     *grad_norm = NAN;
     memset(r, 0, sizeof *r); /* a skipped step reports nothing */
-    ds_note("step %lld: non-finite %s, step skipped (%lld so far)", (long long)shown, what, (long long)t->skipped);
+    if (ds_trainer_is_writer(t)) /* every rank skips; one says so */
+      ds_note("step %lld: non-finite %s, step skipped (%lld so far)", (long long)shown, what, (long long)t->skipped);
     return DS_OK;
   }
   *grad_norm = ds_clip_grad_norm(grads, n, o->grad_clip);
@@ -200,8 +302,39 @@ static ds_status check_options(const ds_loop_options *o) {
   return DS_OK;
 }
 
+/* What rank 0 decided from the run directory, given to every rank (the others read the
+ * checkpoint too, but never metrics.jsonl), and a check that every rank loaded the same job:
+ * the same options and inputs (train_config holds the data's and the model's hashes), the
+ * same number of parameters and items, the same checkpoint step. */
+static ds_status agree_on_start(ds_trainer *t) {
+  uint64_t config_hash = XXH64(t->train_config, strlen(t->train_config), 0);
+  int64_t mine[6] = {t->step, t->skipped, t->eval_first, (int64_t)t->ops->num_params(t->self), t->obj->n_train,
+                     t->obj->n_eval};
+  int64_t s[6];
+  uint64_t h = config_hash;
+  memcpy(s, mine, sizeof s);
+  DS_TRY(ds_comm_broadcast(t->o.comm, s, sizeof s, 0));
+  DS_TRY(ds_comm_broadcast(t->o.comm, &h, sizeof h, 0));
+  if (h != config_hash || s[3] != mine[3] || s[4] != mine[4] || s[5] != mine[5])
+    return DS_FAIL(DS_ERR_ARG, "rank %d loaded a different job than rank 0 (options, data or model: %lld "
+                   "parameters, %lld + %lld items here, %lld and %lld + %lld on rank 0): every rank must be given "
+                   "the same command and see the same files (a shared filesystem)", rank_of(t), (long long)mine[3],
+                   (long long)mine[4], (long long)mine[5], (long long)s[3], (long long)s[4], (long long)s[5]);
+  if (s[0] != t->step)
+    return DS_FAIL(DS_ERR_IO, "%s: rank %d read step %lld from the checkpoint, rank 0 step %lld: the ranks must "
+                   "see the same run directory (a shared filesystem)", t->ckpt_path, rank_of(t), (long long)t->step,
+                   (long long)s[0]);
+  t->skipped = s[1];
+  t->eval_first = (int)s[2];
+  return DS_OK;
+}
+
 static ds_status setup(ds_trainer *t, ds_objective *obj) {
-  DS_TRY(ds_trainer_run_dir_open(t));
+  /* Rank 0 creates, locks and (with --overwrite) clears the run directory before any other
+   * rank looks into it. */
+  if (ds_trainer_is_writer(t)) DS_TRY(ds_trainer_run_dir_open(t));
+  DS_TRY(ds_comm_barrier(t->o.comm));
+  if (!ds_trainer_is_writer(t)) DS_TRY(ds_trainer_run_paths(t));
   DS_TRY(t->ops->setup(t->self, obj));
   if (obj->n_train < 1) return DS_FAIL(DS_ERR_ARG, "%s: no training items", obj->data_label);
   DS_TRY(ds_trainer_build_config(t));
@@ -218,13 +351,22 @@ static ds_status setup(ds_trainer *t, ds_objective *obj) {
     DS_TRY(t->ops->init(t->self, t->o.seed));
     DS_TRY(ds_adamw_init(&t->opt, t->ops->num_params(t->self)));
   }
+  /* One item per step on one process needs no sum: its gradient is the step's. */
+  if (t->o.batch_items > 1 || world_of(t) > 1) {
+    t->grad_sum = ds_malloc(t->ops->num_params(t->self) * sizeof(double) + 1, "the step's gradient sum");
+    if (!t->grad_sum) return DS_ERR_NOMEM;
+  }
+  int64_t rows = t->o.batch_items > obj->n_eval ? t->o.batch_items : obj->n_eval;
+  t->report_rows = ds_malloc((size_t)rows * REPORT_DOUBLES * sizeof(double), "the step's reports");
+  if (!t->report_rows) return DS_ERR_NOMEM;
   t->first_step = t->step;
   int has_eval = 0;
-  DS_TRY(ds_trainer_metrics_open(t, &has_eval));
+  if (ds_trainer_is_writer(t)) DS_TRY(ds_trainer_metrics_open(t, &has_eval));
   /* Step 0 always evaluates first; a resumed run redoes an evaluation that a kill lost (the
    * checkpoint is written before the evaluation of its step). */
   t->eval_first = t->step == 0 || (is_eval_step(&t->o, t->step) && !has_eval);
-  DS_TRY(ds_trainer_write_run_json(t));
+  DS_TRY(agree_on_start(t));
+  if (ds_trainer_is_writer(t)) DS_TRY(ds_trainer_write_run_json(t));
   return t->ops->start(t->self, t);
 }
 
@@ -254,8 +396,8 @@ ds_status ds_trainer_run(ds_objective *obj, const ds_loop_options *o) {
     done_here++;
     seen += r.seen_tokens;
     double el = ds_time_sec() - t0, rate = seen / (el > 0 ? el : 1e-9);
-    st = ds_trainer_metrics_write(&t, "train", &r, lr, gn, rate, el);
-    if (st == DS_OK && !o->quiet) {
+    if (ds_trainer_is_writer(&t)) st = ds_trainer_metrics_write(&t, "train", &r, lr, gn, rate, el);
+    if (st == DS_OK && !t.o.quiet) {
       char extra[160];
       int pp = t.ops->progress_pair;
       if (pp >= 0)
@@ -265,19 +407,28 @@ ds_status ds_trainer_run(ds_objective *obj, const ds_loop_options *o) {
         snprintf(extra, sizeof extra, "loss %.4f", pair_value(&r, 0));
       ds_progress_line(stderr, "step", t.step, o->steps, done_here, el, rate, "tok/s", extra);
     }
-    if (st == DS_OK && (t.step % o->save_every == 0 || t.step == o->steps)) st = ds_trainer_save(&t);
+    int writer = ds_trainer_is_writer(&t);
+    if (st == DS_OK && writer && (t.step % o->save_every == 0 || t.step == o->steps)) st = ds_trainer_save(&t);
     if (st == DS_OK && is_eval_step(o, t.step)) st = evaluate(&t, ds_time_sec() - t0);
     if (st == DS_OK && o->stop_after > 0 && done_here >= o->stop_after && t.step < o->steps) {
-      st = ds_trainer_save(&t);
-      if (st == DS_OK && !o->quiet)
+      if (writer) st = ds_trainer_save(&t);
+      if (st == DS_OK && !t.o.quiet)
         ds_note("stopping after %lld steps as asked (--stop-after); resume with --resume", (long long)done_here);
       break;
     }
   }
   ds_progress_break(stderr);
+  const ds_comm_stats *cs = ds_comm_get_stats(o->comm);
+  if (st == DS_OK && !t.o.quiet && world_of(&t) > 1 && cs)
+    ds_note("data parallel: %d ranks (%s), %lld all-reduces of %.1f MB in all, %.3f s in them on rank 0",
+            world_of(&t), ds_comm_name(o->comm), (long long)cs->allreduce_calls, cs->allreduce_bytes / 1e6,
+            cs->allreduce_s);
+  ds_progress_break(stderr);
   ds_trainer_run_dir_close(&t);
   ds_adamw_free(&t.opt);
   free(t.perm);
+  free(t.grad_sum);
+  free(t.report_rows);
   free(t.train_config);
   return st;
 }

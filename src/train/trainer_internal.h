@@ -20,6 +20,9 @@ struct ds_trainer {
   int eval_first;          /* evaluate before the first step of this process (step 0, or one a kill lost) */
   int64_t *perm;           /* (n_train) the current epoch's order */
   int64_t perm_epoch;
+  double *grad_sum;        /* (n_params) the step's gradient summed item by item in fp64; NULL when a step
+                              has one item on one rank (see train_step) */
+  double *report_rows;     /* (max(batch_items, n_eval), REPORT_DOUBLES) one report per item (trainer.c) */
   ds_adamw opt;
   ds_adamw_config acfg;
   char *train_config;      /* the objective's options + the loop's (checkpoint metadata; compared on resume) */
@@ -32,6 +35,8 @@ struct ds_trainer {
 /* Creates it (with parents), takes its lock, refuses an existing run unless resume or
  * overwrite (which removes the run's files), and removes stale temp files. */
 ds_status ds_trainer_run_dir_open(ds_trainer *t);
+/* The paths of the run's files only (the ranks that read the run directory but never write it). */
+ds_status ds_trainer_run_paths(ds_trainer *t);
 /* Builds t->train_config from the objective's JSON and the loop options. */
 ds_status ds_trainer_build_config(ds_trainer *t);
 /* run.json: train_config plus the objective's run_info. */

@@ -49,6 +49,11 @@ ds_status ds_trainer_run_dir_open(ds_trainer *t) {
   int removed = 0;
   DS_TRY(ds_remove_stale_temps(dir, &removed));
   if (removed && !t->o.quiet) ds_note("%s: removed %d stale temporary file(s) of an interrupted run", dir, removed);
+  return ds_trainer_run_paths(t);
+}
+
+ds_status ds_trainer_run_paths(ds_trainer *t) {
+  const char *dir = t->o.out_dir;
   t->ckpt_path = ds_path_join(dir, "checkpoint.safetensors");
   t->metrics_path = ds_path_join(dir, "metrics.jsonl");
   t->run_json_path = ds_path_join(dir, "run.json");
@@ -111,6 +116,8 @@ ds_status ds_trainer_write_run_json(ds_trainer *t) {
   /* what ran (not part of the trajectory's definition) */
   cJSON_AddStringToObject(j, "gemm", ds_gemm_name());
   cJSON_AddNumberToObject(j, "threads", ds_get_num_threads());
+  cJSON_AddNumberToObject(j, "world_size", ds_comm_size(t->o.comm)); /* free to change on resume */
+  cJSON_AddStringToObject(j, "comm", ds_comm_name(t->o.comm));
   char *text = cJSON_Print(j);
   cJSON_Delete(j);
   if (!text) return DS_FAIL(DS_ERR_NOMEM, "out of memory");

@@ -29,6 +29,7 @@ HEADER_LAYER = {
     "safetensors.h": "io", "hfconfig.h": "io", "cache.h": "io",
     "tokenizer.h": "text", "dataset.h": "text",
     "backend.h": "nn", "profile.h": "nn",
+    "comm.h": "comm",
     "target.h": "model", "draft.h": "model", "sampling.h": "model", "student.h": "model",
     "dspark_loss.h": "loss", "draft_loss.h": "loss", "kd_select.h": "loss", "kd_loss.h": "loss",
     "kd_intermediate.h": "loss",
