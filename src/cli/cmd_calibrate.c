@@ -55,7 +55,9 @@ static cJSON *ece_block(const ds_round_set *s, const double *T, double *before_m
   cJSON *before = cli_ece_array(s, NULL), *after = cli_ece_array(s, T);
   *before_mean = mean_of(before);
   *after_mean = mean_of(after);
-  cJSON_AddNumberToObject(o, "rounds", (double)0);
+  int64_t rounds = 0;
+  for (int64_t i = 0; i < s->n; i++) rounds += !s->use || s->use[i];
+  cJSON_AddNumberToObject(o, "rounds", (double)rounds);
   cJSON_AddItemToObject(o, "before", before);
   cJSON_AddItemToObject(o, "after", after);
   cJSON_AddItemToObject(o, "count", cli_ece_counts(s));
