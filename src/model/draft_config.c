@@ -1,5 +1,6 @@
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "dspark/draft.h"
 
@@ -13,10 +14,11 @@ const char *ds_markov_type_name(ds_markov_type t) {
   return "?";
 }
 
+/* Case-insensitive: DeepSpec's configs may spell the type "Vanilla"; the meaning is the same. */
 ds_status ds_markov_type_parse(const char *name, ds_markov_type *out) {
   static const ds_markov_type all[] = {DS_MARKOV_NONE, DS_MARKOV_VANILLA, DS_MARKOV_GATED, DS_MARKOV_RNN};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-    if (!strcmp(name, ds_markov_type_name(all[i]))) {
+    if (!strcasecmp(name, ds_markov_type_name(all[i]))) {
       *out = all[i];
       return DS_OK;
     }

@@ -159,11 +159,25 @@ static ds_status parse_draft_object(cJSON *root, const char *label, ds_draft_con
   DS_TRY(ds_json_int(root, "num_anchors", 1, 0, 1, INT32_MAX, label, &c->num_anchors));
   DS_TRY(ds_json_int(root, "markov_rank", 1, 0, 0, 1 << 20, label, &c->markov_rank));
   DS_TRY(ds_json_bool(root, "enable_confidence_head", 1, 0, label, &c->enable_confidence_head));
-  DS_TRY(ds_json_bool(root, "confidence_head_with_markov", 1, 0, label, &c->confidence_head_with_markov));
+  /* DeepSpec's own configs (its released drafts) leave out what does not apply, with its
+   * meaning: confidence_head_with_markov when the confidence head is off (false), and
+   * markov_head_type when markov_rank is 0 (no head, whatever type is named). */
+  DS_TRY(ds_json_bool(root, "confidence_head_with_markov", c->enable_confidence_head, 0, label,
+                      &c->confidence_head_with_markov));
   const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "markov_head_type");
-  if (!cJSON_IsString(mt)) return DS_FAIL(DS_ERR_FORMAT, "%s: field 'markov_head_type' must be a string", label);
-  st = ds_markov_type_parse(mt->valuestring, &c->markov_type);
-  if (st != DS_OK) return ds_error_wrap(st, "%s", label);
+  if (mt && !cJSON_IsNull(mt) && !cJSON_IsString(mt))
+    return DS_FAIL(DS_ERR_FORMAT, "%s: field 'markov_head_type' must be a string", label);
+  if (cJSON_IsString(mt)) {
+    st = ds_markov_type_parse(mt->valuestring, &c->markov_type);
+    if (st != DS_OK) return ds_error_wrap(st, "%s", label);
+  } else if (c->markov_rank > 0) {
+    return DS_FAIL(DS_ERR_FORMAT, "%s: field 'markov_head_type' is missing (markov_rank %lld names a head)", label,
+                   (long long)c->markov_rank);
+  }
+  if (c->markov_rank == 0) {
+    c->markov_type = DS_MARKOV_NONE;
+    c->confidence_head_with_markov = 0; /* no Markov embedding to feed it */
+  }
   const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "target_layer_ids");
   if (!cJSON_IsArray(ids) || cJSON_GetArraySize(ids) < 1 || cJSON_GetArraySize(ids) > DS_MAX_TARGET_LAYERS)
     return DS_FAIL(DS_ERR_FORMAT, "%s: field 'target_layer_ids' must be a list of 1..%d integers", label,

@@ -289,7 +289,44 @@ static void test_config_rules(void) {
   EXPECT(ds_draft_config_check(&bad) == DS_ERR_ARG);
 }
 
+/* A draft config as DeepSpec writes it: fields that do not apply may be absent, the head type in
+ * any case; they load with DeepSpec's meaning (and a missing field that does apply is refused). */
+static void deepspec_case(const char *tail, ds_status want, ds_markov_type type, int rank, int conf_markov) {
+  char json[1400];
+  snprintf(json, sizeof json,
+           "{\"architectures\": [\"Qwen3DSparkModel\"], \"model_type\": \"qwen3\", \"vocab_size\": 64, "
+           "\"hidden_size\": 8, \"intermediate_size\": 16, \"num_hidden_layers\": 1, \"num_attention_heads\": 2, "
+           "\"num_key_value_heads\": 1, \"head_dim\": 4, \"max_position_embeddings\": 128, \"rms_norm_eps\": 1e-6, "
+           "\"rope_theta\": 10000, \"num_target_layers\": 6, \"block_size\": 4, \"mask_token_id\": 3, "
+           "\"target_layer_ids\": [1, 4], \"num_anchors\": 8, %s}",
+           tail);
+  ds_draft_config c;
+  ds_status st = ds_draft_config_from_json(json, strlen(json), "config.json", &c);
+  EXPECT(st == want);
+  if (st != DS_OK || want != DS_OK) return;
+  EXPECT(c.markov_type == type && c.markov_rank == rank && c.confidence_head_with_markov == conf_markov);
+}
+
+static void test_deepspec_configs(void) {
+  deepspec_case("\"enable_confidence_head\": false, \"markov_rank\": 16, \"markov_head_type\": \"Vanilla\"", DS_OK,
+                DS_MARKOV_VANILLA, 16, 0);
+  deepspec_case("\"enable_confidence_head\": true, \"confidence_head_with_markov\": true, \"markov_rank\": 16, "
+                "\"markov_head_type\": \"GATED\"", DS_OK, DS_MARKOV_GATED, 16, 1);
+  deepspec_case("\"enable_confidence_head\": true, \"confidence_head_with_markov\": false, \"markov_rank\": 0",
+                DS_OK, DS_MARKOV_NONE, 0, 0);
+  /* rank 0 disables the head whatever type is named */
+  deepspec_case("\"enable_confidence_head\": false, \"markov_rank\": 0, \"markov_head_type\": \"vanilla\"", DS_OK,
+                DS_MARKOV_NONE, 0, 0);
+  /* what applies must be there */
+  deepspec_case("\"enable_confidence_head\": true, \"markov_rank\": 16, \"markov_head_type\": \"rnn\"",
+                DS_ERR_FORMAT, DS_MARKOV_RNN, 16, 0);
+  deepspec_case("\"enable_confidence_head\": false, \"markov_rank\": 16", DS_ERR_FORMAT, DS_MARKOV_NONE, 0, 0);
+  deepspec_case("\"enable_confidence_head\": false, \"markov_rank\": 16, \"markov_head_type\": \"lstm\"", DS_ERR_ARG,
+                DS_MARKOV_NONE, 0, 0);
+}
+
 int main(void) {
+  TEST_RUN(test_deepspec_configs);
   TEST_RUN(test_grads_all_heads);
   TEST_RUN(test_grads_16bit_tables);
   TEST_RUN(test_bf16_tables_match_f32);
