@@ -209,15 +209,18 @@ static ds_status plot_series(const series *s, const char *run_dir, const char *o
   int n_train = 0, n_eval = 0;
   FILE *f = plot_open(out_dir, dat);
   if (!f) return DS_ERR_IO;
-  fprintf(f, "# %s: step value; block 0 training steps, block 1 evaluations\n", s->name);
-  for (int pass = 0; pass < 2; pass++) {
-    if (pass) fprintf(f, "\n\n");
+  for (int i = 0; i < s->n; i++) {
+    n_eval += s->is_eval[i];
+    n_train += !s->is_eval[i];
+  }
+  /* Only blocks that hold points: gnuplot does not count an empty leading block. */
+  fprintf(f, "# %s: step value; %s\n", s->name,
+          n_train && n_eval ? "block 0 training steps, block 1 evaluations" : n_eval ? "evaluations" : "training steps");
+  for (int pass = 0, blocks = 0; pass < 2; pass++) {
+    if (!(pass ? n_eval : n_train)) continue;
+    if (blocks++) fprintf(f, "\n\n");
     for (int i = 0; i < s->n; i++)
-      if (s->is_eval[i] == pass) {
-        fprintf(f, "%.17g %.9g\n", s->step[i], s->value[i]);
-        if (pass) n_eval++;
-        else n_train++;
-      }
+      if (s->is_eval[i] == pass) fprintf(f, "%.17g %.9g\n", s->step[i], s->value[i]);
   }
   DS_TRY(plot_close(f, out_dir, dat));
   if (!(f = plot_open(out_dir, gp))) return DS_ERR_IO;
@@ -233,7 +236,8 @@ static ds_status plot_series(const series *s, const char *run_dir, const char *o
     fprintf(f, "'%s' index 0 using 1:2 with %s lw 1.5 lc rgb '#1f77b4' title 'train'%s", dat,
             n_train > 1 ? "lines" : "points pt 7", n_eval ? ", \\\n     " : "");
   if (n_eval)
-    fprintf(f, "'%s' index 1 using 1:2 with linespoints pt 7 ps 0.8 lw 2 lc rgb '#d62728' title 'held-out'", dat);
+    fprintf(f, "'%s' index %d using 1:2 with linespoints pt 7 ps 0.8 lw 2 lc rgb '#d62728' title 'held-out'", dat,
+            n_train ? 1 : 0);
   fprintf(f, "\n");
   DS_TRY(plot_close(f, out_dir, gp));
   return plot_run(out_dir, gp);

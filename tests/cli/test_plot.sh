@@ -36,6 +36,13 @@ got="$(grep -v '^#' "$p/loss.dat")"
 grep -q "^3 0.25$" "$p/accept_per_position.dat" || no "accept_per_position.dat lacks the last evaluation's values"
 grep -q "index 1" "$p/accept_per_position.gp" || no "accept_per_position.gp does not draw both evaluations"
 
+# a metric only the evaluations report (a CE-only draft's acceptance): drawn from its one block
+mkdir -p "$tmp/runs/c"
+printf '%s\n' '{"kind":"train","step":1,"loss":4.5}' '{"kind":"eval","step":1,"loss":4.4,"accept_rate":0.25}' \
+  '{"kind":"eval","step":2,"loss":4.2,"accept_rate":0.5}' > "$tmp/runs/c/metrics.jsonl"
+"$dspark" plot "$tmp/runs/c" 2> "$tmp/err" || no "an eval-only metric failed: $(cat "$tmp/err")"
+[ -f "$tmp/runs/c/plots/accept_rate.png" ] || no "eval-only accept_rate.png missing"
+
 # a folder of runs: every run inside, into --out/RUN
 if ! "$dspark" plot "$tmp/runs" --out "$tmp/all" 2> "$tmp/err"; then no "plot of a folder failed: $(cat "$tmp/err")"; fi
 [ -f "$tmp/all/a/loss.png" ] && [ -f "$tmp/all/b/tau.png" ] || no "folder of runs: figures missing: $(ls -R "$tmp/all")"
