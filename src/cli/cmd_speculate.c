@@ -27,6 +27,8 @@ static void usage(FILE *f) {
           "                        {\"messages\": [...]} / {\"prompt\": TEXT}): one target pass per round verifies\n"
           "                        every request's candidates; one output line per request (ids, or the text as\n"
           "                        a JSON string); request i samples with seed S + i\n"
+          "  --one-at-a-time       with --data: decode the requests one after another, each alone (the\n"
+          "                        single-request serving case; --baseline likewise), into one report\n"
           "  --top-p P  --seed S  --ignore-eos  --print-ids   as for `dspark generate`\n"
           "  --policy fixed|threshold|scheduler  fixed: propose --draft-len tokens every round; threshold:\n"
           "                        propose while the product of the confidence head's probabilities stays >=\n"
@@ -174,7 +176,7 @@ int cmd_speculate(int argc, char **argv) {
   const char *calibration = NULL, *profile = NULL;
   ds_spec_options o;
   ds_spec_options_default(&o);
-  int chat = 0, print_ids = 0, baseline = 0;
+  int chat = 0, print_ids = 0, baseline = 0, one_at_a_time = 0;
   int64_t repeat = 1, threads = 0, n = 0;
   double x = 0;
   for (int i = 1; i < argc; i++) {
@@ -189,6 +191,7 @@ int cmd_speculate(int argc, char **argv) {
     else if (!strcmp(a, "--print-ids")) print_ids = 1;
     else if (!strcmp(a, "--ignore-eos")) o.ignore_eos = 1;
     else if (!strcmp(a, "--baseline")) baseline = 1;
+    else if (!strcmp(a, "--one-at-a-time")) one_at_a_time = 1;
     else if (!strcmp(a, "--test-bias-acceptance")) o.test_bias = 1;
     else if (!strcmp(a, "--report")) { CLI_VALUE(); report = v; }
     else if (!strcmp(a, "--calibration")) { CLI_VALUE(); calibration = v; }
@@ -217,6 +220,10 @@ int cmd_speculate(int argc, char **argv) {
   }
   if (!target_dir || !draft_dir || (!!prompt + !!prompt_ids + !!data) != 1) {
     fprintf(stderr, "dspark speculate: --target, --draft and exactly one of --prompt / --prompt-ids / --data are required (see --help)\n");
+    return 2;
+  }
+  if (one_at_a_time && !data) {
+    fprintf(stderr, "dspark speculate: --one-at-a-time needs --data\n");
     return 2;
   }
   int32_t *given = NULL;
@@ -313,22 +320,39 @@ int cmd_speculate(int argc, char **argv) {
     o.on_token = R == 1 ? cli_stream_token : NULL; /* stream a single request as generate does */
     o.user = &out;
     rounds.request_base = (int)(rep * R);
-    st = ds_speculate_batch(t, d, pv, pn, R, &o, res);
+    if (!one_at_a_time) {
+      st = ds_speculate_batch(t, d, pv, pn, R, &o, res);
+    } else { /* request i alone, with the seed and index it has in the batch */
+      for (int i = 0; st == DS_OK && i < R; i++) {
+        ds_spec_options oi = o;
+        oi.seed = o.seed + (uint64_t)i;
+        rounds.request_base = (int)(rep * R + i);
+        st = ds_speculate_batch(t, d, &pv[i], &pn[i], 1, &oi, &res[i]);
+      }
+    }
     for (int i = 0; st == DS_OK && i < R; i++) {
       requests_off += res[i].switched_off > 0;
       if (R == 1 && !print_ids) cli_print_text(tok, res[i].ids, (size_t)res[i].n, &out.printed, 1);
       else if (R > 1) cli_print_result(tok, print_ids, res[i].ids, res[i].n);
       printf("\n");
-      accumulate(&sum, &res[i], i == 0);
+      accumulate(&sum, &res[i], i == 0 || one_at_a_time); /* a batch's results share its timings */
       ds_spec_result_free(&res[i]);
     }
     fflush(stdout);
     if (st == DS_OK && baseline) {
       ds_spec_options po = o;
       po.on_token = NULL;
-      st = ds_generate_batch(t, pv, pn, R, &po, res);
+      if (!one_at_a_time) {
+        st = ds_generate_batch(t, pv, pn, R, &po, res);
+      } else {
+        for (int i = 0; st == DS_OK && i < R; i++) {
+          ds_spec_options oi = po;
+          oi.seed = po.seed + (uint64_t)i;
+          st = ds_generate_batch(t, &pv[i], &pn[i], 1, &oi, &res[i]);
+        }
+      }
       for (int i = 0; st == DS_OK && i < R; i++) {
-        accumulate(&plain_sum, &res[i], i == 0);
+        accumulate(&plain_sum, &res[i], i == 0 || one_at_a_time);
         ds_spec_result_free(&res[i]);
       }
     }

@@ -201,7 +201,7 @@ def main():
     for prompt, line in zip(PROMPTS, lines):
         ck.check(line.split() == flat[prompt], f"generate --data '{prompt}': {line.split()} != {flat[prompt]}")
     for head in ("vanilla", "rnn"):
-        for policy in ([], ["--draft-len", "2"], ["--policy", "threshold", "--threshold", "0.3"],
+        for policy in ([], ["--one-at-a-time", "--baseline"], ["--draft-len", "2"], ["--policy", "threshold", "--threshold", "0.3"],
                        ["--policy", "scheduler", "--profile", sched["measured"]], ["--policy", "scheduler"],
                        ["--policy", "scheduler", "--calibration", sched["calibration"]]):
             out, _, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", drafts[head], "--data",
