@@ -8,6 +8,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "dspark/chat_template.h"
 #include "dspark/fileio.h"
 #include "dspark/hfconfig.h"
 #include "dspark/target.h"
@@ -17,7 +18,8 @@
 static const char k_usage[] =
     "usage: dspark tokenize TOKENIZER_JSON|MODEL_DIR [--text STR | --input FILE] [--add-special] [--ids-out FILE.bin]\n"
     "       dspark tokenize TOKENIZER_JSON --decode IDS.bin [--skip-special]\n"
-    "       dspark tokenize TOKENIZER_JSON --chat FILE.jsonl [--add-generation-prompt]\n"
+    "       dspark tokenize TOKENIZER_JSON|MODEL_DIR --chat FILE.jsonl [--add-generation-prompt]\n"
+    "                [--enable-thinking on|off] [--chat-template FILE.jinja]\n"
     "       dspark tokenize TOKENIZER_JSON --bench FILE [--split-nul] [--add-special]\n";
 
 static void help(void) {
@@ -33,8 +35,16 @@ static void help(void) {
          "  --decode FILE     decode raw int32 little-endian ids; the text goes to stdout\n"
          "  --skip-special    with --decode: drop special tokens\n"
          "  --chat FILE       each line {\"messages\": [{\"role\": ..., \"content\": ...}, ...]} is\n"
-         "                    rendered with ChatML; prints {\"ids\": [...], \"loss_mask\": [...]} per line\n"
-         "  --add-generation-prompt  with --chat: end with \"<|im_start|>assistant\\n\"\n"
+         "                    rendered with the model's chat template (chat_template.jinja, else the\n"
+         "                    chat_template of tokenizer_config.json, beside the tokenizer; ChatML when\n"
+         "                    there is none, said on stderr) as transformers' apply_chat_template;\n"
+         "                    an assistant message may carry reasoning_content (or thinking / reasoning).\n"
+         "                    Prints {\"ids\": [...], \"loss_mask\": [...]} per line: ids as\n"
+         "                    apply_chat_template(tokenize=True), loss_mask 1 on the assistant turns'\n"
+         "                    generated tokens (content, thinking block, end-of-turn token)\n"
+         "  --add-generation-prompt  with --chat: end with the template's assistant header\n"
+         "  --enable-thinking on|off  with --chat: pass enable_thinking to the template (Qwen3)\n"
+         "  --chat-template FILE  with --chat: this Jinja template instead of the model's\n"
          "  --bench FILE      encode FILE three times; prints the best time and MB/s (1 MB = 1e6 bytes)\n"
          "  --split-nul       with --bench: FILE holds documents separated by NUL bytes, one encode\n"
          "                    call each\n"
@@ -96,8 +106,8 @@ static int do_decode(const ds_tokenizer *tok, const char *path, int skip_special
 }
 
 /* One conversation line -> messages (pointing into the cJSON tree). */
-static int chat_line(const ds_tokenizer *tok, const char *path, size_t lineno, const char *line, size_t len,
-                     int gen_prompt) {
+static int chat_line(const ds_tokenizer *tok, const ds_chat_template *tmpl, const char *path, size_t lineno,
+                     const char *line, size_t len, const ds_chat_options *opt) {
   char label[512];
   snprintf(label, sizeof label, "%s:%zu", path, lineno);
   ds_status st;
@@ -130,10 +140,21 @@ static int chat_line(const ds_tokenizer *tok, const char *path, size_t lineno, c
         break;
       }
       m[n].content = tk_json_str(content, &m[n].content_len);
+      /* transformers reads reasoning under any of these names (the first non-null) */
+      static const char *const reasoning_keys[] = {"reasoning_content", "thinking", "reasoning"};
+      for (int k = 0; k < 3 && !m[n].reasoning; k++) {
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(it, reasoning_keys[k]);
+        if (cJSON_IsString(r)) m[n].reasoning = tk_json_str(r, &m[n].reasoning_len);
+        else if (r && !cJSON_IsNull(r)) {
+          fprintf(stderr, "dspark tokenize: %s: messages[%zu].%s must be a string\n", label, n, reasoning_keys[k]);
+          rc = 1;
+        }
+      }
+      if (rc) break;
       n++;
     }
   ds_ids ids = {0}, mask = {0};
-  if (!rc && ds_chat_encode_chatml(tok, m, n, gen_prompt, &ids, &mask) != DS_OK) rc = cli_report_error("tokenize");
+  if (!rc && ds_chat_encode(tok, tmpl, m, n, opt, &ids, &mask) != DS_OK) rc = cli_report_error("tokenize");
   if (!rc) {
     printf("{");
     print_ids("ids", ids.ids, ids.len, 1);
@@ -148,10 +169,19 @@ static int chat_line(const ds_tokenizer *tok, const char *path, size_t lineno, c
   return rc;
 }
 
-static int do_chat(const ds_tokenizer *tok, const char *path, int gen_prompt) {
+static int do_chat(const ds_tokenizer *tok, const char *tok_path, const char *template_path, const char *path,
+                   const ds_chat_options *opt) {
+  ds_chat_template *tmpl = NULL;
+  if (ds_chat_template_load(tok_path, template_path, &tmpl) != DS_OK) return cli_report_error("tokenize");
+  if (!tmpl)
+    fprintf(stderr, "dspark tokenize: no chat template beside %s (chat_template.jinja or tokenizer_config.json's "
+            "chat_template): rendering ChatML\n", tok_path);
   char *data;
   size_t len;
-  if (ds_read_file(path, &data, &len) != DS_OK) return cli_report_error("tokenize");
+  if (ds_read_file(path, &data, &len) != DS_OK) {
+    ds_chat_template_free(tmpl);
+    return cli_report_error("tokenize");
+  }
   int rc = 0;
   size_t lineno = 0;
   for (size_t i = 0; i < len && !rc;) {
@@ -160,10 +190,11 @@ static int do_chat(const ds_tokenizer *tok, const char *path, int gen_prompt) {
     lineno++;
     size_t k = i;
     while (k < end && (data[k] == ' ' || data[k] == '\t' || data[k] == '\r')) k++;
-    if (k < end) rc = chat_line(tok, path, lineno, data + i, end - i, gen_prompt);
+    if (k < end) rc = chat_line(tok, tmpl, path, lineno, data + i, end - i, opt);
     i = end + 1;
   }
   free(data);
+  ds_chat_template_free(tmpl);
   return rc;
 }
 
@@ -221,13 +252,14 @@ static ds_status load_model_tokenizer(const char *dir, ds_tokenizer **tok) {
 
 int cmd_tokenize(int argc, char **argv) {
   const char *tok_path = NULL, *text = NULL, *input = NULL, *ids_out = NULL, *decode = NULL, *chat = NULL,
-             *bench = NULL;
+             *bench = NULL, *chat_template = NULL, *thinking = NULL;
   int add_special = 0, skip_special = 0, gen_prompt = 0, split_nul = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char **dst = !strcmp(a, "--text") ? &text : !strcmp(a, "--input") ? &input
                      : !strcmp(a, "--ids-out") ? &ids_out : !strcmp(a, "--decode") ? &decode
-                     : !strcmp(a, "--chat") ? &chat : !strcmp(a, "--bench") ? &bench : NULL;
+                     : !strcmp(a, "--chat") ? &chat : !strcmp(a, "--bench") ? &bench
+                     : !strcmp(a, "--chat-template") ? &chat_template : !strcmp(a, "--enable-thinking") ? &thinking : NULL;
     if (cli_is_help(a)) {
       help();
       return 0;
@@ -257,6 +289,8 @@ int cmd_tokenize(int argc, char **argv) {
   const char *stray = ids_out && !(text || input) ? "--ids-out (only with --text / --input)"
                     : skip_special && !decode ? "--skip-special (only with --decode)"
                     : gen_prompt && !chat ? "--add-generation-prompt (only with --chat)"
+                    : chat_template && !chat ? "--chat-template (only with --chat)"
+                    : thinking && !chat ? "--enable-thinking (only with --chat)"
                     : split_nul && !bench ? "--split-nul (only with --bench)"
                     : add_special && (decode || chat) ? "--add-special (only with --text / --input / --bench)"
                     : NULL;
@@ -264,6 +298,12 @@ int cmd_tokenize(int argc, char **argv) {
     fprintf(stderr, "dspark tokenize: %s does not apply here (see --help)\n", stray);
     return 2;
   }
+  ds_chat_options opt = {gen_prompt, -1};
+  if (thinking && strcmp(thinking, "on") && strcmp(thinking, "off")) {
+    fprintf(stderr, "dspark tokenize: --enable-thinking takes on or off, not '%s'\n", thinking);
+    return 2;
+  }
+  if (thinking) opt.enable_thinking = !strcmp(thinking, "on");
   double t0 = ds_time_sec();
   ds_tokenizer *tok;
   struct stat sb;
@@ -277,7 +317,7 @@ int cmd_tokenize(int argc, char **argv) {
   if (decode) {
     rc = do_decode(tok, decode, skip_special);
   } else if (chat) {
-    rc = do_chat(tok, chat, gen_prompt);
+    rc = do_chat(tok, tok_path, chat_template, chat, &opt);
   } else if (bench) {
     rc = do_bench(tok, bench, add_special, split_nul, load_s);
   } else {

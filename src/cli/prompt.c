@@ -17,7 +17,7 @@ ds_status cli_prompt_ids(const ds_tokenizer *tok, const char *prompt, const int3
   }
   if (chat) {
     ds_ids mask = {0};
-    ds_chat_message msg = {"user", prompt, 0};
+    ds_chat_message msg = {.role = "user", .content = prompt};
     ds_status st = ds_chat_encode_chatml(tok, &msg, 1, 1, ids, &mask);
     ds_ids_free(&mask);
     return st;
@@ -77,7 +77,7 @@ static ds_status json_prompt(const ds_tokenizer *tok, const char *line, size_t l
         st = DS_FAIL(DS_ERR_FORMAT, "%s:%d: a message needs string \"role\" and \"content\"", path, lineno);
         break;
       }
-      if (m) m[k++] = (ds_chat_message){role->valuestring, content->valuestring, 0};
+      if (m) m[k++] = (ds_chat_message){.role = role->valuestring, .content = content->valuestring};
     }
     if (st == DS_OK && k > 0 && !strcmp(m[k - 1].role, "assistant")) k--; /* the answer is what gets generated */
     ds_ids mask = {0};
