@@ -15,7 +15,7 @@
 #include "text/jinja_internal.h"
 
 enum { MAX_EVAL_DEPTH = 400 };
-static const size_t k_max_steps = 20u * 1000 * 1000, k_max_output = 256u << 20;
+static const size_t k_max_steps = 10u * 1000 * 1000, k_max_output = 256u << 20;
 
 static ds_status nomem(jctx *c, const jnode *at) { return jctx_fail(c, at, DS_ERR_NOMEM, "out of memory"); }
 
@@ -466,9 +466,8 @@ static ds_status bind_targets(jctx *c, const jnode *n, const jv *item) {
   return DS_OK;
 }
 
-static ds_status loop_var(jctx *c, const jnode *n, const jlist *items, size_t i) {
-  jdict *d = jdict_new(c->a);
-  if (!d) return nomem(c, n);
+/* loop.* for item i; one dict per loop, updated in place, so a long loop allocates nothing. */
+static ds_status loop_var(jctx *c, const jnode *n, jdict *d, const jlist *items, size_t i) {
   int64_t len = (int64_t)items->n, k = (int64_t)i;
   int bad = jdict_set(c->a, d, "index0", 6, jv_int(k)) || jdict_set(c->a, d, "index", 5, jv_int(k + 1)) ||
             jdict_set(c->a, d, "revindex0", 9, jv_int(len - k - 1)) || jdict_set(c->a, d, "revindex", 8, jv_int(len - k)) ||
@@ -498,6 +497,8 @@ static ds_status exec_for(jctx *c, const jnode *n) {
     }
   }
   int saved_owner = c->owner;
+  jdict *loop = jdict_new(c->a);
+  if (!loop) return nomem(c, n);
   for (size_t i = 0; i < items->n; i++) {
     if (++c->steps > k_max_steps) return jctx_fail(c, n, DS_ERR_RANGE, "more than %zu loop iterations", k_max_steps);
     const jv *item = &items->items[i];
@@ -506,7 +507,7 @@ static ds_status exec_for(jctx *c, const jnode *n) {
       for (size_t m = 0; m < c->n_messages; m++)
         if (c->messages[m] == item->u.dict) c->owner = (int)m;
     DS_TRY(bind_targets(c, n, item));
-    DS_TRY(loop_var(c, n, items, i));
+    DS_TRY(loop_var(c, n, loop, items, i));
     DS_TRY(exec_body(c, n->c));
     c->owner = saved_owner;
     int flow = c->flow;
