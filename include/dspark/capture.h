@@ -27,6 +27,8 @@ typedef struct {
   int forward_only;              /* benchmark: run the target (and the logits for KD) only; write nothing */
   int64_t throttle_ms;           /* testing aid: sleep after each shard */
   ds_data_format data_format;    /* how data_path is read (DS_DATA_AUTO: by suffix, then content) */
+  const char *chat_template;     /* as ds_draft_train_options.chat_template */
+  int enable_thinking;           /* as ds_draft_train_options.enable_thinking */
 } ds_capture_options;
 
 void ds_capture_options_default(ds_capture_options *o);

@@ -45,6 +45,8 @@ void ds_chat_template_free(ds_chat_template *t);
 /* Adds a special-token variable (bos_token, eos_token, ...) the template can read. */
 ds_status ds_chat_template_set_var(ds_chat_template *t, const char *name, const char *value);
 const char *ds_chat_template_label(const ds_chat_template *t);
+/* xxh64 of the template text (recorded in caches and run configurations). */
+uint64_t ds_chat_template_hash(const ds_chat_template *t);
 
 /* The template of the tokenizer at tokenizer_path (a tokenizer.json or a model directory):
  * override_path when given (a Jinja file), else chat_template.jinja beside it, else the

@@ -18,7 +18,8 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: dspark generate MODEL_DIR (--prompt TEXT | --prompt-ids IDS) [options]\n"
           "  --prompt TEXT         prompt, tokenized with MODEL_DIR/tokenizer.json\n"
-          "  --chat                wrap the prompt as a ChatML user turn + assistant prompt\n"
+          "  --chat                wrap the prompt as a user turn + assistant prompt in the target's chat template\n"
+          "                        (chat_template.jinja / tokenizer_config.json; ChatML if none)\n"
           "  --prompt-ids IDS      prompt as comma-separated token ids (no tokenizer needed)\n"
           "  --max-new-tokens N    tokens to generate (default 64)\n"
           "  --temperature T       0 = greedy (default 0)\n"
@@ -72,13 +73,15 @@ int cmd_generate(int argc, char **argv) {
   int rc = 1;
   ds_target *m = NULL;
   ds_tokenizer *tok = NULL;
+  ds_chat_template *tmpl = NULL;
   ds_ids ids = {0};
   char *tok_path = ds_path_join(dir, "tokenizer.json");
   if (!tok_path) goto report;
   if (prompt || !print_ids) {
     if (ds_tokenizer_load(tok_path, &tok) != DS_OK) goto report;
   }
-  if (cli_prompt_ids(tok, prompt, given_ids, n_given, chat, &ids) != DS_OK) goto report;
+  if (chat && tok && cli_load_chat_template(tok_path, &tmpl) != DS_OK) goto report;
+  if (cli_prompt_ids(tok, tmpl, prompt, given_ids, n_given, chat, &ids) != DS_OK) goto report;
   if (ids.len == 0) { fprintf(stderr, "dspark generate: the prompt has no tokens\n"); rc = 2; goto done; }
 
   /* The position limit, before the weights are loaded. */
@@ -134,6 +137,7 @@ done:
   free(tok_path);
   ds_ids_free(&ids);
   ds_tokenizer_free(tok);
+  ds_chat_template_free(tmpl);
   ds_target_free(m);
   return rc;
 }

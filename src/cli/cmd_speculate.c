@@ -25,7 +25,8 @@ static void usage(FILE *f) {
           "  --data FILE           a batch of requests (one plain-text prompt per line, or JSONL with\n"
           "                        {\"messages\": [...]} / {\"prompt\": TEXT}): one target pass per round verifies\n"
           "                        every request's candidates; one output line per request (ids, or the text as\n"
-          "                        a JSON string); request i samples with seed S + i\n"
+          "                        a JSON string); request i samples with seed S + i. Chat prompts (--chat,\n"
+          "                        {\"messages\"}) use the target's chat template, as `dspark generate --chat`\n"
           "  --top-p P  --seed S  --ignore-eos  --print-ids   as for `dspark generate`\n"
           "  --policy fixed|threshold  fixed: propose --draft-len tokens every round; threshold: propose while\n"
           "                        the product of the confidence head's probabilities stays >= --threshold\n"
@@ -159,6 +160,7 @@ int cmd_speculate(int argc, char **argv) {
   ds_target *t = NULL;
   ds_draft *d = NULL;
   ds_tokenizer *tok = NULL;
+  ds_chat_template *tmpl = NULL;
   ds_ids ids = {0};
   cli_prompts batch = {0};
   ds_spec_result sum, plain_sum, *res = NULL;
@@ -167,10 +169,11 @@ int cmd_speculate(int argc, char **argv) {
   char *tok_path = ds_path_join(target_dir, "tokenizer.json");
   if (!tok_path) goto report;
   if ((prompt || data || !print_ids) && ds_tokenizer_load(tok_path, &tok) != DS_OK) goto report;
+  if ((chat || data) && tok && cli_load_chat_template(tok_path, &tmpl) != DS_OK) goto report;
   if (data) {
-    if (cli_read_prompts(tok, data, chat, &batch) != DS_OK) goto report;
+    if (cli_read_prompts(tok, tmpl, data, chat, &batch) != DS_OK) goto report;
   } else {
-    if (cli_prompt_ids(tok, prompt, given, n_given, chat, &ids) != DS_OK) goto report;
+    if (cli_prompt_ids(tok, tmpl, prompt, given, n_given, chat, &ids) != DS_OK) goto report;
     if (ids.len == 0) { fprintf(stderr, "dspark speculate: the prompt has no tokens\n"); rc = 2; goto done; }
   }
   int R = data ? batch.n : 1;
@@ -239,6 +242,7 @@ done:
   cli_prompts_free(&batch);
   free(res);
   ds_tokenizer_free(tok);
+  ds_chat_template_free(tmpl);
   ds_draft_free(d);
   ds_target_free(t);
   return rc;

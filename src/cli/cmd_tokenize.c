@@ -13,6 +13,7 @@
 #include "dspark/hfconfig.h"
 #include "dspark/target.h"
 #include "dspark/tokenizer.h"
+#include "text/chat_json.h"
 #include "text/json_text.h"
 
 static const char k_usage[] =
@@ -105,7 +106,7 @@ static int do_decode(const ds_tokenizer *tok, const char *path, int skip_special
   return 0;
 }
 
-/* One conversation line -> messages (pointing into the cJSON tree). */
+/* One conversation line -> its ids and loss mask on stdout. */
 static int chat_line(const ds_tokenizer *tok, const ds_chat_template *tmpl, const char *path, size_t lineno,
                      const char *line, size_t len, const ds_chat_options *opt) {
   char label[512];
@@ -113,46 +114,10 @@ static int chat_line(const ds_tokenizer *tok, const ds_chat_template *tmpl, cons
   ds_status st;
   cJSON *root = tk_json_parse_text(line, len, label, &st);
   if (!root) return cli_report_error("tokenize");
-  const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages"), *it;
-  int rc = 0;
   ds_chat_message *m = NULL;
   size_t n = 0;
-  if (!cJSON_IsArray(msgs)) {
-    fprintf(stderr, "dspark tokenize: %s: 'messages' must be an array\n", label);
-    rc = 1;
-  } else if (!(m = calloc((size_t)cJSON_GetArraySize(msgs) + 1, sizeof *m))) {
-    fprintf(stderr, "dspark tokenize: out of memory\n");
-    rc = 1;
-  }
-  if (!rc) cJSON_ArrayForEach(it, msgs) {
-      const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
-      const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
-      if (!cJSON_IsString(role) || !cJSON_IsString(content)) {
-        fprintf(stderr, "dspark tokenize: %s: messages[%zu] needs string 'role' and 'content'\n", label, n);
-        rc = 1;
-        break;
-      }
-      size_t role_len;
-      m[n].role = tk_json_str(role, &role_len);
-      if (role_len != strlen(m[n].role)) {
-        fprintf(stderr, "dspark tokenize: %s: messages[%zu].role holds a NUL character (\\u0000)\n", label, n);
-        rc = 1;
-        break;
-      }
-      m[n].content = tk_json_str(content, &m[n].content_len);
-      /* transformers reads reasoning under any of these names (the first non-null) */
-      static const char *const reasoning_keys[] = {"reasoning_content", "thinking", "reasoning"};
-      for (int k = 0; k < 3 && !m[n].reasoning; k++) {
-        const cJSON *r = cJSON_GetObjectItemCaseSensitive(it, reasoning_keys[k]);
-        if (cJSON_IsString(r)) m[n].reasoning = tk_json_str(r, &m[n].reasoning_len);
-        else if (r && !cJSON_IsNull(r)) {
-          fprintf(stderr, "dspark tokenize: %s: messages[%zu].%s must be a string\n", label, n, reasoning_keys[k]);
-          rc = 1;
-        }
-      }
-      if (rc) break;
-      n++;
-    }
+  int rc = tk_chat_messages(cJSON_GetObjectItemCaseSensitive(root, "messages"), label, &m, &n) != DS_OK
+               ? cli_report_error("tokenize") : 0;
   ds_ids ids = {0}, mask = {0};
   if (!rc && ds_chat_encode(tok, tmpl, m, n, opt, &ids, &mask) != DS_OK) rc = cli_report_error("tokenize");
   if (!rc) {

@@ -2,13 +2,16 @@
  * conversation through the Jinja interpreter, and turning the render into ids and a loss
  * mask. */
 #include <cjson/cJSON.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <xxhash.h>
 
 #include "dspark/chat_template.h"
 #include "dspark/fileio.h"
+#include "text/chat_json.h"
 #include "text/jinja_internal.h"
 #include "text/json_text.h"
 #include "text/tok_internal.h"
@@ -19,6 +22,7 @@ struct ds_chat_template {
   jarena arena; /* the syntax tree and the variables' strings */
   jnode *root;
   int has_generation;
+  uint64_t text_xxh64;
   char *label;
   const char *var_names[MAX_VARS], *var_values[MAX_VARS];
   size_t n_vars;
@@ -35,6 +39,7 @@ ds_status ds_chat_template_parse(const char *text, size_t len, const char *label
   /* the tree points into its source: keep a copy in the arena */
   char *src = jarena_strdup(&t->arena, text, len);
   ds_status st = src ? DS_OK : DS_FAIL(DS_ERR_NOMEM, "chat template: out of memory");
+  t->text_xxh64 = XXH64(text, len, 0);
   if (st == DS_OK) t->root = jinja_parse(&t->arena, src, len, t->label, &st, &t->has_generation);
   if (st != DS_OK) {
     ds_chat_template_free(t);
@@ -52,6 +57,8 @@ void ds_chat_template_free(ds_chat_template *t) {
 }
 
 const char *ds_chat_template_label(const ds_chat_template *t) { return t ? t->label : "ChatML"; }
+
+uint64_t ds_chat_template_hash(const ds_chat_template *t) { return t ? t->text_xxh64 : 0; }
 
 ds_status ds_chat_template_set_var(ds_chat_template *t, const char *name, const char *value) {
   for (size_t i = 0; i < t->n_vars; i++)
@@ -237,17 +244,19 @@ static ds_status assistant_mask(const ds_chat_template *t, const ds_chat_message
   if (!any) return DS_OK;
   ds_status st = generation_prompt(t, msgs, n, opt->enable_thinking, &g[0], &gl[0]);
   if (st == DS_OK && opt->enable_thinking >= 0) st = generation_prompt(t, msgs, n, -1, &g[1], &gl[1]);
+  /* each message's first and last emitted byte, in one pass over the output */
+  size_t *first = st == DS_OK ? malloc(2 * n * sizeof *first) : NULL, *last = first ? first + n : NULL;
+  if (st == DS_OK && !first) st = DS_FAIL(DS_ERR_NOMEM, "chat template: out of memory");
+  for (size_t m = 0; first && m < n; m++) first[m] = SIZE_MAX, last[m] = 0;
+  for (size_t i = 0; first && i < o->len; i++) {
+    int32_t m = o->owner[i];
+    if (m < 0 || (size_t)m >= n) continue;
+    if (first[m] == SIZE_MAX) first[m] = i;
+    last[m] = i + 1;
+  }
   for (size_t m = 0; m < n && st == DS_OK; m++) {
-    if (strcmp(msgs[m].role, "assistant")) continue;
-    size_t s = 0, e = 0;
-    int seen = 0;
-    for (size_t i = 0; i < o->len; i++)
-      if (o->owner[i] == (int32_t)m) {
-        if (!seen) s = i;
-        seen = 1;
-        e = i + 1;
-      }
-    if (!seen) continue;
+    if (strcmp(msgs[m].role, "assistant") || first[m] == SIZE_MAX) continue;
+    size_t s = first[m], e = last[m];
     /* the longest header candidate the turn starts with; else their common prefix */
     size_t skip = 0, lcp = 0;
     for (int k = 0; k < 2; k++) {
@@ -260,6 +269,7 @@ static ds_status assistant_mask(const ds_chat_template *t, const ds_chat_message
     if (!skip) skip = lcp;
     for (size_t i = s + skip; i < e; i++) train[i] = o->owner[i] == (int32_t)m;
   }
+  free(first);
   free(g[0]);
   free(g[1]);
   return st;
@@ -349,4 +359,48 @@ ds_status ds_chat_encode(const ds_tokenizer *tok, const ds_chat_template *t, con
   free(text);
   free(train);
   return st;
+}
+
+/* ------------------------------------------------------------------ messages from JSON */
+
+ds_status tk_chat_messages(const cJSON *msgs, const char *label, ds_chat_message **out, size_t *n) {
+  *out = NULL;
+  *n = 0;
+  if (!cJSON_IsArray(msgs)) return DS_FAIL(DS_ERR_FORMAT, "%s: 'messages' must be an array", label);
+  ds_chat_message *m = calloc((size_t)cJSON_GetArraySize(msgs) + 1, sizeof *m);
+  if (!m) return DS_FAIL(DS_ERR_NOMEM, "%s: out of memory", label);
+  size_t i = 0;
+  const cJSON *it;
+  ds_status st = DS_OK;
+  cJSON_ArrayForEach(it, msgs) {
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
+    if (!cJSON_IsString(role) || !cJSON_IsString(content)) {
+      st = DS_FAIL(DS_ERR_FORMAT, "%s: messages[%zu] needs string 'role' and 'content'", label, i);
+      break;
+    }
+    size_t role_len;
+    m[i].role = tk_json_str(role, &role_len);
+    if (role_len != strlen(m[i].role)) {
+      st = DS_FAIL(DS_ERR_FORMAT, "%s: messages[%zu].role holds a NUL character (\\u0000)", label, i);
+      break;
+    }
+    m[i].content = tk_json_str(content, &m[i].content_len);
+    static const char *const reasoning_keys[] = {"reasoning_content", "thinking", "reasoning"};
+    for (int k = 0; k < 3 && !m[i].reasoning && st == DS_OK; k++) {
+      const cJSON *r = cJSON_GetObjectItemCaseSensitive(it, reasoning_keys[k]);
+      if (cJSON_IsString(r)) m[i].reasoning = tk_json_str(r, &m[i].reasoning_len);
+      else if (r && !cJSON_IsNull(r))
+        st = DS_FAIL(DS_ERR_FORMAT, "%s: messages[%zu].%s must be a string", label, i, reasoning_keys[k]);
+    }
+    if (st != DS_OK) break;
+    i++;
+  }
+  if (st != DS_OK) {
+    free(m);
+    return st;
+  }
+  *out = m;
+  *n = i;
+  return DS_OK;
 }

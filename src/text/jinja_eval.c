@@ -15,7 +15,7 @@
 #include "text/jinja_internal.h"
 
 enum { MAX_EVAL_DEPTH = 400 };
-static const size_t k_max_steps = 10u * 1000 * 1000, k_max_output = 256u << 20;
+static const size_t k_max_steps = 10u * 1000 * 1000, k_max_output = 64u << 20;
 
 static ds_status nomem(jctx *c, const jnode *at) { return jctx_fail(c, at, DS_ERR_NOMEM, "out of memory"); }
 

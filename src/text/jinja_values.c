@@ -18,7 +18,7 @@ struct jarena_block {
   max_align_t data[];
 };
 
-static const size_t k_arena_limit = 1u << 30; /* a render that needs more is a runaway template */
+static const size_t k_arena_limit = 512u << 20; /* a render that needs more is a runaway template */
 
 void *jarena_alloc(jarena *a, size_t n) {
   n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);

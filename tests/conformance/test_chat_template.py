@@ -191,6 +191,51 @@ def options(family):
     return opts
 
 
+def capture_and_train(args, ck, rng):
+    """`dspark capture` and `dspark train` render chat data through the same template: the
+    cached sequences equal transformers' ids and `tokenize --chat`'s masks, and the training
+    run records which template it used."""
+    import common
+    from safetensors.torch import load_file
+    target = common.build_bpe_target(args.tmp, specials=("<|im_end|>", "<|mask|>", "<|im_start|>", "<|endoftext|>"),
+                                     name="qwen3-target")
+    with open(os.path.join(HERE, "chat_templates", "Qwen-Qwen3-0.6B.jinja"), encoding="utf-8") as f:
+        template = f.read()
+    with open(os.path.join(target, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "chat_template": template}, f)
+    convs = [conversation(rng, "qwen3") for _ in range(12)]
+    convs = [c for c in convs if any(m["role"] == "assistant" for m in c)]
+    data = os.path.join(args.tmp, "chat-data.jsonl")
+    ours, _ = dspark_chat(args, target, convs, data, [])
+    S = 256
+    cache = os.path.join(args.tmp, "chat-cache")
+    shutil.rmtree(cache, ignore_errors=True)
+    run([args.dspark, "capture", "--target", target, "--data", data, "--out", cache, "--seq-len", str(S), "--dtype", "f32",
+         "--target-layers", "1", "--threads", "2", "--quiet"])
+    man = json.load(open(os.path.join(cache, "manifest.json")))
+    ck.check(man["chat_template"] == "jinja", f"the cache names its template: {man['chat_template']}")
+    hf_tok = AutoTokenizer.from_pretrained(target)
+    rows = []
+    for sh in man["shards"]:
+        t = load_file(os.path.join(cache, sh["file"]))
+        for i in range(int(t["lengths"].shape[0])):
+            n = int(t["lengths"][i])
+            rows.append((t["input_ids"][i, :n].tolist(), t["loss_mask"][i, :n].tolist()))
+    ck.check(len(rows) == len(convs), f"capture: {len(rows)} sequences for {len(convs)} conversations")
+    for i, (ids, mask) in enumerate(rows[:len(convs)]):
+        hf = list(hf_tok.apply_chat_template(convs[i], tokenize=True)["input_ids"])[:S]
+        compare(ck, f"capture conversation {i} ids", hf, ids, convs[i], hf_tok)
+        ck.check(mask == ours[i]["loss_mask"][:S], f"capture conversation {i}: mask differs from tokenize --chat")
+    run_dir = os.path.join(args.tmp, "chat-run")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run([args.dspark, "train", "--target", target, "--data", data, "--out", run_dir, "--seq-len", "128", "--num-anchors",
+         "8", "--block-size", "4", "--markov-rank", "16", "--steps", "1", "--batch-seqs", "2", "--eval-seqs", "2",
+         "--threads", "2", "--quiet"])
+    info = json.load(open(os.path.join(run_dir, "run.json")))
+    ck.check(info.get("chat_template", "").startswith(os.path.join(target, "tokenizer_config.json")),
+             f"run.json names the chat template: {info.get('chat_template')}")
+
+
 def main():
     args = parse_args(__doc__)
     ck = Checker()
@@ -261,6 +306,7 @@ def main():
     hf_tok = AutoTokenizer.from_pretrained(os.path.join(args.tmp, "qwen2.5"))
     want = hf_tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n", add_special_tokens=False)
     ck.check(rc == 0 and "rendering ChatML" in err and json.loads(out)["ids"] == want, f"ChatML fallback: {err!r}")
+    capture_and_train(args, ck, rng)
     ck.finish("test_chat_template")
 
 
