@@ -357,6 +357,11 @@ static ds_status eval_inner(jctx *c, const jnode *n, jv *out) {
     return DS_OK;
   case JN_NEG:
     DS_TRY(eval(c, n->a, &x));
+    if (x.kind == JV_FLOAT) { /* -x, not 0 - x: -0.0 keeps its sign, as in Python */
+      *out = x;
+      out->u.f = -x.u.f;
+      return DS_OK;
+    }
     y = jv_int(0);
     return arith(c, n, JOP_SUB, &y, &x, out);
   case JN_AND:

@@ -126,7 +126,7 @@ ds_status jinja_filter(jctx *c, const jnode *at, const char *name, const jv *in,
       return jctx_fail(c, at, DS_ERR_UNSUPPORTED, "tojson: indent must be an integer");
     if (in->kind == JV_UNDEF) return jctx_fail(c, at, DS_ERR_ARG, "tojson: '%s' is undefined", in->name ? in->name : "value");
     int ind = indent && indent->kind == JV_INT ? (int)(indent->u.i > 64 ? 64 : indent->u.i < 0 ? 0 : indent->u.i) : -1;
-    return jv_to_json(c, at, in, indent && indent->kind == JV_INT && ind == 0 ? 0 : ind, out);
+    return jv_to_json(c, at, in, ind, out);
   }
   if (IS("string")) return jv_to_text(c, at, in, out);
   if (IS("safe")) {

@@ -228,6 +228,12 @@ ds_status jl_lex_tag(parser *P, const seg *s) {
       int is_float = j + 1 < s->end && src[j] == '.' && src[j + 1] >= '0' && src[j + 1] <= '9';
       if (is_float)
         for (j++; j < s->end && src[j] >= '0' && src[j] <= '9';) j++;
+      size_t e = j + 1 < s->end && (src[j] == 'e' || src[j] == 'E') ? j + 1 : 0; /* an exponent: 2.5e-3, 1e6 */
+      if (e && e + 1 < s->end && (src[e] == '+' || src[e] == '-')) e++;
+      if (e && e < s->end && src[e] >= '0' && src[e] <= '9') {
+        for (j = e; j < s->end && src[j] >= '0' && src[j] <= '9';) j++;
+        is_float = 1;
+      }
       char num[64];
       size_t nl = j - i < sizeof num - 1 ? j - i : sizeof num - 1;
       memcpy(num, src + i, nl);

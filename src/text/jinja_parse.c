@@ -175,7 +175,7 @@ static jnode *parse_filters(parser *P, jnode *node) {
     }
     n->name = jarena_strdup(P->a, nm->p, nm->n);
     P->ti++;
-    while (is_op(peek(P), ".")) { /* dotted names like `is sameas`-style namespaces are not ours */
+    if (is_op(peek(P), ".")) { /* Jinja allows dotted filter / test names; no chat template uses them */
       jl_fail(P, nm->line, DS_ERR_UNSUPPORTED, "unsupported construct: dotted %s name", is_filter ? "filter" : "test");
       return NULL;
     }

@@ -342,8 +342,8 @@ static void newline_indent(sbuf *b, int indent, int level) {
   for (int i = 0; i < indent * level; i++) sb_str(b, " ");
 }
 
-/* json.dumps(v, ensure_ascii=False, indent=indent or None): ", " and ": " separators, or
- * "," and newlines with indent. */
+/* json.dumps(v, ensure_ascii=False, indent=None if indent < 0 else indent): ", " and ": "
+ * separators, or "," and a newline plus indent spaces per level (indent 0 too, as Python). */
 static int put_json(sbuf *b, const jv *v, int indent, int level) {
   char t[32];
   if (level > 100) return -1;
@@ -366,15 +366,15 @@ static int put_json(sbuf *b, const jv *v, int indent, int level) {
     size_t n = is_list ? v->u.list->n : v->u.dict->n;
     sb_str(b, is_list ? "[" : "{");
     for (size_t i = 0; i < n; i++) {
-      if (i) sb_str(b, indent > 0 ? "," : ", ");
-      if (indent > 0) newline_indent(b, indent, level + 1);
+      if (i) sb_str(b, indent >= 0 ? "," : ", ");
+      if (indent >= 0) newline_indent(b, indent, level + 1);
       if (!is_list) {
         put_json_str(b, v->u.dict->keys[i], v->u.dict->key_lens[i]);
         sb_str(b, ": ");
       }
       if (put_json(b, is_list ? &v->u.list->items[i] : &v->u.dict->vals[i], indent, level + 1)) return -1;
     }
-    if (indent > 0 && n) newline_indent(b, indent, level);
+    if (indent >= 0 && n) newline_indent(b, indent, level);
     sb_str(b, is_list ? "]" : "}");
     return 0;
   }

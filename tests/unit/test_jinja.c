@@ -62,6 +62,22 @@ static void test_against_jinja2(void) {
        "13|empty|2242|a=1;b=2;"},
       {"{% if false %}a{% elif 0 %}b{% elif 'x' %}c{% else %}d{% endif %}{{ [1,2,3][-1] }}{{ [1,2,3][5] }}{{ (1, 2)[0] }}{{ 'abc'[-2:] }}{{ [1,2,3,4][1:3] }}{{ {'a':1}.get('b', 'n') }}{{ {'a':1}['a'] }}",
        "c31bc[2, 3]n1"},
+      {"{{ [1, {'a': '\xc3""\xa9""\\n\"'}]|tojson(indent=0) }}|{{ 'tab\\there'|tojson }}|{{ 0.1 }}|{{ 1/3 }}|{{ 2.5e-3 }}|{{ -0.0 }}",
+       "[\n1,\n{\n\"a\": \"\xc3""\xa9""\\n\\\"\"\n}\n]|\"tab\\there\"|0.1|0.3333333333333333|0.0025|-0.0"},
+      {"  {%+ if true %}x{% endif +%}\n{% if true %}\ny{% endif %}\n",
+       "  x\ny"},
+      {"{{ 'abcdef'[-1:-4:-1] }}|{{ 'abcdef'[::2] }}|{{ [0,1,2,3,4][-2:] }}|{{ 'x'.join(['a','b']) if false else '-' }}|{{ 'h\xc3""\xa9""llo w\xc3""\xb6""rld'.split('\xc3""\xb6""') }}|{{ 'a b'.upper() }}|{{ '  x  '.rstrip() }}|{{ 'aXbX'.split('X', 1) }}",
+       "fed|ace|[3, 4]|-|['h\xc3""\xa9""llo w', 'rld']|A B|  x|['a', 'bX']"},
+      {"{% set ns = namespace(found=false, n=0) %}{% for m in [{'role':'user'},{'role':'assistant'}] %}{% if m.role == 'assistant' %}{% set ns.found = true %}{% set ns.n = loop.index0 %}{% endif %}{% endfor %}{{ ns.found }}{{ ns.n }}",
+       "True1"},
+      {"{% for a in [1,2] %}{% for b in 'xy' %}{{ loop.index }}{{ b }}{% endfor %}{{ loop.index }};{% endfor %}",
+       "1x2y1;1x2y2;"},
+      {"{{ none is none and not (1 in [2]) }}{{ 'a' not in 'b' }}{{ [] or 'empty' }}{{ 'x' and 'y' }}{{ 0 or none }}",
+       "TrueTrueemptyyNone"},
+      {"{{ 'A'|lower ~ 'b'|upper }}{{ 3 - 5 }}{{ 2 * 3.5 }}{{ 10 % 4 }}{{ -(3) }}{{ (1 + 2) * 3 }}{{ 'ab' * 2 if false else 'no' }}",
+       "aB-27.02-39no"},
+      {"{#- comment -#}\n  x  \n{#- c2 #}\ny",
+       "xy"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) expect_render(cases[i][0], cases[i][1], __LINE__);
   /* a final newline of the template is dropped, as keep_trailing_newline=False does */
