@@ -13,7 +13,8 @@ Loss masks: for copies of the templates whose assistant turns are wrapped in
 {% generation %} blocks, dspark's mask of the ORIGINAL template (its own rule: the assistant
 turn after the template's generation prompt) must equal transformers'
 return_assistant_tokens_mask of the annotated copy, and dspark's mask of the annotated copy
-too. Also checked: raise_exception's message reaches the error, an unsupported construct is
+too (Qwen3 with enable_thinking off excepted: there the empty think block is prompt, not
+generated, by the rule's design). Also checked: raise_exception's message reaches the error, an unsupported construct is
 refused naming it and the line, and ChatML is used (and said) when there is no template.
 """
 import json
@@ -124,6 +125,7 @@ FAMILIES = {
 # Where each family's assistant turn is wrapped in {% generation %} for the mask reference:
 # (text in the template, its annotated replacement); the render is unchanged.
 ANNOTATE = {
+    "llama3.1": None,  # the same line as Llama-3.2's
     "qwen2.5": [("{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}",
                  "{%- if message.role == 'assistant' %}{{- '<|im_start|>assistant\\n' }}{% generation %}"
                  "{{- message.content + '<|im_end|>\\n' }}{% endgeneration %}{%- else %}"
@@ -133,6 +135,13 @@ ANNOTATE = {
                   "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
                   "{%- if message.role == 'assistant' %}{% generation %}{{- message['content'] | trim + '<|eot_id|>' }}"
                   "{% endgeneration %}{%- else %}{{- message['content'] | trim + '<|eot_id|>' }}{%- endif %}")],
+    "qwen3": [("{{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + "
+               "'\\n</think>\\n\\n' + content.lstrip('\\n') }}",
+               "{{- '<|im_start|>' + message.role + '\\n' }}{% generation %}{{- '<think>\\n' + "
+               "reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}{% endgeneration %}"),
+              ("{{- '<|im_start|>' + message.role + '\\n' + content }}",
+               "{{- '<|im_start|>' + message.role + '\\n' }}{% generation %}{{- content }}{% endgeneration %}"),
+              ("{{- '<|im_end|>\\n' }}", "{% generation %}{{- '<|im_end|>\\n' }}{% endgeneration %}")],
     "mistral": [('{{- message["content"] + eos_token}}',
                  '{% generation %}{{- message["content"] + eos_token}}{% endgeneration %}')],
 }
@@ -260,10 +269,13 @@ def main():
                 if i < len(ours):
                     ck.check(len(ours[i]["loss_mask"]) == len(ours[i]["ids"]), f"{family} {label} {i}: mask length")
             # masks against transformers' {% generation %} masks of an annotated copy
-            if family not in ANNOTATE:
+            # With enable_thinking off, Qwen3's empty think block belongs to the prompt (the
+            # generation prompt holds it), so the rule does not train it where the annotated
+            # copy would: compared with thinking unset or on only.
+            if family not in ANNOTATE or thinking is False:
                 continue
             annotated = template
-            for old, new in ANNOTATE[family]:
+            for old, new in ANNOTATE[family] or ANNOTATE["llama3.2"]:
                 ck.check(old in annotated, f"{family}: annotation anchor present")
                 annotated = annotated.replace(old, new)
             da, _ = save_family(args.tmp, family, texts, annotated, "string")
