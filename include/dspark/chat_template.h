@@ -4,7 +4,8 @@
  *
  * The renderer is a small interpreter of the Jinja subset chat templates use (src/text/
  * jinja_*.c): {{ }}, {% if/elif/else %}, {% for %} (loop.*, `if` filters, else, break,
- * continue), {% set %} (namespace() attributes too), {% generation %}, comments, whitespace
+ * continue), {% set %} (namespace() attributes and block sets too), {% macro %},
+ * {% generation %}, comments, whitespace
  * control with transformers' trim_blocks / lstrip_blocks; literals, attribute / item / slice
  * access, calls, filters, tests, `in`, `~`, arithmetic, comparisons, and/or/not, `x if c else
  * y`. Filters: trim length count tojson string safe lower upper title capitalize replace
@@ -13,7 +14,7 @@
  * true false mapping iterable sequence callable lower upper even odd divisibleby eq/equalto
  * ne sameas in. Functions: raise_exception namespace strftime_now range dict; string methods
  * startswith endswith split strip lstrip rstrip replace upper lower title capitalize find
- * count; dict methods items keys values get. Anything else (macros, include, block set,
+ * count; dict methods items keys values get. Anything else ({% include %}, {% call %},
  * unknown filters...) is refused with DS_ERR_UNSUPPORTED and "FILE:LINE: unsupported ...".
  *
  * The loss mask (1 = trained) covers, for each assistant message, the text its template loop

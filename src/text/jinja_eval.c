@@ -78,6 +78,52 @@ static jv lookup(jctx *c, const char *name, size_t n) {
 /* ------------------------------------------------------------------ expressions */
 
 static ds_status eval(jctx *c, const jnode *n, jv *out);
+static ds_status exec_body(jctx *c, const jnode *body);
+
+/* Runs body with its output going into a string (a macro's result, a block set's value). */
+static ds_status capture_body(jctx *c, const jnode *body, jv *out) {
+  jinja_output tmp = {0}, *saved = c->out;
+  c->out = &tmp;
+  ds_status st = exec_body(c, body);
+  c->out = saved;
+  if (st == DS_OK) {
+    char *p = jarena_strdup(c->a, tmp.text ? tmp.text : "", tmp.len);
+    if (p) *out = jv_str(p, tmp.len);
+    else st = nomem(c, body);
+  }
+  free(tmp.text);
+  free(tmp.owner);
+  free(tmp.generation);
+  return st;
+}
+
+/* A {% macro %} call: its parameters bound from the arguments (then their defaults, else
+ * undefined) in a new scope over the caller's, its output the result. */
+static ds_status call_macro(jctx *c, const jnode *at, const jnode *macro, const jv *args, size_t n_pos,
+                            const char **kw, const jv *kwv, size_t n_kw, jv *out) {
+  if (n_pos > macro->n_kids)
+    return jctx_fail(c, at, DS_ERR_ARG, "macro '%s' takes %zu arguments, %zu given", macro->name, macro->n_kids, n_pos);
+  for (size_t k = 0; k < n_kw; k++) {
+    int known = 0;
+    for (size_t i = 0; i < macro->n_kids; i++) known |= !strcmp(macro->kids[i]->name, kw[k]);
+    if (!known) return jctx_fail(c, at, DS_ERR_ARG, "macro '%s' has no parameter '%s'", macro->name, kw[k]);
+  }
+  jv *vals = jarena_alloc(c->a, (macro->n_kids + 1) * sizeof *vals);
+  if (!vals) return nomem(c, at);
+  for (size_t i = 0; i < macro->n_kids; i++) { /* defaults are evaluated in the caller's scope */
+    const jnode *p = macro->kids[i];
+    vals[i] = jv_undef(p->name);
+    if (i < n_pos) vals[i] = args[i];
+    for (size_t k = 0; k < n_kw; k++)
+      if (!strcmp(p->name, kw[k])) vals[i] = kwv[k];
+    if (i >= n_pos && vals[i].kind == JV_UNDEF && p->a) DS_TRY(eval(c, p->a, &vals[i]));
+  }
+  DS_TRY(push_frame(c, at));
+  for (size_t i = 0; i < macro->n_kids; i++) DS_TRY(set_var(c, at, macro->kids[i]->name, macro->kids[i]->name_len, vals[i]));
+  ds_status st = capture_body(c, macro->c, out);
+  c->n_frames--;
+  return st;
+}
 
 static int is_num(const jv *v) { return v->kind == JV_INT || v->kind == JV_FLOAT || v->kind == JV_BOOL; }
 static double num_f(const jv *v) { return v->kind == JV_FLOAT ? v->u.f : v->kind == JV_INT ? (double)v->u.i : v->u.b; }
@@ -179,7 +225,7 @@ static ds_status compare(jctx *c, const jnode *at, int op, const jv *x, const jv
     } else if (y->kind == JV_DICT) {
       found = x->kind == JV_STR && jdict_get(y->u.dict, x->u.s.p, x->u.s.n) != NULL;
     } else if (y->kind == JV_UNDEF) {
-      return undefined_error(c, at, y);
+      found = 0; /* Jinja's Undefined iterates as empty */
     } else {
       return jctx_fail(c, at, DS_ERR_ARG, "argument of type '%s' is not iterable", jv_type_name(y));
     }
@@ -338,6 +384,7 @@ static ds_status eval_inner(jctx *c, const jnode *n, jv *out) {
     if (x.kind == JV_UNDEF) return jctx_fail(c, n, DS_ERR_UNSUPPORTED, "'%s' is undefined (not a function this interpreter provides)", x.name ? x.name : "callee");
     if (x.kind != JV_FUNC) return jctx_fail(c, n, DS_ERR_ARG, "'%s' object is not callable", jv_type_name(&x));
     DS_TRY(eval_args(c, n, &args, &n_pos));
+    if (x.u.fn.id == JF_MACRO) return call_macro(c, n, x.u.fn.macro, args, n_pos, n->kw_names, args + n_pos, n->n_kw, out);
     return jinja_call(c, n, &x, args, n_pos, n->kw_names, args + n_pos, n->n_kw, out);
   case JN_FILTER:
     DS_TRY(eval(c, n->a, &x));
@@ -537,7 +584,8 @@ static ds_status exec_node(jctx *c, const jnode *n) {
     return exec_body(c, jv_truthy(&x) ? n->b : n->c);
   case JN_FOR: return exec_for(c, n);
   case JN_SET:
-    DS_TRY(eval(c, n->b, &x));
+    if (n->c) DS_TRY(capture_body(c, n->c, &x));
+    else DS_TRY(eval(c, n->b, &x));
     if (n->a) {
       jv ns = lookup(c, n->a->name, n->a->name_len);
       if (ns.kind != JV_DICT || !ns.u.dict->is_namespace)
@@ -556,6 +604,12 @@ static ds_status exec_node(jctx *c, const jnode *n) {
     return st;
   }
   case JN_BODY: return exec_body(c, n);
+  case JN_MACRO: {
+    jv fn = {JV_FUNC, {0}, NULL};
+    fn.u.fn.id = JF_MACRO;
+    fn.u.fn.macro = n;
+    return set_var(c, n, n->name, n->name_len, fn);
+  }
   default: return jctx_fail(c, n, DS_ERR_INTERNAL, "expression node %d as a statement", (int)n->kind);
   }
 }

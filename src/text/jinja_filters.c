@@ -66,6 +66,10 @@ static ds_status select_items(jctx *c, const jnode *at, const char *fname, const
                               int by_attr, int keep, jv *out) {
   jlist *src, *dst = jlist_new(jctx_arena(c));
   if (!dst) return nomem(c, at);
+  if (!jv_truthy(in)) { /* Jinja filters nothing out of a false value (None, empty): an empty result */
+    *out = list_value(dst);
+    return DS_OK;
+  }
   DS_TRY(as_list(c, at, fname, in, &src));
   if (by_attr && n < 1) return jctx_fail(c, at, DS_ERR_ARG, "%s: expects an attribute name", fname);
   size_t first_test = by_attr ? 1 : 0;
@@ -215,6 +219,10 @@ ds_status jinja_filter(jctx *c, const jnode *at, const char *name, const jv *in,
     if (!attr || n) return jctx_fail(c, at, DS_ERR_UNSUPPORTED, "map: only map(attribute=...) is supported");
     jlist *l, *r = jlist_new(a);
     if (!r) return nomem(c, at);
+    if (!jv_truthy(in)) { /* as select: nothing from a false value */
+      *out = list_value(r);
+      return DS_OK;
+    }
     DS_TRY(as_list(c, at, name, in, &l));
     const jv *def = named(kw, kwv, n_kw, "default");
     for (size_t i = 0; i < l->n; i++) {

@@ -45,6 +45,7 @@ struct jv {
     struct {
       int id;          /* a jfunc_id */
       const jv *self;  /* the object of a bound method, NULL for a global function */
+      const struct jnode *macro; /* JF_MACRO: its JN_MACRO node */
     } fn;
   } u;
   const char *name; /* JV_UNDEF: the name that was looked up, for error messages */
@@ -70,7 +71,8 @@ typedef enum {
   JF_STARTSWITH, JF_ENDSWITH, JF_SPLIT, JF_STRIP, JF_LSTRIP, JF_RSTRIP, JF_REPLACE, JF_UPPER, JF_LOWER,
   JF_TITLE, JF_CAPITALIZE, JF_FIND, JF_COUNT,
   /* dict methods */
-  JF_ITEMS, JF_KEYS, JF_VALUES, JF_GET
+  JF_ITEMS, JF_KEYS, JF_VALUES, JF_GET,
+  JF_MACRO /* a {% macro %} of the template, called by the evaluator itself */
 } jfunc_id;
 
 jv jv_undef(const char *name);
@@ -94,7 +96,7 @@ typedef enum {
   JN_LITERAL, JN_NAME, JN_ATTR, JN_ITEM, JN_SLICE, JN_CALL, JN_FILTER, JN_TEST, JN_NOT, JN_NEG,
   JN_BINOP, JN_COMPARE, JN_AND, JN_OR, JN_COND, JN_LIST, JN_DICT,
   /* statements */
-  JN_BODY, JN_TEXT, JN_OUTPUT, JN_IF, JN_FOR, JN_SET, JN_BREAK, JN_CONTINUE, JN_GENERATION
+  JN_BODY, JN_TEXT, JN_OUTPUT, JN_IF, JN_FOR, JN_SET, JN_BREAK, JN_CONTINUE, JN_GENERATION, JN_MACRO
 } jnode_kind;
 
 typedef struct jnode jnode;

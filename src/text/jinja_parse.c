@@ -9,7 +9,8 @@
  * JN_AND/JN_OR a, b; JN_COND a if b else c; JN_LIST / JN_DICT kids (dict: key, value pairs);
  * JN_IF a: condition, b: then-body, c: else (a body or NULL); JN_FOR kids: target names
  * (JN_NAME), a: iterable, b: filter condition or NULL, c: body, d: else-body or NULL;
- * JN_SET name (and a: the namespace NAME for `set ns.attr`), b: value; JN_OUTPUT a;
+ * JN_SET name (and a: the namespace NAME for `set ns.attr`), b: value, or c: the body of a
+ * block set; JN_MACRO name, kids: parameters (JN_NAME, a: default or NULL), c: body; JN_OUTPUT a;
  * JN_BODY / JN_GENERATION kids. */
 #include <stdlib.h>
 #include <string.h>
@@ -484,12 +485,49 @@ static jnode *parse_set(parser *P, int line) {
     jl_fail(P, line, DS_ERR_UNSUPPORTED, "unsupported construct: set with several targets");
     return NULL;
   }
-  if (peek(P)->kind == T_END) {
-    jl_fail(P, line, DS_ERR_UNSUPPORTED, "unsupported construct: block set ({%% set %s %%}...{%% endset %%})", n->name);
-    return NULL;
+  if (peek(P)->kind == T_END) { /* {% set x %}...{% endset %}: x is the body's output */
+    static const char *const end_only[] = {"endset", NULL};
+    const char *hit = NULL;
+    if (!(n->c = parse_body(P, end_only, &hit, 0, line, "set")) || expect_end(P, "endset") != DS_OK) return NULL;
+    return n;
   }
   if (expect_op(P, "=") != DS_OK || !(n->b = parse_expr(P, 1)) || expect_end(P, "the set value") != DS_OK) return NULL;
   return n;
+}
+
+static jnode *parse_macro(parser *P, int line) {
+  const tok *t = peek(P);
+  if (t->kind != T_NAME) {
+    jl_fail(P, t->line, DS_ERR_FORMAT, "expected a macro name");
+    return NULL;
+  }
+  jnode *n = new_node(P, JN_MACRO, line);
+  if (!n) return NULL;
+  n->name = jarena_strdup(P->a, t->p, t->n);
+  n->name_len = t->n;
+  P->ti++;
+  if (expect_op(P, "(") != DS_OK) return NULL;
+  while (!accept_op(P, ")")) {
+    if (n->n_kids && expect_op(P, ",") != DS_OK) return NULL;
+    const tok *p = peek(P);
+    if (p->kind != T_NAME) {
+      jl_fail(P, p->line, DS_ERR_FORMAT, "expected a parameter name in macro %s", n->name);
+      return NULL;
+    }
+    jnode *param = new_node(P, JN_NAME, p->line);
+    if (!param) return NULL;
+    param->name = jarena_strdup(P->a, p->p, p->n);
+    param->name_len = p->n;
+    P->ti++;
+    if (accept_op(P, "=") && !(param->a = parse_expr(P, 1))) return NULL;
+    if (add_kid(P, n, param)) return NULL;
+  }
+  if (expect_end(P, "the macro's parameters") != DS_OK) return NULL;
+  static const char *const end_only[] = {"endmacro", NULL};
+  const char *hit = NULL;
+  if (!(n->c = parse_body(P, end_only, &hit, 0, line, "macro"))) return NULL;
+  if (peek(P)->kind == T_NAME) P->ti++; /* {% endmacro name %} */
+  return expect_end(P, "endmacro") == DS_OK ? n : NULL;
 }
 
 static int in_list(const tok *t, const char *const *names) {
@@ -548,6 +586,8 @@ static jnode *parse_body(parser *P, const char *const *stops, const char **hit, 
       stmt = parse_for(P, line);
     } else if (is_name(kw, "set")) {
       stmt = parse_set(P, line);
+    } else if (is_name(kw, "macro")) {
+      stmt = parse_macro(P, line);
     } else if (is_name(kw, "break") || is_name(kw, "continue")) {
       if (!in_loop) {
         jl_fail(P, line, DS_ERR_FORMAT, "'%.*s' outside a for loop", (int)kw->n, kw->p);
@@ -565,9 +605,9 @@ static jnode *parse_body(parser *P, const char *const *stops, const char **hit, 
         stmt = inner;
       }
     } else {
-      static const char *const known[] = {"macro", "call", "filter", "include", "import", "from", "extends", "block",
-                                          "with", "raw", "autoescape", "do", "trans", "endmacro", NULL};
-      static const char *const ends[] = {"endif", "endfor", "elif", "else", "endgeneration", "endset", NULL};
+      static const char *const known[] = {"call", "filter", "include", "import", "from", "extends", "block",
+                                          "with", "raw", "autoescape", "do", "trans", NULL};
+      static const char *const ends[] = {"endif", "endfor", "elif", "else", "endgeneration", "endset", "endmacro", NULL};
       if (in_list(kw, known))
         jl_fail(P, line, DS_ERR_UNSUPPORTED, "unsupported construct '{%% %.*s %%}'", (int)kw->n, kw->p);
       else if (in_list(kw, ends))

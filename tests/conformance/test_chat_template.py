@@ -300,12 +300,12 @@ def main():
     ck.check(rc == 1 and "conversation roles must alternate user/assistant" in err, f"raise_exception reaches the error: {err!r}")
 
     # an unsupported construct is named with its line
-    tmpl = os.path.join(args.tmp, "macro.jinja")
+    tmpl = os.path.join(args.tmp, "include.jinja")
     with open(tmpl, "w") as f:
-        f.write("{{ bos_token }}\n{% macro m(x) %}{{ x }}{% endmacro %}\n")
+        f.write("{{ bos_token }}\n{% include 'other.jinja' %}\n")
     _, err, rc = run([args.dspark, "tokenize", os.path.join(d, "tokenizer.json"), "--chat", bad, "--chat-template", tmpl],
                      expect_rc=None)
-    ck.check(rc == 1 and "macro.jinja:2: unsupported construct '{% macro %}'" in err, f"unsupported construct: {err!r}")
+    ck.check(rc == 1 and "include.jinja:2: unsupported construct '{% include %}'" in err, f"unsupported construct: {err!r}")
 
     # no template at all: ChatML, said on stderr
     d0 = os.path.join(args.tmp, "no-template")
