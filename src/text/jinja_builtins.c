@@ -9,7 +9,10 @@
 
 #include "text/jinja_internal.h"
 
-static ds_status nomem(jctx *c, const jnode *at) { return jctx_fail(c, at, DS_ERR_NOMEM, "out of memory"); }
+static ds_status nomem(jctx *c, const jnode *at) {
+  if (jctx_arena(c)->over_limit) return jctx_fail(c, at, DS_ERR_RANGE, "the render needs more than %d MiB", JARENA_LIMIT_MIB);
+  return jctx_fail(c, at, DS_ERR_NOMEM, "out of memory");
+}
 
 static jv list_value(jlist *l) {
   jv v = {JV_LIST, {.list = l}, NULL};

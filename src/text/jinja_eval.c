@@ -17,7 +17,10 @@
 enum { MAX_EVAL_DEPTH = 400 };
 static const size_t k_max_steps = 10u * 1000 * 1000, k_max_output = 64u << 20;
 
-static ds_status nomem(jctx *c, const jnode *at) { return jctx_fail(c, at, DS_ERR_NOMEM, "out of memory"); }
+static ds_status nomem(jctx *c, const jnode *at) {
+  if (c->a->over_limit) return jctx_fail(c, at, DS_ERR_RANGE, "the render needs more than %d MiB", JARENA_LIMIT_MIB);
+  return jctx_fail(c, at, DS_ERR_NOMEM, "out of memory");
+}
 
 /* ------------------------------------------------------------------ output */
 
@@ -101,6 +104,8 @@ static ds_status capture_body(jctx *c, const jnode *body, jv *out) {
  * undefined) in a new scope over the caller's, its output the result. */
 static ds_status call_macro(jctx *c, const jnode *at, const jnode *macro, const jv *args, size_t n_pos,
                             const char **kw, const jv *kwv, size_t n_kw, jv *out) {
+  /* calls share the loop budget: macros calling macros could otherwise multiply without bound */
+  if (++c->steps > k_max_steps) return jctx_fail(c, at, DS_ERR_RANGE, "more than %zu loop iterations and macro calls", k_max_steps);
   if (n_pos > macro->n_kids)
     return jctx_fail(c, at, DS_ERR_ARG, "macro '%s' takes %zu arguments, %zu given", macro->name, macro->n_kids, n_pos);
   for (size_t k = 0; k < n_kw; k++) {
@@ -552,7 +557,8 @@ static ds_status exec_for(jctx *c, const jnode *n) {
   jdict *loop = jdict_new(c->a);
   if (!loop) return nomem(c, n);
   for (size_t i = 0; i < items->n; i++) {
-    if (++c->steps > k_max_steps) return jctx_fail(c, n, DS_ERR_RANGE, "more than %zu loop iterations", k_max_steps);
+    if (++c->steps > k_max_steps)
+      return jctx_fail(c, n, DS_ERR_RANGE, "more than %zu loop iterations and macro calls", k_max_steps);
     const jv *item = &items->items[i];
     /* an iteration over one of the conversation's messages emits that message's text */
     if (item->kind == JV_DICT)

@@ -17,7 +17,11 @@ typedef struct jarena_block jarena_block;
 typedef struct {
   jarena_block *head;
   size_t used_total; /* bytes handed out, to bound runaway templates */
+  int over_limit;    /* an allocation failed for the limit, not for the system */
 } jarena;
+
+/* The most one render may allocate (its strings, lists, scopes); "more than ..." when hit. */
+#define JARENA_LIMIT_MIB 512
 
 void *jarena_alloc(jarena *a, size_t n); /* zeroed; NULL when out of memory */
 char *jarena_strdup(jarena *a, const char *s, size_t n); /* NUL-terminated copy */

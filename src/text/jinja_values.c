@@ -18,12 +18,15 @@ struct jarena_block {
   max_align_t data[];
 };
 
-static const size_t k_arena_limit = 512u << 20; /* a render that needs more is a runaway template */
+static const size_t k_arena_limit = (size_t)JARENA_LIMIT_MIB << 20; /* more: a runaway template */
 
 void *jarena_alloc(jarena *a, size_t n) {
   n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
   if (n == 0) n = sizeof(max_align_t);
-  if (n > k_arena_limit || a->used_total + n > k_arena_limit) return NULL;
+  if (n > k_arena_limit || a->used_total + n > k_arena_limit) {
+    a->over_limit = 1;
+    return NULL;
+  }
   jarena_block *b = a->head;
   if (!b || b->cap - b->used < n) {
     size_t cap = n > 65536 ? n : 65536;
@@ -312,6 +315,7 @@ ds_status jv_to_text(jctx *c, const jnode *at, const jv *v, jv *out) {
   put_text(&b, v, 0, 0);
   sb_put(&b, "", 0);
   if (b.failed == 2) return jctx_fail(c, at, DS_ERR_RANGE, "value nested too deeply to print");
+  if (b.failed && c->a->over_limit) return jctx_fail(c, at, DS_ERR_RANGE, "the render needs more than %d MiB", JARENA_LIMIT_MIB);
   if (b.failed) return jctx_fail(c, at, DS_ERR_NOMEM, "out of memory");
   *out = jv_str(b.p ? b.p : "", b.n);
   return DS_OK;
@@ -388,6 +392,7 @@ ds_status jv_to_json(jctx *c, const jnode *at, const jv *v, int indent, jv *out)
   sb_put(&b, "", 0);
   if (r == -1) return jctx_fail(c, at, DS_ERR_RANGE, "value nested too deeply for tojson");
   if (r == -2) return jctx_fail(c, at, DS_ERR_ARG, "tojson: a value of type '%s' is not JSON serializable", jv_type_name(v));
+  if (b.failed && c->a->over_limit) return jctx_fail(c, at, DS_ERR_RANGE, "the render needs more than %d MiB", JARENA_LIMIT_MIB);
   if (b.failed) return jctx_fail(c, at, DS_ERR_NOMEM, "out of memory");
   *out = jv_str(b.p ? b.p : "", b.n);
   return DS_OK;

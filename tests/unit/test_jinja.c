@@ -109,6 +109,14 @@ static void test_errors(void) {
   expect_error("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}", "macro 'm' takes 1 arguments, 2 given", __LINE__);
   expect_error("{% macro m(a) %}{% endmacro %}{{ m(b=1) }}", "macro 'm' has no parameter 'b'", __LINE__);
   expect_error("{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}", "nested too deeply", __LINE__);
+  /* macros that double their work at each level: the shared budget stops them */
+  char chain[4096];
+  size_t at = (size_t)snprintf(chain, sizeof chain, "{%% macro m0() %%}x{%% endmacro %%}");
+  for (int i = 1; i < 40; i++)
+    at += (size_t)snprintf(chain + at, sizeof chain - at, "{%% macro m%d() %%}{{ m%d() }}{{ m%d() }}{%% endmacro %%}", i,
+                           i - 1, i - 1);
+  snprintf(chain + at, sizeof chain - at, "{{ m39() }}");
+  expect_error(chain, "more than", __LINE__); /* the call budget or the memory limit, whichever comes first */
   expect_error("{% include 'x' %}", "t.jinja:1: unsupported construct '{% include %}'", __LINE__);
   expect_error("\n\n{% set x %}a", "t.jinja:3: '{% set %}' is never closed (expected '{% endset %}')", __LINE__);
   expect_error("{% frobnicate %}", "t.jinja:1: unknown tag '{% frobnicate %}'", __LINE__);
