@@ -20,6 +20,8 @@ static void usage(FILE *f) {
           "  --prompt TEXT         prompt, tokenized with MODEL_DIR/tokenizer.json\n"
           "  --chat                wrap the prompt as a user turn + assistant prompt in the target's chat template\n"
           "                        (chat_template.jinja / tokenizer_config.json; ChatML if none)\n"
+          "  --chat-template FILE  with --chat: this Jinja template instead of the target's\n"
+          "  --enable-thinking on|off  with --chat: pass enable_thinking to the template (Qwen3)\n"
           "  --prompt-ids IDS      prompt as comma-separated token ids (no tokenizer needed)\n"
           "  --max-new-tokens N    tokens to generate (default 64)\n"
           "  --temperature T       0 = greedy (default 0)\n"
@@ -38,13 +40,17 @@ int cmd_generate(int argc, char **argv) {
   const char *dir = NULL, *prompt = NULL, *prompt_ids = NULL;
   int64_t max_new = 64, seed = 0, threads = 0;
   double temperature = 0.0, top_p = 1.0;
-  int chat = 0, print_ids = 0, ignore_eos = 0;
+  int chat = 0, print_ids = 0, ignore_eos = 0, thinking = -1, taken;
+  const char *chat_template = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v;
     if (cli_is_help(a)) { usage(stdout); return 0; }
     if (!strcmp(a, "--prompt")) { if (!(prompt = cli_value(argc, argv, &i))) return 2; }
     else if (!strcmp(a, "--prompt-ids")) { if (!(prompt_ids = cli_value(argc, argv, &i))) return 2; }
     else if (!strcmp(a, "--chat")) chat = 1;
+    else if ((taken = cli_chat_option("generate", argc, argv, &i, &chat_template, &thinking)) != 0) {
+      if (taken < 0) return 2;
+    }
     else if (!strcmp(a, "--print-ids")) print_ids = 1;
     else if (!strcmp(a, "--ignore-eos")) ignore_eos = 1;
     else if (!strcmp(a, "--max-new-tokens")) { if (!(v = cli_value(argc, argv, &i)) || !cli_int(a, v, 0, 1 << 24, &max_new)) return 2; }
@@ -73,15 +79,15 @@ int cmd_generate(int argc, char **argv) {
   int rc = 1;
   ds_target *m = NULL;
   ds_tokenizer *tok = NULL;
-  ds_chat_template *tmpl = NULL;
+  cli_chat cc = {NULL, thinking};
   ds_ids ids = {0};
   char *tok_path = ds_path_join(dir, "tokenizer.json");
   if (!tok_path) goto report;
   if (prompt || !print_ids) {
     if (ds_tokenizer_load(tok_path, &tok) != DS_OK) goto report;
   }
-  if (chat && tok && cli_load_chat_template(tok_path, &tmpl) != DS_OK) goto report;
-  if (cli_prompt_ids(tok, tmpl, prompt, given_ids, n_given, chat, &ids) != DS_OK) goto report;
+  if (chat && tok && cli_load_chat_template(tok_path, chat_template, &cc) != DS_OK) goto report;
+  if (cli_prompt_ids(tok, &cc, prompt, given_ids, n_given, chat, &ids) != DS_OK) goto report;
   if (ids.len == 0) { fprintf(stderr, "dspark generate: the prompt has no tokens\n"); rc = 2; goto done; }
 
   /* The position limit, before the weights are loaded. */
@@ -137,7 +143,7 @@ done:
   free(tok_path);
   ds_ids_free(&ids);
   ds_tokenizer_free(tok);
-  ds_chat_template_free(tmpl);
+  ds_chat_template_free(cc.tmpl);
   ds_target_free(m);
   return rc;
 }
