@@ -53,7 +53,9 @@ uint64_t ds_chat_template_hash(const ds_chat_template *t);
  * override_path when given (a Jinja file), else chat_template.jinja beside it, else the
  * chat_template of tokenizer_config.json beside it (a string, or a list of {name, template}
  * from which "default" is taken). The *_token entries of tokenizer_config.json (strings or
- * {"content": ...}) become template variables. *out is NULL when there is no template. */
+ * {"content": ...}) become template variables. *out is NULL when there is no template. A
+ * template that does not parse (an unsupported construct) still loads: its error is returned
+ * by the first render, so plain-text work with the model is not refused for it. */
 ds_status ds_chat_template_load(const char *tokenizer_path, const char *override_path, ds_chat_template **out);
 
 /* Renders msgs; *text (NUL-terminated) and *train (1 per trained byte, may be NULL) are

@@ -24,6 +24,8 @@ struct ds_chat_template {
   int has_generation;
   uint64_t text_xxh64;
   char *label;
+  ds_status deferred;   /* a template that did not parse, kept to fail when first rendered */
+  char *deferred_msg;
   const char *var_names[MAX_VARS], *var_values[MAX_VARS];
   size_t n_vars;
 };
@@ -53,6 +55,7 @@ void ds_chat_template_free(ds_chat_template *t) {
   if (!t) return;
   jarena_free(&t->arena);
   free(t->label);
+  free(t->deferred_msg);
   free(t);
 }
 
@@ -144,7 +147,21 @@ ds_status ds_chat_template_load(const char *tokenizer_path, const char *override
     if ((label = malloc(n))) snprintf(label, n, "%s:chat_template", cfg_path);
   }
   if (st == DS_OK && text && !label) st = DS_FAIL(DS_ERR_NOMEM, "chat template: out of memory");
-  if (st == DS_OK && text) st = ds_chat_template_parse(text, text_len, label, out);
+  if (st == DS_OK && text && (st = ds_chat_template_parse(text, text_len, label, out)) != DS_OK) {
+    /* A model's template this interpreter cannot run must not stop plain-text work with that
+     * model: the error is kept and given when a conversation is first rendered. */
+    ds_chat_template *broken = calloc(1, sizeof *broken);
+    if (broken && (broken->label = strdup(label)) && (broken->deferred_msg = strdup(ds_last_error()))) {
+      char *where = strrchr(broken->deferred_msg, '['); /* the recording's " [file.c:line]": re-added on failure */
+      if (where && where > broken->deferred_msg && where[-1] == ' ') where[-1] = 0;
+      broken->deferred = st;
+      broken->text_xxh64 = XXH64(text, text_len, 0);
+      *out = broken;
+      st = DS_OK;
+    } else {
+      ds_chat_template_free(broken);
+    }
+  }
   if (st == DS_OK && *out && cfg) {
     const cJSON *it;
     cJSON_ArrayForEach(it, cfg) {
@@ -278,6 +295,7 @@ static ds_status assistant_mask(const ds_chat_template *t, const ds_chat_message
 ds_status ds_chat_template_render(const ds_chat_template *t, const ds_chat_message *msgs, size_t n,
                                   const ds_chat_options *opt, char **text, size_t *len, uint8_t **train) {
   if (!t || !text || !len || (!msgs && n)) return DS_FAIL(DS_ERR_ARG, "ds_chat_template_render: NULL argument");
+  if (t->deferred) return DS_FAIL(t->deferred, "%s", t->deferred_msg);
   ds_chat_options def = {0, -1};
   if (!opt) opt = &def;
   jinja_output o = {0};

@@ -256,10 +256,82 @@ static void test_malformed(void) {
   free(base);
 }
 
+static void write_text(const char *dir, const char *name, const char *text) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    g_test_failures++;
+    return;
+  }
+  fputs(text, f);
+  fclose(f);
+}
+
+/* Where the template comes from: chat_template.jinja over tokenizer_config.json, the named
+ * "default" of a list, special tokens in both spellings, the override, and a template that
+ * does not parse failing at its first render only. */
+static void test_load(void) {
+  const char *tmp = getenv("DSPARK_TEST_TMP");
+  char dir[512];
+  snprintf(dir, sizeof dir, "%.400s/jinja_load", tmp && *tmp ? tmp : "/tmp");
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", dir, dir);
+  if (system(cmd) != 0) {
+    g_test_failures++;
+    return;
+  }
+  ds_chat_message m[] = {{.role = "user", .content = "u"}};
+  ds_chat_options opt = {0, -1};
+  char *text = NULL;
+  size_t len;
+  ds_chat_template *t = NULL;
+  char tok[1000];
+  snprintf(tok, sizeof tok, "%s/tokenizer.json", dir);
+  EXPECT_OK(ds_chat_template_load(tok, NULL, &t)); /* nothing there: ChatML */
+  EXPECT(t == NULL);
+  write_text(dir, "tokenizer_config.json",
+             "{\"bos_token\": {\"content\": \"<s>\"}, \"eos_token\": \"</s>\", \"add_bos_token\": true,"
+             " \"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"},"
+             " {\"name\": \"default\", \"template\": \"{{ bos_token }}{{ messages[0].content }}{{ eos_token }}\"}]}");
+  EXPECT_OK(ds_chat_template_load(tok, NULL, &t));
+  if (t) {
+    EXPECT_OK(ds_chat_template_render(t, m, 1, &opt, &text, &len, NULL));
+    EXPECT(text && !strcmp(text, "<s>u</s>"));
+    free(text);
+    ds_chat_template_free(t);
+  }
+  write_text(dir, "chat_template.jinja", "J{{ messages[0].content }}\n");
+  EXPECT_OK(ds_chat_template_load(dir, NULL, &t)); /* the directory itself works too */
+  if (t) {
+    EXPECT_OK(ds_chat_template_render(t, m, 1, &opt, &text, &len, NULL));
+    EXPECT(text && !strcmp(text, "Ju"));
+    free(text);
+    ds_chat_template_free(t);
+  }
+  write_text(dir, "override.jinja", "{{ eos_token }}{% include 'x' %}");
+  char over[1000];
+  snprintf(over, sizeof over, "%s/override.jinja", dir);
+  EXPECT_OK(ds_chat_template_load(tok, over, &t)); /* loads: plain-text work must not fail for it */
+  if (t) {
+    EXPECT(ds_chat_template_render(t, m, 1, &opt, &text, &len, NULL) == DS_ERR_UNSUPPORTED);
+    EXPECT(strstr(ds_last_error(), "override.jinja:1: unsupported construct '{% include %}'") != NULL);
+    ds_chat_template_free(t);
+  }
+  write_text(dir, "tokenizer_config.json", "{\"chat_template\": [{\"name\": \"rag\", \"template\": \"x\"}]}");
+  snprintf(cmd, sizeof cmd, "rm -f '%s/chat_template.jinja'", dir);
+  EXPECT(system(cmd) == 0);
+  EXPECT(ds_chat_template_load(tok, NULL, &t) == DS_ERR_NOT_FOUND && t == NULL);
+  EXPECT(strstr(ds_last_error(), "none is called \"default\"") != NULL);
+  write_text(dir, "tokenizer_config.json", "{\"chat_template\": 3}");
+  EXPECT(ds_chat_template_load(tok, NULL, &t) == DS_ERR_FORMAT && t == NULL);
+}
+
 int main(void) {
   TEST_RUN(test_against_jinja2);
   TEST_RUN(test_errors);
   TEST_RUN(test_masks);
   TEST_RUN(test_malformed);
+  TEST_RUN(test_load);
   return TEST_RESULT();
 }
