@@ -20,7 +20,7 @@ static const char k_usage[] =
     "usage: dspark tokenize TOKENIZER_JSON|MODEL_DIR [--text STR | --input FILE] [--add-special] [--ids-out FILE.bin]\n"
     "       dspark tokenize TOKENIZER_JSON --decode IDS.bin [--skip-special]\n"
     "       dspark tokenize TOKENIZER_JSON|MODEL_DIR --chat FILE.jsonl [--add-generation-prompt]\n"
-    "                [--enable-thinking on|off] [--chat-template FILE.jinja]\n"
+    "                [--enable-thinking on|off] [--chat-template FILE.jinja] [--show-text]\n"
     "       dspark tokenize TOKENIZER_JSON --bench FILE [--split-nul] [--add-special]\n";
 
 static void help(void) {
@@ -46,6 +46,7 @@ static void help(void) {
          "  --add-generation-prompt  with --chat: end with the template's assistant header\n"
          "  --enable-thinking on|off  with --chat: pass enable_thinking to the template (Qwen3)\n"
          "  --chat-template FILE  with --chat: this Jinja template instead of the model's\n"
+         "  --show-text       with --chat: also print the rendered conversation as \"text\"\n"
          "  --bench FILE      encode FILE three times; prints the best time and MB/s (1 MB = 1e6 bytes)\n"
          "  --split-nul       with --bench: FILE holds documents separated by NUL bytes, one encode\n"
          "                    call each\n"
@@ -107,8 +108,21 @@ static int do_decode(const ds_tokenizer *tok, const char *path, int skip_special
 }
 
 /* One conversation line -> its ids and loss mask on stdout. */
+/* s[0..n) as a JSON string on stdout (NULs and control bytes escaped, UTF-8 kept). */
+static void print_json_string(const char *s, size_t n) {
+  putchar('"');
+  for (size_t i = 0; i < n; i++) {
+    unsigned char ch = (unsigned char)s[i];
+    if (ch == '"' || ch == '\\') printf("\\%c", ch);
+    else if (ch == '\n') printf("\\n");
+    else if (ch < 0x20) printf("\\u%04x", ch);
+    else putchar(ch);
+  }
+  putchar('"');
+}
+
 static int chat_line(const ds_tokenizer *tok, const ds_chat_template *tmpl, const char *path, size_t lineno,
-                     const char *line, size_t len, const ds_chat_options *opt) {
+                     const char *line, size_t len, const ds_chat_options *opt, int show_text) {
   char label[512];
   snprintf(label, sizeof label, "%s:%zu", path, lineno);
   ds_status st;
@@ -125,6 +139,17 @@ static int chat_line(const ds_tokenizer *tok, const ds_chat_template *tmpl, cons
     print_ids("ids", ids.ids, ids.len, 1);
     printf(", ");
     print_ids("loss_mask", mask.ids, mask.len, 1);
+    char *text = NULL;
+    size_t text_len = 0;
+    if (show_text && tmpl && ds_chat_template_render(tmpl, m, n, opt, &text, &text_len, NULL) != DS_OK)
+      rc = cli_report_error("tokenize");
+    if (show_text && !tmpl && ds_tokenizer_decode(tok, ids.ids, ids.len, 0, &text, &text_len) != DS_OK)
+      rc = cli_report_error("tokenize");
+    if (show_text && !rc) {
+      printf(", \"text\": ");
+      print_json_string(text, text_len);
+    }
+    free(text);
     printf("}\n");
   }
   ds_ids_free(&ids);
@@ -135,7 +160,7 @@ static int chat_line(const ds_tokenizer *tok, const ds_chat_template *tmpl, cons
 }
 
 static int do_chat(const ds_tokenizer *tok, const char *tok_path, const char *template_path, const char *path,
-                   const ds_chat_options *opt) {
+                   const ds_chat_options *opt, int show_text) {
   ds_chat_template *tmpl = NULL;
   if (ds_chat_template_load(tok_path, template_path, &tmpl) != DS_OK) return cli_report_error("tokenize");
   if (!tmpl)
@@ -155,7 +180,7 @@ static int do_chat(const ds_tokenizer *tok, const char *tok_path, const char *te
     lineno++;
     size_t k = i;
     while (k < end && (data[k] == ' ' || data[k] == '\t' || data[k] == '\r')) k++;
-    if (k < end) rc = chat_line(tok, tmpl, path, lineno, data + i, end - i, opt);
+    if (k < end) rc = chat_line(tok, tmpl, path, lineno, data + i, end - i, opt, show_text);
     i = end + 1;
   }
   free(data);
@@ -218,7 +243,7 @@ static ds_status load_model_tokenizer(const char *dir, ds_tokenizer **tok) {
 int cmd_tokenize(int argc, char **argv) {
   const char *tok_path = NULL, *text = NULL, *input = NULL, *ids_out = NULL, *decode = NULL, *chat = NULL,
              *bench = NULL, *chat_template = NULL, *thinking = NULL;
-  int add_special = 0, skip_special = 0, gen_prompt = 0, split_nul = 0;
+  int add_special = 0, skip_special = 0, gen_prompt = 0, split_nul = 0, show_text = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char **dst = !strcmp(a, "--text") ? &text : !strcmp(a, "--input") ? &input
@@ -236,6 +261,8 @@ int cmd_tokenize(int argc, char **argv) {
       skip_special = 1;
     } else if (!strcmp(a, "--add-generation-prompt")) {
       gen_prompt = 1;
+    } else if (!strcmp(a, "--show-text")) {
+      show_text = 1;
     } else if (!strcmp(a, "--split-nul")) {
       split_nul = 1;
     } else if (a[0] == '-' || tok_path) {
@@ -254,6 +281,7 @@ int cmd_tokenize(int argc, char **argv) {
   const char *stray = ids_out && !(text || input) ? "--ids-out (only with --text / --input)"
                     : skip_special && !decode ? "--skip-special (only with --decode)"
                     : gen_prompt && !chat ? "--add-generation-prompt (only with --chat)"
+                    : show_text && !chat ? "--show-text (only with --chat)"
                     : chat_template && !chat ? "--chat-template (only with --chat)"
                     : thinking && !chat ? "--enable-thinking (only with --chat)"
                     : split_nul && !bench ? "--split-nul (only with --bench)"
@@ -282,7 +310,7 @@ int cmd_tokenize(int argc, char **argv) {
   if (decode) {
     rc = do_decode(tok, decode, skip_special);
   } else if (chat) {
-    rc = do_chat(tok, tok_path, chat_template, chat, &opt);
+    rc = do_chat(tok, tok_path, chat_template, chat, &opt, show_text);
   } else if (bench) {
     rc = do_bench(tok, bench, add_special, split_nul, load_s);
   } else {

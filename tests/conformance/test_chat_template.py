@@ -259,7 +259,7 @@ def main():
             extra = (["--add-generation-prompt"] if gen else []) + \
                     ([] if thinking is None else ["--enable-thinking", "on" if thinking else "off"])
             kw = {} if thinking is None else {"enable_thinking": thinking}
-            ours, err = dspark_chat(args, d, convs, os.path.join(args.tmp, f"{family}.jsonl"), extra)
+            ours, err = dspark_chat(args, d, convs, os.path.join(args.tmp, f"{family}.jsonl"), extra + ["--show-text"])
             ck.check(len(ours) == len(convs), f"{family} {label}: {len(ours)} lines for {len(convs)} conversations")
             for i, msgs in enumerate(convs):
                 hf = hf_tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=gen, **kw)
@@ -268,6 +268,9 @@ def main():
                         hf_tok)
                 if i < len(ours):
                     ck.check(len(ours[i]["loss_mask"]) == len(ours[i]["ids"]), f"{family} {label} {i}: mask length")
+                    rendered = hf_tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen, **kw)
+                    ck.check(ours[i].get("text") == rendered, f"{family} {label} {i}: --show-text differs from the "
+                             f"render\n  ours {ours[i].get('text')!r}\n  hf   {rendered!r}")
             # masks against transformers' {% generation %} masks of an annotated copy
             # With enable_thinking off, Qwen3's empty think block belongs to the prompt (the
             # generation prompt holds it), so the rule does not train it where the annotated
