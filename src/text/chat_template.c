@@ -234,16 +234,25 @@ static void output_free(jinja_output *o) {
   memset(o, 0, sizeof *o);
 }
 
-/* The generation prompt: what add_generation_prompt appends to this conversation ("" when
- * the two renders do not share the prefix). *g is malloc'd. */
+/* The generation prompt: what add_generation_prompt puts at the end of this conversation.
+ * The two renders agree up to some piece of output (a text or a {{ }}); what follows in the
+ * one with the prompt is the prompt. Pieces, not bytes: Phi-3 ends with "<|endoftext|>"
+ * without the prompt and "<|assistant|>\n" with it, which share "<|" but no piece. *g is
+ * malloc'd. */
 static ds_status generation_prompt(const ds_chat_template *t, const ds_chat_message *msgs, size_t n, int enable_thinking,
                                    char **g, size_t *glen) {
   jinja_output without = {0}, with = {0};
   ds_status st = render_once(t, msgs, n, 0, enable_thinking, &without);
   if (st == DS_OK) st = render_once(t, msgs, n, 1, enable_thinking, &with);
   *glen = 0;
-  if (st == DS_OK && with.len >= without.len && !memcmp(with.text, without.text, without.len))
-    *glen = with.len - without.len;
+  if (st == DS_OK) {
+    size_t p = 0;
+    while (p < with.len && p < without.len && with.text[p] == without.text[p]) p++;
+    while (p > 0 && !(p == without.len || ((without.generation[p] & JOUT_CHUNK_START) &&
+                                           (p == with.len || (with.generation[p] & JOUT_CHUNK_START)))))
+      p--;
+    *glen = with.len - p;
+  }
   if (st == DS_OK && !(*g = malloc(*glen + 1))) st = DS_FAIL(DS_ERR_NOMEM, "chat template: out of memory");
   if (st == DS_OK) memcpy(*g, with.text + with.len - *glen, *glen);
   output_free(&without);
@@ -303,7 +312,8 @@ ds_status ds_chat_template_render(const ds_chat_template *t, const ds_chat_messa
   uint8_t *mask = NULL;
   if (st == DS_OK && train && !(mask = calloc(o.len + 1, 1))) st = DS_FAIL(DS_ERR_NOMEM, "chat template: out of memory");
   if (st == DS_OK && mask) {
-    if (t->has_generation) memcpy(mask, o.generation, o.len);
+    if (t->has_generation)
+      for (size_t i = 0; i < o.len; i++) mask[i] = o.generation[i] & JOUT_GENERATION;
     else st = assistant_mask(t, msgs, n, opt, &o, mask);
   }
   if (st != DS_OK) {
@@ -337,6 +347,27 @@ static ds_status normalize_runs(const ds_tokenizer *tok, const char *text, size_
   return DS_OK;
 }
 
+/* Bytes of the Unicode White_Space character at s (what HF's lstrip / rstrip remove), else 0. */
+static size_t white_space_len(const char *s, size_t n) {
+  const unsigned char *p = (const unsigned char *)s;
+  if (p[0] == ' ' || (p[0] >= 9 && p[0] <= 13)) return 1;
+  if (n >= 2 && p[0] == 0xC2 && (p[1] == 0x85 || p[1] == 0xA0)) return 2;
+  if (n >= 3 && p[0] == 0xE1 && p[1] == 0x9A && p[2] == 0x80) return 3; /* U+1680 */
+  if (n >= 3 && p[0] == 0xE2 && p[1] == 0x80 && (p[2] <= 0x8A || p[2] == 0xA8 || p[2] == 0xA9 || p[2] == 0xAF))
+    return 3; /* U+2000..200A, 2028, 2029, 202F */
+  if (n >= 3 && p[0] == 0xE2 && p[1] == 0x81 && p[2] == 0x9F) return 3; /* U+205F */
+  if (n >= 3 && p[0] == 0xE3 && p[1] == 0x80 && p[2] == 0x80) return 3; /* U+3000 */
+  return 0;
+}
+
+/* Does added token id strip white space on its left (left = 1, lstrip) or right (rstrip)? Nothing else
+ * swallows text without decoding to it. */
+static int added_strips(const ds_tokenizer *tok, int32_t id, int left) {
+  for (size_t k = 0; k < tok->n_added; k++)
+    if (tok->added[k].id == id) return left ? tok->added[k].lstrip : tok->added[k].rstrip;
+  return 0;
+}
+
 ds_status ds_chat_encode(const ds_tokenizer *tok, const ds_chat_template *t, const ds_chat_message *msgs, size_t n,
                          const ds_chat_options *opt, ds_ids *ids, ds_ids *loss_mask) {
   if (!t) return ds_chat_encode_chatml(tok, msgs, n, opt ? opt->add_generation_prompt : 0, ids, loss_mask);
@@ -357,17 +388,37 @@ ds_status ds_chat_encode(const ds_tokenizer *tok, const ds_chat_template *t, con
   }
   size_t ids0 = ids->len, mask0 = loss_mask->len;
   if (st == DS_OK) st = ds_tokenizer_encode(tok, src ? src : "", len, 0, ids);
+  /* Each token's decoded bytes are found in the text in order. White space between them is
+   * what an added token with rstrip (after it) or lstrip (before it) consumed without decoding
+   * to it; it belongs to that token, as in HF's offsets. */
   size_t at = 0;
-  for (size_t i = ids0; i < ids->len && st == DS_OK; i++) {
-    size_t bl = tk_token_byte_len(tok, ids->ids[i]);
+  for (size_t i = ids0; i <= ids->len && st == DS_OK; i++) {
+    int32_t id = i < ids->len ? ids->ids[i] : -1;
+    const char *tb = id >= 0 ? (const char *)tok->decs.p + tok->dec_off[id] : "";
+    size_t bl = id >= 0 ? tk_token_byte_len(tok, id) : 0, from = at;
+    size_t ws;
+    while (at < len && (id < 0 || at + bl > len || memcmp(src + at, tb, bl)) && (ws = white_space_len(src + at, len - at)))
+      at += ws;
+    if (from < at && i > ids0 && added_strips(tok, ids->ids[i - 1], 0))
+      for (size_t k = from; k < at; k++) loss_mask->ids[loss_mask->len - 1] |= src_train[k];
+    else if (from < at && id >= 0)
+      bl += at - from, at = from; /* the skipped white space starts this token's span */
+    if (id < 0) {
+      if (at < len)
+        st = DS_FAIL(DS_ERR_INTERNAL, "%s: the tokens of the rendered conversation end at byte %zu of %zu",
+                     ds_chat_template_label(t), at, len);
+      break;
+    }
+    if (at + bl > len || memcmp(src + at + bl - tk_token_byte_len(tok, id), tb, tk_token_byte_len(tok, id))) {
+      st = DS_FAIL(DS_ERR_INTERNAL, "%s: token %zu (id %d) does not match the rendered text at byte %zu: the loss "
+                   "mask cannot be aligned", ds_chat_template_label(t), i - ids0, (int)id, at);
+      break;
+    }
     int trained = 0;
-    for (size_t k = at; k < at + bl && k < len; k++) trained |= src_train[k];
+    for (size_t k = at; k < at + bl; k++) trained |= src_train[k];
     at += bl;
     st = ds_ids_push(loss_mask, trained);
   }
-  if (st == DS_OK && at != len)
-    st = DS_FAIL(DS_ERR_UNSUPPORTED, "%s: the tokens of the rendered conversation cover %zu bytes, not its %zu: the loss "
-                 "mask cannot be aligned (an added token with lstrip/rstrip?)", ds_chat_template_label(t), at, len);
   if (st != DS_OK) {
     ids->len = ids0;
     loss_mask->len = mask0;

@@ -42,7 +42,7 @@ static ds_status emit(jctx *c, const jnode *at, const char *p, size_t n) {
   memcpy(o->text + o->len, p, n);
   for (size_t i = 0; i < n; i++) {
     o->owner[o->len + i] = c->owner;
-    o->generation[o->len + i] = (uint8_t)c->in_generation;
+    o->generation[o->len + i] = (uint8_t)((c->in_generation ? JOUT_GENERATION : 0) | (i == 0 ? JOUT_CHUNK_START : 0));
   }
   o->len += n;
   o->text[o->len] = 0;

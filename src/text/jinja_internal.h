@@ -132,8 +132,10 @@ typedef struct jctx jctx;
 typedef struct jinja_output jinja_output;
 
 /* A render's bytes (NUL-terminated, malloc'd) and, per byte, the index of the message whose
- * loop iteration emitted it (-1 outside such iterations) and whether it came from inside a
- * {% generation %} block. The caller frees the three arrays. */
+ * loop iteration emitted it (-1 outside such iterations) and flags: inside a {% generation %}
+ * block, first byte of one piece of output (a text or one {{ }}). The caller frees the three
+ * arrays. */
+enum { JOUT_GENERATION = 1, JOUT_CHUNK_START = 2 };
 struct jinja_output {
   char *text;
   int32_t *owner;

@@ -26,7 +26,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import Checker, parse_args, run  # noqa: E402
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers  # noqa: E402
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -103,6 +103,10 @@ def train_tokenizer(pattern, nfc, specials, added, texts):
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 LLAMA_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
                   "<|eom_id|>", "<|python_tag|>"]
+# Phi-3.5's role and end tokens strip the white space beside them (rstrip, and lstrip here too):
+# text the tokens do not decode to, which the loss mask must still align across.
+PHI_SPECIALS = ["<|endoftext|>"] + [AddedToken(t, rstrip=True, lstrip=t == "<|end|>", special=True, normalized=False)
+                                    for t in ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")]
 MISTRAL_SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
                     "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]"]
 
@@ -118,6 +122,8 @@ FAMILIES = {
                   "eos_token": "<|eot_id|>"}, "string"),
     "llama3.2": ("meta-llama-Llama-3.2-3B-Instruct.jinja", LLAMA3_PATTERN, False, LLAMA_SPECIALS, [],
                  {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}, "jinja"),
+    "phi3.5": ("microsoft-Phi-3.5-mini-instruct.jinja", LLAMA3_PATTERN, False, PHI_SPECIALS, [],
+               {"bos_token": None, "eos_token": "<|endoftext|>"}, "string"),
     "mistral": ("mistralai-Mistral-Nemo-Instruct-2407.jinja", LLAMA3_PATTERN, False, MISTRAL_SPECIALS, [],
                 {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, "list"),
 }
@@ -142,6 +148,8 @@ ANNOTATE = {
               ("{{- '<|im_start|>' + message.role + '\\n' + content }}",
                "{{- '<|im_start|>' + message.role + '\\n' }}{% generation %}{{- content }}{% endgeneration %}"),
               ("{{- '<|im_end|>\\n' }}", "{% generation %}{{- '<|im_end|>\\n' }}{% endgeneration %}")],
+    "phi3.5": [("{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}",
+                "{{'<|assistant|>\n'}}{% generation %}{{ message['content'] + '<|end|>\n' }}{% endgeneration %}")],
     "mistral": [('{{- message["content"] + eos_token}}',
                  '{% generation %}{{- message["content"] + eos_token}}{% endgeneration %}')],
 }
