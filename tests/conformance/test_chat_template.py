@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Conformance: `dspark tokenize --chat` against transformers' apply_chat_template.
 
-For each template family (Qwen2.5, Qwen3, Llama-3.1, Llama-3.2, Mistral-Nemo; the template
-texts are the models' own, in tests/conformance/chat_templates/), a byte-level BPE is trained
+For each template family (Qwen2.5, Qwen3, Llama-3.1, Llama-3.2, Phi-3.5, Mistral-Nemo; the
+template texts are the models' own, in tests/conformance/chat_templates/), a BPE is trained
 here with the family's special tokens and saved with a tokenizer_config.json (the template as
 a string, as a list of named templates, or as chat_template.jinja beside it, to exercise each
 source). Over many random conversations (system or not, multi-turn, empty and white-space
