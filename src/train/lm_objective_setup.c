@@ -132,6 +132,15 @@ static ds_status config_texts(lm_run *t, uint64_t student_hash, uint64_t teacher
     if (o->teacher_dir) cJSON_AddStringToObject(j, "teacher", o->teacher_dir);
     if (o->cache_dir) cJSON_AddStringToObject(j, "cache", o->cache_dir);
     if (o->data_path) cJSON_AddStringToObject(j, "data", o->data_path);
+    if (o->data_path) { /* what renders the data's conversations */
+      char desc[600];
+      if (t->chat)
+        snprintf(desc, sizeof desc, "%s (xxh64 %016llx)", ds_chat_template_label(t->chat),
+                 (unsigned long long)ds_chat_template_hash(t->chat));
+      else
+        snprintf(desc, sizeof desc, "ChatML");
+      cJSON_AddStringToObject(j, "chat_template", desc);
+    }
   }
   t->run_info = j ? cJSON_Print(j) : NULL;
   cJSON_Delete(j);
