@@ -154,7 +154,7 @@ static void text_mode(int mode, const char *text, size_t len) {
     first[k] = 0;
     memcpy(second, text + k, len - k);
     second[len - k] = 0;
-    ds_chat_message m[2] = {{"user", first}, {"assistant", second}};
+    ds_chat_message m[2] = {{.role = "user", .content = first}, {.role = "assistant", .content = second}};
     ds_ids cids = {0}, mask = {0};
     DS_CHECK(ds_chat_encode_chatml(tok, m, 2, 1, &cids, &mask) == DS_OK);
     DS_CHECK(cids.len == mask.len && cids.len >= 9);

@@ -32,6 +32,8 @@ typedef struct {
    * (counting from the first shard still to write), rank 0 writes everything else; the cache is
    * the same, file for file, as one process writes. The output directory must be shared. */
   ds_comm *comm;
+  const char *chat_template;     /* as ds_draft_train_options.chat_template */
+  int enable_thinking;           /* as ds_draft_train_options.enable_thinking */
 } ds_capture_options;
 
 void ds_capture_options_default(ds_capture_options *o);

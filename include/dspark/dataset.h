@@ -3,12 +3,15 @@
  *
  * Plain text (a .txt file, or {"text"} lines): documents are tokenized, joined with the EOS
  * token and cut into consecutive windows of seq_len tokens; every token is supervised.
- * Chat ({"messages"} lines): each conversation is rendered with the ChatML template and is
- * one sequence (truncated to seq_len), supervised on the assistant turns only. The format is
+ * Chat ({"messages"} lines): each conversation is rendered with the model's chat template
+ * (ds_dataset_load_chat; ChatML with ds_dataset_load) and is one sequence (truncated to
+ * seq_len), supervised on the assistant turns only (include/dspark/chat_template.h says
+ * which tokens). The format is
  * the file's suffix or content unless the caller names it (ds_data_format). */
 #ifndef DSPARK_DATASET_H
 #define DSPARK_DATASET_H
 
+#include "dspark/chat_template.h"
 #include "dspark/common.h"
 #include "dspark/sequences.h"
 #include "dspark/tokenizer.h"
@@ -35,6 +38,12 @@ const char *ds_data_format_name(ds_data_format f);
  * "\u0000" as a NUL character, as HF tokenizers sees it. */
 ds_status ds_dataset_load(const char *path, ds_data_format format, const ds_tokenizer *tok, int64_t seq_len,
                           int32_t eos_id, int64_t min_len, ds_dataset *out);
+/* The same with chat lines rendered by tmpl (NULL: ChatML, whose unknown roles are warned
+ * about) with enable_thinking as in ds_chat_options (-1: not passed); a template's error
+ * (raise_exception, an unsupported construct) names the line. */
+ds_status ds_dataset_load_chat(const char *path, ds_data_format format, const ds_tokenizer *tok,
+                               const ds_chat_template *tmpl, int enable_thinking, int64_t seq_len, int32_t eos_id,
+                               int64_t min_len, ds_dataset *out);
 
 #ifdef __cplusplus
 }

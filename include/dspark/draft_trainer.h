@@ -54,6 +54,9 @@ typedef struct {
   /* loss */
   ds_dspark_loss_config loss;
   int no_teacher;           /* CE only (DFlash-style objective) */
+  const char *chat_template; /* a Jinja file for chat data; NULL: the target's own (chat_template.jinja or
+                                tokenizer_config.json), ChatML when it has none */
+  int enable_thinking;      /* passed to the chat template: 0 not passed (its default), 1 true, -1 false */
 } ds_draft_train_options;
 
 void ds_draft_train_options_default(ds_draft_train_options *o);

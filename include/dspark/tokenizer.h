@@ -79,6 +79,8 @@ typedef struct {
   const char *role;    /* "system", "user", "assistant", ... */
   const char *content;
   size_t content_len;  /* bytes of content, which may hold NULs; 0: strlen(content) */
+  const char *reasoning; /* an assistant's reasoning_content (thinking); NULL when none */
+  size_t reasoning_len;  /* as content_len */
 } ds_chat_message;
 
 ds_status ds_chat_encode_chatml(const ds_tokenizer *tok, const ds_chat_message *msgs, size_t n,

@@ -108,8 +108,17 @@ static ds_status load_inputs(capture *c) {
 
   m->eos_token_id = tc->n_eos ? tc->eos_token_ids[0] : -1;
   m->min_length = 2;
-  DS_TRY(ds_dataset_load(o->data_path, o->data_format, c->tok, o->seq_len, (int32_t)m->eos_token_id, m->min_length,
-                         &c->data));
+  ds_chat_template *tmpl = NULL;
+  DS_TRY(ds_chat_template_load(o->target_dir, o->chat_template, &tmpl));
+  int thinking = o->enable_thinking ? o->enable_thinking > 0 : -1;
+  st = ds_dataset_load_chat(o->data_path, o->data_format, c->tok, tmpl, thinking, o->seq_len,
+                            (int32_t)m->eos_token_id, m->min_length, &c->data);
+  /* the manifest names the template the sequences were rendered with (and enable_thinking) */
+  snprintf(m->chat_template, sizeof m->chat_template, "%s",
+           !tmpl ? DS_CACHE_CHAT_TEMPLATE : thinking < 0 ? "jinja" : thinking ? "jinja thinking" : "jinja no-thinking");
+  m->chat_template_xxh64 = tmpl ? ds_chat_template_hash(tmpl) : ds_cache_hash_string(DS_CACHE_CHAT_TEMPLATE);
+  ds_chat_template_free(tmpl);
+  if (st != DS_OK) return st;
   m->dtype = o->dtype;
   m->seq_length = o->seq_len;
   m->num_samples = c->data.n_seqs;
@@ -118,8 +127,6 @@ static ds_status load_inputs(capture *c) {
   m->data_xxh64 = c->data.source_hash;
   m->target_config_xxh64 = XXH64(c->config_text, c->config_len, 0);
   m->tokenizer_xxh64 = XXH64(c->tok_text, c->tok_len, 0);
-  snprintf(m->chat_template, sizeof m->chat_template, "%s", DS_CACHE_CHAT_TEMPLATE);
-  m->chat_template_xxh64 = ds_cache_hash_string(DS_CACHE_CHAT_TEMPLATE);
   m->seed = o->seed;
   m->features = o->features;
   m->kd_topk = o->topk;

@@ -26,7 +26,8 @@ static void usage(FILE *f) {
           "held out of the fit and scored separately (with fewer than 4 requests, every 4th round).\n"
           "`dspark speculate --calibration FILE.json` applies the temperatures.\n"
           "  --max-new-tokens N (64)  --draft-len L (the block size)  --temperature T (0)  --top-p P  --seed S\n"
-          "  --chat  --ignore-eos  --threads N   as for `dspark speculate`\n",
+          "  --chat  --chat-template FILE  --enable-thinking on|off  --ignore-eos  --threads N   as for\n"
+          "                           `dspark speculate`\n",
           DS_STS_GRID);
 }
 
@@ -70,7 +71,8 @@ int cmd_calibrate(int argc, char **argv) {
   const char *target_dir = NULL, *draft_dir = NULL, *data = NULL, *out_path = NULL;
   ds_spec_options o;
   ds_spec_options_default(&o);
-  int chat = 0, R = 0;
+  int chat = 0, R = 0, thinking = -1, taken;
+  const char *chat_template = NULL;
   int64_t threads = 0, n = 0;
   double x = 0;
   for (int i = 1; i < argc; i++) {
@@ -81,6 +83,9 @@ int cmd_calibrate(int argc, char **argv) {
     else if (!strcmp(a, "--data")) { CLI_VALUE(); data = v; }
     else if (!strcmp(a, "--out")) { CLI_VALUE(); out_path = v; }
     else if (!strcmp(a, "--chat")) chat = 1;
+    else if ((taken = cli_chat_option("calibrate", argc, argv, &i, &chat_template, &thinking)) != 0) {
+      if (taken < 0) return 2;
+    }
     else if (!strcmp(a, "--ignore-eos")) o.ignore_eos = 1;
     else if (!strcmp(a, "--max-new-tokens")) CLI_INT(1, 1 << 24, o.max_new_tokens);
     else if (!strcmp(a, "--seed")) { CLI_INT(0, INT64_MAX, n); o.seed = (uint64_t)n; }
@@ -102,6 +107,7 @@ int cmd_calibrate(int argc, char **argv) {
   ds_target *t = NULL;
   ds_draft *d = NULL;
   ds_tokenizer *tok = NULL;
+  cli_chat cc = {NULL, thinking};
   cli_prompts batch = {0};
   cli_rounds rounds;
   cli_rounds_init(&rounds, 0);
@@ -112,7 +118,8 @@ int cmd_calibrate(int argc, char **argv) {
   double *T = NULL;
   char *tok_path = ds_path_join(target_dir, "tokenizer.json");
   if (!tok_path || ds_tokenizer_load(tok_path, &tok) != DS_OK) goto report;
-  if (cli_read_prompts(tok, data, chat, &batch) != DS_OK) goto report;
+  if (cli_load_chat_template(tok_path, chat_template, &cc) != DS_OK) goto report;
+  if (cli_read_prompts(tok, &cc, data, chat, &batch) != DS_OK) goto report;
   if (ds_target_load(target_dir, ds_backend_cpu(), &t) != DS_OK || ds_draft_open(draft_dir, ds_backend_cpu(), &d) != DS_OK)
     goto report;
   const ds_draft_config *dc = ds_draft_get_config(d);
@@ -199,6 +206,7 @@ done:
   cli_rounds_free(&rounds);
   cli_prompts_free(&batch);
   ds_tokenizer_free(tok);
+  ds_chat_template_free(cc.tmpl);
   ds_draft_free(d);
   ds_target_free(t);
   return rc;

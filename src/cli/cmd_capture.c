@@ -21,6 +21,8 @@ static void usage(FILE *f) {
     "every file and rewrites a missing or changed one. One capture per directory at a time: CACHE/.lock\n"
     "holds the writer's pid, and a second capture is refused naming it.\n"
     "  --data-format F          auto (default), text or jsonl: how --data is read, as `dspark train`\n"
+    "  --chat-template FILE     Jinja template for chat lines instead of the target's own, as `dspark train`\n"
+    "  --enable-thinking on|off pass enable_thinking to the chat template, as `dspark train`\n"
     "  --target-layers N        captured layers spread over [1, L-2] (5), as `dspark train`\n"
     "  --target-layer-ids L,..  explicit layer ids (strictly increasing, -1 = embeddings, at most L-2);\n"
     "                           give one of --target-layers and --target-layer-ids\n"
@@ -61,6 +63,15 @@ int cmd_capture(int argc, char **argv) {
     if (cli_is_help(a)) { usage(stdout); return 0; }
     else if (!strcmp(a, "--target")) { CLI_VALUE(); o.target_dir = v; }
     else if (!strcmp(a, "--data")) { CLI_VALUE(); o.data_path = v; }
+    else if (!strcmp(a, "--chat-template")) { CLI_VALUE(); o.chat_template = v; }
+    else if (!strcmp(a, "--enable-thinking")) {
+      CLI_VALUE();
+      if (strcmp(v, "on") && strcmp(v, "off")) {
+        fprintf(stderr, "dspark capture: --enable-thinking takes on or off, not '%s'\n", v);
+        return 2;
+      }
+      o.enable_thinking = !strcmp(v, "on") ? 1 : -1;
+    }
     else if (!strcmp(a, "--data-format")) {
       CLI_VALUE();
       if (!ds_data_format_parse(v, &o.data_format)) {

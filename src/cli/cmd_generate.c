@@ -18,7 +18,10 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: dspark generate MODEL_DIR (--prompt TEXT | --prompt-ids IDS | --data FILE) [options]\n"
           "  --prompt TEXT         prompt, tokenized with MODEL_DIR/tokenizer.json\n"
-          "  --chat                wrap the prompt as a ChatML user turn + assistant prompt\n"
+          "  --chat                wrap the prompt as a user turn + assistant prompt in the target's chat template\n"
+          "                        (chat_template.jinja / tokenizer_config.json; ChatML if none)\n"
+          "  --chat-template FILE  with --chat: this Jinja template instead of the target's\n"
+          "  --enable-thinking on|off  with --chat: pass enable_thinking to the template (Qwen3)\n"
           "  --prompt-ids IDS      prompt as comma-separated token ids (no tokenizer needed)\n"
           "  --data FILE           a batch: one prompt per line (or JSONL {\"prompt\"} / {\"messages\"}), decoded\n"
           "                        together (one forward per step over every request); one output line per\n"
@@ -79,7 +82,8 @@ int cmd_generate(int argc, char **argv) {
   const char *dir = NULL, *prompt = NULL, *prompt_ids = NULL, *data = NULL;
   int64_t max_new = 64, seed = 0, threads = 0;
   double temperature = 0.0, top_p = 1.0;
-  int chat = 0, print_ids = 0, ignore_eos = 0;
+  int chat = 0, print_ids = 0, ignore_eos = 0, thinking = -1, taken;
+  const char *chat_template = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v;
     if (cli_is_help(a)) { usage(stdout); return 0; }
@@ -87,6 +91,9 @@ int cmd_generate(int argc, char **argv) {
     else if (!strcmp(a, "--prompt-ids")) { if (!(prompt_ids = cli_value(argc, argv, &i))) return 2; }
     else if (!strcmp(a, "--data")) { if (!(data = cli_value(argc, argv, &i))) return 2; }
     else if (!strcmp(a, "--chat")) chat = 1;
+    else if ((taken = cli_chat_option("generate", argc, argv, &i, &chat_template, &thinking)) != 0) {
+      if (taken < 0) return 2;
+    }
     else if (!strcmp(a, "--print-ids")) print_ids = 1;
     else if (!strcmp(a, "--ignore-eos")) ignore_eos = 1;
     else if (!strcmp(a, "--max-new-tokens")) { if (!(v = cli_value(argc, argv, &i)) || !cli_int(a, v, 0, 1 << 24, &max_new)) return 2; }
@@ -115,6 +122,7 @@ int cmd_generate(int argc, char **argv) {
   int rc = 1;
   ds_target *m = NULL;
   ds_tokenizer *tok = NULL;
+  cli_chat cc = {NULL, thinking};
   ds_ids ids = {0};
   cli_prompts batch = {0};
   char *tok_path = ds_path_join(dir, "tokenizer.json");
@@ -122,13 +130,14 @@ int cmd_generate(int argc, char **argv) {
   if (prompt || data || !print_ids) {
     if (ds_tokenizer_load(tok_path, &tok) != DS_OK) goto report;
   }
+  if ((chat || data) && tok && cli_load_chat_template(tok_path, chat_template, &cc) != DS_OK) goto report;
   if (data) {
-    if (cli_read_prompts(tok, data, chat, &batch) != DS_OK) goto report;
+    if (cli_read_prompts(tok, &cc, data, chat, &batch) != DS_OK) goto report;
     if (batch.n == 0) { fprintf(stderr, "dspark generate: %s holds no prompt\n", data); rc = 2; goto done; }
     for (int i = 0; i < batch.n; i++)
       if (batch.v[i].len > ids.len) ids.len = batch.v[i].len; /* the longest, for the position check */
   } else {
-    if (cli_prompt_ids(tok, prompt, given_ids, n_given, chat, &ids) != DS_OK) goto report;
+    if (cli_prompt_ids(tok, &cc, prompt, given_ids, n_given, chat, &ids) != DS_OK) goto report;
   }
   if (ids.len == 0) { fprintf(stderr, "dspark generate: the prompt has no tokens\n"); rc = 2; goto done; }
 
@@ -191,6 +200,7 @@ done:
   if (!data) ds_ids_free(&ids);
   cli_prompts_free(&batch);
   ds_tokenizer_free(tok);
+  ds_chat_template_free(cc.tmpl);
   ds_target_free(m);
   return rc;
 }

@@ -26,10 +26,12 @@ static void usage(FILE *f) {
           "  --data FILE           a batch of requests (one plain-text prompt per line, or JSONL with\n"
           "                        {\"messages\": [...]} / {\"prompt\": TEXT}): one target pass per round verifies\n"
           "                        every request's candidates; one output line per request (ids, or the text as\n"
-          "                        a JSON string); request i samples with seed S + i\n"
+          "                        a JSON string); request i samples with seed S + i. Chat prompts (--chat,\n"
+          "                        {\"messages\"}) use the target's chat template, as `dspark generate --chat`\n"
           "  --one-at-a-time       with --data: decode the requests one after another, each alone (the\n"
           "                        single-request serving case; --baseline likewise), into one report\n"
-          "  --top-p P  --seed S  --ignore-eos  --print-ids   as for `dspark generate`\n"
+          "  --top-p P  --seed S  --ignore-eos  --print-ids  --chat-template FILE  --enable-thinking on|off\n"
+          "                        as for `dspark generate`\n"
           "  --policy fixed|threshold|scheduler  fixed: propose --draft-len tokens every round; threshold:\n"
           "                        propose while the product of the confidence head's probabilities stays >=\n"
           "                        --threshold; scheduler: the prefix scheduler picks each request's length to\n"
@@ -176,7 +178,8 @@ int cmd_speculate(int argc, char **argv) {
   const char *calibration = NULL, *profile = NULL;
   ds_spec_options o;
   ds_spec_options_default(&o);
-  int chat = 0, print_ids = 0, baseline = 0, one_at_a_time = 0;
+  int chat = 0, print_ids = 0, baseline = 0, one_at_a_time = 0, thinking = -1, taken;
+  const char *chat_template = NULL;
   int64_t repeat = 1, threads = 0, n = 0;
   double x = 0;
   for (int i = 1; i < argc; i++) {
@@ -188,6 +191,9 @@ int cmd_speculate(int argc, char **argv) {
     else if (!strcmp(a, "--prompt-ids")) { CLI_VALUE(); prompt_ids = v; }
     else if (!strcmp(a, "--data")) { CLI_VALUE(); data = v; }
     else if (!strcmp(a, "--chat")) chat = 1;
+    else if ((taken = cli_chat_option("speculate", argc, argv, &i, &chat_template, &thinking)) != 0) {
+      if (taken < 0) return 2;
+    }
     else if (!strcmp(a, "--print-ids")) print_ids = 1;
     else if (!strcmp(a, "--ignore-eos")) o.ignore_eos = 1;
     else if (!strcmp(a, "--baseline")) baseline = 1;
@@ -238,6 +244,7 @@ int cmd_speculate(int argc, char **argv) {
   ds_target *t = NULL;
   ds_draft *d = NULL;
   ds_tokenizer *tok = NULL;
+  cli_chat cc = {NULL, thinking};
   ds_ids ids = {0};
   cli_prompts batch = {0};
   ds_spec_result sum, plain_sum, *res = NULL;
@@ -251,10 +258,11 @@ int cmd_speculate(int argc, char **argv) {
   char *tok_path = ds_path_join(target_dir, "tokenizer.json");
   if (!tok_path) goto report;
   if ((prompt || data || !print_ids) && ds_tokenizer_load(tok_path, &tok) != DS_OK) goto report;
+  if ((chat || data) && tok && cli_load_chat_template(tok_path, chat_template, &cc) != DS_OK) goto report;
   if (data) {
-    if (cli_read_prompts(tok, data, chat, &batch) != DS_OK) goto report;
+    if (cli_read_prompts(tok, &cc, data, chat, &batch) != DS_OK) goto report;
   } else {
-    if (cli_prompt_ids(tok, prompt, given, n_given, chat, &ids) != DS_OK) goto report;
+    if (cli_prompt_ids(tok, &cc, prompt, given, n_given, chat, &ids) != DS_OK) goto report;
     if (ids.len == 0) { fprintf(stderr, "dspark speculate: the prompt has no tokens\n"); rc = 2; goto done; }
   }
   int R = data ? batch.n : 1;
@@ -403,6 +411,7 @@ done:
   cli_prompts_free(&batch);
   free(res);
   ds_tokenizer_free(tok);
+  ds_chat_template_free(cc.tmpl);
   ds_draft_free(d);
   ds_target_free(t);
   return rc;

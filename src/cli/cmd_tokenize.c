@@ -8,16 +8,19 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "dspark/chat_template.h"
 #include "dspark/fileio.h"
 #include "dspark/hfconfig.h"
 #include "dspark/target.h"
 #include "dspark/tokenizer.h"
+#include "text/chat_json.h"
 #include "text/json_text.h"
 
 static const char k_usage[] =
     "usage: dspark tokenize TOKENIZER_JSON|MODEL_DIR [--text STR | --input FILE] [--add-special] [--ids-out FILE.bin]\n"
     "       dspark tokenize TOKENIZER_JSON --decode IDS.bin [--skip-special]\n"
-    "       dspark tokenize TOKENIZER_JSON --chat FILE.jsonl [--add-generation-prompt]\n"
+    "       dspark tokenize TOKENIZER_JSON|MODEL_DIR --chat FILE.jsonl [--add-generation-prompt]\n"
+    "                [--enable-thinking on|off] [--chat-template FILE.jinja] [--show-text]\n"
     "       dspark tokenize TOKENIZER_JSON --bench FILE [--split-nul] [--add-special]\n";
 
 static void help(void) {
@@ -33,8 +36,17 @@ static void help(void) {
          "  --decode FILE     decode raw int32 little-endian ids; the text goes to stdout\n"
          "  --skip-special    with --decode: drop special tokens\n"
          "  --chat FILE       each line {\"messages\": [{\"role\": ..., \"content\": ...}, ...]} is\n"
-         "                    rendered with ChatML; prints {\"ids\": [...], \"loss_mask\": [...]} per line\n"
-         "  --add-generation-prompt  with --chat: end with \"<|im_start|>assistant\\n\"\n"
+         "                    rendered with the model's chat template (chat_template.jinja, else the\n"
+         "                    chat_template of tokenizer_config.json, beside the tokenizer; ChatML when\n"
+         "                    there is none, said on stderr) as transformers' apply_chat_template;\n"
+         "                    an assistant message may carry reasoning_content (or thinking / reasoning).\n"
+         "                    Prints {\"ids\": [...], \"loss_mask\": [...]} per line: ids as\n"
+         "                    apply_chat_template(tokenize=True), loss_mask 1 on the assistant turns'\n"
+         "                    generated tokens (content, thinking block, end-of-turn token)\n"
+         "  --add-generation-prompt  with --chat: end with the template's assistant header\n"
+         "  --enable-thinking on|off  with --chat: pass enable_thinking to the template (Qwen3)\n"
+         "  --chat-template FILE  with --chat: this Jinja template instead of the model's\n"
+         "  --show-text       with --chat: also print the rendered conversation as \"text\"\n"
          "  --bench FILE      encode FILE three times; prints the best time and MB/s (1 MB = 1e6 bytes)\n"
          "  --split-nul       with --bench: FILE holds documents separated by NUL bytes, one encode\n"
          "                    call each\n"
@@ -95,50 +107,49 @@ static int do_decode(const ds_tokenizer *tok, const char *path, int skip_special
   return 0;
 }
 
-/* One conversation line -> messages (pointing into the cJSON tree). */
-static int chat_line(const ds_tokenizer *tok, const char *path, size_t lineno, const char *line, size_t len,
-                     int gen_prompt) {
+/* One conversation line -> its ids and loss mask on stdout. */
+/* s[0..n) as a JSON string on stdout (NULs and control bytes escaped, UTF-8 kept). */
+static void print_json_string(const char *s, size_t n) {
+  putchar('"');
+  for (size_t i = 0; i < n; i++) {
+    unsigned char ch = (unsigned char)s[i];
+    if (ch == '"' || ch == '\\') printf("\\%c", ch);
+    else if (ch == '\n') printf("\\n");
+    else if (ch < 0x20) printf("\\u%04x", ch);
+    else putchar(ch);
+  }
+  putchar('"');
+}
+
+static int chat_line(const ds_tokenizer *tok, const ds_chat_template *tmpl, const char *path, size_t lineno,
+                     const char *line, size_t len, const ds_chat_options *opt, int show_text) {
   char label[512];
   snprintf(label, sizeof label, "%s:%zu", path, lineno);
   ds_status st;
   cJSON *root = tk_json_parse_text(line, len, label, &st);
   if (!root) return cli_report_error("tokenize");
-  const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages"), *it;
-  int rc = 0;
   ds_chat_message *m = NULL;
   size_t n = 0;
-  if (!cJSON_IsArray(msgs)) {
-    fprintf(stderr, "dspark tokenize: %s: 'messages' must be an array\n", label);
-    rc = 1;
-  } else if (!(m = calloc((size_t)cJSON_GetArraySize(msgs) + 1, sizeof *m))) {
-    fprintf(stderr, "dspark tokenize: out of memory\n");
-    rc = 1;
-  }
-  if (!rc) cJSON_ArrayForEach(it, msgs) {
-      const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
-      const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
-      if (!cJSON_IsString(role) || !cJSON_IsString(content)) {
-        fprintf(stderr, "dspark tokenize: %s: messages[%zu] needs string 'role' and 'content'\n", label, n);
-        rc = 1;
-        break;
-      }
-      size_t role_len;
-      m[n].role = tk_json_str(role, &role_len);
-      if (role_len != strlen(m[n].role)) {
-        fprintf(stderr, "dspark tokenize: %s: messages[%zu].role holds a NUL character (\\u0000)\n", label, n);
-        rc = 1;
-        break;
-      }
-      m[n].content = tk_json_str(content, &m[n].content_len);
-      n++;
-    }
+  int rc = tk_chat_messages(cJSON_GetObjectItemCaseSensitive(root, "messages"), label, &m, &n) != DS_OK
+               ? cli_report_error("tokenize") : 0;
   ds_ids ids = {0}, mask = {0};
-  if (!rc && ds_chat_encode_chatml(tok, m, n, gen_prompt, &ids, &mask) != DS_OK) rc = cli_report_error("tokenize");
+  if (!rc && ds_chat_encode(tok, tmpl, m, n, opt, &ids, &mask) != DS_OK) rc = cli_report_error("tokenize");
   if (!rc) {
     printf("{");
     print_ids("ids", ids.ids, ids.len, 1);
     printf(", ");
     print_ids("loss_mask", mask.ids, mask.len, 1);
+    char *text = NULL;
+    size_t text_len = 0;
+    if (show_text && tmpl && ds_chat_template_render(tmpl, m, n, opt, &text, &text_len, NULL) != DS_OK)
+      rc = cli_report_error("tokenize");
+    if (show_text && !tmpl && ds_tokenizer_decode(tok, ids.ids, ids.len, 0, &text, &text_len) != DS_OK)
+      rc = cli_report_error("tokenize");
+    if (show_text && !rc) {
+      printf(", \"text\": ");
+      print_json_string(text, text_len);
+    }
+    free(text);
     printf("}\n");
   }
   ds_ids_free(&ids);
@@ -148,10 +159,19 @@ static int chat_line(const ds_tokenizer *tok, const char *path, size_t lineno, c
   return rc;
 }
 
-static int do_chat(const ds_tokenizer *tok, const char *path, int gen_prompt) {
+static int do_chat(const ds_tokenizer *tok, const char *tok_path, const char *template_path, const char *path,
+                   const ds_chat_options *opt, int show_text) {
+  ds_chat_template *tmpl = NULL;
+  if (ds_chat_template_load(tok_path, template_path, &tmpl) != DS_OK) return cli_report_error("tokenize");
+  if (!tmpl)
+    fprintf(stderr, "dspark tokenize: no chat template beside %s (chat_template.jinja or tokenizer_config.json's "
+            "chat_template): rendering ChatML\n", tok_path);
   char *data;
   size_t len;
-  if (ds_read_file(path, &data, &len) != DS_OK) return cli_report_error("tokenize");
+  if (ds_read_file(path, &data, &len) != DS_OK) {
+    ds_chat_template_free(tmpl);
+    return cli_report_error("tokenize");
+  }
   int rc = 0;
   size_t lineno = 0;
   for (size_t i = 0; i < len && !rc;) {
@@ -160,10 +180,11 @@ static int do_chat(const ds_tokenizer *tok, const char *path, int gen_prompt) {
     lineno++;
     size_t k = i;
     while (k < end && (data[k] == ' ' || data[k] == '\t' || data[k] == '\r')) k++;
-    if (k < end) rc = chat_line(tok, path, lineno, data + i, end - i, gen_prompt);
+    if (k < end) rc = chat_line(tok, tmpl, path, lineno, data + i, end - i, opt, show_text);
     i = end + 1;
   }
   free(data);
+  ds_chat_template_free(tmpl);
   return rc;
 }
 
@@ -221,13 +242,14 @@ static ds_status load_model_tokenizer(const char *dir, ds_tokenizer **tok) {
 
 int cmd_tokenize(int argc, char **argv) {
   const char *tok_path = NULL, *text = NULL, *input = NULL, *ids_out = NULL, *decode = NULL, *chat = NULL,
-             *bench = NULL;
-  int add_special = 0, skip_special = 0, gen_prompt = 0, split_nul = 0;
+             *bench = NULL, *chat_template = NULL, *thinking = NULL;
+  int add_special = 0, skip_special = 0, gen_prompt = 0, split_nul = 0, show_text = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char **dst = !strcmp(a, "--text") ? &text : !strcmp(a, "--input") ? &input
                      : !strcmp(a, "--ids-out") ? &ids_out : !strcmp(a, "--decode") ? &decode
-                     : !strcmp(a, "--chat") ? &chat : !strcmp(a, "--bench") ? &bench : NULL;
+                     : !strcmp(a, "--chat") ? &chat : !strcmp(a, "--bench") ? &bench
+                     : !strcmp(a, "--chat-template") ? &chat_template : !strcmp(a, "--enable-thinking") ? &thinking : NULL;
     if (cli_is_help(a)) {
       help();
       return 0;
@@ -239,6 +261,8 @@ int cmd_tokenize(int argc, char **argv) {
       skip_special = 1;
     } else if (!strcmp(a, "--add-generation-prompt")) {
       gen_prompt = 1;
+    } else if (!strcmp(a, "--show-text")) {
+      show_text = 1;
     } else if (!strcmp(a, "--split-nul")) {
       split_nul = 1;
     } else if (a[0] == '-' || tok_path) {
@@ -257,6 +281,9 @@ int cmd_tokenize(int argc, char **argv) {
   const char *stray = ids_out && !(text || input) ? "--ids-out (only with --text / --input)"
                     : skip_special && !decode ? "--skip-special (only with --decode)"
                     : gen_prompt && !chat ? "--add-generation-prompt (only with --chat)"
+                    : show_text && !chat ? "--show-text (only with --chat)"
+                    : chat_template && !chat ? "--chat-template (only with --chat)"
+                    : thinking && !chat ? "--enable-thinking (only with --chat)"
                     : split_nul && !bench ? "--split-nul (only with --bench)"
                     : add_special && (decode || chat) ? "--add-special (only with --text / --input / --bench)"
                     : NULL;
@@ -264,6 +291,12 @@ int cmd_tokenize(int argc, char **argv) {
     fprintf(stderr, "dspark tokenize: %s does not apply here (see --help)\n", stray);
     return 2;
   }
+  ds_chat_options opt = {gen_prompt, -1};
+  if (thinking && strcmp(thinking, "on") && strcmp(thinking, "off")) {
+    fprintf(stderr, "dspark tokenize: --enable-thinking takes on or off, not '%s'\n", thinking);
+    return 2;
+  }
+  if (thinking) opt.enable_thinking = !strcmp(thinking, "on");
   double t0 = ds_time_sec();
   ds_tokenizer *tok;
   struct stat sb;
@@ -277,7 +310,7 @@ int cmd_tokenize(int argc, char **argv) {
   if (decode) {
     rc = do_decode(tok, decode, skip_special);
   } else if (chat) {
-    rc = do_chat(tok, chat, gen_prompt);
+    rc = do_chat(tok, tok_path, chat_template, chat, &opt, show_text);
   } else if (bench) {
     rc = do_bench(tok, bench, add_special, split_nul, load_s);
   } else {

@@ -28,6 +28,9 @@ static void usage(FILE *f) {
     "  --data-format F         auto (default: .jsonl/.ndjson/.json are JSONL and .txt is text, any case;\n"
     "                          other names by content: a first line that is a JSON object means JSONL),\n"
     "                          text or jsonl\n"
+    "  --chat-template FILE    Jinja template for {\"messages\"} lines (default: the target's\n"
+    "                          chat_template.jinja or tokenizer_config.json chat_template, ChatML if none)\n"
+    "  --enable-thinking on|off  pass enable_thinking to the chat template (Qwen3; default: not passed)\n"
     "  --seq-len N             tokens per training sequence (512)\n"
     "  --eval-seqs N           sequences held out from the end of the data for evaluation (8)\n"
     "draft:\n"
@@ -65,6 +68,15 @@ int cmd_train(int argc, char **argv) {
     if (loop) continue;
     else if (!strcmp(a, "--target")) { CLI_VALUE(); o.target_dir = v; }
     else if (!strcmp(a, "--data")) { CLI_VALUE(); o.data_path = v; }
+    else if (!strcmp(a, "--chat-template")) { CLI_VALUE(); o.chat_template = v; }
+    else if (!strcmp(a, "--enable-thinking")) {
+      CLI_VALUE();
+      if (strcmp(v, "on") && strcmp(v, "off")) {
+        fprintf(stderr, "dspark train: --enable-thinking takes on or off, not '%s'\n", v);
+        return 2;
+      }
+      o.enable_thinking = !strcmp(v, "on") ? 1 : -1;
+    }
     else if (!strcmp(a, "--data-format")) {
       CLI_VALUE();
       if (!ds_data_format_parse(v, &o.data_format)) {

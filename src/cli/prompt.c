@@ -8,17 +8,20 @@
 #include <cjson/cJSON.h>
 
 #include "dspark/fileio.h"
+#include "text/chat_json.h"
+#include "text/json_text.h"
 
-ds_status cli_prompt_ids(const ds_tokenizer *tok, const char *prompt, const int32_t *given, int64_t n_given, int chat,
-                         ds_ids *ids) {
+ds_status cli_prompt_ids(const ds_tokenizer *tok, const cli_chat *cc, const char *prompt, const int32_t *given,
+                         int64_t n_given, int chat, ds_ids *ids) {
   if (given) {
     for (int64_t i = 0; i < n_given; i++) DS_TRY(ds_ids_push(ids, given[i]));
     return DS_OK;
   }
   if (chat) {
     ds_ids mask = {0};
-    ds_chat_message msg = {"user", prompt, 0};
-    ds_status st = ds_chat_encode_chatml(tok, &msg, 1, 1, ids, &mask);
+    ds_chat_message msg = {.role = "user", .content = prompt};
+    ds_chat_options opt = {1, cc ? cc->enable_thinking : -1};
+    ds_status st = ds_chat_encode(tok, cc ? cc->tmpl : NULL, &msg, 1, &opt, ids, &mask);
     ds_ids_free(&mask);
     return st;
   }
@@ -59,33 +62,27 @@ static int has_suffix_ci(const char *s, const char *suffix) {
 }
 
 /* One JSONL line: messages (the assistant prompt appended) or a prompt text. */
-static ds_status json_prompt(const ds_tokenizer *tok, const char *line, size_t len, const char *path, int lineno,
-                             int chat, ds_ids *ids) {
-  cJSON *j = cJSON_ParseWithLength(line, len);
-  if (!j) return DS_FAIL(DS_ERR_FORMAT, "%s:%d: not a JSON object", path, lineno);
+static ds_status json_prompt(const ds_tokenizer *tok, const cli_chat *cc, const char *line, size_t len,
+                             const char *path, int lineno, int chat, ds_ids *ids) {
+  char label[600];
+  snprintf(label, sizeof label, "%s:%d", path, lineno);
   ds_status st = DS_OK;
+  cJSON *j = tk_json_parse_text(line, len, label, &st);
+  if (!j) return st;
   const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
   const cJSON *text = cJSON_GetObjectItemCaseSensitive(j, "prompt");
   if (cJSON_IsArray(msgs)) {
-    int n = cJSON_GetArraySize(msgs);
-    ds_chat_message *m = ds_calloc((size_t)(n ? n : 1), sizeof *m, "messages");
-    int k = 0;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, msgs) {
-      const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role"), *content = cJSON_GetObjectItemCaseSensitive(it, "content");
-      if (!cJSON_IsString(role) || !cJSON_IsString(content)) {
-        st = DS_FAIL(DS_ERR_FORMAT, "%s:%d: a message needs string \"role\" and \"content\"", path, lineno);
-        break;
-      }
-      if (m) m[k++] = (ds_chat_message){role->valuestring, content->valuestring, 0};
-    }
+    ds_chat_message *m = NULL;
+    size_t k = 0;
+    st = tk_chat_messages(msgs, label, &m, &k);
     if (st == DS_OK && k > 0 && !strcmp(m[k - 1].role, "assistant")) k--; /* the answer is what gets generated */
     ds_ids mask = {0};
-    if (st == DS_OK) st = m ? ds_chat_encode_chatml(tok, m, (size_t)k, 1, ids, &mask) : DS_ERR_NOMEM;
+    ds_chat_options opt = {1, cc ? cc->enable_thinking : -1};
+    if (st == DS_OK) st = ds_chat_encode(tok, cc ? cc->tmpl : NULL, m, k, &opt, ids, &mask);
     ds_ids_free(&mask);
     free(m);
   } else if (cJSON_IsString(text)) {
-    st = cli_prompt_ids(tok, text->valuestring, NULL, 0, chat, ids);
+    st = cli_prompt_ids(tok, cc, text->valuestring, NULL, 0, chat, ids);
   } else {
     st = DS_FAIL(DS_ERR_FORMAT, "%s:%d: expected {\"messages\": [...]} or {\"prompt\": TEXT}", path, lineno);
   }
@@ -93,7 +90,7 @@ static ds_status json_prompt(const ds_tokenizer *tok, const char *line, size_t l
   return st;
 }
 
-ds_status cli_read_prompts(const ds_tokenizer *tok, const char *path, int chat, cli_prompts *out) {
+ds_status cli_read_prompts(const ds_tokenizer *tok, const cli_chat *cc, const char *path, int chat, cli_prompts *out) {
   memset(out, 0, sizeof *out);
   char *text;
   size_t len;
@@ -113,7 +110,8 @@ ds_status cli_read_prompts(const ds_tokenizer *tok, const char *path, int chat, 
       memset(&out->v[out->n], 0, sizeof *out->v);
       char save = line[l];
       line[l] = 0;
-      st = jsonl ? json_prompt(tok, line, l, path, lineno, chat, &out->v[out->n]) : cli_prompt_ids(tok, line, NULL, 0, chat, &out->v[out->n]);
+      st = jsonl ? json_prompt(tok, cc, line, l, path, lineno, chat, &out->v[out->n])
+                 : cli_prompt_ids(tok, cc, line, NULL, 0, chat, &out->v[out->n]);
       line[l] = save;
       if (st == DS_OK && out->v[out->n].len == 0) st = DS_FAIL(DS_ERR_FORMAT, "%s:%d: the prompt has no tokens", path, lineno);
       out->n++;
@@ -146,4 +144,32 @@ void cli_print_result(const ds_tokenizer *tok, int print_ids, const int32_t *ids
   free(out);
   cJSON_Delete(s);
   free(text);
+}
+
+ds_status cli_load_chat_template(const char *tok_path, const char *override_path, cli_chat *cc) {
+  DS_TRY(ds_chat_template_load(tok_path, override_path, &cc->tmpl));
+  if (!cc->tmpl)
+    fprintf(stderr, "dspark: note: no chat template beside %s (chat_template.jinja or tokenizer_config.json's "
+                    "chat_template): chat prompts are rendered with ChatML\n", tok_path);
+  return DS_OK;
+}
+
+int cli_chat_option(const char *cmd, int argc, char **argv, int *i, const char **template_path, int *enable_thinking) {
+  const char *a = argv[*i];
+  int is_template = !strcmp(a, "--chat-template");
+  if (!is_template && strcmp(a, "--enable-thinking")) return 0;
+  if (*i + 1 >= argc) {
+    fprintf(stderr, "dspark %s: %s needs a value\n", cmd, a);
+    return -1;
+  }
+  const char *v = argv[++*i];
+  if (is_template) {
+    *template_path = v;
+  } else if (!strcmp(v, "on") || !strcmp(v, "off")) {
+    *enable_thinking = !strcmp(v, "on");
+  } else {
+    fprintf(stderr, "dspark %s: --enable-thinking takes on or off, not '%s'\n", cmd, v);
+    return -1;
+  }
+  return 1;
 }

@@ -1,26 +1,41 @@
 /* The prompt of `generate` and `speculate`, built one way for both so their outputs compare
  * token for token: --prompt-ids as given, --prompt tokenized with special tokens (the
- * tokenizer's template), or with --chat as a ChatML user turn followed by the assistant
- * prompt. */
+ * tokenizer's template), or with --chat as a user turn followed by the assistant prompt,
+ * rendered by the target's chat template (cli_chat; ChatML when it has none). */
 #ifndef DSPARK_CLI_PROMPT_H
 #define DSPARK_CLI_PROMPT_H
 
+#include "dspark/chat_template.h"
 #include "dspark/tokenizer.h"
 
 /* ids receives the prompt; tok may be NULL when given is used. */
-ds_status cli_prompt_ids(const ds_tokenizer *tok, const char *prompt, const int32_t *given, int64_t n_given, int chat,
-                         ds_ids *ids);
+/* How chat prompts are rendered: the template (NULL: ChatML) and enable_thinking as in
+ * ds_chat_options (-1: not passed). */
+typedef struct {
+  ds_chat_template *tmpl;
+  int enable_thinking;
+} cli_chat;
+
+ds_status cli_prompt_ids(const ds_tokenizer *tok, const cli_chat *cc, const char *prompt, const int32_t *given,
+                         int64_t n_given, int chat, ds_ids *ids);
 /* Prompts of a batch from FILE: a .jsonl file holds one JSON object per line, either
- * {"messages": [{"role", "content"}, ...]} (rendered with ChatML; a final assistant turn is
+ * {"messages": [{"role", "content"}, ...]} (rendered with cc; a final assistant turn is
  * left out and the assistant prompt added) or {"prompt": TEXT}; any other file holds one
- * plain-text prompt per line (tokenized like --prompt, or as a ChatML user turn with chat).
+ * plain-text prompt per line (tokenized like --prompt, or as a user turn with chat).
  * Empty lines are skipped. Errors name the file and the line. */
 typedef struct {
   ds_ids *v;
   int n;
 } cli_prompts;
-ds_status cli_read_prompts(const ds_tokenizer *tok, const char *path, int chat, cli_prompts *out);
+ds_status cli_read_prompts(const ds_tokenizer *tok, const cli_chat *cc, const char *path, int chat, cli_prompts *out);
 void cli_prompts_free(cli_prompts *p);
+
+/* cc->tmpl: override_path, else the chat template beside the tokenizer at tok_path (see
+ * ds_chat_template_load); NULL means ChatML, which is said on stderr. */
+ds_status cli_load_chat_template(const char *tok_path, const char *override_path, cli_chat *cc);
+/* --chat-template FILE / --enable-thinking on|off at argv[*i]: 1 when taken (values stored,
+ * *i advanced), 0 when argv[*i] is neither, -1 on a bad value (reported; a usage error). */
+int cli_chat_option(const char *cmd, int argc, char **argv, int *i, const char **template_path, int *enable_thinking);
 
 /* The text of ids[0..n) on stdout; with final = 0 an incomplete UTF-8 tail is held back.
  * *printed counts the bytes already written (streaming). */

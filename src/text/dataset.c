@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include "dspark/fileio.h"
+#include "text/chat_json.h"
 #include "text/json_text.h"
 #include "text/tok_json.h"
 
@@ -33,6 +34,8 @@ enum { MAX_ROLE_NOTES = 8 };
 
 typedef struct {
   const char *path;
+  const ds_chat_template *tmpl; /* NULL: ChatML */
+  int enable_thinking;          /* as ds_chat_options */
   role_note roles[MAX_ROLE_NOTES];
   int n_roles;
   size_t other_roles;                /* lines with unknown roles beyond MAX_ROLE_NOTES distinct */
@@ -103,30 +106,16 @@ static void note_role(load_ctx *c, const char *role, size_t line) {
 }
 
 static ds_status add_chat(seq_builder *b, load_ctx *c, const ds_tokenizer *tok, const cJSON *msgs, size_t line) {
-  size_t n = (size_t)cJSON_GetArraySize(msgs);
-  ds_chat_message *m = calloc(n ? n : 1, sizeof *m);
-  if (!m) return DS_FAIL(DS_ERR_NOMEM, "dataset: out of memory");
-  size_t i = 0;
-  const cJSON *it;
-  cJSON_ArrayForEach(it, msgs) {
-    const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
-    const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
-    size_t role_len;
-    if (!cJSON_IsString(role) || !cJSON_IsString(content)) {
-      free(m);
-      return DS_FAIL(DS_ERR_FORMAT, "%s:%zu: messages[%zu] needs string 'role' and 'content'", c->path, line, i);
-    }
-    m[i].role = tk_json_str(role, &role_len);
-    if (role_len != strlen(m[i].role)) {
-      free(m);
-      return DS_FAIL(DS_ERR_FORMAT, "%s:%zu: messages[%zu].role holds a NUL character (\\u0000)", c->path, line, i);
-    }
-    m[i].content = tk_json_str(content, &m[i].content_len);
-    note_role(c, m[i].role, line);
-    i++;
-  }
+  char label[600];
+  snprintf(label, sizeof label, "%s:%zu", c->path, line);
+  ds_chat_message *m;
+  size_t n;
+  DS_TRY(tk_chat_messages(msgs, label, &m, &n));
+  if (!c->tmpl) /* the template decides what a role means; ChatML only knows three */
+    for (size_t i = 0; i < n; i++) note_role(c, m[i].role, line);
   ds_ids ids = {0}, mask = {0};
-  ds_status st = ds_chat_encode_chatml(tok, m, n, 0, &ids, &mask);
+  ds_chat_options opt = {0, c->enable_thinking};
+  ds_status st = ds_chat_encode(tok, c->tmpl, m, n, &opt, &ids, &mask);
   free(m);
   if (st != DS_OK) {
     ds_error_wrap(st, "%s:%zu", c->path, line);
@@ -252,6 +241,12 @@ const char *ds_data_format_name(ds_data_format f) {
 
 ds_status ds_dataset_load(const char *path, ds_data_format format, const ds_tokenizer *tok, int64_t seq_len,
                           int32_t eos_id, int64_t min_len, ds_dataset *out) {
+  return ds_dataset_load_chat(path, format, tok, NULL, -1, seq_len, eos_id, min_len, out);
+}
+
+ds_status ds_dataset_load_chat(const char *path, ds_data_format format, const ds_tokenizer *tok,
+                               const ds_chat_template *tmpl, int enable_thinking, int64_t seq_len, int32_t eos_id,
+                               int64_t min_len, ds_dataset *out) {
   memset(out, 0, sizeof *out);
   if (seq_len < 2) return DS_FAIL(DS_ERR_ARG, "dataset: sequence length %lld must be at least 2", (long long)seq_len);
   if (format != DS_DATA_AUTO && format != DS_DATA_TEXT && format != DS_DATA_JSONL)
@@ -264,6 +259,8 @@ ds_status ds_dataset_load(const char *path, ds_data_format format, const ds_toke
   load_ctx c;
   memset(&c, 0, sizeof c);
   c.path = path;
+  c.tmpl = tmpl;
+  c.enable_thinking = enable_thinking;
   ds_status st = DS_OK;
   if (resolve_format(path, format, buf, len) == DS_DATA_JSONL) {
     st = load_jsonl(&c, &b, &s, tok, buf, len, eos_id);
@@ -281,6 +278,10 @@ ds_status ds_dataset_load(const char *path, ds_data_format format, const ds_toke
   ds_ids_free(&s.ids);
   ds_ids_free(&s.mask);
   report_roles(&c);
+  if (st == DS_OK && !tmpl && c.chats)
+    fprintf(stderr, "dspark: note: %s: %zu conversations rendered with ChatML (the tokenizer has no chat template: "
+                    "chat_template.jinja or tokenizer_config.json's chat_template)\n",
+            path, c.chats);
   int64_t supervised = 0;
   for (int64_t i = 0; st == DS_OK && i < b.n * b.S; i++) supervised += b.mask[i];
   if (st == DS_OK && b.n == 0) {

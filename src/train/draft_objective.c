@@ -233,7 +233,19 @@ static ds_status setup_online(draft_run *t) {
   t->cfg_target = o->target_dir;
   t->cfg_data = o->data_path;
   int32_t eos = tc->n_eos ? (int32_t)tc->eos_token_ids[0] : -1;
-  return ds_dataset_load(o->data_path, o->data_format, t->tok, o->seq_len, eos, 2, &t->data);
+  /* chat data in the target's own template, exactly as `dspark capture` renders it */
+  ds_chat_template *tmpl = NULL;
+  DS_TRY(ds_chat_template_load(o->target_dir, o->chat_template, &tmpl));
+  int thinking = o->enable_thinking ? o->enable_thinking > 0 : -1;
+  st = ds_dataset_load_chat(o->data_path, o->data_format, t->tok, tmpl, thinking, o->seq_len, eos, 2, &t->data);
+  if (tmpl)
+    snprintf(t->chat_template, sizeof t->chat_template, "%s (xxh64 %016llx)%s", ds_chat_template_label(tmpl),
+             (unsigned long long)ds_chat_template_hash(tmpl),
+             thinking < 0 ? "" : thinking ? ", enable_thinking true" : ", enable_thinking false");
+  else
+    snprintf(t->chat_template, sizeof t->chat_template, "ChatML");
+  ds_chat_template_free(tmpl);
+  return st;
 }
 
 static ds_status op_setup(void *self, ds_objective *obj) {

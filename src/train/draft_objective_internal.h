@@ -34,6 +34,7 @@ typedef struct {
   /* content hashes of what defines the trajectory (recorded in train_config, so a resume after
    * moving files works and one with changed files is refused) */
   uint64_t weights_xxh64, config_xxh64, tokenizer_xxh64, sequences_xxh64;
+  char chat_template[600]; /* what rendered the chat data: "PATH (xxh64 HEX)" or "ChatML"; "" without data */
   const char *cfg_target, *cfg_data; /* paths recorded in run.json (the capture's, with a cache) */
   const char *feature_dtype;  /* NULL for fp32 features (online or f32 cache) */
   /* offline cache */

@@ -5,6 +5,7 @@
 
 #include "dspark/cache.h"
 #include "dspark/kd_intermediate.h"
+#include "dspark/chat_template.h"
 #include "dspark/lm_trainer.h"
 #include "dspark/sequences.h"
 #include "dspark/student.h"
@@ -26,6 +27,7 @@ typedef struct {
   int64_t V, d;                 /* the student's vocabulary and hidden size */
   ds_tokenizer *tok;
   char *tok_text;               /* tokenizer.json's bytes (copied into the run directory) */
+  ds_chat_template *chat;       /* the template beside the tokenizer for chat data; NULL: ChatML */
   size_t tok_len;
   ds_dataset data;
   int64_t n_train, n_eval;

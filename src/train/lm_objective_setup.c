@@ -64,6 +64,8 @@ static ds_status load_tokenizer(lm_run *t) {
     st = read_text(path, &t->tok_text, &t->tok_len);
   }
   if (st == DS_OK) st = ds_tokenizer_load_memory(t->tok_text, t->tok_len, path ? path : "tokenizer.json", &t->tok);
+  /* chat data is rendered with the template that ships beside this tokenizer */
+  if (st == DS_OK && path && !t->fc) st = ds_chat_template_load(path, NULL, &t->chat);
   free(path);
   return st;
 }
@@ -140,6 +142,15 @@ static ds_status config_texts(lm_run *t, uint64_t student_hash, uint64_t teacher
     if (o->teacher_dir) cJSON_AddStringToObject(j, "teacher", o->teacher_dir);
     if (o->cache_dir) cJSON_AddStringToObject(j, "cache", o->cache_dir);
     if (o->data_path) cJSON_AddStringToObject(j, "data", o->data_path);
+    if (o->data_path) { /* what renders the data's conversations */
+      char desc[600];
+      if (t->chat)
+        snprintf(desc, sizeof desc, "%s (xxh64 %016llx)", ds_chat_template_label(t->chat),
+                 (unsigned long long)ds_chat_template_hash(t->chat));
+      else
+        snprintf(desc, sizeof desc, "ChatML");
+      cJSON_AddStringToObject(j, "chat_template", desc);
+    }
   }
   t->run_info = j ? cJSON_Print(j) : NULL;
   cJSON_Delete(j);
@@ -180,7 +191,7 @@ ds_status ds_lm_setup(lm_run *t) {
     if (!o->data_path) return DS_FAIL(DS_ERR_ARG, "training needs --data (or --cache)");
     DS_TRY(ds_config_check_positions(&sc, o->student_dir ? o->student_dir : o->student_config, o->seq_len, "--seq-len"));
     int32_t eos = sc.n_eos ? (int32_t)sc.eos_token_ids[0] : -1;
-    DS_TRY(ds_dataset_load(o->data_path, o->data_format, t->tok, o->seq_len, eos, 2, &t->data));
+    DS_TRY(ds_dataset_load_chat(o->data_path, o->data_format, t->tok, t->chat, -1, o->seq_len, eos, 2, &t->data));
     t->data_label = o->data_path;
   }
   if (o->eval_seqs >= t->data.n_seqs)
@@ -261,6 +272,7 @@ void ds_lm_free(lm_run *t) {
   ds_target_free(t->teacher);
   ds_kv_cache_free(t->kv);
   ds_tokenizer_free(t->tok);
+  ds_chat_template_free(t->chat);
   ds_dataset_free(&t->data);
   free(t->student_json);
   free(t->saved_config);

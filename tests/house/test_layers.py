@@ -27,7 +27,7 @@ HEADER_LAYER = {
     "common.h": "core", "dtype.h": "core", "rng.h": "core", "fileio.h": "core", "progress.h": "core",
     "sequences.h": "core",
     "safetensors.h": "io", "hfconfig.h": "io", "cache.h": "io",
-    "tokenizer.h": "text", "dataset.h": "text",
+    "tokenizer.h": "text", "dataset.h": "text", "chat_template.h": "text",
     "backend.h": "nn", "profile.h": "nn",
     "comm.h": "comm",
     "target.h": "model", "draft.h": "model", "sampling.h": "model", "student.h": "model",

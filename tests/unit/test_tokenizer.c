@@ -294,7 +294,7 @@ static void test_chatml(void) {
   spec s = base_spec();
   ds_tokenizer *tok = load_spec(&s);
   if (!tok) return;
-  ds_chat_message m[] = {{"user", "hello", 0}, {"assistant", "hello world", 0}};
+  ds_chat_message m[] = {{.role = "user", .content = "hello"}, {.role = "assistant", .content = "hello world"}};
   ds_ids ids = {0}, mask = {0};
   EXPECT_OK(ds_chat_encode_chatml(tok, m, 2, 1, &ids, &mask));
   /* <|im_start|>user\nhello<|im_end|>\n <|im_start|>assistant\nhello world<|im_end|>\n <|im_start|>assistant\n */
@@ -318,7 +318,7 @@ static void test_chatml(void) {
   ds_ids_free(&ids);
   ds_ids_free(&mask);
   ds_ids_free(&want);
-  ds_chat_message bad[] = {{"user", NULL, 0}};
+  ds_chat_message bad[] = {{.role = "user", .content = NULL}};
   EXPECT(ds_chat_encode_chatml(tok, bad, 1, 0, &ids, &mask) == DS_ERR_ARG && ids.len == 0 && mask.len == 0);
   ds_tokenizer_free(tok);
 }
