@@ -1,9 +1,7 @@
 /* dspark: train DSpark drafts, distill students, and run speculative decoding. */
 #include <signal.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli/commands.h"
 #include "dspark/backend.h"
@@ -76,22 +74,7 @@ static void usage(FILE *f) {
                                                             : "not built (no MPI in this build)");
 }
 
-/* OpenMP threads that wait at a barrier spin by default (libgomp). When another process holds
- * one of the cores, the spinning thread keeps the descheduled one from running and every
- * parallel region waits a scheduler time slice: measured on this project's 2-core machines
- * with one busy neighbour, decoding ran at 18 tokens/s spinning against 195 sleeping, and
- * pretraining at 149 against 990. libgomp reads its settings when it is loaded, before main,
- * so the default is changed by executing the program again once with OMP_WAIT_POLICY=PASSIVE.
- * A user who sets OMP_WAIT_POLICY or GOMP_SPINCOUNT keeps their choice. */
-static void prefer_sleeping_threads(char **argv) {
-  if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
-  if (setenv("OMP_WAIT_POLICY", "PASSIVE", 1) != 0) return;
-  execv("/proc/self/exe", argv);
-  unsetenv("OMP_WAIT_POLICY"); /* exec failed (no /proc): run as we are */
-}
-
 int main(int argc, char **argv) {
-  prefer_sleeping_threads(argv);
   /* Past a file-size limit (ulimit -f) a write fails with EFBIG, which every writer reports
    * naming the file and leaves resumable, instead of a SIGXFSZ that kills the process with
    * no message and a stale temp file. */
