@@ -9,9 +9,10 @@ large enough that decoding is memory-bound here.
    seconds of one target pass verifying B = 1 .. 8 tokens. With the DSpark draft's measured
    unconditional acceptance per position a_k (the demo's report), a round proposing L tokens
    commits E(L) = 1 + sum_{k<=L} a_k tokens on average and costs verify(L+1) + draft; the
-   draft of such a target (one layer of its width plus its head over L positions) is
-   estimated from the profile as verify(1) * (1 + L * head share) / n_layers, a stated
-   assumption. Projected speedup(L) = E(L) * verify(1) / (verify(L+1) + draft(L)): a
+   draft of such a target (one layer of its width, and its head applied to the block's rows
+   in one pass, so read once, as ds_draft_block does) is estimated from the profile as
+   verify(1) * (1 + head) / (n_layers + head), head = the head's weights in layers, a stated
+   assumption (memory-bound: cost follows the weights read). Projected speedup(L) = E(L) * verify(1) / (verify(L+1) + draft(L)): a
    projection, not a measurement of decoding that target (no draft for it is trained here).
 
     $VENV/bin/python bench/spec_projection.py --dspark build/release/dspark [--demo DIR] [--dir DIR]
@@ -66,13 +67,13 @@ def main():
     rows = []
     for L in range(1, min(len(a), len(v) - 1) + 1):
         e = 1 + sum(a[:L])
-        draft = v[0] * (1 + L * head_share) / (n + head_share)
+        draft = v[0] * (1 + head_share) / (n + head_share)
         sp = e * v[0] / (v[L] + draft)
         rows.append({"L": L, "expected_tokens": e, "verify_ratio": v[L] / v[0], "draft_s_estimate": draft,
                      "projected_speedup": sp})
         print(f"{L:>3} {e:6.3f} {v[L] / v[0]:22.3f} {draft * 1e3:13.2f} {sp:17.2f}x")
     res["projection"] = {"target": args.dir, "profile": p, "rows": rows,
-                         "assumption": "draft = verify(1) * (1 + L * head_share) / (n_layers + head_share)"}
+                         "assumption": "draft = verify(1) * (1 + head_share) / (n_layers + head_share)"}
     os.makedirs(os.path.join(HERE, "out"), exist_ok=True)
     with open(os.path.join(HERE, "out", "spec_projection.json"), "w") as f:
         json.dump(res, f, indent=1)
