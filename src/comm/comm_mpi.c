@@ -17,22 +17,22 @@ static ds_status mpi_fail(int rc, const char *what) {
   return DS_FAIL(DS_ERR_IO, "MPI %s failed: %s", what, len ? msg : "unknown error");
 }
 
-static ds_status mpi_allreduce_f32(ds_comm *c, float *buf, size_t n) {
+/* Sums n elements of `size` bytes in place over the ranks, CHUNK elements per call. */
+static ds_status allreduce_sum(void *buf, size_t n, size_t size, MPI_Datatype type) {
   for (size_t at = 0; at < n; at += CHUNK) {
     int k = (int)(n - at < CHUNK ? n - at : CHUNK);
-    int rc = MPI_Allreduce(MPI_IN_PLACE, buf + at, k, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    int rc = MPI_Allreduce(MPI_IN_PLACE, (char *)buf + at * size, k, type, MPI_SUM, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS) return mpi_fail(rc, "all-reduce");
   }
   return DS_OK;
 }
 
+static ds_status mpi_allreduce_f32(ds_comm *c, float *buf, size_t n) {
+  return allreduce_sum(buf, n, sizeof *buf, MPI_FLOAT);
+}
+
 static ds_status mpi_allreduce_f64(ds_comm *c, double *buf, size_t n) {
-  for (size_t at = 0; at < n; at += CHUNK) {
-    int k = (int)(n - at < CHUNK ? n - at : CHUNK);
-    int rc = MPI_Allreduce(MPI_IN_PLACE, buf + at, k, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-    if (rc != MPI_SUCCESS) return mpi_fail(rc, "all-reduce");
-  }
-  return DS_OK;
+  return allreduce_sum(buf, n, sizeof *buf, MPI_DOUBLE);
 }
 
 static ds_status mpi_broadcast(ds_comm *c, void *buf, size_t bytes, int root) {

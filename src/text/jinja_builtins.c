@@ -9,16 +9,6 @@
 
 #include "text/jinja_internal.h"
 
-static ds_status nomem(jctx *c, const jnode *at) {
-  if (jctx_arena(c)->over_limit) return jctx_fail(c, at, DS_ERR_RANGE, "the render needs more than %d MiB", JARENA_LIMIT_MIB);
-  return jctx_fail(c, at, DS_ERR_NOMEM, "out of memory");
-}
-
-static jv list_value(jlist *l) {
-  jv v = {JV_LIST, {.list = l}, NULL};
-  return v;
-}
-
 /* ------------------------------------------------------------------ UTF-8 helpers */
 
 static size_t cp_len(const char *s, size_t i, size_t n) {
@@ -73,7 +63,7 @@ jv jinja_strip(const jv *s, const jv *chars, int which) {
 
 ds_status jinja_map_ascii(jctx *c, const jnode *at, const jv *s, int mode, jv *out) {
   char *p = jarena_strdup(jctx_arena(c), s->u.s.p, s->u.s.n);
-  if (!p) return nomem(c, at);
+  if (!p) return jctx_nomem(c, at);
   int word_start = 1;
   for (size_t i = 0; i < s->u.s.n; i++) {
     char ch = p[i];
@@ -94,7 +84,7 @@ ds_status jinja_replace(jctx *c, const jnode *at, const jv *s, const jv *old, co
   if (count >= 0 && (size_t)count < hits) hits = (size_t)count;
   size_t len = s->u.s.n - hits * old->u.s.n + hits * new_->u.s.n;
   char *p = jarena_alloc(jctx_arena(c), len + 1);
-  if (!p) return nomem(c, at);
+  if (!p) return jctx_nomem(c, at);
   size_t o = 0, done = 0;
   for (size_t i = 0; i < s->u.s.n;) {
     if (done < hits && i + old->u.s.n <= s->u.s.n && !memcmp(s->u.s.p + i, old->u.s.p, old->u.s.n)) {
@@ -113,7 +103,7 @@ ds_status jinja_replace(jctx *c, const jnode *at, const jv *s, const jv *old, co
 static ds_status split(jctx *c, const jnode *at, const jv *s, const jv *sep, int64_t maxsplit, jv *out) {
   jarena *a = jctx_arena(c);
   jlist *l = jlist_new(a);
-  if (!l) return nomem(c, at);
+  if (!l) return jctx_nomem(c, at);
   const char *p = s->u.s.p;
   size_t n = s->u.s.n;
   if (!sep) { /* runs of white space separate; none at the ends */
@@ -125,27 +115,27 @@ static ds_status split(jctx *c, const jnode *at, const jv *s, const jv *sep, int
       if (maxsplit >= 0 && (int64_t)l->n >= maxsplit) {
         size_t e = n;
         while (e > b && is_py_space(cp_value(p, cp_start_before(p, e), e - cp_start_before(p, e)))) e = cp_start_before(p, e);
-        if (jlist_push(a, l, jv_str(p + b, e - b))) return nomem(c, at);
+        if (jlist_push(a, l, jv_str(p + b, e - b))) return jctx_nomem(c, at);
         break;
       }
       while (i < n && !is_py_space(cp_value(p, i, cp_len(p, i, n)))) i += cp_len(p, i, n);
-      if (jlist_push(a, l, jv_str(p + b, i - b))) return nomem(c, at);
+      if (jlist_push(a, l, jv_str(p + b, i - b))) return jctx_nomem(c, at);
     }
   } else {
     if (!sep->u.s.n) return jctx_fail(c, at, DS_ERR_ARG, "split(): empty separator");
     size_t b = 0;
     for (size_t i = 0; i + sep->u.s.n <= n;) {
       if ((maxsplit < 0 || (int64_t)l->n < maxsplit) && !memcmp(p + i, sep->u.s.p, sep->u.s.n)) {
-        if (jlist_push(a, l, jv_str(p + b, i - b))) return nomem(c, at);
+        if (jlist_push(a, l, jv_str(p + b, i - b))) return jctx_nomem(c, at);
         i += sep->u.s.n;
         b = i;
       } else {
         i++;
       }
     }
-    if (jlist_push(a, l, jv_str(p + b, n - b))) return nomem(c, at);
+    if (jlist_push(a, l, jv_str(p + b, n - b))) return jctx_nomem(c, at);
   }
-  *out = list_value(l);
+  *out = jv_list(l);
   return DS_OK;
 }
 
@@ -236,7 +226,7 @@ ds_status jinja_getattr(jctx *c, const jnode *at, const jv *obj, const char *nam
   for (size_t i = 0; i < sizeof k_funcs / sizeof *k_funcs; i++)
     if (k_funcs[i].on_str == want && strlen(k_funcs[i].name) == n && !memcmp(k_funcs[i].name, name, n)) {
       jv *self = jarena_alloc(jctx_arena(c), sizeof *self);
-      if (!self) return nomem(c, at);
+      if (!self) return jctx_nomem(c, at);
       *self = *obj;
       out->kind = JV_FUNC;
       out->u.fn.id = k_funcs[i].id;
@@ -253,17 +243,17 @@ ds_status jinja_getattr(jctx *c, const jnode *at, const jv *obj, const char *nam
 static ds_status dict_view(jctx *c, const jnode *at, const jdict *d, int id, jv *out) {
   jarena *a = jctx_arena(c);
   jlist *l = jlist_new(a);
-  if (!l) return nomem(c, at);
+  if (!l) return jctx_nomem(c, at);
   for (size_t i = 0; i < d->n; i++) {
     jv key = jv_str(d->keys[i], d->key_lens[i]), item = id == JF_VALUES ? d->vals[i] : key;
     if (id == JF_ITEMS) {
       jlist *pair = jlist_new(a);
-      if (!pair || jlist_push(a, pair, key) || jlist_push(a, pair, d->vals[i])) return nomem(c, at);
-      item = list_value(pair);
+      if (!pair || jlist_push(a, pair, key) || jlist_push(a, pair, d->vals[i])) return jctx_nomem(c, at);
+      item = jv_list(pair);
     }
-    if (jlist_push(a, l, item)) return nomem(c, at);
+    if (jlist_push(a, l, item)) return jctx_nomem(c, at);
   }
-  *out = list_value(l);
+  *out = jv_list(l);
   return DS_OK;
 }
 
@@ -359,12 +349,12 @@ ds_status jinja_call(jctx *c, const jnode *at, const jv *fn, const jv *args, siz
     if (n > 1 || (n == 1 && args[0].kind != JV_DICT))
       return jctx_fail(c, at, DS_ERR_UNSUPPORTED, "%s(): only keyword arguments or one dict are supported", A.fname);
     jdict *d = jdict_new(a);
-    if (!d) return nomem(c, at);
+    if (!d) return jctx_nomem(c, at);
     d->is_namespace = id == JF_NAMESPACE;
     for (size_t i = 0; n == 1 && i < args[0].u.dict->n; i++)
-      if (jdict_set(a, d, args[0].u.dict->keys[i], args[0].u.dict->key_lens[i], args[0].u.dict->vals[i])) return nomem(c, at);
+      if (jdict_set(a, d, args[0].u.dict->keys[i], args[0].u.dict->key_lens[i], args[0].u.dict->vals[i])) return jctx_nomem(c, at);
     for (size_t i = 0; i < n_kw; i++)
-      if (jdict_set(a, d, kw[i], strlen(kw[i]), kwv[i])) return nomem(c, at);
+      if (jdict_set(a, d, kw[i], strlen(kw[i]), kwv[i])) return jctx_nomem(c, at);
     out->kind = JV_DICT;
     out->u.dict = d;
     return DS_OK;
@@ -382,7 +372,7 @@ ds_status jinja_call(jctx *c, const jnode *at, const jv *fn, const jv *args, siz
     struct tm tmv;
     size_t len = localtime_r(&now, &tmv) ? strftime(buf, sizeof buf, fmt, &tmv) : 0;
     char *p = jarena_strdup(a, buf, len);
-    if (!p) return nomem(c, at);
+    if (!p) return jctx_nomem(c, at);
     *out = jv_str(p, len);
     return DS_OK;
   }
@@ -396,12 +386,12 @@ ds_status jinja_call(jctx *c, const jnode *at, const jv *fn, const jv *args, siz
     if (n == 3) step = args[2].u.i;
     if (step == 0) return jctx_fail(c, at, DS_ERR_ARG, "range() step must not be zero");
     jlist *l = jlist_new(a);
-    if (!l) return nomem(c, at);
+    if (!l) return jctx_nomem(c, at);
     for (int64_t v = lo; step > 0 ? v < hi : v > hi; v += step) {
       if (l->n >= 1000000) return jctx_fail(c, at, DS_ERR_RANGE, "range() of more than 1000000 items");
-      if (jlist_push(a, l, jv_int(v))) return nomem(c, at);
+      if (jlist_push(a, l, jv_int(v))) return jctx_nomem(c, at);
     }
-    *out = list_value(l);
+    *out = jv_list(l);
     return DS_OK;
   }
   case JF_ITEMS:

@@ -17,11 +17,6 @@
 enum { MAX_EVAL_DEPTH = 400 };
 static const size_t k_max_steps = 10u * 1000 * 1000, k_max_output = 64u << 20;
 
-static ds_status nomem(jctx *c, const jnode *at) {
-  if (c->a->over_limit) return jctx_fail(c, at, DS_ERR_RANGE, "the render needs more than %d MiB", JARENA_LIMIT_MIB);
-  return jctx_fail(c, at, DS_ERR_NOMEM, "out of memory");
-}
-
 /* ------------------------------------------------------------------ output */
 
 static ds_status emit(jctx *c, const jnode *at, const char *p, size_t n) {
@@ -35,7 +30,7 @@ static ds_status emit(jctx *c, const jnode *at, const char *p, size_t n) {
     int32_t *w = t ? realloc(o->owner, cap * sizeof *w) : NULL;
     if (w) o->owner = w;
     uint8_t *g = w ? realloc(o->generation, cap) : NULL;
-    if (!g) return nomem(c, at);
+    if (!g) return jctx_nomem(c, at);
     o->generation = g;
     o->cap = cap;
   }
@@ -55,18 +50,18 @@ static ds_status push_frame(jctx *c, const jnode *at) {
   if (c->n_frames == c->cap_frames) {
     size_t cap = c->cap_frames ? c->cap_frames * 2 : 8;
     jdict **f = jarena_alloc(c->a, cap * sizeof *f);
-    if (!f) return nomem(c, at);
+    if (!f) return jctx_nomem(c, at);
     if (c->n_frames) memcpy(f, c->frames, c->n_frames * sizeof *f);
     c->frames = f;
     c->cap_frames = cap;
   }
-  if (!(c->frames[c->n_frames] = jdict_new(c->a))) return nomem(c, at);
+  if (!(c->frames[c->n_frames] = jdict_new(c->a))) return jctx_nomem(c, at);
   c->n_frames++;
   return DS_OK;
 }
 
 static ds_status set_var(jctx *c, const jnode *at, const char *name, size_t n, jv v) {
-  if (jdict_set(c->a, c->frames[c->n_frames - 1], name, n, v)) return nomem(c, at);
+  if (jdict_set(c->a, c->frames[c->n_frames - 1], name, n, v)) return jctx_nomem(c, at);
   return DS_OK;
 }
 
@@ -92,7 +87,7 @@ static ds_status capture_body(jctx *c, const jnode *body, jv *out) {
   if (st == DS_OK) {
     char *p = jarena_strdup(c->a, tmp.text ? tmp.text : "", tmp.len);
     if (p) *out = jv_str(p, tmp.len);
-    else st = nomem(c, body);
+    else st = jctx_nomem(c, body);
   }
   free(tmp.text);
   free(tmp.owner);
@@ -114,7 +109,7 @@ static ds_status call_macro(jctx *c, const jnode *at, const jnode *macro, const 
     if (!known) return jctx_fail(c, at, DS_ERR_ARG, "macro '%s' has no parameter '%s'", macro->name, kw[k]);
   }
   jv *vals = jarena_alloc(c->a, (macro->n_kids + 1) * sizeof *vals);
-  if (!vals) return nomem(c, at);
+  if (!vals) return jctx_nomem(c, at);
   for (size_t i = 0; i < macro->n_kids; i++) { /* defaults are evaluated in the caller's scope */
     const jnode *p = macro->kids[i];
     vals[i] = jv_undef(p->name);
@@ -140,7 +135,7 @@ static ds_status undefined_error(jctx *c, const jnode *at, const jv *v) {
 
 static ds_status concat(jctx *c, const jnode *at, const jv *x, const jv *y, jv *out) {
   char *p = jarena_alloc(c->a, x->u.s.n + y->u.s.n + 1);
-  if (!p) return nomem(c, at);
+  if (!p) return jctx_nomem(c, at);
   memcpy(p, x->u.s.p, x->u.s.n);
   memcpy(p + x->u.s.n, y->u.s.p, y->u.s.n);
   *out = jv_str(p, x->u.s.n + y->u.s.n);
@@ -160,11 +155,11 @@ static ds_status arith(jctx *c, const jnode *at, int op, const jv *x, const jv *
   if (op == JOP_ADD && x->kind == JV_STR && y->kind == JV_STR) return concat(c, at, x, y, out);
   if (op == JOP_ADD && x->kind == JV_LIST && y->kind == JV_LIST) {
     jlist *l = jlist_new(c->a);
-    if (!l) return nomem(c, at);
+    if (!l) return jctx_nomem(c, at);
     for (size_t i = 0; i < x->u.list->n; i++)
-      if (jlist_push(c->a, l, x->u.list->items[i])) return nomem(c, at);
+      if (jlist_push(c->a, l, x->u.list->items[i])) return jctx_nomem(c, at);
     for (size_t i = 0; i < y->u.list->n; i++)
-      if (jlist_push(c->a, l, y->u.list->items[i])) return nomem(c, at);
+      if (jlist_push(c->a, l, y->u.list->items[i])) return jctx_nomem(c, at);
     out->kind = JV_LIST;
     out->u.list = l;
     return DS_OK;
@@ -259,7 +254,7 @@ static ds_status cp_offsets(jctx *c, const jnode *at, const jv *s, size_t **offs
   size_t n = 0;
   for (size_t i = 0; i < s->u.s.n; i++) n += ((unsigned char)s->u.s.p[i] & 0xC0) != 0x80;
   size_t *o = jarena_alloc(c->a, (n + 1) * sizeof *o);
-  if (!o) return nomem(c, at);
+  if (!o) return jctx_nomem(c, at);
   size_t k = 0;
   for (size_t i = 0; i < s->u.s.n; i++)
     if (((unsigned char)s->u.s.p[i] & 0xC0) != 0x80) o[k++] = i;
@@ -306,10 +301,10 @@ static ds_status eval_slice(jctx *c, const jnode *n, jv *out) {
   else if (stop >= L) stop = step > 0 ? L : L - 1;
   jlist *l = x.kind == JV_LIST ? jlist_new(c->a) : NULL;
   char *buf = x.kind == JV_STR ? jarena_alloc(c->a, x.u.s.n + 1) : NULL;
-  if (!l && !buf) return nomem(c, n);
+  if (!l && !buf) return jctx_nomem(c, n);
   size_t bl = 0;
   for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-    if (l && jlist_push(c->a, l, x.u.list->items[i])) return nomem(c, n);
+    if (l && jlist_push(c->a, l, x.u.list->items[i])) return jctx_nomem(c, n);
     if (buf) {
       memcpy(buf + bl, x.u.s.p + offs[i], offs[i + 1] - offs[i]);
       bl += offs[i + 1] - offs[i];
@@ -360,7 +355,7 @@ static ds_status eval_item(jctx *c, const jnode *n, jv *out) {
 /* The arguments of a call or filter: positional ones, then the keyword ones. */
 static ds_status eval_args(jctx *c, const jnode *n, jv **args, size_t *n_pos) {
   *args = jarena_alloc(c->a, (n->n_kids + 1) * sizeof **args);
-  if (!*args) return nomem(c, n);
+  if (!*args) return jctx_nomem(c, n);
   for (size_t i = 0; i < n->n_kids; i++) DS_TRY(eval(c, n->kids[i], &(*args)[i]));
   *n_pos = n->n_kids - n->n_kw;
   return DS_OK;
@@ -447,10 +442,10 @@ static ds_status eval_inner(jctx *c, const jnode *n, jv *out) {
   }
   case JN_LIST: {
     jlist *l = jlist_new(c->a);
-    if (!l) return nomem(c, n);
+    if (!l) return jctx_nomem(c, n);
     for (size_t i = 0; i < n->n_kids; i++) {
       DS_TRY(eval(c, n->kids[i], &x));
-      if (jlist_push(c->a, l, x)) return nomem(c, n);
+      if (jlist_push(c->a, l, x)) return jctx_nomem(c, n);
     }
     out->kind = JV_LIST;
     out->u.list = l;
@@ -458,12 +453,12 @@ static ds_status eval_inner(jctx *c, const jnode *n, jv *out) {
   }
   case JN_DICT: {
     jdict *d = jdict_new(c->a);
-    if (!d) return nomem(c, n);
+    if (!d) return jctx_nomem(c, n);
     for (size_t i = 0; i + 1 < n->n_kids; i += 2) {
       DS_TRY(eval(c, n->kids[i], &x));
       DS_TRY(eval(c, n->kids[i + 1], &y));
       if (x.kind != JV_STR) return jctx_fail(c, n, DS_ERR_UNSUPPORTED, "unsupported construct: dict key of type '%s'", jv_type_name(&x));
-      if (jdict_set(c->a, d, x.u.s.p, x.u.s.n, y)) return nomem(c, n);
+      if (jdict_set(c->a, d, x.u.s.p, x.u.s.n, y)) return jctx_nomem(c, n);
     }
     out->kind = JV_DICT;
     out->u.dict = d;
@@ -496,19 +491,19 @@ static ds_status iter_items(jctx *c, const jnode *at, const jv *x, jlist **out) 
     return DS_OK;
   }
   jlist *l = jlist_new(c->a);
-  if (!l) return nomem(c, at);
+  if (!l) return jctx_nomem(c, at);
   *out = l;
   if (x->kind == JV_UNDEF) return DS_OK;
   if (x->kind == JV_DICT) {
     for (size_t i = 0; i < x->u.dict->n; i++)
-      if (jlist_push(c->a, l, jv_str(x->u.dict->keys[i], x->u.dict->key_lens[i]))) return nomem(c, at);
+      if (jlist_push(c->a, l, jv_str(x->u.dict->keys[i], x->u.dict->key_lens[i]))) return jctx_nomem(c, at);
     return DS_OK;
   }
   if (x->kind == JV_STR) {
     size_t *offs, count;
     DS_TRY(cp_offsets(c, at, x, &offs, &count));
     for (size_t i = 0; i < count; i++)
-      if (jlist_push(c->a, l, jv_str(x->u.s.p + offs[i], offs[i + 1] - offs[i]))) return nomem(c, at);
+      if (jlist_push(c->a, l, jv_str(x->u.s.p + offs[i], offs[i + 1] - offs[i]))) return jctx_nomem(c, at);
     return DS_OK;
   }
   return jctx_fail(c, at, DS_ERR_ARG, "'%s' object is not iterable", jv_type_name(x));
@@ -532,7 +527,7 @@ static ds_status loop_var(jctx *c, const jnode *n, jdict *d, const jlist *items,
             jdict_set(c->a, d, "length", 6, jv_int(len)) ||
             jdict_set(c->a, d, "previtem", 8, i ? items->items[i - 1] : jv_undef("loop.previtem")) ||
             jdict_set(c->a, d, "nextitem", 8, k + 1 < len ? items->items[i + 1] : jv_undef("loop.nextitem"));
-  if (bad) return nomem(c, n);
+  if (bad) return jctx_nomem(c, n);
   jv v = {JV_DICT, {.dict = d}, NULL};
   return set_var(c, n, "loop", 4, v);
 }
@@ -545,17 +540,17 @@ static ds_status exec_for(jctx *c, const jnode *n) {
   DS_TRY(push_frame(c, n));
   jlist *items = all;
   if (n->b) { /* `for x in xs if cond`: filtered first, so loop.length counts the kept ones */
-    if (!(items = jlist_new(c->a))) return nomem(c, n);
+    if (!(items = jlist_new(c->a))) return jctx_nomem(c, n);
     for (size_t i = 0; i < all->n; i++) {
       jv keep;
       DS_TRY(bind_targets(c, n, &all->items[i]));
       DS_TRY(eval(c, n->b, &keep));
-      if (jv_truthy(&keep) && jlist_push(c->a, items, all->items[i])) return nomem(c, n);
+      if (jv_truthy(&keep) && jlist_push(c->a, items, all->items[i])) return jctx_nomem(c, n);
     }
   }
   int saved_owner = c->owner;
   jdict *loop = jdict_new(c->a);
-  if (!loop) return nomem(c, n);
+  if (!loop) return jctx_nomem(c, n);
   for (size_t i = 0; i < items->n; i++) {
     if (++c->steps > k_max_steps)
       return jctx_fail(c, n, DS_ERR_RANGE, "more than %zu loop iterations and macro calls", k_max_steps);
@@ -596,7 +591,7 @@ static ds_status exec_node(jctx *c, const jnode *n) {
       jv ns = lookup(c, n->a->name, n->a->name_len);
       if (ns.kind != JV_DICT || !ns.u.dict->is_namespace)
         return jctx_fail(c, n, DS_ERR_ARG, "cannot assign attribute on non-namespace object '%s'", n->a->name);
-      if (jdict_set(c->a, ns.u.dict, n->name, n->name_len, x)) return nomem(c, n);
+      if (jdict_set(c->a, ns.u.dict, n->name, n->name_len, x)) return jctx_nomem(c, n);
       return DS_OK;
     }
     return set_var(c, n, n->name, n->name_len, x);

@@ -6,16 +6,6 @@
 
 #include "text/jinja_internal.h"
 
-static ds_status nomem(jctx *c, const jnode *at) {
-  if (jctx_arena(c)->over_limit) return jctx_fail(c, at, DS_ERR_RANGE, "the render needs more than %d MiB", JARENA_LIMIT_MIB);
-  return jctx_fail(c, at, DS_ERR_NOMEM, "out of memory");
-}
-
-static jv list_value(jlist *l) {
-  jv v = {JV_LIST, {.list = l}, NULL};
-  return v;
-}
-
 static size_t cp_count(const jv *s) {
   size_t n = 0;
   for (size_t i = 0; i < s->u.s.n; i++) n += ((unsigned char)s->u.s.p[i] & 0xC0) != 0x80;
@@ -29,18 +19,18 @@ static ds_status as_list(jctx *c, const jnode *at, const char *fname, const jv *
     *out = v->u.list;
     return DS_OK;
   }
-  if (!(*out = jlist_new(a))) return nomem(c, at);
+  if (!(*out = jlist_new(a))) return jctx_nomem(c, at);
   if (v->kind == JV_UNDEF) return DS_OK;
   if (v->kind == JV_DICT) {
     for (size_t i = 0; i < v->u.dict->n; i++)
-      if (jlist_push(a, *out, jv_str(v->u.dict->keys[i], v->u.dict->key_lens[i]))) return nomem(c, at);
+      if (jlist_push(a, *out, jv_str(v->u.dict->keys[i], v->u.dict->key_lens[i]))) return jctx_nomem(c, at);
     return DS_OK;
   }
   if (v->kind == JV_STR) {
     for (size_t i = 0; i < v->u.s.n;) {
       size_t k = 1;
       while (i + k < v->u.s.n && ((unsigned char)v->u.s.p[i + k] & 0xC0) == 0x80) k++;
-      if (jlist_push(a, *out, jv_str(v->u.s.p + i, k))) return nomem(c, at);
+      if (jlist_push(a, *out, jv_str(v->u.s.p + i, k))) return jctx_nomem(c, at);
       i += k;
     }
     return DS_OK;
@@ -68,9 +58,9 @@ static ds_status attr_of(jctx *c, const jnode *at, const jv *item, const jv *att
 static ds_status select_items(jctx *c, const jnode *at, const char *fname, const jv *in, const jv *args, size_t n,
                               int by_attr, int keep, jv *out) {
   jlist *src, *dst = jlist_new(jctx_arena(c));
-  if (!dst) return nomem(c, at);
+  if (!dst) return jctx_nomem(c, at);
   if (!jv_truthy(in)) { /* Jinja filters nothing out of a false value (None, empty): an empty result */
-    *out = list_value(dst);
+    *out = jv_list(dst);
     return DS_OK;
   }
   DS_TRY(as_list(c, at, fname, in, &src));
@@ -90,9 +80,9 @@ static ds_status select_items(jctx *c, const jnode *at, const char *fname, const
     int r;
     if (test) DS_TRY(jinja_test(c, at, tname, &v, args + first_test + 1, n - first_test - 1, &r));
     else r = jv_truthy(&v);
-    if (r == keep && jlist_push(jctx_arena(c), dst, src->items[i])) return nomem(c, at);
+    if (r == keep && jlist_push(jctx_arena(c), dst, src->items[i])) return jctx_nomem(c, at);
   }
-  *out = list_value(dst);
+  *out = jv_list(dst);
   return DS_OK;
 }
 
@@ -166,17 +156,17 @@ ds_status jinja_filter(jctx *c, const jnode *at, const char *name, const jv *in,
   if (IS("list")) {
     jlist *l;
     DS_TRY(as_list(c, at, name, in, &l));
-    *out = list_value(l);
+    *out = jv_list(l);
     return DS_OK;
   }
   if (IS("reverse")) {
     jlist *l, *r = jlist_new(a);
-    if (!r) return nomem(c, at);
+    if (!r) return jctx_nomem(c, at);
     DS_TRY(as_list(c, at, name, in, &l));
     for (size_t i = l->n; i-- > 0;)
-      if (jlist_push(a, r, l->items[i])) return nomem(c, at);
+      if (jlist_push(a, r, l->items[i])) return jctx_nomem(c, at);
     if (in->kind != JV_STR) {
-      *out = list_value(r);
+      *out = jv_list(r);
       return DS_OK;
     }
     in = &(jv){JV_LIST, {.list = r}, NULL};
@@ -196,7 +186,7 @@ ds_status jinja_filter(jctx *c, const jnode *at, const char *name, const jv *in,
       DS_TRY(jv_to_text(c, at, &item, &piece));
       size_t len = s.u.s.n + (i && sep ? t.u.s.n : 0) + piece.u.s.n;
       char *p = jarena_alloc(a, len + 1);
-      if (!p) return nomem(c, at);
+      if (!p) return jctx_nomem(c, at);
       memcpy(p, s.u.s.p, s.u.s.n);
       if (i && sep) memcpy(p + s.u.s.n, t.u.s.p, t.u.s.n);
       memcpy(p + len - piece.u.s.n, piece.u.s.p, piece.u.s.n);
@@ -207,8 +197,8 @@ ds_status jinja_filter(jctx *c, const jnode *at, const char *name, const jv *in,
   }
   if (IS("items")) {
     if (in->kind == JV_UNDEF) {
-      *out = list_value(jlist_new(a));
-      return out->u.list ? DS_OK : nomem(c, at);
+      *out = jv_list(jlist_new(a));
+      return out->u.list ? DS_OK : jctx_nomem(c, at);
     }
     if (in->kind != JV_DICT) return jctx_fail(c, at, DS_ERR_ARG, "items: expects a dict, not '%s'", jv_type_name(in));
     jv method;
@@ -221,9 +211,9 @@ ds_status jinja_filter(jctx *c, const jnode *at, const char *name, const jv *in,
     const jv *attr = named(kw, kwv, n_kw, "attribute");
     if (!attr || n) return jctx_fail(c, at, DS_ERR_UNSUPPORTED, "map: only map(attribute=...) is supported");
     jlist *l, *r = jlist_new(a);
-    if (!r) return nomem(c, at);
+    if (!r) return jctx_nomem(c, at);
     if (!jv_truthy(in)) { /* as select: nothing from a false value */
-      *out = list_value(r);
+      *out = jv_list(r);
       return DS_OK;
     }
     DS_TRY(as_list(c, at, name, in, &l));
@@ -232,9 +222,9 @@ ds_status jinja_filter(jctx *c, const jnode *at, const char *name, const jv *in,
       jv v;
       DS_TRY(attr_of(c, at, &l->items[i], attr, &v));
       if (v.kind == JV_UNDEF && def) v = *def;
-      if (jlist_push(a, r, v)) return nomem(c, at);
+      if (jlist_push(a, r, v)) return jctx_nomem(c, at);
     }
-    *out = list_value(r);
+    *out = jv_list(r);
     return DS_OK;
   }
   if (IS("int")) {

@@ -84,6 +84,7 @@ jv jv_none(void);
 jv jv_bool(int b);
 jv jv_int(int64_t i);
 jv jv_str(const char *p, size_t n); /* does not copy */
+jv jv_list(jlist *l);
 int jv_truthy(const jv *v);
 int jv_equal(const jv *a, const jv *b);
 const char *jv_type_name(const jv *v); /* Python's names: 'str', 'int', 'dict', ... */
@@ -167,6 +168,8 @@ struct jctx {
 
 /* Records "LABEL:LINE: message" for the node's line and returns st. */
 ds_status jctx_fail(jctx *c, const jnode *at, ds_status st, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* An allocation failed at `at`: the arena's size limit (DS_ERR_RANGE) or out of memory. */
+ds_status jctx_nomem(jctx *c, const jnode *at);
 jarena *jctx_arena(jctx *c);
 
 /* Text of a value as Jinja prints it ({{ v }} and the string filter): str as is, None,

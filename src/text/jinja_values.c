@@ -90,6 +90,14 @@ jv jv_int(int64_t i) {
   jv v = {JV_INT, {.i = i}, NULL};
   return v;
 }
+jv jv_list(jlist *l) {
+  jv v = {JV_LIST, {.list = l}, NULL};
+  return v;
+}
+ds_status jctx_nomem(jctx *c, const jnode *at) {
+  if (jctx_arena(c)->over_limit) return jctx_fail(c, at, DS_ERR_RANGE, "the render needs more than %d MiB", JARENA_LIMIT_MIB);
+  return jctx_fail(c, at, DS_ERR_NOMEM, "out of memory");
+}
 jv jv_str(const char *p, size_t n) {
   jv v = {JV_STR, {0}, NULL};
   v.u.s.p = p;
