@@ -8,6 +8,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/loop_args.h"
+#include "cli/prompt.h"
 #include "dspark/lm_trainer.h"
 
 static void usage(FILE *f, int distill) {
@@ -23,6 +24,9 @@ static void usage(FILE *f, int distill) {
       "  --student DIR | --student-config FILE   continue an HF checkpoint, or a fresh student (seeded)\n"
       "  --tokenizer FILE      tokenizer.json (default: the student's, else the teacher's or the cache's)\n"
       "  --data FILE  --data-format auto|text|jsonl  --seq-len N (512)  --eval-seqs N (8)   (not with --cache)\n"
+      "  --chat-template FILE  chat data rendered by this Jinja template (default: the tokenizer's, from\n"
+      "                        chat_template.jinja or tokenizer_config.json beside it; ChatML if none)\n"
+      "  --enable-thinking on|off  pass enable_thinking to the chat template (Qwen3; default: not passed)\n"
       "  --topk K (64; 0 = dense KL)  --top-p P (1)  --min-k M (1)  --temperature T (1)  --reverse\n"
       "  --kd-loss-alpha A     in [0, 1] (1: KD only, the LM loss is not computed)\n"
       "  --no-ghost            ablation only: renormalize both sides over the kept top-K (no ghost bucket)\n"
@@ -41,6 +45,9 @@ static void usage(FILE *f, int distill) {
       "  --student DIR         continue an HF checkpoint instead\n"
       "  --tokenizer FILE      tokenizer.json (default: --student DIR's)\n"
       "  --data FILE  --data-format auto|text|jsonl  --seq-len N (512)  --eval-seqs N (8)\n"
+      "  --chat-template FILE  chat data rendered by this Jinja template (default: the tokenizer's, from\n"
+      "                        chat_template.jinja or tokenizer_config.json beside it; ChatML if none)\n"
+      "  --enable-thinking on|off  pass enable_thinking to the chat template (Qwen3; default: not passed)\n"
       "  --chunk-rows N        rows per logits/loss chunk (128)\n");
   fputs(cli_loop_usage, f);
 }
@@ -57,6 +64,9 @@ static int lm_command(int argc, char **argv, int distill) {
     int loop = cli_loop_option(argc, argv, &i, &o.loop);
     if (loop < 0) return 2;
     if (loop) continue;
+    int chat = cli_chat_option(name, argc, argv, &i, &o.chat_template, &o.enable_thinking);
+    if (chat < 0) return 2;
+    if (chat) continue;
     if (!strcmp(a, "--student")) { CLI_VALUE(); o.student_dir = v; }
     else if (!strcmp(a, distill ? "--student-config" : "--config")) { CLI_VALUE(); o.student_config = v; }
     else if (!strcmp(a, "--tokenizer")) { CLI_VALUE(); o.tokenizer_path = v; }

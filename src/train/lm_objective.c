@@ -24,6 +24,7 @@ void ds_lm_train_options_default(ds_lm_train_options *o, int distill) {
   ds_loop_options_default(&o->loop);
   o->seq_len = 512;
   o->eval_seqs = 8;
+  o->enable_thinking = -1;
   o->kd.kd_loss_alpha = distill ? 1.0 : 0.0;
   o->kd.temperature = 1.0;
   o->kd.top_k = distill ? 64 : 0;

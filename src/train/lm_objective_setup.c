@@ -64,8 +64,9 @@ static ds_status load_tokenizer(lm_run *t) {
     st = read_text(path, &t->tok_text, &t->tok_len);
   }
   if (st == DS_OK) st = ds_tokenizer_load_memory(t->tok_text, t->tok_len, path ? path : "tokenizer.json", &t->tok);
-  /* chat data is rendered with the template that ships beside this tokenizer */
-  if (st == DS_OK && path && !t->fc) st = ds_chat_template_load(path, NULL, &t->chat);
+  /* chat data is rendered with --chat-template, else the template that ships beside this tokenizer */
+  if (st == DS_OK && (path || o->chat_template) && !t->fc)
+    st = ds_chat_template_load(path ? path : "tokenizer.json", o->chat_template, &t->chat);
   free(path);
   return st;
 }
@@ -169,6 +170,9 @@ ds_status ds_lm_setup(lm_run *t) {
     return DS_FAIL(DS_ERR_ARG, "distill needs the teacher: --teacher DIR or --cache CACHE");
   if (!o->distill && (o->teacher_dir || o->cache_dir || t->cfg.kd_loss_alpha != 0))
     return DS_FAIL(DS_ERR_ARG, "pretrain trains the LM loss alone: use `dspark distill` for a teacher");
+  if (o->cache_dir && (o->chat_template || o->enable_thinking >= 0))
+    return DS_FAIL(DS_ERR_ARG, "--chat-template / --enable-thinking apply to --data: the cache %s brings its "
+                   "sequences already rendered", o->cache_dir);
   if (o->cache_dir) {
     DS_TRY(open_cache(t, &sc));
     teacher_hash = ds_cache_get_manifest(t->fc)->target_weights_xxh64;
@@ -191,7 +195,7 @@ ds_status ds_lm_setup(lm_run *t) {
     if (!o->data_path) return DS_FAIL(DS_ERR_ARG, "training needs --data (or --cache)");
     DS_TRY(ds_config_check_positions(&sc, o->student_dir ? o->student_dir : o->student_config, o->seq_len, "--seq-len"));
     int32_t eos = sc.n_eos ? (int32_t)sc.eos_token_ids[0] : -1;
-    DS_TRY(ds_dataset_load_chat(o->data_path, o->data_format, t->tok, t->chat, -1, o->seq_len, eos, 2, &t->data));
+    DS_TRY(ds_dataset_load_chat(o->data_path, o->data_format, t->tok, t->chat, o->enable_thinking, o->seq_len, eos, 2, &t->data));
     t->data_label = o->data_path;
   }
   if (o->eval_seqs >= t->data.n_seqs)

@@ -251,6 +251,18 @@ def capture_and_train(args, ck, rng):
     info = json.load(open(os.path.join(run_dir, "run.json")))
     ck.check(info.get("chat_template", "").startswith(os.path.join(target, "tokenizer_config.json")),
              f"run.json names the chat template: {info.get('chat_template')}")
+    # pretrain renders chat data the same way, and --chat-template overrides the tokenizer's
+    override = os.path.join(HERE, "chat_templates", "Qwen-Qwen2.5-7B-Instruct.jinja")
+    for extra, want in (([], os.path.join(target, "tokenizer_config.json")),
+                        (["--chat-template", override, "--enable-thinking", "off"], override)):
+        lm_dir = os.path.join(args.tmp, "chat-pretrain")
+        shutil.rmtree(lm_dir, ignore_errors=True)
+        run([args.dspark, "pretrain", "--config", os.path.join(target, "config.json"), "--tokenizer",
+             os.path.join(target, "tokenizer.json"), "--data", data, "--out", lm_dir, "--seq-len", "128", "--steps", "1",
+             "--batch-seqs", "2", "--eval-seqs", "2", "--threads", "2", "--quiet"] + extra)
+        info = json.load(open(os.path.join(lm_dir, "run.json")))
+        ck.check(info.get("chat_template", "").startswith(want),
+                 f"pretrain {' '.join(extra) or '(default)'}: run.json names {info.get('chat_template')}, not {want}")
 
 
 def main():
