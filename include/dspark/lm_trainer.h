@@ -32,6 +32,7 @@ typedef struct {
   /* data (not with cache_dir, which brings its own sequences) */
   const char *data_path;
   ds_data_format data_format;
+  int skip_bad_lines;           /* skip (and count) malformed data lines instead of stopping */
   int64_t seq_len;              /* 512 */
   int64_t eval_seqs;            /* 8 */
   /* distillation: none of the two for pretraining */
