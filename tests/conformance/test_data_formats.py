@@ -9,7 +9,9 @@ split into a directory of shards read whole or through a glob. With Qwen3's own 
 equal transformers' apply_chat_template. `dspark train` on the ShareGPT shards (one line of
 them malformed) stops at that line naming file:line and the field, and with
 --skip-bad-lines trains on exactly the messages file's sequences (sequences_xxh64), says so
-on stderr and records the skipped count in run.json.
+on stderr and records the skipped count in run.json (pretrain too). `dspark capture` of a glob
+of shards gives a cache that `train --cache --data DIR` accepts for the same shards as a
+directory and refuses for other data.
 """
 import gzip
 import json
@@ -127,6 +129,26 @@ def main():
         ours, err, rc = tokenize_chat(args, target, path)
         ck.check(rc == 0 and ours == ref, f"{what}: ids and masks equal the messages file's ({err[-300:]})")
 
+    # capture reads the shards too; a run from its cache with --data recognizes them by content
+    # (the data hash of several decompressed files), and refuses other data
+    cache = os.path.join(args.tmp, "cache")
+    shutil.rmtree(cache, ignore_errors=True)
+    run([args.dspark, "capture", "--target", target, "--data", forms["glob of shards"], "--out", cache, "--seq-len",
+         "128", "--dtype", "f32", "--target-layers", "1", "--threads", "2", "--quiet"])
+    man = json.load(open(os.path.join(cache, "manifest.json")))
+    ck.check(man["num_samples"] == len(convs), f"capture of the shards: {man.get('num_samples')} samples")
+
+    def train_cache(data, out):
+        shutil.rmtree(out, ignore_errors=True)
+        return run([args.dspark, "train", "--cache", cache, "--data", data, "--out", out, "--num-anchors", "8",
+                    "--block-size", "4", "--markov-rank", "16", "--steps", "1", "--batch-seqs", "2", "--eval-seqs",
+                    "2", "--threads", "2", "--quiet"], expect_rc=None)
+
+    _, err, rc = train_cache(forms["directory of shards"], os.path.join(args.tmp, "run-cache"))
+    ck.check(rc == 0, f"train --cache --data DIR: the directory is the captured data: {err.strip()[-300:]}")
+    _, err, rc = train_cache(forms["sharegpt .gz"], os.path.join(args.tmp, "run-cache-other"))
+    ck.check(rc != 0 and "data_xxh64" in err, f"train --cache --data OTHER is refused: {err.strip()[-300:]}")
+
     # a malformed line among the shards: named, or skipped and counted
     bad = os.path.join(d, "shards", "part1-b.jsonl")
     with open(bad, "a", encoding="utf-8") as f:
@@ -159,6 +181,16 @@ def main():
                  f"the shards train on the messages file's sequences: {a['sequences_xxh64']} {b['sequences_xxh64']}")
         ck.check(b.get("data_bad_lines_skipped") == 1 and "data_bad_lines_skipped" not in a,
                  f"run.json records the skipped lines: {b.get('data_bad_lines_skipped')}")
+    # pretrain reads the same inputs and records the count too
+    out = os.path.join(args.tmp, "pretrain")
+    shutil.rmtree(out, ignore_errors=True)
+    _, err, rc = run([args.dspark, "pretrain", "--config", os.path.join(target, "config.json"), "--tokenizer",
+                      os.path.join(target, "tokenizer.json"), "--data", forms["glob of shards"], "--skip-bad-lines",
+                      "--out", out, "--seq-len", "128", "--steps", "1", "--batch-seqs", "2", "--eval-seqs", "2",
+                      "--threads", "2", "--quiet"], expect_rc=None)
+    info = json.load(open(os.path.join(out, "run.json"))) if rc == 0 else {}
+    ck.check(rc == 0 and info.get("data_bad_lines_skipped") == 1 and "1 bad line skipped" in err,
+             f"pretrain --skip-bad-lines: {info.get('data_bad_lines_skipped')} {err.strip()[-300:]}")
     ck.finish("test_data_formats")
 
 
