@@ -3,9 +3,10 @@
  * sequences of at most seq_len tokens.
  *
  * Inputs: a file, a directory (its data files, recursively) or a glob pattern, each file
- * plain, gzip or zstd (ds_data_reader_open below says how they are
- * found and ordered). Every caller reads them through ds_data_reader, so the training
- * loaders, `dspark tokenize --chat` and prompt readers see the same records.
+ * plain, gzip or zstd (ds_data_reader_open below says how they are found and ordered). The
+ * training loaders, capture and `dspark tokenize --chat` all read through ds_data_reader, so
+ * they see the same records; a program that needs the conversations themselves (prompts for
+ * regeneration) reads them the same way.
  *
  * Plain text (a .txt file, or {"text"} lines): documents are tokenized, joined with the EOS
  * token and cut into consecutive windows of seq_len tokens; every token is supervised.
@@ -52,6 +53,9 @@ typedef struct {
   size_t n_messages;
   const char *file; /* which input file */
   size_t line;      /* 1-based line in it; 0 for a whole plain-text file */
+  const char *json; /* the line itself (its other fields, e.g. an id, for a program that writes
+                       the record back out); NULL for a plain-text file */
+  size_t json_len;
 } ds_data_record;
 
 typedef struct {

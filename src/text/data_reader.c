@@ -225,6 +225,8 @@ static ds_status next_line(ds_data_reader *r, ds_data_record *rec, int *got) {
     rec->n_messages = n_msgs;
     rec->file = r->rec_file = r->file;
     rec->line = r->rec_line = r->line;
+    rec->json = p;
+    rec->json_len = n;
     *got = 1;
     return DS_OK;
   }

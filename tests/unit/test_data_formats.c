@@ -225,7 +225,7 @@ static void test_bad_lines(void) {
   ds_data_record rec;
   int got_one;
   EXPECT_OK(ds_data_reader_next(r, &rec, &got_one));
-  EXPECT(got_one && rec.line == 1);
+  EXPECT(got_one && rec.line == 1 && rec.json_len == 16 && !memcmp(rec.json, "{\"text\": \"ok 1\"}", 16));
   ds_status refused = DS_FAIL(DS_ERR_ARG, "the template raised an exception: no");
   EXPECT(ds_data_reader_reject(r, refused) == DS_OK);
   EXPECT(ds_data_reader_reject(r, DS_FAIL(DS_ERR_UNSUPPORTED, "unsupported construct")) == DS_ERR_UNSUPPORTED);
