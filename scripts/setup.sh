@@ -23,6 +23,7 @@ apt_packages=(
   libcjson-dev             # config.json, tokenizer.json, safetensors headers, manifests
   libpcre2-dev             # Unicode pre-tokenizer regexes (GPT-2 / Qwen2 / Llama-3)
   libxxhash-dev            # fast content hashes and shard checksums
+  zlib1g-dev libzstd-dev   # compressed training data (.jsonl.gz / .jsonl.zst), streamed
   libopenmpi-dev openmpi-bin  # data parallelism
   gnuplot-nox              # `dspark plot`: training curves, acceptance and calibration figures
   clang libclang-rt-14-dev # libFuzzer fuzz targets and sanitizer runtimes

@@ -1,12 +1,18 @@
-/* Training text: plain text or JSONL (plain {"text": ...} or chat {"messages": [...]}) ->
- * token ids + loss mask -> sequences of at most seq_len tokens.
+/* Training data: plain text or JSONL ({"text": ...} documents, or conversations as OpenAI-style
+ * {"messages": [...]} or ShareGPT {"conversations": [...]}) -> token ids + loss mask ->
+ * sequences of at most seq_len tokens.
+ *
+ * Inputs: a file, a directory (its data files, recursively) or a glob pattern, each file
+ * plain, gzip or zstd (ds_data_reader_open below says how they are found and ordered). The
+ * training loaders, capture and `dspark tokenize --chat` all read through ds_data_reader, so
+ * they see the same records; a program that needs the conversations themselves (prompts for
+ * regeneration) reads them the same way.
  *
  * Plain text (a .txt file, or {"text"} lines): documents are tokenized, joined with the EOS
  * token and cut into consecutive windows of seq_len tokens; every token is supervised.
- * Chat ({"messages"} lines): each conversation is rendered with the model's chat template
- * (ds_dataset_load_chat; ChatML with ds_dataset_load) and is one sequence (truncated to
- * seq_len), supervised on the assistant turns only (include/dspark/chat_template.h says
- * which tokens). The format is
+ * Chat: each conversation is rendered with the model's chat template (ds_dataset_load_chat;
+ * ChatML with ds_dataset_load) and is one sequence (truncated to seq_len), supervised on the
+ * assistant turns only (include/dspark/chat_template.h says which tokens). The format is
  * the file's suffix or content unless the caller names it (ds_data_format). */
 #ifndef DSPARK_DATASET_H
 #define DSPARK_DATASET_H
@@ -29,7 +35,63 @@ typedef enum { DS_DATA_AUTO = 0, DS_DATA_TEXT, DS_DATA_JSONL } ds_data_format;
 int ds_data_format_parse(const char *name, ds_data_format *out);
 const char *ds_data_format_name(ds_data_format f);
 
-/* Loads and packs a data file. eos_id < 0: plain-text documents are joined without a
+/* How inputs are read. skip_bad_lines: a JSONL line that is malformed (JSON, UTF-8, a missing
+ * or mistyped field) or that the chat template refuses (raise_exception) is skipped, counted
+ * and reported on stderr (the first few with their error) instead of stopping the read. */
+typedef struct {
+  ds_data_format format;
+  int skip_bad_lines;
+} ds_data_options;
+
+/* One item of the data: a document (text != NULL: a plain-text file, line 0, or a {"text"}
+ * line) or a conversation (messages; ShareGPT turns already mapped to roles). Everything
+ * points into the reader and is valid until its next call. */
+typedef struct {
+  const char *text;
+  size_t text_len;
+  const ds_chat_message *messages;
+  size_t n_messages;
+  const char *file; /* which input file */
+  size_t line;      /* 1-based line in it; 0 for a whole plain-text file */
+  const char *json; /* the line itself (its other fields, e.g. an id, for a program that writes
+                       the record back out); NULL for a plain-text file */
+  size_t json_len;
+} ds_data_record;
+
+typedef struct {
+  size_t files;       /* input files (all of them, once the end is reached) */
+  int64_t records;    /* documents and conversations returned and not rejected */
+  int64_t bad_lines;  /* lines skipped by skip_bad_lines (refused ones included) */
+  uint64_t hash;      /* the data's xxh64 (ds_data_hash); complete at the end */
+} ds_data_stats;
+
+typedef struct ds_data_reader ds_data_reader;
+
+/* inputs: an existing file is itself; an existing directory gives every file under it,
+ * recursively, whose name ends in .jsonl .ndjson .json or .txt (any case), optionally
+ * followed by .gz or .zst (names starting with '.' skipped); otherwise a glob(3) pattern
+ * (* ? [..] and {a,b} braces; matched directories walked the same way). All files are read
+ * in one order: sorted by path, byte order. A file is gzip or zstd by its magic bytes (a .gz
+ * / .zst name without them is refused) and decompressed as it streams. opt NULL: auto format,
+ * no skipping. Each file's format is resolved by its name without .gz / .zst as
+ * ds_data_format says. */
+ds_status ds_data_reader_open(const char *inputs, const ds_data_options *opt, ds_data_reader **out);
+/* The next record: *got = 1, or 0 at the end. A bad line is an error naming file:line and
+ * the field (or skipped, with skip_bad_lines). */
+ds_status ds_data_reader_next(ds_data_reader *r, ds_data_record *rec, int *got);
+/* The caller could not use the last record (st: its error, e.g. the chat template's): with
+ * skip_bad_lines and an error about the line's content (DS_ERR_FORMAT, or DS_ERR_ARG as
+ * raise_exception gives), it is counted as a bad line and DS_OK returned; otherwise st with
+ * "FILE:LINE: " before its message. */
+ds_status ds_data_reader_reject(ds_data_reader *r, ds_status st);
+void ds_data_reader_stats(const ds_data_reader *r, ds_data_stats *out);
+void ds_data_reader_close(ds_data_reader *r);
+/* The data's xxh64, without parsing: one file, the xxh64 of its (decompressed) bytes, which
+ * is the plain file hash of earlier versions; several, the xxh64 of their (xxh64, byte count)
+ * pairs as little-endian u64s, in reading order. */
+ds_status ds_data_hash(const char *inputs, uint64_t *out);
+
+/* Loads and packs the data of inputs (as ds_data_reader_open). eos_id < 0: plain-text documents are joined without a
  * separator. min_len: sequences shorter than this are dropped (at least 2: a draft needs a
  * token to predict). Refused, naming the file (and line and column where there is one):
  * invalid UTF-8, malformed JSON lines, and data with no supervised token at all (chat lines
@@ -44,6 +106,11 @@ ds_status ds_dataset_load(const char *path, ds_data_format format, const ds_toke
 ds_status ds_dataset_load_chat(const char *path, ds_data_format format, const ds_tokenizer *tok,
                                const ds_chat_template *tmpl, int enable_thinking, int64_t seq_len, int32_t eos_id,
                                int64_t min_len, ds_dataset *out);
+/* The same with all reading options; out->bad_lines counts what skip_bad_lines skipped, and
+ * a summary line on stderr says so. */
+ds_status ds_dataset_read(const char *inputs, const ds_data_options *opt, const ds_tokenizer *tok,
+                          const ds_chat_template *tmpl, int enable_thinking, int64_t seq_len, int32_t eos_id,
+                          int64_t min_len, ds_dataset *out);
 
 #ifdef __cplusplus
 }

@@ -30,6 +30,7 @@ typedef struct {
   const char *target_dir;   /* optional with cache_dir: then its weight, config and tokenizer hashes are checked */
   const char *data_path;    /* optional with cache_dir: then its hash is checked */
   ds_data_format data_format; /* how data_path is read (DS_DATA_AUTO: by suffix, then content) */
+  int skip_bad_lines;       /* skip (and count) malformed data lines instead of stopping */
   /* offline cache */
   const char *cache_dir;    /* NULL: online */
   int cache_preload;        /* convert the whole cache to fp32 in memory before training (benchmarks) */

@@ -35,6 +35,7 @@ typedef struct {
   const char *chat_template;    /* a Jinja file overriding the tokenizer's template for chat data; NULL: the
                                  * template beside the tokenizer (chat_template.jinja / tokenizer_config.json) */
   int enable_thinking;          /* passed to the template as enable_thinking: 0 / 1; -1: not passed */
+  int skip_bad_lines;           /* skip (and count) malformed data lines instead of stopping */
   int64_t seq_len;              /* 512 */
   int64_t eval_seqs;            /* 8 */
   /* distillation: none of the two for pretraining */

@@ -15,7 +15,8 @@ typedef struct {
   int32_t *ids;        /* (n_seqs, S); padding is 0 */
   uint8_t *loss_mask;  /* (n_seqs, S); 0 on padding */
   int64_t *lengths;    /* (n_seqs) real tokens of each sequence */
-  uint64_t source_hash;/* xxh64 of the file's bytes */
+  uint64_t source_hash;/* the data's xxh64 (ds_data_hash: one file's bytes, decompressed) */
+  int64_t bad_lines;   /* lines the loader skipped (--skip-bad-lines); 0 otherwise */
 } ds_dataset;
 
 void ds_dataset_free(ds_dataset *ds);

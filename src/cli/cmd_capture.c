@@ -12,7 +12,7 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-    "usage: dspark capture --target DIR --data FILE --out CACHE [options]\n"
+    "usage: dspark capture --target DIR --data INPUT --out CACHE [options]\n"
     "Runs the target once over the training sequences (packed exactly as `dspark train` packs them)\n"
     "and writes CACHE/{manifest.json, shard-%%06d.safetensors, target_weights.safetensors,\n"
     "target_config.json, tokenizer.json} (format: README \"File formats\"). Rerunning the same\n"
@@ -20,6 +20,8 @@ static void usage(FILE *f) {
     "finished cache is byte-identical to an uninterrupted capture; rerunning a finished capture checks\n"
     "every file and rewrites a missing or changed one. One capture per directory at a time: CACHE/.lock\n"
     "holds the writer's pid, and a second capture is refused naming it.\n"
+    "  --data INPUT             a file, directory or glob of text / JSONL (messages, ShareGPT) files, plain,\n"
+    "                           .gz or .zst, as `dspark train`\n"
     "  --data-format F          auto (default), text or jsonl: how --data is read, as `dspark train`\n"
     "  --chat-template FILE     Jinja template for chat lines instead of the target's own, as `dspark train`\n"
     "  --enable-thinking on|off pass enable_thinking to the chat template, as `dspark train`\n"

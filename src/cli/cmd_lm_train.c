@@ -23,7 +23,8 @@ static void usage(FILE *f, int distill) {
       "                        --topk, its temperature --temperature; with --teacher too, the teacher is checked)\n"
       "  --student DIR | --student-config FILE   continue an HF checkpoint, or a fresh student (seeded)\n"
       "  --tokenizer FILE      tokenizer.json (default: the student's, else the teacher's or the cache's)\n"
-      "  --data FILE  --data-format auto|text|jsonl  --seq-len N (512)  --eval-seqs N (8)   (not with --cache)\n"
+      "  --data INPUT  --data-format auto|text|jsonl  --skip-bad-lines  --seq-len N (512)  --eval-seqs N (8)\n"
+      "                        (not with --cache; INPUT: a file, directory or glob, as `dspark train`)\n"
       "  --chat-template FILE  chat data rendered by this Jinja template (default: the tokenizer's, from\n"
       "                        chat_template.jinja or tokenizer_config.json beside it; ChatML if none)\n"
       "  --enable-thinking on|off  pass enable_thinking to the chat template (Qwen3; default: not passed)\n"
@@ -44,7 +45,8 @@ static void usage(FILE *f, int distill) {
       "  --config FILE         a config.json for a fresh model (weights seeded by --seed)\n"
       "  --student DIR         continue an HF checkpoint instead\n"
       "  --tokenizer FILE      tokenizer.json (default: --student DIR's)\n"
-      "  --data FILE  --data-format auto|text|jsonl  --seq-len N (512)  --eval-seqs N (8)\n"
+      "  --data INPUT  --data-format auto|text|jsonl  --skip-bad-lines  --seq-len N (512)  --eval-seqs N (8)\n"
+      "                        (INPUT: a file, directory or glob, plain / .gz / .zst, as `dspark train`)\n"
       "  --chat-template FILE  chat data rendered by this Jinja template (default: the tokenizer's, from\n"
       "                        chat_template.jinja or tokenizer_config.json beside it; ChatML if none)\n"
       "  --enable-thinking on|off  pass enable_thinking to the chat template (Qwen3; default: not passed)\n"
@@ -78,6 +80,7 @@ static int lm_command(int argc, char **argv, int distill) {
         return 2;
       }
     }
+    else if (!strcmp(a, "--skip-bad-lines")) o.skip_bad_lines = 1;
     else if (!strcmp(a, "--seq-len")) CLI_INT(2, 1 << 20, o.seq_len);
     else if (!strcmp(a, "--eval-seqs")) CLI_INT(0, 1 << 20, o.eval_seqs);
     else if (!strcmp(a, "--chunk-rows")) CLI_INT(1, 1 << 20, o.kd.chunk_rows);

@@ -9,6 +9,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "dspark/chat_template.h"
+#include "dspark/dataset.h"
 #include "dspark/fileio.h"
 #include "dspark/hfconfig.h"
 #include "dspark/target.h"
@@ -19,8 +20,8 @@
 static const char k_usage[] =
     "usage: dspark tokenize TOKENIZER_JSON|MODEL_DIR [--text STR | --input FILE] [--add-special] [--ids-out FILE.bin]\n"
     "       dspark tokenize TOKENIZER_JSON --decode IDS.bin [--skip-special]\n"
-    "       dspark tokenize TOKENIZER_JSON|MODEL_DIR --chat FILE.jsonl [--add-generation-prompt]\n"
-    "                [--enable-thinking on|off] [--chat-template FILE.jinja] [--show-text]\n"
+    "       dspark tokenize TOKENIZER_JSON|MODEL_DIR --chat INPUT [--add-generation-prompt]\n"
+    "                [--enable-thinking on|off] [--chat-template FILE.jinja] [--show-text] [--skip-bad-lines]\n"
     "       dspark tokenize TOKENIZER_JSON --bench FILE [--split-nul] [--add-special]\n";
 
 static void help(void) {
@@ -35,7 +36,9 @@ static void help(void) {
          "  --ids-out FILE    write the ids as raw int32 little-endian instead of printing them\n"
          "  --decode FILE     decode raw int32 little-endian ids; the text goes to stdout\n"
          "  --skip-special    with --decode: drop special tokens\n"
-         "  --chat FILE       each line {\"messages\": [{\"role\": ..., \"content\": ...}, ...]} is\n"
+         "  --chat INPUT      each line {\"messages\": [{\"role\": ..., \"content\": ...}, ...]} (or ShareGPT\n"
+         "                    {\"conversations\": [{\"from\": ..., \"value\": ...}]}) of INPUT (a JSONL file,\n"
+         "                    .gz / .zst too, a directory or a glob, as `dspark train --data`) is\n"
          "                    rendered with the model's chat template (chat_template.jinja, else the\n"
          "                    chat_template of tokenizer_config.json, beside the tokenizer; ChatML when\n"
          "                    there is none, said on stderr) as transformers' apply_chat_template;\n"
@@ -47,6 +50,7 @@ static void help(void) {
          "  --enable-thinking on|off  with --chat: pass enable_thinking to the template (Qwen3)\n"
          "  --chat-template FILE  with --chat: this Jinja template instead of the model's\n"
          "  --show-text       with --chat: also print the rendered conversation as \"text\"\n"
+         "  --skip-bad-lines  with --chat: skip (and count) a malformed line instead of stopping\n"
          "  --bench FILE      encode FILE three times; prints the best time and MB/s (1 MB = 1e6 bytes)\n"
          "  --split-nul       with --bench: FILE holds documents separated by NUL bytes, one encode\n"
          "                    call each\n"
@@ -121,71 +125,63 @@ static void print_json_string(const char *s, size_t n) {
   putchar('"');
 }
 
-static int chat_line(const ds_tokenizer *tok, const ds_chat_template *tmpl, const char *path, size_t lineno,
-                     const char *line, size_t len, const ds_chat_options *opt, int show_text) {
-  char label[512];
-  snprintf(label, sizeof label, "%s:%zu", path, lineno);
-  ds_status st;
-  cJSON *root = tk_json_parse_text(line, len, label, &st);
-  if (!root) return cli_report_error("tokenize");
-  ds_chat_message *m = NULL;
-  size_t n = 0;
-  int rc = tk_chat_messages(cJSON_GetObjectItemCaseSensitive(root, "messages"), label, &m, &n) != DS_OK
-               ? cli_report_error("tokenize") : 0;
+/* One conversation -> its ids and loss mask on stdout. */
+static ds_status chat_record(const ds_tokenizer *tok, const ds_chat_template *tmpl, const ds_data_record *rec,
+                             const ds_chat_options *opt, int show_text) {
+  if (rec->text)
+    return DS_FAIL(DS_ERR_FORMAT, "--chat reads conversations ('messages' or 'conversations'); this line is a 'text' "
+                   "document");
   ds_ids ids = {0}, mask = {0};
-  if (!rc && ds_chat_encode(tok, tmpl, m, n, opt, &ids, &mask) != DS_OK) rc = cli_report_error("tokenize");
-  if (!rc) {
+  char *text = NULL;
+  size_t text_len = 0;
+  ds_status st = ds_chat_encode(tok, tmpl, rec->messages, rec->n_messages, opt, &ids, &mask);
+  if (st == DS_OK && show_text)
+    st = tmpl ? ds_chat_template_render(tmpl, rec->messages, rec->n_messages, opt, &text, &text_len, NULL)
+              : ds_tokenizer_decode(tok, ids.ids, ids.len, 0, &text, &text_len);
+  if (st == DS_OK) {
     printf("{");
     print_ids("ids", ids.ids, ids.len, 1);
     printf(", ");
     print_ids("loss_mask", mask.ids, mask.len, 1);
-    char *text = NULL;
-    size_t text_len = 0;
-    if (show_text && tmpl && ds_chat_template_render(tmpl, m, n, opt, &text, &text_len, NULL) != DS_OK)
-      rc = cli_report_error("tokenize");
-    if (show_text && !tmpl && ds_tokenizer_decode(tok, ids.ids, ids.len, 0, &text, &text_len) != DS_OK)
-      rc = cli_report_error("tokenize");
-    if (show_text && !rc) {
+    if (show_text) {
       printf(", \"text\": ");
       print_json_string(text, text_len);
     }
-    free(text);
     printf("}\n");
   }
+  free(text);
   ds_ids_free(&ids);
   ds_ids_free(&mask);
-  free(m);
-  cJSON_Delete(root);
-  return rc;
+  return st;
 }
 
 static int do_chat(const ds_tokenizer *tok, const char *tok_path, const char *template_path, const char *path,
-                   const ds_chat_options *opt, int show_text) {
+                   const ds_chat_options *opt, int show_text, int skip_bad_lines) {
   ds_chat_template *tmpl = NULL;
   if (ds_chat_template_load(tok_path, template_path, &tmpl) != DS_OK) return cli_report_error("tokenize");
   if (!tmpl)
     fprintf(stderr, "dspark tokenize: no chat template beside %s (chat_template.jinja or tokenizer_config.json's "
             "chat_template): rendering ChatML\n", tok_path);
-  char *data;
-  size_t len;
-  if (ds_read_file(path, &data, &len) != DS_OK) {
+  ds_data_options dopt = {DS_DATA_JSONL, skip_bad_lines};
+  ds_data_reader *r;
+  if (ds_data_reader_open(path, &dopt, &r) != DS_OK) {
     ds_chat_template_free(tmpl);
     return cli_report_error("tokenize");
   }
-  int rc = 0;
-  size_t lineno = 0;
-  for (size_t i = 0; i < len && !rc;) {
-    const char *nl = memchr(data + i, '\n', len - i);
-    size_t end = nl ? (size_t)(nl - data) : len;
-    lineno++;
-    size_t k = i;
-    while (k < end && (data[k] == ' ' || data[k] == '\t' || data[k] == '\r')) k++;
-    if (k < end) rc = chat_line(tok, tmpl, path, lineno, data + i, end - i, opt, show_text);
-    i = end + 1;
-  }
-  free(data);
+  ds_status st;
+  ds_data_record rec;
+  int got;
+  while ((st = ds_data_reader_next(r, &rec, &got)) == DS_OK && got)
+    if ((st = ds_data_reader_reject(r, chat_record(tok, tmpl, &rec, opt, show_text))) != DS_OK) break;
+  ds_data_stats ds;
+  ds_data_reader_stats(r, &ds);
+  if (st == DS_OK && skip_bad_lines)
+    fprintf(stderr, "dspark tokenize: %lld conversation%s, %lld bad line%s skipped (--skip-bad-lines)\n",
+            (long long)ds.records, ds.records == 1 ? "" : "s",
+            (long long)ds.bad_lines, ds.bad_lines == 1 ? "" : "s");
+  ds_data_reader_close(r);
   ds_chat_template_free(tmpl);
-  return rc;
+  return st == DS_OK ? 0 : cli_report_error("tokenize");
 }
 
 /* Times the encoding of FILE, best of three; with split_nul the file holds documents
@@ -243,7 +239,7 @@ static ds_status load_model_tokenizer(const char *dir, ds_tokenizer **tok) {
 int cmd_tokenize(int argc, char **argv) {
   const char *tok_path = NULL, *text = NULL, *input = NULL, *ids_out = NULL, *decode = NULL, *chat = NULL,
              *bench = NULL, *chat_template = NULL, *thinking = NULL;
-  int add_special = 0, skip_special = 0, gen_prompt = 0, split_nul = 0, show_text = 0;
+  int add_special = 0, skip_special = 0, gen_prompt = 0, split_nul = 0, show_text = 0, skip_bad = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char **dst = !strcmp(a, "--text") ? &text : !strcmp(a, "--input") ? &input
@@ -263,6 +259,8 @@ int cmd_tokenize(int argc, char **argv) {
       gen_prompt = 1;
     } else if (!strcmp(a, "--show-text")) {
       show_text = 1;
+    } else if (!strcmp(a, "--skip-bad-lines")) {
+      skip_bad = 1;
     } else if (!strcmp(a, "--split-nul")) {
       split_nul = 1;
     } else if (a[0] == '-' || tok_path) {
@@ -282,6 +280,7 @@ int cmd_tokenize(int argc, char **argv) {
                     : skip_special && !decode ? "--skip-special (only with --decode)"
                     : gen_prompt && !chat ? "--add-generation-prompt (only with --chat)"
                     : show_text && !chat ? "--show-text (only with --chat)"
+                    : skip_bad && !chat ? "--skip-bad-lines (only with --chat)"
                     : chat_template && !chat ? "--chat-template (only with --chat)"
                     : thinking && !chat ? "--enable-thinking (only with --chat)"
                     : split_nul && !bench ? "--split-nul (only with --bench)"
@@ -310,7 +309,7 @@ int cmd_tokenize(int argc, char **argv) {
   if (decode) {
     rc = do_decode(tok, decode, skip_special);
   } else if (chat) {
-    rc = do_chat(tok, tok_path, chat_template, chat, &opt, show_text);
+    rc = do_chat(tok, tok_path, chat_template, chat, &opt, show_text, skip_bad);
   } else if (bench) {
     rc = do_bench(tok, bench, add_special, split_nul, load_s);
   } else {

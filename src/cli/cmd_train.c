@@ -24,7 +24,10 @@ static void usage(FILE *f) {
     "  --cache-prefetch N      samples converted ahead by the prefetch thread (4; at least 2)\n"
     "  --cache-preload         convert the whole cache to fp32 in memory first (benchmarks, small caches)\n"
     "data:\n"
-    "  --data FILE             plain text, or JSONL ({\"text\": ...} or {\"messages\": [...]} per line)\n"
+    "  --data INPUT            a file, a directory (its data files, recursively) or a glob ('data/*.jsonl.gz'):\n"
+    "                          plain text, or JSONL ({\"text\"}, {\"messages\"} or ShareGPT {\"conversations\"}\n"
+    "                          per line), each file optionally .gz / .zst; README: Training data\n"
+    "  --skip-bad-lines        skip a malformed line (counted and reported) instead of stopping at it\n"
     "  --data-format F         auto (default: .jsonl/.ndjson/.json are JSONL and .txt is text, any case;\n"
     "                          other names by content: a first line that is a JSON object means JSONL),\n"
     "                          text or jsonl\n"
@@ -84,6 +87,7 @@ int cmd_train(int argc, char **argv) {
         return 2;
       }
     }
+    else if (!strcmp(a, "--skip-bad-lines")) o.skip_bad_lines = 1;
     else if (!strcmp(a, "--cache")) { CLI_VALUE(); o.cache_dir = v; }
     else if (!strcmp(a, "--cache-prefetch")) CLI_INT(2, 1024, o.cache_prefetch);
     else if (!strcmp(a, "--cache-preload")) o.cache_preload = 1;

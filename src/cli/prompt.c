@@ -70,11 +70,13 @@ static ds_status json_prompt(const ds_tokenizer *tok, const cli_chat *cc, const 
   cJSON *j = tk_json_parse_text(line, len, label, &st);
   if (!j) return st;
   const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
+  const cJSON *conv = cJSON_GetObjectItemCaseSensitive(j, "conversations");
   const cJSON *text = cJSON_GetObjectItemCaseSensitive(j, "prompt");
-  if (cJSON_IsArray(msgs)) {
+  if (cJSON_IsArray(msgs) || cJSON_IsArray(conv)) { /* OpenAI messages or ShareGPT, as the training data */
     ds_chat_message *m = NULL;
     size_t k = 0;
-    st = tk_chat_messages(msgs, label, &m, &k);
+    st = cJSON_IsArray(msgs) ? tk_chat_messages(msgs, label, &m, &k)
+                             : tk_chat_sharegpt(conv, cJSON_GetObjectItemCaseSensitive(j, "system"), label, &m, &k);
     if (st == DS_OK && k > 0 && !strcmp(m[k - 1].role, "assistant")) k--; /* the answer is what gets generated */
     ds_ids mask = {0};
     ds_chat_options opt = {1, cc ? cc->enable_thinking : -1};
@@ -84,7 +86,8 @@ static ds_status json_prompt(const ds_tokenizer *tok, const cli_chat *cc, const 
   } else if (cJSON_IsString(text)) {
     st = cli_prompt_ids(tok, cc, text->valuestring, NULL, 0, chat, ids);
   } else {
-    st = DS_FAIL(DS_ERR_FORMAT, "%s:%d: expected {\"messages\": [...]} or {\"prompt\": TEXT}", path, lineno);
+    st = DS_FAIL(DS_ERR_FORMAT, "%s:%d: expected {\"messages\": [...]}, {\"conversations\": [...]} or {\"prompt\": TEXT}",
+                 path, lineno);
   }
   cJSON_Delete(j);
   return st;

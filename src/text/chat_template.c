@@ -11,9 +11,7 @@
 
 #include "dspark/chat_template.h"
 #include "dspark/fileio.h"
-#include "text/chat_json.h"
 #include "text/jinja_internal.h"
-#include "text/json_text.h"
 #include "text/tok_internal.h"
 
 enum { MAX_VARS = 32 };
@@ -430,46 +428,3 @@ ds_status ds_chat_encode(const ds_tokenizer *tok, const ds_chat_template *t, con
   return st;
 }
 
-/* ------------------------------------------------------------------ messages from JSON */
-
-ds_status tk_chat_messages(const cJSON *msgs, const char *label, ds_chat_message **out, size_t *n) {
-  *out = NULL;
-  *n = 0;
-  if (!cJSON_IsArray(msgs)) return DS_FAIL(DS_ERR_FORMAT, "%s: 'messages' must be an array", label);
-  ds_chat_message *m = calloc((size_t)cJSON_GetArraySize(msgs) + 1, sizeof *m);
-  if (!m) return DS_FAIL(DS_ERR_NOMEM, "%s: out of memory", label);
-  size_t i = 0;
-  const cJSON *it;
-  ds_status st = DS_OK;
-  cJSON_ArrayForEach(it, msgs) {
-    const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
-    const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
-    if (!cJSON_IsString(role) || !cJSON_IsString(content)) {
-      st = DS_FAIL(DS_ERR_FORMAT, "%s: messages[%zu] needs string 'role' and 'content'", label, i);
-      break;
-    }
-    size_t role_len;
-    m[i].role = tk_json_str(role, &role_len);
-    if (role_len != strlen(m[i].role)) {
-      st = DS_FAIL(DS_ERR_FORMAT, "%s: messages[%zu].role holds a NUL character (\\u0000)", label, i);
-      break;
-    }
-    m[i].content = tk_json_str(content, &m[i].content_len);
-    static const char *const reasoning_keys[] = {"reasoning_content", "thinking", "reasoning"};
-    for (int k = 0; k < 3 && !m[i].reasoning && st == DS_OK; k++) {
-      const cJSON *r = cJSON_GetObjectItemCaseSensitive(it, reasoning_keys[k]);
-      if (cJSON_IsString(r)) m[i].reasoning = tk_json_str(r, &m[i].reasoning_len);
-      else if (r && !cJSON_IsNull(r))
-        st = DS_FAIL(DS_ERR_FORMAT, "%s: messages[%zu].%s must be a string", label, i, reasoning_keys[k]);
-    }
-    if (st != DS_OK) break;
-    i++;
-  }
-  if (st != DS_OK) {
-    free(m);
-    return st;
-  }
-  *out = m;
-  *n = i;
-  return DS_OK;
-}

@@ -1,15 +1,10 @@
 #include "dspark/dataset.h"
 
-#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <xxhash.h>
 
-#include "dspark/fileio.h"
-#include "text/chat_json.h"
-#include "text/json_text.h"
 #include "text/tok_json.h"
 
 typedef struct {
@@ -27,13 +22,15 @@ typedef struct {
 /* A chat role the template does not know: reported once, with its first line and count. */
 typedef struct {
   char role[64];
-  size_t first_line, count;
+  char where[300]; /* FILE:LINE of its first message */
+  size_t count;
 } role_note;
 
 enum { MAX_ROLE_NOTES = 8 };
 
 typedef struct {
-  const char *path;
+  const char *path;             /* the inputs as given */
+  ds_data_reader *reader;
   const ds_chat_template *tmpl; /* NULL: ChatML */
   int enable_thinking;          /* as ds_chat_options */
   role_note roles[MAX_ROLE_NOTES];
@@ -67,17 +64,6 @@ static ds_status push_seq(seq_builder *b, const int32_t *ids, const int32_t *mas
   return DS_OK;
 }
 
-/* Refuses bytes that are not UTF-8, naming the file, line and column (line0: the line
- * number of buf[0], which starts a line). */
-static ds_status check_utf8(const char *path, const char *buf, size_t len, size_t line0) {
-  size_t valid = tk_utf8_valid_prefix((const unsigned char *)buf, len);
-  if (valid == len) return DS_OK;
-  size_t line, col;
-  tk_text_line_col(buf, valid, &line, &col);
-  return DS_FAIL(DS_ERR_FORMAT, "%s:%zu:%zu: invalid UTF-8 (byte 0x%02X): data must be UTF-8 text", path,
-                 line0 + line - 1, col, (unsigned)(unsigned char)buf[valid]);
-}
-
 /* Plain text: append the document and an EOS to the stream. */
 static ds_status add_document(token_stream *s, const ds_tokenizer *tok, const char *text, size_t len, int32_t eos) {
   size_t before = s->ids.len;
@@ -87,7 +73,7 @@ static ds_status add_document(token_stream *s, const ds_tokenizer *tok, const ch
   return DS_OK;
 }
 
-static void note_role(load_ctx *c, const char *role, size_t line) {
+static void note_role(load_ctx *c, const char *role, const char *file, size_t line) {
   for (size_t k = 0; k < sizeof k_known_roles / sizeof k_known_roles[0]; k++)
     if (!strcmp(role, k_known_roles[k])) return;
   for (int i = 0; i < c->n_roles; i++)
@@ -101,24 +87,18 @@ static void note_role(load_ctx *c, const char *role, size_t line) {
   }
   role_note *r = &c->roles[c->n_roles++];
   snprintf(r->role, sizeof r->role, "%s", role);
-  r->first_line = line;
+  snprintf(r->where, sizeof r->where, "%s:%zu", file, line);
   r->count = 1;
 }
 
-static ds_status add_chat(seq_builder *b, load_ctx *c, const ds_tokenizer *tok, const cJSON *msgs, size_t line) {
-  char label[600];
-  snprintf(label, sizeof label, "%s:%zu", c->path, line);
-  ds_chat_message *m;
-  size_t n;
-  DS_TRY(tk_chat_messages(msgs, label, &m, &n));
+static ds_status add_chat(seq_builder *b, load_ctx *c, const ds_tokenizer *tok, const ds_data_record *rec) {
   if (!c->tmpl) /* the template decides what a role means; ChatML only knows three */
-    for (size_t i = 0; i < n; i++) note_role(c, m[i].role, line);
+    for (size_t i = 0; i < rec->n_messages; i++) note_role(c, rec->messages[i].role, rec->file, rec->line);
   ds_ids ids = {0}, mask = {0};
   ds_chat_options opt = {0, c->enable_thinking};
-  ds_status st = ds_chat_encode(tok, c->tmpl, m, n, &opt, &ids, &mask);
-  free(m);
+  ds_status st = ds_chat_encode(tok, c->tmpl, rec->messages, rec->n_messages, &opt, &ids, &mask);
   if (st != DS_OK) {
-    ds_error_wrap(st, "%s:%zu", c->path, line);
+    st = ds_data_reader_reject(c->reader, st); /* DS_OK: skipped as a bad line */
   } else {
     int64_t kept = (int64_t)(ids.len < (size_t)b->S ? ids.len : (size_t)b->S), supervised = 0;
     for (int64_t t = 0; t < kept; t++) supervised += mask.ids[t] != 0;
@@ -133,81 +113,6 @@ static ds_status add_chat(seq_builder *b, load_ctx *c, const ds_tokenizer *tok, 
   return st;
 }
 
-static int has_suffix_ci(const char *s, const char *suffix) {
-  size_t a = strlen(s), b = strlen(suffix);
-  return a >= b && !strcasecmp(s + a - b, suffix);
-}
-
-/* Does the first non-blank line parse as a JSON object? (A UTF-8 BOM before it is skipped.) */
-static int looks_like_jsonl(const char *buf, size_t len) {
-  size_t i = len >= 3 && !memcmp(buf, "\xEF\xBB\xBF", 3) ? 3 : 0;
-  while (i < len && (buf[i] == ' ' || buf[i] == '\t' || buf[i] == '\r' || buf[i] == '\n')) i++;
-  if (i == len || buf[i] != '{') return 0;
-  const char *nl = memchr(buf + i, '\n', len - i);
-  size_t n = nl ? (size_t)(nl - (buf + i)) : len - i;
-  ds_status st;
-  cJSON *obj = tk_json_parse_text(buf + i, n, "first line", &st);
-  int ok = obj && cJSON_IsObject(obj);
-  cJSON_Delete(obj);
-  ds_error_clear();
-  return ok;
-}
-
-static ds_data_format resolve_format(const char *path, ds_data_format format, const char *buf, size_t len) {
-  if (format != DS_DATA_AUTO) return format;
-  if (has_suffix_ci(path, ".jsonl") || has_suffix_ci(path, ".ndjson") || has_suffix_ci(path, ".json"))
-    return DS_DATA_JSONL;
-  int jsonl = looks_like_jsonl(buf, len);
-  if (has_suffix_ci(path, ".txt")) {
-    if (jsonl)
-      fprintf(stderr,
-              "dspark: warning: %s: read as plain text (its suffix) although its first line is a JSON object; "
-              "--data-format jsonl reads it as JSONL\n",
-              path);
-    return DS_DATA_TEXT;
-  }
-  fprintf(stderr, "dspark: %s: no .txt / .jsonl / .ndjson / .json suffix: read as %s (its first line %s); "
-                  "--data-format text|jsonl decides otherwise\n",
-          path, jsonl ? "JSONL" : "plain text", jsonl ? "is a JSON object" : "is not a JSON object");
-  return jsonl ? DS_DATA_JSONL : DS_DATA_TEXT;
-}
-
-static ds_status load_jsonl(load_ctx *c, seq_builder *b, token_stream *s, const ds_tokenizer *tok, const char *buf,
-                            size_t len, int32_t eos_id) {
-  ds_status st = DS_OK;
-  size_t line = 0;
-  const char *p = buf;
-  if (len >= 3 && !memcmp(buf, "\xEF\xBB\xBF", 3)) p += 3; /* a UTF-8 BOM */
-  while (st == DS_OK && p < buf + len) {
-    const char *nl = memchr(p, '\n', (size_t)(buf + len - p));
-    size_t n = nl ? (size_t)(nl - p) : (size_t)(buf + len - p);
-    line++;
-    size_t k = 0;
-    while (k < n && (p[k] == ' ' || p[k] == '\t' || p[k] == '\r')) k++;
-    if (k < n && (st = check_utf8(c->path, p, n, line)) == DS_OK) {
-      char label[1024];
-      snprintf(label, sizeof label, "%s:%zu", c->path, line);
-      cJSON *obj = tk_json_parse_text(p, n, label, &st);
-      if (obj) {
-        const cJSON *text = cJSON_GetObjectItemCaseSensitive(obj, "text");
-        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(obj, "messages");
-        size_t tlen;
-        if (cJSON_IsString(text)) {
-          const char *t = tk_json_str(text, &tlen);
-          if ((st = add_document(s, tok, t, tlen, eos_id)) != DS_OK) ds_error_wrap(st, "%s", label);
-        } else if (cJSON_IsArray(msgs)) {
-          st = add_chat(b, c, tok, msgs, line);
-        } else {
-          st = DS_FAIL(DS_ERR_FORMAT, "%s: a line needs a string 'text' or a list 'messages'", label);
-        }
-        cJSON_Delete(obj);
-      }
-    }
-    p += n + 1;
-  }
-  return st;
-}
-
 static void report_roles(const load_ctx *c) {
   for (int i = 0; i < c->n_roles; i++) {
     const role_note *r = &c->roles[i];
@@ -216,9 +121,9 @@ static void report_roles(const load_ctx *c) {
     for (size_t k = 0; k < sizeof k_known_roles / sizeof k_known_roles[0]; k++)
       if (!strcasecmp(r->role, k_known_roles[k])) hint = k_known_roles[k];
     fprintf(stderr,
-            "dspark: warning: %s:%zu: chat role '%s' is not one the ChatML template knows (system, user, assistant): "
+            "dspark: warning: %s: chat role '%s' is not one the ChatML template knows (system, user, assistant): "
             "rendered as is and never supervised (%zu message%s)%s%s%s\n",
-            c->path, r->first_line, tk_show(r->role, shown), r->count, r->count == 1 ? "" : "s", hint[0] ? "; roles are case-sensitive, did you mean '" : "",
+            r->where, tk_show(r->role, shown), r->count, r->count == 1 ? "" : "s", hint[0] ? "; roles are case-sensitive, did you mean '" : "",
             hint, hint[0] ? "'?" : "");
   }
   if (c->other_roles)
@@ -247,13 +152,35 @@ ds_status ds_dataset_load(const char *path, ds_data_format format, const ds_toke
 ds_status ds_dataset_load_chat(const char *path, ds_data_format format, const ds_tokenizer *tok,
                                const ds_chat_template *tmpl, int enable_thinking, int64_t seq_len, int32_t eos_id,
                                int64_t min_len, ds_dataset *out) {
+  ds_data_options opt = {format, 0};
+  return ds_dataset_read(path, &opt, tok, tmpl, enable_thinking, seq_len, eos_id, min_len, out);
+}
+
+/* Reads every record of the inputs: conversations become sequences, documents the stream. */
+static ds_status read_records(load_ctx *c, seq_builder *b, token_stream *s, const ds_tokenizer *tok, int32_t eos_id) {
+  ds_data_record rec;
+  int got;
+  for (;;) {
+    DS_TRY(ds_data_reader_next(c->reader, &rec, &got));
+    if (!got) return DS_OK;
+    if (!rec.text) {
+      DS_TRY(add_chat(b, c, tok, &rec));
+      continue;
+    }
+    size_t before = s->ids.len;
+    ds_status st = add_document(s, tok, rec.text, rec.text_len, eos_id);
+    if (st != DS_OK) { /* a skipped document leaves nothing behind */
+      s->ids.len = s->mask.len = before;
+      DS_TRY(ds_data_reader_reject(c->reader, st));
+    }
+  }
+}
+
+ds_status ds_dataset_read(const char *path, const ds_data_options *opt, const ds_tokenizer *tok,
+                          const ds_chat_template *tmpl, int enable_thinking, int64_t seq_len, int32_t eos_id,
+                          int64_t min_len, ds_dataset *out) {
   memset(out, 0, sizeof *out);
   if (seq_len < 2) return DS_FAIL(DS_ERR_ARG, "dataset: sequence length %lld must be at least 2", (long long)seq_len);
-  if (format != DS_DATA_AUTO && format != DS_DATA_TEXT && format != DS_DATA_JSONL)
-    return DS_FAIL(DS_ERR_ARG, "dataset: unknown data format %d", (int)format);
-  char *buf;
-  size_t len;
-  DS_TRY(ds_read_file(path, &buf, &len));
   seq_builder b = {seq_len, min_len < 2 ? 2 : min_len, 0, 0, NULL, NULL, NULL};
   token_stream s = {{0}, {0}};
   load_ctx c;
@@ -261,22 +188,29 @@ ds_status ds_dataset_load_chat(const char *path, ds_data_format format, const ds
   c.path = path;
   c.tmpl = tmpl;
   c.enable_thinking = enable_thinking;
-  ds_status st = DS_OK;
-  if (resolve_format(path, format, buf, len) == DS_DATA_JSONL) {
-    st = load_jsonl(&c, &b, &s, tok, buf, len, eos_id);
-  } else if ((st = check_utf8(path, buf, len, 1)) == DS_OK) {
-    st = add_document(&s, tok, buf, len, eos_id);
-    if (st != DS_OK) ds_error_wrap(st, "%s", path);
-  }
+  DS_TRY(ds_data_reader_open(path, opt, &c.reader));
+  ds_status st = read_records(&c, &b, &s, tok, eos_id);
   /* The plain-text stream becomes consecutive windows. */
   for (size_t at = 0; st == DS_OK && at < s.ids.len; at += (size_t)seq_len) {
     size_t n = s.ids.len - at < (size_t)seq_len ? s.ids.len - at : (size_t)seq_len;
     st = push_seq(&b, s.ids.ids + at, s.mask.ids + at, (int64_t)n);
   }
-  out->source_hash = XXH64(buf, len, 0);
-  free(buf);
+  ds_data_stats ds;
+  ds_data_reader_stats(c.reader, &ds);
+  ds_data_reader_close(c.reader);
+  out->source_hash = ds.hash;
+  out->bad_lines = ds.bad_lines;
   ds_ids_free(&s.ids);
   ds_ids_free(&s.mask);
+  int skipping = opt && opt->skip_bad_lines;
+  if (st == DS_OK && (ds.files > 1 || skipping)) { /* the data's summary: what was read, what was skipped */
+    char bad[96] = "";
+    if (skipping)
+      snprintf(bad, sizeof bad, ", %lld bad line%s skipped (--skip-bad-lines)", (long long)ds.bad_lines,
+               ds.bad_lines == 1 ? "" : "s");
+    fprintf(stderr, "dspark: %s: %zu file%s, %lld record%s read%s\n", path, ds.files, ds.files == 1 ? "" : "s",
+            (long long)ds.records, ds.records == 1 ? "" : "s", bad);
+  }
   report_roles(&c);
   if (st == DS_OK && !tmpl && c.chats)
     fprintf(stderr, "dspark: note: %s: %zu conversations rendered with ChatML (the tokenizer has no chat template: "

@@ -83,7 +83,7 @@ static ds_status open_cache(lm_run *t, const ds_model_config *sc) {
     e.check_weights = 1;
   }
   if (o->data_path) {
-    DS_TRY(ds_cache_hash_file(o->data_path, &e.data_xxh64));
+    DS_TRY(ds_data_hash(o->data_path, &e.data_xxh64));
     e.check_data = 1;
   }
   DS_TRY(ds_cache_open(o->cache_dir, &e, &t->fc));
@@ -143,6 +143,8 @@ static ds_status config_texts(lm_run *t, uint64_t student_hash, uint64_t teacher
     if (o->teacher_dir) cJSON_AddStringToObject(j, "teacher", o->teacher_dir);
     if (o->cache_dir) cJSON_AddStringToObject(j, "cache", o->cache_dir);
     if (o->data_path) cJSON_AddStringToObject(j, "data", o->data_path);
+    if (o->data_path && o->skip_bad_lines) /* how many lines the sequences lack */
+      cJSON_AddNumberToObject(j, "data_bad_lines_skipped", (double)t->data.bad_lines);
     if (o->data_path) { /* what renders the data's conversations */
       char desc[600];
       if (t->chat)
@@ -195,7 +197,8 @@ ds_status ds_lm_setup(lm_run *t) {
     if (!o->data_path) return DS_FAIL(DS_ERR_ARG, "training needs --data (or --cache)");
     DS_TRY(ds_config_check_positions(&sc, o->student_dir ? o->student_dir : o->student_config, o->seq_len, "--seq-len"));
     int32_t eos = sc.n_eos ? (int32_t)sc.eos_token_ids[0] : -1;
-    DS_TRY(ds_dataset_load_chat(o->data_path, o->data_format, t->tok, t->chat, o->enable_thinking, o->seq_len, eos, 2, &t->data));
+    ds_data_options dopt = {o->data_format, o->skip_bad_lines};
+    DS_TRY(ds_dataset_read(o->data_path, &dopt, t->tok, t->chat, o->enable_thinking, o->seq_len, eos, 2, &t->data));
     t->data_label = o->data_path;
   }
   if (o->eval_seqs >= t->data.n_seqs)
