@@ -512,11 +512,14 @@ int cmd_regenerate(int argc, char **argv) {
   }
   double t0 = ds_time_sec();
   int64_t kill_at = kill_after(), done_here = 0;
+  double shown = -1e9; /* progress at most every 5 s off a terminal, and at the end */
   for (int64_t g0 = next / o.batch * o.batch; next < in.n && g0 < in.n; g0 += o.batch) {
     int64_t g1 = g0 + o.batch < in.n ? g0 + o.batch : in.n;
     if (run_group(&g, f, g0, g1, next, kill_at) != DS_OK) goto report;
     done_here += g1 - (g0 > next ? g0 : next);
     double el = ds_time_sec() - t0;
+    if (g1 < in.n && el - shown < (isatty(fileno(stderr)) ? 0.2 : 5.0)) continue;
+    shown = el;
     char extra[96];
     snprintf(extra, sizeof extra, "conversations (%lld turns, %lld tokens)", (long long)g.turns, (long long)g.tokens);
     ds_progress_line(stderr, "regenerate", g1, in.n, done_here, el, el > 0 ? (double)g.tokens / el : 0, "tokens/s",
