@@ -100,8 +100,7 @@ ds_status ds_generate(ds_target *target, const int32_t *prompt, int64_t n_prompt
                       ds_spec_result *r);
 /* R requests decoded together: one target forward per step over every unfinished request's
  * new token (each request its own KV cache and length). Request i samples with seed + i (or
- * seeds[i]). The
- * timings of every result are the batch's. */
+ * seeds[i]). The timings of every result are the batch's. */
 ds_status ds_generate_batch(ds_target *target, const int32_t *const *prompts, const int64_t *n_prompts, int R,
                             const ds_spec_options *o, ds_spec_result *results);
 
@@ -112,8 +111,7 @@ ds_status ds_speculate(ds_target *target, ds_draft *draft, const int32_t *prompt
 /* R requests as one batch: per round every unfinished request proposes its tokens (its own
  * draft state), then ONE target pass verifies all requests' candidates (each its own KV cache
  * and length); acceptance, commits and crops per request. Request i samples with seed + i (or
- * seeds[i]);
- * the timings of every result are the batch's. */
+ * seeds[i]); the timings of every result are the batch's. */
 ds_status ds_speculate_batch(ds_target *target, ds_draft *draft, const int32_t *const *prompts, const int64_t *n_prompts,
                              int R, const ds_spec_options *o, ds_spec_result *results);
 void ds_spec_result_free(ds_spec_result *r);
