@@ -58,6 +58,8 @@ static void usage(FILE *f) {
           "  --completion          no chat template: each {\"text\"} / {\"prompt\"} (or plain-text line) is\n"
           "                        continued as text; the output's \"text\" is the prompt plus the continuation\n"
           "  --ignore-eos          generate --max-new-tokens every time\n"
+          "  --skip-bad-lines      a malformed line, or a conversation the chat template refuses, is skipped\n"
+          "                        (named on stderr, counted in the summary) instead of ending the run\n"
           "  --draft DIR           decode speculatively with this DSpark draft (greedy: the same output)\n"
           "  --batch N             conversations decoded together (default 16)\n"
           "  --summary FILE        the run's summary (JSON) there instead of stdout\n"
@@ -74,7 +76,7 @@ typedef struct {
   const char *target_dir, *draft_dir, *data, *out, *summary, *chat_template;
   double temperature, top_p;
   int64_t max_new, seed, batch, threads;
-  int thinking, completion, ignore_eos;
+  int thinking, completion, ignore_eos, skip_bad;
 } regen_options;
 
 typedef struct {
@@ -87,14 +89,14 @@ typedef struct {
   int64_t max_pos;
   int split_reasoning; /* the template renders reasoning: split a generated <think> block */
   char settings[17];
-  int64_t turns, tokens, eos, length, skipped, written;
+  int64_t turns, tokens, eos, length, skipped, bad, written;
 } regen;
 
 /* One conversation of the group being decoded. */
 typedef struct {
   int64_t index;
   cJSON *obj, *tokens, *finish; /* the output object; its per-turn counts */
-  int turns, skipped;
+  int turns, skipped;            /* skipped: 1 too long or empty, 2 a bad conversation (--skip-bad-lines) */
   int kept;                     /* the current turn keeps the source's reasoning */
 } conv;
 
@@ -234,7 +236,16 @@ static ds_status decode_round(regen *g, conv *cs, int nc, int r, int *any) {
   for (int i = 0; st == DS_OK && i < nc; i++) {
     conv *c = &cs[i];
     if (c->skipped || r >= c->turns) continue;
-    if ((st = turn_prompt(g, c, r, &prompts[R])) != DS_OK) break;
+    if ((st = turn_prompt(g, c, r, &prompts[R])) != DS_OK) {
+      /* a conversation the template refuses (its raise_exception, an unsupported construct) */
+      if (!g->o->skip_bad || (st != DS_ERR_ARG && st != DS_ERR_FORMAT && st != DS_ERR_UNSUPPORTED)) break;
+      ds_note("regenerate: %s; conversation skipped (--skip-bad-lines)", ds_last_error());
+      ds_error_clear();
+      ds_ids_free(&prompts[R]);
+      c->skipped = 2;
+      st = DS_OK;
+      continue;
+    }
     char label[1100];
     if (prompts[R].len == 0 || (int64_t)prompts[R].len + g->o->max_new > g->max_pos) {
       ds_note("regenerate: %s: turn %d's prompt (%zu tokens) plus --max-new-tokens %lld %s: conversation skipped",
@@ -335,7 +346,7 @@ static ds_status run_group(regen *g, FILE *f, int64_t g0, int64_t g1, int64_t fr
   for (int r = 0, any = 1; st == DS_OK && r < max_turns && any; r++) st = decode_round(g, cs, nc, r, &any);
   for (int i = 0; st == DS_OK && i < nc; i++) {
     if (cs[i].index < from) continue; /* written by the run that was killed */
-    if (cs[i].skipped) g->skipped++;
+    if (cs[i].skipped) *(cs[i].skipped == 2 ? &g->bad : &g->skipped) += 1;
     else st = write_line(g, f, &cs[i], kill_at);
   }
   if (st == DS_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
@@ -393,6 +404,7 @@ static ds_status summary(const regen *g, int64_t resumed_lines, int64_t next, do
   cJSON_AddNumberToObject(j, "lines_kept", (double)resumed_lines);
   cJSON_AddNumberToObject(j, "lines_written", (double)g->written);
   cJSON_AddNumberToObject(j, "skipped", (double)g->skipped);
+  cJSON_AddNumberToObject(j, "bad_lines_skipped", (double)(g->in->bad + g->bad));
   cJSON_AddNumberToObject(j, "turns_regenerated", (double)g->turns);
   cJSON_AddNumberToObject(j, "tokens_generated", (double)g->tokens);
   cJSON *fin = cJSON_AddObjectToObject(j, "finish");
@@ -429,6 +441,7 @@ static int parse_options(int argc, char **argv, regen_options *o) {
     else if (!strcmp(a, "--summary")) { CLI_VALUE(); o->summary = v; }
     else if (!strcmp(a, "--completion")) o->completion = 1;
     else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = 1;
+    else if (!strcmp(a, "--skip-bad-lines")) o->skip_bad = 1;
     else if (!strcmp(a, "--max-new-tokens")) CLI_INT(1, 1 << 24, o->max_new);
     else if (!strcmp(a, "--seed")) CLI_INT(0, INT64_MAX, o->seed);
     else if (!strcmp(a, "--batch")) CLI_INT(1, 4096, o->batch);
@@ -484,7 +497,7 @@ int cmd_regenerate(int argc, char **argv) {
   if (ds_config_load(cfg_path, &pre) != DS_OK || ds_target_check_tokenizer(&pre, g.tok, cfg_path, tok_path) != DS_OK)
     goto report;
   g.max_pos = pre.max_position_embeddings;
-  if (regen_input_read(o.data, o.completion, &in) != DS_OK) goto report;
+  if (regen_input_read(o.data, o.completion, o.skip_bad, &in) != DS_OK) goto report;
   settings_hash(&g);
   g.split_reasoning = renders_reasoning(g.cc.tmpl);
   /* one writer per output: the lock is taken before the file is checked or cut */

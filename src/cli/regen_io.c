@@ -118,10 +118,11 @@ ds_status regen_conversation_from_line(const regen_input *in, int64_t k, cJSON *
   return DS_OK;
 }
 
-ds_status regen_input_read(const char *path, int completion, regen_input *in) {
+ds_status regen_input_read(const char *path, int completion, int skip_bad, regen_input *in) {
   memset(in, 0, sizeof *in);
   in->path = path;
   in->completion = completion;
+  in->skip_bad = skip_bad;
   in->jsonl = has_suffix_ci(path, ".jsonl") || has_suffix_ci(path, ".ndjson");
   DS_TRY(ds_read_file(path, &in->buf, &in->len));
   size_t at = in->len >= 3 && !memcmp(in->buf, "\xEF\xBB\xBF", 3) ? 3 : 0; /* a UTF-8 BOM */
@@ -142,6 +143,13 @@ ds_status regen_input_read(const char *path, int completion, regen_input *in) {
       cJSON *o = NULL;
       st = regen_conversation_from_line(in, in->n - 1, &o);
       cJSON_Delete(o);
+      if (st != DS_OK && st != DS_ERR_NOMEM && skip_bad) {
+        ds_note("regenerate: %s; line skipped (--skip-bad-lines)", ds_last_error());
+        ds_error_clear();
+        st = DS_OK;
+        in->n--;
+        in->bad++;
+      }
     }
     at += n + (nl ? 1 : 0);
   }

@@ -28,11 +28,14 @@ typedef struct {
   int64_t n;
   int jsonl;       /* .jsonl / .ndjson: JSON lines; else one plain-text prompt per line */
   int completion;  /* prompts continued as text, no chat template */
+  int skip_bad;    /* a line that does not convert is skipped (said on stderr, counted), not an error */
+  int64_t bad;     /* lines skipped so */
 } regen_input;
 
 /* Reads path and checks every line converts (regen_conversation_from_line), so a bad line is
- * reported (file, line, field) before any decoding. */
-ds_status regen_input_read(const char *path, int completion, regen_input *in);
+ * reported (file, line, field) before any decoding; with skip_bad it is left out instead
+ * (named on stderr, counted in in->bad). */
+ds_status regen_input_read(const char *path, int completion, int skip_bad, regen_input *in);
 void regen_input_free(regen_input *in);
 
 /* Conversation k of the input as the object to write (see the top of this file); *out is

@@ -16,6 +16,8 @@ with a ChatML tokenizer (<|im_end|> is its stop token):
 - --thinking with Qwen3's template: off equals `generate --chat-template --enable-thinking
   off`; keep keeps a turn's reasoning_content and continues after it, the prompt being
   transformers' rendering of the turn up to its content;
+- bad lines: a malformed line is an error naming it; with --skip-bad-lines it, and a
+  conversation the template refuses, are skipped, named and counted, the other lines unchanged;
 - --completion: {"text": P} becomes P plus what `generate --data` continues it with (the demo's
   draft training text)."""
 import json
@@ -265,6 +267,24 @@ def main():
     for o, g in zip(got, gen_off.splitlines()):
         a = next(m for m in o["messages"] if m["role"] == "assistant")
         ck.check(a["content"] == json.loads(g), f"--thinking off: {a['content']!r} != generate's {json.loads(g)!r}")
+    # bad lines: an error naming the line, or with --skip-bad-lines skipped and counted (a
+    # malformed line, and a conversation Qwen3's template refuses: an empty one, before the first answer)
+    bad = os.path.join(tmp, "bad.jsonl")
+    with open(bad, "w") as f:
+        f.write(read(data).decode())
+        f.write('{"messages": [{"role": "user"}]}\n')
+        f.write(json.dumps({"messages": [{"role": "assistant", "content": "hi"}]}) + "\n")
+    p = os.path.join(tmp, "bad-out.jsonl")
+    for q in (p, p + ".x"):
+        if os.path.exists(q):
+            os.remove(q)
+    _, err, _ = regen(args, bad, p + ".x", ["--chat-template", qwen3, "--thinking", "off"], expect_rc=1)
+    ck.check(f"{bad}:11: messages[0] needs string 'role' and 'content'" in err, f"malformed line: {err.strip()}")
+    so, err, _ = regen(args, bad, p, ["--chat-template", qwen3, "--thinking", "off", "--skip-bad-lines"])
+    s = json.loads(so)
+    ck.check(s["bad_lines_skipped"] == 2 and s["lines_written"] == len(CONVS) and f"{bad}:11" in err
+             and f"{bad}:12: turn 1: {qwen3}" in err, f"--skip-bad-lines: {s} {err.strip()}")
+    ck.check(read(p) == read(os.path.join(tmp, "think-off.jsonl")), "--skip-bad-lines changed the good lines")
     keep_data = os.path.join(tmp, "keep.jsonl")
     keep_conv = {"messages": [{"role": "user", "content": "def f("},
                               {"role": "assistant", "content": "old", "reasoning_content": "Think about x."}]}
