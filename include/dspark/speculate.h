@@ -44,6 +44,9 @@ typedef struct {
   double temperature;      /* 0 = greedy */
   double top_p;            /* 1 = off */
   uint64_t seed;
+  /* Per-request seeds of a batch: request i samples with seeds[i] (NULL: seed + i). Lets a
+   * caller give a request the same stream whatever batch it lands in (`dspark regenerate`). */
+  const uint64_t *seeds;
   int ignore_eos;
   ds_spec_policy policy;   /* fixed */
   int64_t draft_len;       /* L for the fixed policy, the most for the others (default: the block size) */
@@ -96,8 +99,8 @@ typedef struct {
 ds_status ds_generate(ds_target *target, const int32_t *prompt, int64_t n_prompt, const ds_spec_options *o,
                       ds_spec_result *r);
 /* R requests decoded together: one target forward per step over every unfinished request's
- * new token (each request its own KV cache and length). Request i samples with seed + i. The
- * timings of every result are the batch's. */
+ * new token (each request its own KV cache and length). Request i samples with seed + i (or
+ * seeds[i]). The timings of every result are the batch's. */
 ds_status ds_generate_batch(ds_target *target, const int32_t *const *prompts, const int64_t *n_prompts, int R,
                             const ds_spec_options *o, ds_spec_result *results);
 
@@ -107,8 +110,8 @@ ds_status ds_speculate(ds_target *target, ds_draft *draft, const int32_t *prompt
                        const ds_spec_options *o, ds_spec_result *r);
 /* R requests as one batch: per round every unfinished request proposes its tokens (its own
  * draft state), then ONE target pass verifies all requests' candidates (each its own KV cache
- * and length); acceptance, commits and crops per request. Request i samples with seed + i;
- * the timings of every result are the batch's. */
+ * and length); acceptance, commits and crops per request. Request i samples with seed + i (or
+ * seeds[i]); the timings of every result are the batch's. */
 ds_status ds_speculate_batch(ds_target *target, ds_draft *draft, const int32_t *const *prompts, const int64_t *n_prompts,
                              int R, const ds_spec_options *o, ds_spec_result *results);
 void ds_spec_result_free(ds_spec_result *r);

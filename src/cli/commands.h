@@ -11,6 +11,7 @@ int cmd_train(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_loss(int argc, char **argv);
 int cmd_speculate(int argc, char **argv);
+int cmd_regenerate(int argc, char **argv);
 int cmd_pretrain(int argc, char **argv);
 int cmd_distill(int argc, char **argv);
 int cmd_kd_loss(int argc, char **argv);

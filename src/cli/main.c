@@ -27,6 +27,7 @@ static const command k_commands[] = {
     {"capture", cmd_capture, "run the target once; write the offline feature / KD cache (resumable)", 1},
     {"inspect", cmd_inspect, "print a cache's manifest, counts and bytes per token; verify its checksums", 0},
     {"export", cmd_export, "write a trained draft in the HF layout serving engines load", 0},
+    {"regenerate", cmd_regenerate, "replace conversations' assistant turns by the target's own answers (resumable)", 1},
     {"speculate", cmd_speculate, "lossless speculative decoding with a DSpark draft; tau, acceptance, speedup", 1},
     {"calibrate", cmd_calibrate, "fit the draft's confidences to its acceptance (Sequential Temperature Scaling)", 1},
     {"profile", cmd_profile, "measure this machine's verification cost per batch of tokens and the draft's cost", 1},

@@ -23,7 +23,7 @@ static ds_status generate(ds_target *target, const int32_t *const *prompts, cons
     res[i].ids = ds_malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof(int32_t), "output ids");
     if (!res[i].ids) return DS_ERR_NOMEM;
     DS_TRY(ds_kv_cache_new(target, n_prompts[i] + (max_new > 0 ? max_new : 1), &req[i].cache));
-    ds_rng_seed(&req[i].rng, o->seed + (uint64_t)i);
+    ds_rng_seed(&req[i].rng, o->seeds ? o->seeds[i] : o->seed + (uint64_t)i);
     seqs[i] = (ds_target_seq){prompts[i], n_prompts[i], req[i].cache};
   }
   if (max_new <= 0) return DS_OK;

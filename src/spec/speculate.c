@@ -329,7 +329,7 @@ static ds_status speculate(run *u, const int32_t *const *prompts, const int64_t 
     q->q = ds_malloc_aligned((size_t)(g * V) * sizeof(float), "draft distributions");
     q->r->ids = ds_malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof(int32_t), "output ids");
     if (st == DS_OK && (!q->q || !q->r->ids)) st = DS_ERR_NOMEM;
-    ds_rng_seed(&q->rng, u->o->seed + (uint64_t)i);
+    ds_rng_seed(&q->rng, u->o->seeds ? u->o->seeds[i] : u->o->seed + (uint64_t)i);
     u->seqs[i] = (ds_target_seq){prompts[i], n_prompts[i], q->kv};
   }
   if (st != DS_OK || max_new <= 0) {

@@ -307,6 +307,13 @@ def main():
         ("inspect two dirs", ["inspect", "a", "b"], ["one cache"]),
         ("export no --out", ["export", "run"], ["usage"]),
         ("unknown command", ["frobnicate"], ["frobnicate"]),
+        ("regenerate --thinking maybe", ["regenerate", "--target", nowhere, "--data", "d", "--out", "o", "--thinking",
+                                         "maybe"], ["--thinking", "maybe"]),
+        ("regenerate --completion --thinking", ["regenerate", "--target", nowhere, "--data", "d", "--out", "o",
+                                                "--completion", "--thinking", "on"], ["--completion"]),
+        ("regenerate --batch 0", ["regenerate", "--target", nowhere, "--data", "d", "--out", "o", "--batch", "0"],
+         ["--batch"]),
+        ("regenerate no --out", ["regenerate", "--target", nowhere, "--data", "d"], ["--out"]),
     ]
     for name, cmd, needles in usage:
         expect(name, [D_] + cmd, 2, needles)
@@ -317,7 +324,8 @@ def main():
                 "export": [nowhere, "--out", "o"], "draft-forward": [nowhere, "--inputs", "i", "--out", "o"],
                 "loss": ["i", "--out", "o"],
                 "calibrate": ["--target", nowhere, "--draft", nowhere, "--data", "d", "--out", "o"],
-                "profile": ["--target", nowhere, "--out", "o"]}
+                "profile": ["--target", nowhere, "--out", "o"],
+                "regenerate": ["--target", nowhere, "--data", "d", "--out", "o"]}
     for cmd, rest in commands.items():
         expect(f"{cmd} --bogus", [D_, cmd] + rest + ["--bogus"], 2, ["--bogus"])
         value_opt = {"info": None, "inspect": None}.get(cmd, "--out")
