@@ -81,7 +81,7 @@ static void write_zstd(const char *name, const char *data) {
 /* Every record of inputs as one line of text each ("T:text" or "role=content|..."), with the
  * file's base name and line; NULL with the error recorded when the read fails. */
 static char *records(const char *inputs, int skip, ds_data_stats *stats) {
-  ds_data_options opt = {DS_DATA_AUTO, skip};
+  ds_data_options opt = {.format = DS_DATA_AUTO, .skip_bad_lines = skip};
   ds_data_reader *r;
   if (ds_data_reader_open(inputs, &opt, &r) != DS_OK) return NULL;
   size_t cap = 1 << 16, n = 0;
@@ -219,7 +219,7 @@ static void test_bad_lines(void) {
     expect_refused(path_of("one.jsonl"), 0, cases[i].want, NULL);
   }
   /* the consumer's refusal (a template's raise_exception) is a bad line too, only while skipping */
-  ds_data_options opt = {DS_DATA_AUTO, 1};
+  ds_data_options opt = {.format = DS_DATA_AUTO, .skip_bad_lines = 1};
   ds_data_reader *r;
   EXPECT_OK(ds_data_reader_open(bad, &opt, &r));
   ds_data_record rec;
@@ -414,7 +414,7 @@ static void test_dataset(void) {
   EXPECT_OK(ds_chat_template_parse(tmpl, strlen(tmpl), "t.jinja", &t));
   for (int use_tmpl = 0; use_tmpl < 2; use_tmpl++) {
     ds_dataset a, b;
-    ds_data_options opt = {DS_DATA_AUTO, 0};
+    ds_data_options opt = {.format = DS_DATA_AUTO};
     const ds_chat_template *tt = use_tmpl ? t : NULL;
     EXPECT_OK(ds_dataset_read(path_of("m.jsonl"), &opt, tok, tt, -1, 64, 258, 2, &a));
     EXPECT_OK(ds_dataset_read(path_of("s.jsonl.gz"), &opt, tok, tt, -1, 64, 258, 2, &b));
@@ -432,7 +432,7 @@ static void test_dataset(void) {
              "{\"conversations\": [{\"from\": \"human\", \"value\": \"q\"}, {\"from\": \"tool\", \"value\": \"t\"}]}\n"
              "{\"text\": \"a plain document\"}\n");
   ds_dataset d;
-  ds_data_options opt = {DS_DATA_AUTO, 0};
+  ds_data_options opt = {.format = DS_DATA_AUTO};
   EXPECT(ds_dataset_read(path_of("mixed.jsonl"), &opt, tok, t, -1, 64, 258, 2, &d) == DS_ERR_FORMAT);
   EXPECT(strstr(ds_last_error(), "mixed.jsonl:2: messages[0] needs string 'role' and 'content'") != NULL);
   opt.skip_bad_lines = 1;
