@@ -403,7 +403,7 @@ static ds_status summary(const regen *g, int64_t resumed_lines, int64_t next, do
   if (!j) return DS_FAIL(DS_ERR_NOMEM, "out of memory");
   cJSON_AddStringToObject(j, "data", g->o->data);
   cJSON_AddStringToObject(j, "out", g->o->out);
-  cJSON_AddNumberToObject(j, "files", (double)g->in->n_files);
+  cJSON_AddNumberToObject(j, "files", (double)g->in->files_read);
   cJSON_AddNumberToObject(j, "conversations", (double)g->in->n);
   cJSON_AddNumberToObject(j, "resumed_after", (double)next); /* conversations of the input done before */
   cJSON_AddNumberToObject(j, "lines_kept", (double)resumed_lines);

@@ -158,6 +158,7 @@ ds_status regen_input_read(const char *data, int completion, int skip_bad, regen
   ds_data_stats stats;
   ds_data_reader_stats(r, &stats);
   in->bad = stats.bad_lines;
+  in->files_read = stats.files;
   ds_data_reader_close(r);
   if (st == DS_OK && in->n == 0) st = DS_FAIL(DS_ERR_FORMAT, "%s: no conversation in the data", data);
   if (st != DS_OK) regen_input_free(in);

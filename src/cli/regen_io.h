@@ -33,6 +33,7 @@ typedef struct {
   int64_t n;
   int completion;    /* prompts continued as text, no chat template */
   int64_t bad;       /* lines skipped by --skip-bad-lines (the reader's count) */
+  size_t files_read; /* input files, those without a conversation included */
 } regen_input;
 
 /* Reads every record of data (a file, directory or glob; ds_data_reader_open) and converts it
