@@ -437,6 +437,23 @@ def main():
     for t, o, g in zip(plain, got, gen.splitlines()):
         ck.check(o["text"] == t + json.loads(g) and "prompt" not in o, f"--completion: {o} != {t!r} + {g}")
     ck.check(got[1].get("id") == 1, f"--completion dropped a field: {got[1]}")
+    # what the reader accepts but regenerate cannot write back: a conversation in --completion, a
+    # line whose prompt key and "messages" would both be written; bad lines, counted with the reader's
+    odd = os.path.join(tmp, "odd.jsonl")
+    with open(odd, "w") as f:
+        f.write(json.dumps(CONVS[0]) + "\n" + json.dumps({"text": "a", "messages": [{"role": "user", "content": "b"}]})
+                + "\n" + json.dumps({"text": "def f("}) + "\n" + '{"text": 1}\n')
+    p = os.path.join(tmp, "odd-out.jsonl")
+    for extra, line, why in ((["--completion"], 1, "not a conversation ('messages')"),
+                             ([], 2, "both 'text' and 'messages'")):
+        if os.path.exists(p):
+            os.remove(p)
+        _, err, _ = regen(args, odd, p, extra, expect_rc=1)
+        ck.check(f"{odd}:{line}: " in err and why in err, f"{extra}: {err.strip()}")
+        so, err, _ = regen(args, odd, p, extra + ["--skip-bad-lines"])
+        s = json.loads(so)
+        ck.check(s["bad_lines_skipped"] == 2 and s["lines_written"] == 2 and f"{odd}:4: 'text' must be a string" in err,
+                 f"{extra} --skip-bad-lines: {s} {err.strip()}")
     # a plain-text file: one prompt per line, continued the same
     p = os.path.join(tmp, "completion-txt-out.jsonl")
     if os.path.exists(p):
