@@ -67,10 +67,10 @@ static void usage(FILE *f) {
           "  --summary FILE        the run's summary (JSON) there instead of stdout\n"
           "  --threads N\n"
           "Answers stop on the target's stop tokens (generation_config.json's eos_token_id, as `dspark\n"
-          "generate`), or after --max-new-tokens. Each line gets \"regenerated\": {\"index\", \"source\": \"FILE:LINE\",\n"
-          "\"settings\", "
-          "\"tokens\": [per turn], \"finish\": [\"eos\" | \"length\" per turn]}. A conversation whose prompt plus\n"
-          "--max-new-tokens exceeds max_position_embeddings is skipped (named on stderr, counted).\n");
+          "generate`), or after --max-new-tokens. Each line gets \"regenerated\": {\"index\", \"source\":\n"
+          "\"FILE:LINE\", \"settings\", \"tokens\": [per turn], \"finish\": [\"eos\" | \"length\" per turn]}.\n"
+          "A conversation whose prompt plus --max-new-tokens exceeds max_position_embeddings is skipped\n"
+          "(named on stderr, counted).\n");
 }
 
 enum { THINK_DEFAULT, THINK_ON, THINK_OFF, THINK_KEEP };

@@ -19,7 +19,12 @@ with a ChatML tokenizer (<|im_end|> is its stop token):
 - bad lines: a malformed line is an error naming it; with --skip-bad-lines it, and a
   conversation the template refuses, are skipped, named and counted, the other lines unchanged;
 - --completion: {"text": P} becomes P plus what `generate --data` continues it with (the demo's
-  draft training text)."""
+  draft training text), from JSONL and from a plain-text file alike;
+- inputs read by the trainers' reader: ShareGPT in a .jsonl.gz, a directory of two shards and a
+  glob give the messages file's answers; the ShareGPT output is in the messages shape and reads
+  back as the messages output does; plain-text prompts answer as {"prompt"} lines; a bad line in
+  a shard is named or skipped and counted; a kill on either side of the shards' boundary resumes
+  to the uninterrupted bytes."""
 import gzip
 import json
 import os
