@@ -2,7 +2,8 @@
  * a temporary file whose name (chosen by the input's length) is .jsonl, .jsonl.gz, .jsonl.zst
  * or has no suffix, so the line classifier (text / messages / ShareGPT conversations), the
  * UTF-8 and JSON checks, and the gzip / zstd streams all see arbitrary bytes. Each file is
- * read twice: stopping at the first bad line, and skipping bad lines. Findings: a crash, a
+ * read three times: stopping at the first bad line, skipping bad lines, and skipping them with
+ * the prompt readers' options (regenerate: a plain-text file's lines, {"prompt"}). Findings: a crash, a
  * record whose fields are inconsistent, an error that names no file, and with skipping an
  * error about a line (only the stream itself may fail then). */
 #include <stdint.h>
@@ -15,8 +16,8 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static void read_all(const char *path, int skip) {
-  ds_data_options opt = {DS_DATA_AUTO, skip};
+static void read_all(const char *path, int skip, int prompts) {
+  ds_data_options opt = {.format = DS_DATA_AUTO, .skip_bad_lines = skip, .text_lines = prompts, .prompt_field = prompts};
   ds_data_reader *r;
   if (ds_data_reader_open(path, &opt, &r) != DS_OK) abort(); /* the file exists */
   ds_data_record rec;
@@ -26,6 +27,7 @@ static void read_all(const char *path, int skip) {
   while ((st = ds_data_reader_next(r, &rec, &got)) == DS_OK && got) {
     n++;
     if (!rec.file || (!rec.text && rec.n_messages && !rec.messages) || (rec.text && rec.messages)) abort();
+    if (!rec.json != !rec.field || (rec.json && rec.line == 0) || (prompts && rec.line == 0)) abort();
     for (size_t i = 0; i < rec.n_messages; i++)
       if (!rec.messages[i].role || !rec.messages[i].content) abort();
   }
@@ -48,8 +50,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!f) abort();
   if (size && fwrite(data, 1, size, f) != size) abort();
   fclose(f);
-  read_all(path, 0);
-  read_all(path, 1);
+  read_all(path, 0, 0);
+  read_all(path, 1, 0);
+  read_all(path, 1, 1);
   unlink(path);
   return 0;
 }

@@ -37,14 +37,20 @@ const char *ds_data_format_name(ds_data_format f);
 
 /* How inputs are read. skip_bad_lines: a JSONL line that is malformed (JSON, UTF-8, a missing
  * or mistyped field) or that the chat template refuses (raise_exception) is skipped, counted
- * and reported on stderr (the first few with their error) instead of stopping the read. */
+ * and reported on stderr (the first few with their error) instead of stopping the read.
+ * For readers of prompts (`dspark regenerate`): text_lines: a plain-text file gives one
+ * document per non-blank line (its line number, a trailing CR dropped; invalid UTF-8 is then a
+ * bad line) instead of one per file; prompt_field: a JSONL line with none of text / messages /
+ * conversations may hold {"prompt": TEXT}, a document. */
 typedef struct {
   ds_data_format format;
   int skip_bad_lines;
+  int text_lines;
+  int prompt_field;
 } ds_data_options;
 
-/* One item of the data: a document (text != NULL: a plain-text file, line 0, or a {"text"}
- * line) or a conversation (messages; ShareGPT turns already mapped to roles). Everything
+/* One item of the data: a document (text != NULL: a plain-text file, line 0 (or one of its
+ * lines with text_lines), or a {"text"} line) or a conversation (messages; ShareGPT turns already mapped to roles). Everything
  * points into the reader and is valid until its next call. */
 typedef struct {
   const char *text;
@@ -56,6 +62,8 @@ typedef struct {
   const char *json; /* the line itself (its other fields, e.g. an id, for a program that writes
                        the record back out); NULL for a plain-text file */
   size_t json_len;
+  const char *field; /* the key the record was read from: "text", "messages", "conversations" or
+                        "prompt"; NULL for plain text */
 } ds_data_record;
 
 typedef struct {

@@ -6,8 +6,8 @@
  * one, in one batch (plain decoding, or speculative with --draft: the same output when
  * greedy). A turn's prompt is the conversation up to it, its earlier answers already
  * regenerated, rendered by the target's chat template with the generation prompt. Turn r of
- * the conversation on input line L samples with the seed mix(mix(S, L), r), so neither the
- * batch nor a resume changes a byte. The group's lines are appended in input order and
+ * conversation k (its index in the reader's order) samples with the seed mix(mix(S, k), r), so
+ * neither the batch nor a resume changes a byte. The group's lines are appended in input order and
  * fsync'd; a rerun after a kill checks the lines written and redoes the group it stopped in
  * (regen_io.h), so the file ends byte for byte as an uninterrupted run writes it. */
 #include <errno.h>
@@ -37,18 +37,20 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: dspark regenerate --target DIR --data FILE --out FILE.jsonl [options]\n"
+          "usage: dspark regenerate --target DIR --data FILE|DIR|GLOB --out FILE.jsonl [options]\n"
           "Replaces every assistant turn of each conversation by the target's own answer (a conversation\n"
-          "ending with a user turn gets one appended) and appends it to --out, one line per input line.\n"
-          "  --data FILE           JSONL: {\"messages\": [{\"role\", \"content\"[, \"reasoning_content\"]}, ...]},\n"
-          "                        or {\"prompt\": TEXT} / {\"text\": TEXT} as a single user turn; another file:\n"
-          "                        one plain-text user turn per line\n"
+          "ending with a user turn gets one appended) and appends it to --out, one line per conversation.\n"
+          "  --data INPUTS         read as `dspark train --data` reads them (a file, a directory, a glob; .gz /\n"
+          "                        .zst): JSONL {\"messages\": [{\"role\", \"content\"[, \"reasoning_content\"]}, ...]},\n"
+          "                        ShareGPT {\"conversations\": [{\"from\", \"value\"}, ...]} (written out as\n"
+          "                        \"messages\"), or {\"text\": TEXT} / {\"prompt\": TEXT} as a single user turn; a\n"
+          "                        plain-text file: one user turn per non-blank line\n"
           "  --out FILE            the output (JSONL); when it exists the run resumes after its last complete\n"
           "                        line, after checking every line against --data and these settings\n"
           "  --max-new-tokens N    tokens per answer at most (default 256)\n"
           "  --temperature T       0 = greedy (default 0)\n"
           "  --top-p P             nucleus sampling mass (default 1.0 = off)\n"
-          "  --seed S              turn r of the conversation on line L samples with mix(mix(S, L), r) (default 0)\n"
+          "  --seed S              turn r of conversation k samples with mix(mix(S, k), r) (default 0)\n"
           "  --thinking on|off|keep  on/off: enable_thinking passed to the template (Qwen3); keep: a source turn\n"
           "                        with reasoning keeps it, as the start of the answer, and only the content\n"
           "                        after it is generated; one without is generated with thinking off. Default:\n"
@@ -65,9 +67,10 @@ static void usage(FILE *f) {
           "  --summary FILE        the run's summary (JSON) there instead of stdout\n"
           "  --threads N\n"
           "Answers stop on the target's stop tokens (generation_config.json's eos_token_id, as `dspark\n"
-          "generate`), or after --max-new-tokens. Each line gets \"regenerated\": {\"source_line\", \"settings\",\n"
-          "\"tokens\": [per turn], \"finish\": [\"eos\" | \"length\" per turn]}. A conversation whose prompt plus\n"
-          "--max-new-tokens exceeds max_position_embeddings is skipped (named on stderr, counted).\n");
+          "generate`), or after --max-new-tokens. Each line gets \"regenerated\": {\"index\", \"source\":\n"
+          "\"FILE:LINE\", \"settings\", \"tokens\": [per turn], \"finish\": [\"eos\" | \"length\" per turn]}.\n"
+          "A conversation whose prompt plus --max-new-tokens exceeds max_position_embeddings is skipped\n"
+          "(named on stderr, counted).\n");
 }
 
 enum { THINK_DEFAULT, THINK_ON, THINK_OFF, THINK_KEEP };
@@ -103,8 +106,7 @@ typedef struct {
 static const char k_sentinel[] = "DSPARK-REGENERATE-CONTENT-3f9c1a";
 
 static const char *line_label(const regen *g, const conv *c, char *buf, size_t n) {
-  snprintf(buf, n, "%s:%lld", g->in->path, (long long)g->in->v[c->index].line);
-  return buf;
+  return regen_source(g->in, c->index, buf, n);
 }
 
 /* Message index of turn r (the messages' count for an appended turn). */
@@ -257,7 +259,7 @@ static ds_status decode_round(regen *g, conv *cs, int nc, int r, int *any) {
     }
     pv[R] = prompts[R].ids;
     pn[R] = (int64_t)prompts[R].len;
-    seeds[R] = ds_seed_mix(ds_seed_mix((uint64_t)g->o->seed, (uint64_t)g->in->v[c->index].line), (uint64_t)r);
+    seeds[R] = ds_seed_mix(ds_seed_mix((uint64_t)g->o->seed, (uint64_t)c->index), (uint64_t)r);
     who[R++] = i;
   }
   *any = R > 0;
@@ -300,7 +302,9 @@ static int64_t kill_after(void) {
 static ds_status write_line(regen *g, FILE *f, const conv *c, int64_t kill_at) {
   cJSON *r = cJSON_CreateObject();
   if (!r) return DS_FAIL(DS_ERR_NOMEM, "out of memory");
-  cJSON_AddNumberToObject(r, "source_line", (double)g->in->v[c->index].line);
+  char source[1100];
+  cJSON_AddNumberToObject(r, "index", (double)c->index);
+  cJSON_AddStringToObject(r, "source", regen_source(g->in, c->index, source, sizeof source));
   cJSON_AddStringToObject(r, "settings", g->settings);
   cJSON_AddItemReferenceToObject(r, "tokens", c->tokens);
   cJSON_AddItemReferenceToObject(r, "finish", c->finish);
@@ -331,7 +335,7 @@ static ds_status run_group(regen *g, FILE *f, int64_t g0, int64_t g1, int64_t fr
   for (int i = 0; st == DS_OK && i < nc; i++) {
     conv *c = &cs[i];
     c->index = g0 + i;
-    if ((st = regen_conversation_from_line(g->in, c->index, &c->obj)) != DS_OK) break;
+    if ((st = regen_conversation(g->in, c->index, &c->obj)) != DS_OK) break;
     c->tokens = cJSON_CreateArray();
     c->finish = cJSON_CreateArray();
     if (!c->tokens || !c->finish) st = DS_FAIL(DS_ERR_NOMEM, "out of memory");
@@ -399,6 +403,7 @@ static ds_status summary(const regen *g, int64_t resumed_lines, int64_t next, do
   if (!j) return DS_FAIL(DS_ERR_NOMEM, "out of memory");
   cJSON_AddStringToObject(j, "data", g->o->data);
   cJSON_AddStringToObject(j, "out", g->o->out);
+  cJSON_AddNumberToObject(j, "files", (double)g->in->files_read);
   cJSON_AddNumberToObject(j, "conversations", (double)g->in->n);
   cJSON_AddNumberToObject(j, "resumed_after", (double)next); /* conversations of the input done before */
   cJSON_AddNumberToObject(j, "lines_kept", (double)resumed_lines);
@@ -516,9 +521,11 @@ int cmd_regenerate(int argc, char **argv) {
     goto report;
   }
   fd = -1;
-  if (kept_lines > 0)
-    ds_note("regenerate: %s holds %lld lines of this run: resuming after %s:%lld", o.out, (long long)kept_lines, o.data,
-            (long long)in.v[next - 1].line);
+  if (kept_lines > 0) {
+    char source[1100];
+    ds_note("regenerate: %s holds %lld lines of this run: resuming after conversation %lld (%s)", o.out,
+            (long long)kept_lines, (long long)next - 1, regen_source(&in, next - 1, source, sizeof source));
+  }
   if (next < in.n) {
     if (ds_target_load(o.target_dir, ds_backend_cpu(), &g.target) != DS_OK) goto report;
     if (o.draft_dir && ds_draft_open(o.draft_dir, ds_backend_cpu(), &g.draft) != DS_OK) goto report;

@@ -162,7 +162,7 @@ static int do_chat(const ds_tokenizer *tok, const char *tok_path, const char *te
   if (!tmpl)
     fprintf(stderr, "dspark tokenize: no chat template beside %s (chat_template.jinja or tokenizer_config.json's "
             "chat_template): rendering ChatML\n", tok_path);
-  ds_data_options dopt = {DS_DATA_JSONL, skip_bad_lines};
+  ds_data_options dopt = {.format = DS_DATA_JSONL, .skip_bad_lines = skip_bad_lines};
   ds_data_reader *r;
   if (ds_data_reader_open(path, &dopt, &r) != DS_OK) {
     ds_chat_template_free(tmpl);

@@ -7,35 +7,26 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dspark/dataset.h"
 #include "dspark/fileio.h"
 #include "dspark/progress.h"
-#include "text/chat_json.h"
 #include "text/json_text.h"
 
-static int has_suffix_ci(const char *s, const char *suffix) {
-  size_t a = strlen(s), b = strlen(suffix);
-  if (a < b) return 0;
-  for (size_t i = 0; i < b; i++) {
-    char c = s[a - b + i];
-    if ((c >= 'A' && c <= 'Z' ? c + 32 : c) != suffix[i]) return 0;
-  }
-  return 1;
-}
-
-static int is_blank(const char *p, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    if (p[i] != ' ' && p[i] != '\t' && p[i] != '\r') return 0;
-  return 1;
-}
-
-/* A user turn {"role": "user", "content": text}. */
-static cJSON *user_turn(const char *text) {
-  cJSON *m = cJSON_CreateObject();
-  if (m && (!cJSON_AddStringToObject(m, "role", "user") || !cJSON_AddStringToObject(m, "content", text))) {
-    cJSON_Delete(m);
+/* A message {"role", "content"[, "reasoning_content"]} of the reader's. */
+static cJSON *message_object(const ds_chat_message *m) {
+  cJSON *o = cJSON_CreateObject();
+  char *content = strndup(m->content ? m->content : "", m->content_len);
+  char *reasoning = m->reasoning ? strndup(m->reasoning, m->reasoning_len) : NULL;
+  int ok = o && content && (!m->reasoning || reasoning) && cJSON_AddStringToObject(o, "role", m->role) &&
+           cJSON_AddStringToObject(o, "content", content) &&
+           (!reasoning || cJSON_AddStringToObject(o, "reasoning_content", reasoning));
+  free(content);
+  free(reasoning);
+  if (!ok) {
+    cJSON_Delete(o);
     return NULL;
   }
-  return m;
+  return o;
 }
 
 /* Replaces obj's member `key` by a member `name` holding item, at the same place. */
@@ -47,69 +38,70 @@ static void replace_member(cJSON *obj, const char *key, const char *name, cJSON 
   cJSON_ReplaceItemViaPointer(obj, old, item);
 }
 
-ds_status regen_conversation_from_line(const regen_input *in, int64_t k, cJSON **out) {
+/* Record rec as the object to write (see regen_io.h); errors without the record's place,
+ * which ds_data_reader_reject adds. */
+static ds_status record_object(const ds_data_record *rec, int completion, cJSON **out) {
   *out = NULL;
-  const regen_line *l = &in->v[k];
-  const char *p = in->buf + l->off;
-  char label[1100];
-  snprintf(label, sizeof label, "%s:%lld", in->path, (long long)l->line);
-  size_t n = l->len;
-  if (n > 0 && p[n - 1] == '\r') n--;
-  if (!in->jsonl) { /* a plain-text prompt */
-    char *text = strndup(p, n);
-    cJSON *o = text ? cJSON_CreateObject() : NULL, *item = NULL;
-    if (o && in->completion) item = cJSON_AddStringToObject(o, "text", text);
-    else if (o && (item = cJSON_AddArrayToObject(o, "messages"))) {
-      cJSON *u = user_turn(text);
-      if (!u) item = NULL;
-      else cJSON_AddItemToArray(item, u);
+  cJSON *o = NULL, *item = NULL;
+  if (!rec->json) { /* a plain-text line: the prompt */
+    o = cJSON_CreateObject();
+    if (o && completion) {
+      char *t = strndup(rec->text, rec->text_len);
+      item = t ? cJSON_AddStringToObject(o, "text", t) : NULL;
+      free(t);
+    } else if (o) {
+      cJSON *m = message_object(&(ds_chat_message){.role = "user", .content = rec->text, .content_len = rec->text_len});
+      if (m && (item = cJSON_AddArrayToObject(o, "messages"))) cJSON_AddItemToArray(item, m);
+      else cJSON_Delete(m);
     }
-    free(text);
     if (!item) {
       cJSON_Delete(o);
-      return DS_FAIL(DS_ERR_NOMEM, "%s: out of memory", label);
+      return DS_FAIL(DS_ERR_NOMEM, "out of memory");
     }
     *out = o;
     return DS_OK;
   }
-  if (tk_json_find_nul(p, n) < n) /* cJSON cannot write such a string back */
-    return DS_FAIL(DS_ERR_FORMAT, "%s: a string holds \\u0000, which the output cannot keep", label);
+  if (tk_json_find_nul(rec->json, rec->json_len) < rec->json_len) /* cJSON cannot write such a string back */
+    return DS_FAIL(DS_ERR_FORMAT, "a string holds \\u0000, which the output cannot keep");
   ds_status st = DS_OK;
-  cJSON *o = tk_json_parse_text(p, n, label, &st);
-  if (!o) return st;
-  if (!cJSON_IsObject(o)) {
-    cJSON_Delete(o);
-    return DS_FAIL(DS_ERR_FORMAT, "%s: expected a JSON object", label);
+  if (!(o = tk_json_parse_text(rec->json, rec->json_len, "the line", &st))) return st;
+  const char *field = rec->field, *target = completion ? "text" : "messages";
+  const cJSON *taken = cJSON_GetObjectItemCaseSensitive(o, target);
+  if (strcmp(field, target) && taken) { /* e.g. {"prompt", "text": null}: the key written would be there twice */
+    if (!cJSON_IsNull(taken)) {
+      cJSON_Delete(o);
+      return DS_FAIL(DS_ERR_FORMAT, "both '%s' and '%s': which one is the prompt?", field, target);
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(o, target);
   }
-  const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages");
-  const char *key = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(o, "prompt")) ? "prompt"
-                    : cJSON_IsString(cJSON_GetObjectItemCaseSensitive(o, "text")) ? "text" : NULL;
-  if (in->completion) {
-    if (!key) st = DS_FAIL(DS_ERR_FORMAT, "%s: --completion expects {\"text\": PROMPT} or {\"prompt\": PROMPT}", label);
-    else if (!strcmp(key, "prompt")) {
-      if (cJSON_GetObjectItemCaseSensitive(o, "text"))
-        st = DS_FAIL(DS_ERR_FORMAT, "%s: both \"prompt\" and \"text\": which one is the prompt?", label);
-      else
-        replace_member(o, "prompt", "text", cJSON_CreateString(cJSON_GetObjectItemCaseSensitive(o, "prompt")->valuestring));
-    }
-  } else if (msgs) {
-    ds_chat_message *m = NULL;
-    size_t nm = 0;
-    st = tk_chat_messages(msgs, label, &m, &nm); /* role and content strings, reasoning fields */
-    free(m);
-  } else if (key) {
-    cJSON *arr = cJSON_CreateArray(), *u = user_turn(cJSON_GetObjectItemCaseSensitive(o, key)->valuestring);
-    if (!arr || !u) {
-      cJSON_Delete(arr);
-      cJSON_Delete(u);
-      st = DS_FAIL(DS_ERR_NOMEM, "%s: out of memory", label);
-    } else {
-      cJSON_AddItemToArray(arr, u);
-      replace_member(o, key, "messages", arr);
-    }
+  if (completion) {
+    if (rec->messages) st = DS_FAIL(DS_ERR_FORMAT, "--completion continues {\"text\": PROMPT} or {\"prompt\": PROMPT}, "
+                                    "not a conversation ('%s')", field);
+    else if (!strcmp(field, "prompt")) item = cJSON_CreateString(cJSON_GetObjectItemCaseSensitive(o, "prompt")->valuestring);
+  } else if (!strcmp(field, "messages")) {
+    return (*out = o), DS_OK; /* as given (the reader checked it) */
   } else {
-    st = DS_FAIL(DS_ERR_FORMAT, "%s: expected {\"messages\": [...]}, {\"prompt\": TEXT} or {\"text\": TEXT}", label);
+    item = cJSON_CreateArray();
+    if (rec->messages) { /* ShareGPT, as the reader mapped it */
+      for (size_t i = 0; item && i < rec->n_messages; i++) {
+        cJSON *m = message_object(&rec->messages[i]);
+        if (!m) {
+          cJSON_Delete(item);
+          item = NULL;
+        } else {
+          cJSON_AddItemToArray(item, m);
+        }
+      }
+      if (cJSON_IsString(cJSON_GetObjectItemCaseSensitive(o, "system"))) /* folded in by the reader */
+        cJSON_DeleteItemFromObjectCaseSensitive(o, "system");
+    } else { /* {"text"} / {"prompt"}: one user turn */
+      cJSON *m = message_object(&(ds_chat_message){.role = "user", .content = rec->text, .content_len = rec->text_len});
+      if (item && m) cJSON_AddItemToArray(item, m);
+      else cJSON_Delete(m), cJSON_Delete(item), item = NULL;
+    }
   }
+  if (st == DS_OK && item) replace_member(o, field, target, item);
+  else if (st == DS_OK && !(completion && !strcmp(field, "text"))) st = DS_FAIL(DS_ERR_NOMEM, "out of memory");
   if (st != DS_OK) {
     cJSON_Delete(o);
     return st;
@@ -118,50 +110,79 @@ ds_status regen_conversation_from_line(const regen_input *in, int64_t k, cJSON *
   return DS_OK;
 }
 
-ds_status regen_input_read(const char *path, int completion, int skip_bad, regen_input *in) {
-  memset(in, 0, sizeof *in);
-  in->path = path;
-  in->completion = completion;
-  in->skip_bad = skip_bad;
-  in->jsonl = has_suffix_ci(path, ".jsonl") || has_suffix_ci(path, ".ndjson");
-  DS_TRY(ds_read_file(path, &in->buf, &in->len));
-  size_t at = in->len >= 3 && !memcmp(in->buf, "\xEF\xBB\xBF", 3) ? 3 : 0; /* a UTF-8 BOM */
-  int64_t line = 0, cap = 0;
-  ds_status st = DS_OK;
-  while (st == DS_OK && at < in->len) {
-    const char *p = in->buf + at, *nl = memchr(p, '\n', in->len - at);
-    size_t n = nl ? (size_t)(nl - p) : in->len - at;
-    line++;
-    if (!is_blank(p, n)) {
-      if (in->n == cap) {
-        cap = cap ? 2 * cap : 1024;
-        regen_line *v = realloc(in->v, (size_t)cap * sizeof *v);
-        if (!v) { st = DS_FAIL(DS_ERR_NOMEM, "%s: out of memory for %lld lines", path, (long long)cap); break; }
-        in->v = v;
-      }
-      in->v[in->n++] = (regen_line){at, n, line};
-      cJSON *o = NULL;
-      st = regen_conversation_from_line(in, in->n - 1, &o);
-      cJSON_Delete(o);
-      if (st != DS_OK && st != DS_ERR_NOMEM && skip_bad) {
-        ds_note("regenerate: %s; line skipped (--skip-bad-lines)", ds_last_error());
-        ds_error_clear();
-        st = DS_OK;
-        in->n--;
-        in->bad++;
-      }
-    }
-    at += n + (nl ? 1 : 0);
+/* Appends record rec (converted to *obj) to in. */
+static ds_status push_record(regen_input *in, int64_t *cap, const ds_data_record *rec, const cJSON *obj) {
+  if (!in->n_files || strcmp(in->files[in->n_files - 1], rec->file)) {
+    char **f = realloc(in->files, (in->n_files + 1) * sizeof *f);
+    if (!f) return DS_FAIL(DS_ERR_NOMEM, "out of memory");
+    in->files = f;
+    if (!(f[in->n_files] = strdup(rec->file))) return DS_FAIL(DS_ERR_NOMEM, "out of memory");
+    in->n_files++;
   }
-  if (st == DS_OK && in->n == 0) st = DS_FAIL(DS_ERR_FORMAT, "%s: no conversation in the file", path);
+  if (in->n == *cap) {
+    *cap = *cap ? 2 * *cap : 1024;
+    regen_record *v = realloc(in->v, (size_t)*cap * sizeof *v);
+    if (!v) return DS_FAIL(DS_ERR_NOMEM, "out of memory for %lld conversations", (long long)*cap);
+    in->v = v;
+  }
+  char *text = cJSON_PrintUnformatted(obj);
+  if (!text) return DS_FAIL(DS_ERR_NOMEM, "out of memory");
+  in->v[in->n++] = (regen_record){text, in->n_files - 1, (int64_t)rec->line};
+  return DS_OK;
+}
+
+ds_status regen_input_read(const char *data, int completion, int skip_bad, regen_input *in) {
+  memset(in, 0, sizeof *in);
+  in->data = data;
+  in->completion = completion;
+  ds_data_options opt = {.format = DS_DATA_AUTO, .skip_bad_lines = skip_bad, .text_lines = 1, .prompt_field = 1};
+  ds_data_reader *r = NULL;
+  DS_TRY(ds_data_reader_open(data, &opt, &r));
+  ds_status st = DS_OK;
+  int64_t cap = 0;
+  for (;;) {
+    ds_data_record rec;
+    int got = 0;
+    if ((st = ds_data_reader_next(r, &rec, &got)) != DS_OK || !got) break;
+    if (!rec.line) { /* a whole plain-text file: not with text_lines */
+      st = DS_FAIL(DS_ERR_FORMAT, "%s: a document without lines", rec.file);
+      break;
+    }
+    cJSON *obj = NULL;
+    st = record_object(&rec, completion, &obj);
+    if (st == DS_OK) st = push_record(in, &cap, &rec, obj);
+    else if (st != DS_ERR_NOMEM) st = ds_data_reader_reject(r, st); /* counted, or the error with FILE:LINE */
+    cJSON_Delete(obj);
+    if (st != DS_OK) break;
+  }
+  ds_data_stats stats;
+  ds_data_reader_stats(r, &stats);
+  in->bad = stats.bad_lines;
+  in->files_read = stats.files;
+  ds_data_reader_close(r);
+  if (st == DS_OK && in->n == 0) st = DS_FAIL(DS_ERR_FORMAT, "%s: no conversation in the data", data);
   if (st != DS_OK) regen_input_free(in);
   return st;
 }
 
 void regen_input_free(regen_input *in) {
-  free(in->buf);
+  for (int64_t k = 0; k < in->n; k++) free(in->v[k].obj);
+  for (size_t i = 0; i < in->n_files; i++) free(in->files[i]);
   free(in->v);
+  free(in->files);
   memset(in, 0, sizeof *in);
+}
+
+const char *regen_source(const regen_input *in, int64_t k, char *buf, size_t n) {
+  snprintf(buf, n, "%s:%lld", in->files[in->v[k].file], (long long)in->v[k].line);
+  return buf;
+}
+
+ds_status regen_conversation(const regen_input *in, int64_t k, cJSON **out) {
+  char label[1100];
+  ds_status st = DS_OK;
+  *out = tk_json_parse_text(in->v[k].obj, strlen(in->v[k].obj), regen_source(in, k, label, sizeof label), &st);
+  return *out ? DS_OK : st;
 }
 
 static int is_assistant(const cJSON *m) {
@@ -216,39 +237,40 @@ static const char *mismatch(const cJSON *want, const cJSON *got, int completion)
 }
 
 /* Checks output line j (text[0..n)) against the input; *k: the conversation index after the
- * previous line's, updated to this line's. */
+ * previous line's, updated to the one after this line's. */
 static ds_status check_line(const char *out_path, int64_t j, const char *text, size_t n, const regen_input *in,
                             const char *settings, int64_t *k) {
-  char label[1100];
+  char label[1100], source[1100];
   snprintf(label, sizeof label, "%s:%lld", out_path, (long long)j);
   static const char k_hint[] = "regenerate into another --out, or delete it to start over";
   ds_status st = DS_OK;
   cJSON *o = tk_json_parse_text(text, n, label, &st);
   if (!o) return ds_error_wrap(st, "%s is not a `dspark regenerate` output (%s)", out_path, k_hint);
   const cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "regenerated");
-  const cJSON *line = cJSON_GetObjectItemCaseSensitive(r, "source_line");
+  const cJSON *index = cJSON_GetObjectItemCaseSensitive(r, "index");
   const cJSON *set = cJSON_GetObjectItemCaseSensitive(r, "settings");
-  if (!cJSON_IsNumber(line) || !cJSON_IsString(set)) {
-    st = DS_FAIL(DS_ERR_FORMAT, "%s: no \"regenerated\": {\"source_line\", \"settings\"}: not a `dspark regenerate` "
+  const cJSON *was = cJSON_GetObjectItemCaseSensitive(r, "source");
+  if (!cJSON_IsNumber(index) || !cJSON_IsString(set)) {
+    st = DS_FAIL(DS_ERR_FORMAT, "%s: no \"regenerated\": {\"index\", \"settings\"}: not a `dspark regenerate` "
                  "output line (%s)", label, k_hint);
   } else if (strcmp(set->valuestring, settings)) {
     st = DS_FAIL(DS_ERR_FORMAT, "%s: written with other settings (%s, this run %s: target template, sampling, "
                  "--max-new-tokens, --thinking or --completion differ); %s", label, set->valuestring, settings, k_hint);
+  } else if (index->valuedouble < (double)*k || index->valuedouble >= (double)in->n ||
+             index->valuedouble != (double)(int64_t)index->valuedouble) {
+    st = DS_FAIL(DS_ERR_FORMAT, "%s: index %.0f (%s) is not a conversation of %s after the previous line's (%lld "
+                 "conversations); %s", label, index->valuedouble, cJSON_IsString(was) ? was->valuestring : "?",
+                 in->data, (long long)in->n, k_hint);
   } else {
-    while (*k < in->n && in->v[*k].line < (int64_t)line->valuedouble) ++*k;
-    if (*k == in->n || in->v[*k].line != (int64_t)line->valuedouble) {
-      st = DS_FAIL(DS_ERR_FORMAT, "%s: source_line %.0f is not a conversation of %s after the previous line's; %s",
-                   label, line->valuedouble, in->path, k_hint);
-    } else {
-      cJSON *want = NULL;
-      st = regen_conversation_from_line(in, *k, &want);
-      const char *why = st == DS_OK ? mismatch(want, o, in->completion) : NULL;
-      if (why)
-        st = DS_FAIL(DS_ERR_FORMAT, "%s does not continue from %s:%lld: %s; %s", label, in->path,
-                     (long long)in->v[*k].line, why, k_hint);
-      cJSON_Delete(want);
-      ++*k;
-    }
+    *k = (int64_t)index->valuedouble;
+    cJSON *want = NULL;
+    st = regen_conversation(in, *k, &want);
+    const char *why = st == DS_OK ? mismatch(want, o, in->completion) : NULL;
+    if (why)
+      st = DS_FAIL(DS_ERR_FORMAT, "%s does not continue from %s (conversation %lld): %s; %s", label,
+                   regen_source(in, *k, source, sizeof source), (long long)*k, why, k_hint);
+    cJSON_Delete(want);
+    ++*k;
   }
   cJSON_Delete(o);
   return st;

@@ -11,6 +11,7 @@
 #include "text/chat_json.h"
 #include "text/data_input.h"
 #include "text/json_text.h"
+#include "text/tok_json.h"
 #include "text/tok_internal.h"
 
 enum { BAD_LINES_SHOWN = 5 }; /* skipped lines whose error is printed; the rest are counted */
@@ -161,7 +162,7 @@ ds_status ds_data_reader_reject(ds_data_reader *r, ds_status st) {
 
 ds_status ds_data_reader_open(const char *inputs, const ds_data_options *opt, ds_data_reader **out) {
   *out = NULL;
-  ds_data_options def = {DS_DATA_AUTO, 0};
+  ds_data_options def = {.format = DS_DATA_AUTO};
   if (!opt) opt = &def;
   if (opt->format != DS_DATA_AUTO && opt->format != DS_DATA_TEXT && opt->format != DS_DATA_JSONL)
     return DS_FAIL(DS_ERR_ARG, "data: unknown data format %d", (int)opt->format);
@@ -197,7 +198,34 @@ static ds_status next_document(ds_data_reader *r, ds_data_record *rec) {
   return finish_file(r);
 }
 
-/* The next JSONL record of the open file: *got 0 at its end. */
+static int has_value(const cJSON *obj, const char *key) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+  return v && !cJSON_IsNull(v);
+}
+
+/* What a JSONL line holds (tk_data_line, plus {"prompt"} with prompt_field); *field: its key. */
+static ds_status line_fields(const ds_data_reader *r, const cJSON *obj, const char *label, const char **text,
+                             size_t *text_len, ds_chat_message **msgs, size_t *n, const char **field) {
+  *field = NULL;
+  if (r->opt.prompt_field && cJSON_IsObject(obj) && !has_value(obj, "text") && !has_value(obj, "messages") &&
+      !has_value(obj, "conversations")) {
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(obj, "prompt");
+    if (!p || cJSON_IsNull(p))
+      return DS_FAIL(DS_ERR_FORMAT, "%s: a line needs a string 'text' or 'prompt', a list 'messages' (role / content) "
+                     "or a list 'conversations' (ShareGPT from / value); it has none of them", label);
+    if (!cJSON_IsString(p))
+      return DS_FAIL(DS_ERR_FORMAT, "%s: 'prompt' must be a string (it is %s)", label, tk_type_name(p));
+    *text = tk_json_str(p, text_len);
+    *field = "prompt";
+    return DS_OK;
+  }
+  DS_TRY(tk_data_line(obj, label, text, text_len, msgs, n));
+  *field = *text ? "text" : has_value(obj, "messages") ? "messages" : "conversations";
+  return DS_OK;
+}
+
+/* The next record of the open JSONL file, or (text_lines) line of its plain-text file: *got 0
+ * at its end. */
 static ds_status next_line(ds_data_reader *r, ds_data_record *rec, int *got) {
   *got = 0;
   for (;;) {
@@ -210,10 +238,15 @@ static ds_status next_line(ds_data_reader *r, ds_data_record *rec, int *got) {
     ds_status st = check_utf8(r->file, p, n, r->line);
     char label[1100];
     snprintf(label, sizeof label, "%s:%zu", r->file, r->line);
-    if (st == DS_OK && !(r->obj = tk_json_parse_text(p, n, label, &st)) && st == DS_OK) st = DS_ERR_FORMAT;
-    const char *text = NULL;
+    const char *text = NULL, *field = NULL;
     size_t text_len = 0, n_msgs = 0;
-    if (st == DS_OK) st = tk_data_line(r->obj, label, &text, &text_len, &r->msgs, &n_msgs);
+    if (r->fmt == DS_DATA_TEXT) { /* text_lines: the line is the document */
+      text = p;
+      text_len = n > 0 && p[n - 1] == '\r' ? n - 1 : n;
+    } else {
+      if (st == DS_OK && !(r->obj = tk_json_parse_text(p, n, label, &st)) && st == DS_OK) st = DS_ERR_FORMAT;
+      if (st == DS_OK) st = line_fields(r, r->obj, label, &text, &text_len, &r->msgs, &n_msgs, &field);
+    }
     if (st != DS_OK) {
       drop_record(r);
       DS_TRY(bad_line(r, st));
@@ -225,8 +258,9 @@ static ds_status next_line(ds_data_reader *r, ds_data_record *rec, int *got) {
     rec->n_messages = n_msgs;
     rec->file = r->rec_file = r->file;
     rec->line = r->rec_line = r->line;
-    rec->json = p;
-    rec->json_len = n;
+    rec->json = r->fmt == DS_DATA_TEXT ? NULL : p;
+    rec->json_len = r->fmt == DS_DATA_TEXT ? 0 : n;
+    rec->field = field;
     *got = 1;
     return DS_OK;
   }
@@ -243,7 +277,7 @@ ds_status ds_data_reader_next(ds_data_reader *r, ds_data_record *rec, int *got) 
       if (r->next_file == r->files.n) return DS_OK;
       DS_TRY(open_next(r));
     }
-    if (r->fmt == DS_DATA_TEXT) {
+    if (r->fmt == DS_DATA_TEXT && !r->opt.text_lines) {
       DS_TRY(next_document(r, rec));
       *got = 1;
     } else {

@@ -152,7 +152,7 @@ ds_status ds_dataset_load(const char *path, ds_data_format format, const ds_toke
 ds_status ds_dataset_load_chat(const char *path, ds_data_format format, const ds_tokenizer *tok,
                                const ds_chat_template *tmpl, int enable_thinking, int64_t seq_len, int32_t eos_id,
                                int64_t min_len, ds_dataset *out) {
-  ds_data_options opt = {format, 0};
+  ds_data_options opt = {.format = format};
   return ds_dataset_read(path, &opt, tok, tmpl, enable_thinking, seq_len, eos_id, min_len, out);
 }
 

@@ -19,9 +19,16 @@ with a ChatML tokenizer (<|im_end|> is its stop token):
 - bad lines: a malformed line is an error naming it; with --skip-bad-lines it, and a
   conversation the template refuses, are skipped, named and counted, the other lines unchanged;
 - --completion: {"text": P} becomes P plus what `generate --data` continues it with (the demo's
-  draft training text)."""
+  draft training text), from JSONL and from a plain-text file alike;
+- inputs read by the trainers' reader: ShareGPT in a .jsonl.gz, a directory of two shards and a
+  glob give the messages file's answers; the ShareGPT output is in the messages shape and reads
+  back as the messages output does; plain-text prompts answer as {"prompt"} lines; a bad line in
+  a shard is named or skipped and counted; a kill on either side of the shards' boundary resumes
+  to the uninterrupted bytes."""
+import gzip
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,6 +71,15 @@ def read(path):
     return open(path, "rb").read()
 
 
+def without_source(out):
+    """The output's lines without regenerated.source (the input's FILE:LINE), to compare runs on
+    other files holding the same conversations."""
+    objs = [json.loads(x) for x in out.decode().splitlines()]
+    for o in objs:
+        del o["regenerated"]["source"]
+    return objs
+
+
 def assistant_prompts(out_lines):
     """(line index, turn index, messages before the turn) for every assistant turn written."""
     for i, line in enumerate(out_lines):
@@ -73,6 +89,96 @@ def assistant_prompts(out_lines):
             if m["role"] == "assistant":
                 yield i, turn, msgs[:k]
                 turn += 1
+
+
+def sharegpt(conv):
+    """conv in ShareGPT shape: a system turn moved to a top-level "system" (the reader puts it back)."""
+    if "messages" not in conv:
+        return conv
+    names = {"user": "human", "assistant": "gpt", "system": "system"}
+    out = {k: v for k, v in conv.items() if k != "messages"}
+    turns = conv["messages"]
+    if turns[0]["role"] == "system":
+        out["system"] = turns[0]["content"]
+        turns = turns[1:]
+    out["conversations"] = [dict({"from": names[m["role"]], "value": m["content"]},
+                                 **{k: v for k, v in m.items() if k not in ("role", "content")}) for m in turns]
+    return out
+
+
+def check_other_inputs(args, ck, data, greedy_out):
+    tmp = args.tmp
+    want = without_source(read(greedy_out))
+    gz = os.path.join(tmp, "sharegpt.jsonl.gz")
+    with gzip.open(gz, "wt") as f:
+        f.write("\n".join(json.dumps(sharegpt(c)) for c in CONVS) + "\n")
+    shards = os.path.join(tmp, "shards")
+    shutil.rmtree(shards, ignore_errors=True)
+    os.makedirs(shards)
+    lines = read(data).decode().split("\n")  # CONVS[:4], a blank line, CONVS[4:]
+    with open(os.path.join(shards, "part-0.jsonl"), "w") as f:
+        f.write("\n".join(lines[:5]) + "\n")
+    rest = "\n".join(lines[5:]).encode()
+    part1 = os.path.join(shards, "part-1.jsonl.zst" if shutil.which("zstd") else "part-1.jsonl.gz")
+    with open(part1, "wb") as f:
+        f.write(subprocess.run(["zstd", "-q", "-c"], input=rest, capture_output=True, check=True).stdout
+                if part1.endswith(".zst") else gzip.compress(rest))
+    for name, inp in (("sharegpt", gz), ("shards", shards), ("glob", os.path.join(tmp, "shard[s]"))):
+        p = os.path.join(tmp, f"greedy-{name}.jsonl")
+        if os.path.exists(p):
+            os.remove(p)
+        so, _, _ = regen(args, inp, p, ["--batch", "4"])
+        got = without_source(read(p))
+        ck.check(got == want, f"{name}: other answers or fields than the messages file")
+        print(f"{name}: {json.loads(so)['files']} files, {len(got)} conversations")
+    srcs = [json.loads(x)["regenerated"]["source"] for x in read(os.path.join(tmp, "greedy-shards.jsonl")).splitlines()]
+    part0 = os.path.join(shards, "part-0.jsonl")
+    ck.check(srcs == [f"{part0}:{n}" for n in (1, 2, 3, 4)] + [f"{part1}:{n}" for n in range(1, 6)],
+             f"shard sources {srcs}")
+    # a ShareGPT input is written in the messages shape: it reads back, as training reads it, as
+    # the messages file's output does
+    sharegpt_out = os.path.join(tmp, "greedy-sharegpt.jsonl")
+    objs = [json.loads(x) for x in read(sharegpt_out).splitlines()]
+    ck.check(all("messages" in o and "conversations" not in o and "system" not in o for o in objs),
+             f"ShareGPT output not in the messages shape: {objs[1]}")
+    a, _, _ = common.run([args.dspark, "tokenize", args.target, "--chat", sharegpt_out])
+    b, _, _ = common.run([args.dspark, "tokenize", args.target, "--chat", greedy_out])
+    ck.check(a == b and a.count("\n") == len(CONVS), "the ShareGPT output does not read back as the messages one")
+
+    # a bad line in a shard: an error naming the shard's line, or skipped and counted
+    bad_shards = os.path.join(tmp, "bad-shards")
+    shutil.rmtree(bad_shards, ignore_errors=True)
+    shutil.copytree(shards, bad_shards)
+    with open(os.path.join(bad_shards, "part-0.jsonl"), "a") as f:
+        f.write('{"messages": [{"role": "user", "content": 3}]}\n')  # line 6
+    p = os.path.join(tmp, "bad-shards.jsonl")
+    for q in (p, p + ".x"):
+        if os.path.exists(q):
+            os.remove(q)
+    _, err, _ = regen(args, bad_shards, p + ".x", ["--batch", "4"], expect_rc=1)
+    bad0 = os.path.join(bad_shards, "part-0.jsonl")
+    ck.check(f"{bad0}:6: messages[0]" in err and not os.path.exists(p + ".x"), f"bad line in a shard: {err.strip()}")
+    so, err, _ = regen(args, bad_shards, p, ["--batch", "4", "--skip-bad-lines"])
+    s = json.loads(so)
+    ck.check(s["bad_lines_skipped"] == 1 and s["lines_written"] == len(CONVS) and f"{bad0}:6" in err
+             and without_source(read(p)) == want, f"--skip-bad-lines in a shard: {s} {err.strip()}")
+
+    # resume after the kill hook across the shards' boundary (a group of 3 spans it): byte for byte
+    sampled = ["--temperature", "0.9", "--top-p", "0.95", "--seed", "5", "--batch", "3"]
+    full = os.path.join(tmp, "shards-sampled.jsonl")
+    if os.path.exists(full):
+        os.remove(full)
+    regen(args, shards, full, sampled)
+    for after in (3, 4):
+        p = os.path.join(tmp, f"shards-killed-{after}.jsonl")
+        if os.path.exists(p):
+            os.remove(p)
+        env = dict(os.environ, DSPARK_REGENERATE_KILL_AFTER=str(after))
+        _, _, rc = regen(args, shards, p, sampled, expect_rc=None, env=env)
+        ck.check(rc == -signal.SIGKILL and read(p).count(b"\n") == after, f"shards: kill hook after {after}: rc {rc}")
+        so, err, _ = regen(args, shards, p, sampled)
+        ck.check(read(p) == read(full) and json.loads(so)["lines_kept"] == after and "torn" in err,
+                 f"shards: killed after {after} lines, then rerun: not the uninterrupted bytes")
 
 
 def main():
@@ -113,8 +219,9 @@ def main():
     ck.check(len(lines) == len(CONVS), f"{len(lines)} output lines for {len(CONVS)} conversations")
     objs = [json.loads(x) for x in lines]
     want_lines = [1, 2, 3, 4, 6, 7, 8, 9, 10]  # line 5 is blank
-    ck.check([o["regenerated"]["source_line"] for o in objs] == want_lines,
-             f"source lines {[o['regenerated']['source_line'] for o in objs]}")
+    ck.check([o["regenerated"]["source"] for o in objs] == [f"{data}:{n}" for n in want_lines]
+             and [o["regenerated"]["index"] for o in objs] == list(range(len(CONVS))),
+             f"sources {[(o['regenerated']['index'], o['regenerated']['source']) for o in objs]}")
     turns = list(assistant_prompts(lines))
     ck.check(len(turns) == 1 + 1 + 2 + 2 + 1 + 1 + 1 + 1 + 3, f"{len(turns)} assistant turns written")
     ck.check(summary["turns_regenerated"] == len(turns) and summary["lines_written"] == len(CONVS)
@@ -150,6 +257,10 @@ def main():
         ck.check(o["messages"][-1]["role"] == "assistant", f"no final answer: {o}")
         ck.check({k: v for k, v in o.items() if k not in ("messages", "regenerated")} ==
                  {k: v for k, v in c.items() if k not in ("messages", "prompt", "text")}, f"other fields changed: {o}")
+
+    # other inputs, read as the trainers read them: ShareGPT in a .jsonl.gz, a directory of two
+    # shards (one zstd-compressed); the same answers as the messages file
+    check_other_inputs(args, ck, data, out)
 
     # batching does not change a byte, greedy or sampled; a seed repeats, another changes
     regen(args, data, out + ".b1", ["--batch", "1"])
@@ -225,7 +336,7 @@ def main():
     _, err, _ = regen(args, data, p, sampled, expect_rc=1)
     ck.check(f"{p}:1: no \"regenerated\"" in err, f"foreign file: {err.strip()}")
     with open(p, "wb") as f:
-        f.write(full.split(b"\n", 1)[1])  # starts at conversation 2: its source_line is found after none
+        f.write(full.split(b"\n", 1)[1])  # starts at conversation 2
         f.write(full.split(b"\n", 1)[0] + b"\n")  # then conversation 1 again: out of order
     _, err, _ = regen(args, data, p, sampled, expect_rc=1)
     ck.check("is not a conversation of" in err, f"out of order: {err.strip()}")
@@ -284,7 +395,8 @@ def main():
     s = json.loads(so)
     ck.check(s["bad_lines_skipped"] == 2 and s["lines_written"] == len(CONVS) and f"{bad}:11" in err
              and f"{bad}:12: turn 1: {qwen3}" in err, f"--skip-bad-lines: {s} {err.strip()}")
-    ck.check(read(p) == read(os.path.join(tmp, "think-off.jsonl")), "--skip-bad-lines changed the good lines")
+    ck.check(without_source(read(p)) == without_source(read(os.path.join(tmp, "think-off.jsonl"))),
+             "--skip-bad-lines changed the good lines")
     keep_data = os.path.join(tmp, "keep.jsonl")
     keep_conv = {"messages": [{"role": "user", "content": "def f("},
                               {"role": "assistant", "content": "old", "reasoning_content": "Think about x."}]}
@@ -330,6 +442,48 @@ def main():
     for t, o, g in zip(plain, got, gen.splitlines()):
         ck.check(o["text"] == t + json.loads(g) and "prompt" not in o, f"--completion: {o} != {t!r} + {g}")
     ck.check(got[1].get("id") == 1, f"--completion dropped a field: {got[1]}")
+    # what the reader accepts but regenerate cannot write back: a conversation in --completion, a
+    # line whose prompt key and "messages" would both be written; bad lines, counted with the reader's
+    odd = os.path.join(tmp, "odd.jsonl")
+    with open(odd, "w") as f:
+        f.write(json.dumps(CONVS[0]) + "\n" + json.dumps({"text": "a", "messages": [{"role": "user", "content": "b"}]})
+                + "\n" + json.dumps({"text": "def f("}) + "\n" + '{"text": 1}\n')
+    p = os.path.join(tmp, "odd-out.jsonl")
+    for extra, line, why in ((["--completion"], 1, "not a conversation ('messages')"),
+                             ([], 2, "both 'text' and 'messages'")):
+        if os.path.exists(p):
+            os.remove(p)
+        _, err, _ = regen(args, odd, p, extra, expect_rc=1)
+        ck.check(f"{odd}:{line}: " in err and why in err, f"{extra}: {err.strip()}")
+        so, err, _ = regen(args, odd, p, extra + ["--skip-bad-lines"])
+        s = json.loads(so)
+        ck.check(s["bad_lines_skipped"] == 2 and s["lines_written"] == 2 and f"{odd}:4: 'text' must be a string" in err,
+                 f"{extra} --skip-bad-lines: {s} {err.strip()}")
+    # a plain-text file: one prompt per line, continued the same
+    p = os.path.join(tmp, "completion-txt-out.jsonl")
+    if os.path.exists(p):
+        os.remove(p)
+    regen(args, txt, p, ["--completion", "--ignore-eos"])
+    got_txt = [json.loads(x) for x in read(p).decode().splitlines()]
+    ck.check([o["text"] for o in got_txt] == [o["text"] for o in got]
+             and [o["regenerated"]["source"] for o in got_txt] == [f"{txt}:{n}" for n in (1, 2, 3)],
+             f"--completion on a plain-text file: {got_txt}")
+    # and in chat mode, each line a user turn, as {"prompt"} lines are
+    chat_txt = os.path.join(tmp, "prompts.txt")
+    chat_jsonl = os.path.join(tmp, "prompts.jsonl")
+    with open(chat_txt, "w") as f:
+        f.write("\n".join(plain) + "\r\n\n")  # a CR before the newline is not part of the prompt
+    with open(chat_jsonl, "w") as f:
+        f.write("\n".join(json.dumps({"prompt": t}) for t in plain) + "\n")
+    outs_txt = []
+    for inp in (chat_txt, chat_jsonl):
+        p = inp + ".out.jsonl"
+        if os.path.exists(p):
+            os.remove(p)
+        regen(args, inp, p)
+        outs_txt.append(without_source(read(p)))
+    ck.check(outs_txt[0] == outs_txt[1] and outs_txt[0][0]["messages"][0] == {"role": "user", "content": plain[0]},
+             f"plain-text prompts differ from {{\"prompt\"}} lines: {outs_txt}")
     ck.finish("test_regenerate")
 
 

@@ -80,10 +80,9 @@ static void write_zstd(const char *name, const char *data) {
 
 /* Every record of inputs as one line of text each ("T:text" or "role=content|..."), with the
  * file's base name and line; NULL with the error recorded when the read fails. */
-static char *records(const char *inputs, int skip, ds_data_stats *stats) {
-  ds_data_options opt = {DS_DATA_AUTO, skip};
+static char *records_with(const char *inputs, const ds_data_options *opt, ds_data_stats *stats) {
   ds_data_reader *r;
-  if (ds_data_reader_open(inputs, &opt, &r) != DS_OK) return NULL;
+  if (ds_data_reader_open(inputs, opt, &r) != DS_OK) return NULL;
   size_t cap = 1 << 16, n = 0;
   char *out = calloc(1, cap);
   ds_data_record rec;
@@ -93,6 +92,7 @@ static char *records(const char *inputs, int skip, ds_data_stats *stats) {
     const char *base = strrchr(rec.file, '/') ? strrchr(rec.file, '/') + 1 : rec.file;
     char item[4096];
     int k = snprintf(item, sizeof item, "%s:%zu ", base, rec.line);
+    if (opt->prompt_field) k += snprintf(item + k, sizeof item - (size_t)k, "%s ", rec.field ? rec.field : "-");
     if (rec.text) {
       k += snprintf(item + k, sizeof item - (size_t)k, "T:%.*s", (int)rec.text_len, rec.text);
     } else {
@@ -116,6 +116,11 @@ static char *records(const char *inputs, int skip, ds_data_stats *stats) {
     return NULL;
   }
   return out;
+}
+
+static char *records(const char *inputs, int skip, ds_data_stats *stats) {
+  ds_data_options opt = {.format = DS_DATA_AUTO, .skip_bad_lines = skip};
+  return records_with(inputs, &opt, stats);
 }
 
 #define EXPECT_RECORDS(inputs, skip, want)                                                            \
@@ -174,6 +179,44 @@ static void test_shapes(void) {
   EXPECT_RECORDS(path_of("doc.txt"), 0, "doc.txt:0 T:line one\nline two\n\n");
 }
 
+/* The options of prompt readers (regenerate): a plain-text file's lines, {"prompt"} lines, and
+ * the key each record came from. */
+static void test_prompt_options(void) {
+  ds_data_options opt = {.format = DS_DATA_AUTO, .text_lines = 1, .prompt_field = 1};
+  write_text("prompts.txt", "\xEF\xBB\xBF" "first\r\n\n  \nsecond line\nbad \xff\nthird");
+  ds_data_stats st;
+  char *got = records_with(path_of("prompts.txt"), &opt, &st);
+  EXPECT(got == NULL && strstr(ds_last_error(), "prompts.txt:5:5: invalid UTF-8"));
+  free(got);
+  opt.skip_bad_lines = 1;
+  got = records_with(path_of("prompts.txt"), &opt, &st);
+  EXPECT(got && !strcmp(got, "prompts.txt:1 - T:first\nprompts.txt:4 - T:second line\nprompts.txt:6 - T:third\n"));
+  EXPECT(st.bad_lines == 1 && st.records == 3);
+  free(got);
+  write_text("prompts.jsonl",
+             "{\"prompt\": \"p\", \"id\": 1}\n"
+             "{\"prompt\": 3}\n"
+             "{\"text\": \"t\", \"prompt\": \"not this\"}\n"
+             "{\"text\": null, \"prompt\": \"q\"}\n"
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"m\"}]}\n"
+             "{\"conversations\": [{\"from\": \"human\", \"value\": \"c\"}]}\n"
+             "{\"other\": 1}\n");
+  opt.skip_bad_lines = 0;
+  got = records_with(path_of("prompts.jsonl"), &opt, &st);
+  EXPECT(got == NULL && strstr(ds_last_error(), "prompts.jsonl:2: 'prompt' must be a string (it is a number)"));
+  free(got);
+  opt.skip_bad_lines = 1;
+  got = records_with(path_of("prompts.jsonl"), &opt, &st);
+  EXPECT(got && !strcmp(got, "prompts.jsonl:1 prompt T:p\nprompts.jsonl:3 text T:t\nprompts.jsonl:4 prompt T:q\n"
+                             "prompts.jsonl:5 messages user=m\nprompts.jsonl:6 conversations user=c\n"));
+  EXPECT(st.bad_lines == 2 && st.records == 5);
+  free(got);
+  /* without prompt_field, {"prompt"} is not a record; without text_lines, a file is one document */
+  expect_refused(path_of("prompts.jsonl"), 0, "prompts.jsonl:1: a line needs a string 'text'", NULL);
+  write_text("two.txt", "a\nb\n");
+  EXPECT_RECORDS(path_of("two.txt"), 0, "two.txt:0 T:a\nb\n\n");
+}
+
 /* Bad lines: the error names file:line and the field; skip_bad_lines skips and counts them. */
 static void test_bad_lines(void) {
   write_text("bad.jsonl",
@@ -219,7 +262,7 @@ static void test_bad_lines(void) {
     expect_refused(path_of("one.jsonl"), 0, cases[i].want, NULL);
   }
   /* the consumer's refusal (a template's raise_exception) is a bad line too, only while skipping */
-  ds_data_options opt = {DS_DATA_AUTO, 1};
+  ds_data_options opt = {.format = DS_DATA_AUTO, .skip_bad_lines = 1};
   ds_data_reader *r;
   EXPECT_OK(ds_data_reader_open(bad, &opt, &r));
   ds_data_record rec;
@@ -414,7 +457,7 @@ static void test_dataset(void) {
   EXPECT_OK(ds_chat_template_parse(tmpl, strlen(tmpl), "t.jinja", &t));
   for (int use_tmpl = 0; use_tmpl < 2; use_tmpl++) {
     ds_dataset a, b;
-    ds_data_options opt = {DS_DATA_AUTO, 0};
+    ds_data_options opt = {.format = DS_DATA_AUTO};
     const ds_chat_template *tt = use_tmpl ? t : NULL;
     EXPECT_OK(ds_dataset_read(path_of("m.jsonl"), &opt, tok, tt, -1, 64, 258, 2, &a));
     EXPECT_OK(ds_dataset_read(path_of("s.jsonl.gz"), &opt, tok, tt, -1, 64, 258, 2, &b));
@@ -432,7 +475,7 @@ static void test_dataset(void) {
              "{\"conversations\": [{\"from\": \"human\", \"value\": \"q\"}, {\"from\": \"tool\", \"value\": \"t\"}]}\n"
              "{\"text\": \"a plain document\"}\n");
   ds_dataset d;
-  ds_data_options opt = {DS_DATA_AUTO, 0};
+  ds_data_options opt = {.format = DS_DATA_AUTO};
   EXPECT(ds_dataset_read(path_of("mixed.jsonl"), &opt, tok, t, -1, 64, 258, 2, &d) == DS_ERR_FORMAT);
   EXPECT(strstr(ds_last_error(), "mixed.jsonl:2: messages[0] needs string 'role' and 'content'") != NULL);
   opt.skip_bad_lines = 1;
@@ -456,6 +499,7 @@ int main(void) {
   if (system(cmd) != 0) return 1;
   TEST_RUN(test_shapes);
   TEST_RUN(test_bad_lines);
+  TEST_RUN(test_prompt_options);
   TEST_RUN(test_compression);
   TEST_RUN(test_long_lines);
   TEST_RUN(test_dirs_and_globs);
