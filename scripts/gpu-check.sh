@@ -4,8 +4,9 @@
 # fetched beforehand by scripts/gpu-debs.sh (build/gpu-debs/) and are unpacked here with
 # `dpkg -x` (or, without dpkg, Python's ar/tar reading) into a prefix that pkg-config and CMake
 # are pointed at. Then: configure with DSPARK_CUDA=ON (DSPARK_GEMM=none: no BLAS there), build
-# the library and the checker, run tests/tools/cuda_kernel_check.c (every kernel of the CUDA
-# backend against the cpu backend), and write the logs and a summary under $OUT.
+# the library, the checker and unit.test_backend_memory, run them (the memory entries on the
+# device; every kernel of the CUDA backend against the cpu backend), and write the logs and a
+# summary under $OUT.
 #   scripts/gpu-check.sh [--build-only]
 #     --build-only   unpack, configure and build, run nothing (what a machine without a GPU can check)
 # Environment: OUT (default build/gpu-check-out), DSPARK_GPU_DEBS (default build/gpu-debs),
@@ -85,14 +86,15 @@ note "pkg-config: $pkgconfig; cjson $("$pkgconfig" --modversion libcjson), pcre2
 openmp=OFF
 if echo 'int main(void){return 0;}' | cc -fopenmp -x c - -o "$build/omp-probe" >/dev/null 2>&1; then openmp=ON; fi
 
-# ---- configure and build
+# ---- configure and build (warnings are not errors here: another gcc may warn where CI's does
+# not, and one device run must not be lost to that; CI builds the same code with -Werror)
 t0=$(date +%s)
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDSPARK_CUDA=ON -DDSPARK_GEMM=none -DDSPARK_MPI=OFF \
-      -DDSPARK_OPENMP="$openmp" -DDSPARK_WERROR=ON -DCMAKE_CUDA_COMPILER="$nvcc_bin" \
+      -DDSPARK_OPENMP="$openmp" -DDSPARK_WERROR=OFF -DCMAKE_CUDA_COMPILER="$nvcc_bin" \
       -DCMAKE_CUDA_ARCHITECTURES="$arch" -DPKG_CONFIG_EXECUTABLE="$pkgconfig" \
       -DCMAKE_PREFIX_PATH="$prefix/usr" >"$out/configure.log" 2>&1 \
   || { note "configure failed (tail of $out/configure.log):"; tail -20 "$out/configure.log" | tee -a "$summary"; exit 4; }
-cmake --build "$build" -j "$(nproc)" --target dspark_lib cuda_kernel_check >"$out/build.log" 2>&1 \
+cmake --build "$build" -j "$(nproc)" --target dspark_lib cuda_kernel_check test_backend_memory >"$out/build.log" 2>&1 \
   || { note "build failed (tail of $out/build.log):"; grep -E "error|Error" "$out/build.log" | tail -20 | tee -a "$summary"; exit 4; }
 note "configured and built in $(( $(date +%s) - t0 )) s (sm_$arch, OpenMP $openmp, GEMM none)"
 # The headers really came from the prefix, not from a system copy.
@@ -103,8 +105,10 @@ else
 fi
 [ "$build_only" = 1 ] && { note "--build-only: nothing run ($(( $(date +%s) - t_start )) s)"; exit 0; }
 
-# ---- the kernel check
+# ---- the seam's memory entries on the device, then the kernel check
 set +e
+"$build/test_backend_memory" >"$out/test_backend_memory.txt" 2>&1
+note "test_backend_memory (alloc / copies / memset on the device): exit $?"
 "$build/cuda_kernel_check" 2>&1 | tee "$out/cuda_kernel_check.txt"
 rc=${PIPESTATUS[0]}
 set -e

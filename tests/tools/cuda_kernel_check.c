@@ -14,6 +14,9 @@
  * (ds_cuda_set_bf16_gemm), whose inputs are rounded to bf16 before both backends see them, so
  * the check measures the kernels, not bf16 rounding.
  *
+ * The attention backwards are also run twice from zeroed gradients and must agree bit for bit
+ * (the CUDA kernels sum without atomics, in a fixed order).
+ *
  * Prints one line per check (name, error, tolerance, PASS / FAIL) and exits 1 if any check
  * fails, 2 when no CUDA device can be used.
  *   cuda_kernel_check [seed]   */
@@ -141,6 +144,38 @@ static void check(const char *name, buf b, double tol) {
 }
 
 static void set_bf16(int on) { ds_cuda_set_bf16_gemm(on); }
+
+/* Determinism: the device results of two runs of the same call, bit for bit. */
+typedef struct {
+  float *first[5];
+  buf grads[5];
+  int n;
+} rerun;
+
+/* Zeroes the gradients' device copies before a run. */
+static void rerun_zero(rerun *r) {
+  for (int i = 0; i < r->n; i++) g_gpu->memset_zero(r->grads[i].d, r->grads[i].n * sizeof(float));
+}
+
+/* After the first run: keeps its results. After the second: compares and reports. */
+static void rerun_record(rerun *r, const char *name, int second) {
+  int same = 1;
+  for (int i = 0; i < r->n; i++) {
+    float *got = fetch(r->grads[i]);
+    if (!second) {
+      r->first[i] = got;
+      continue;
+    }
+    same &= memcmp(got, r->first[i], r->grads[i].n * sizeof(float)) == 0;
+    free(got);
+    free(r->first[i]);
+  }
+  if (!second) return;
+  g_checks++;
+  if (!same) g_failures++;
+  printf("%-44s two runs bitwise equal: %s  %s\n", name, same ? "yes" : "no", same ? "PASS" : "FAIL");
+  fflush(stdout);
+}
 
 /* ---------------------------------------------------------------- GEMM entries */
 
@@ -342,6 +377,14 @@ static void check_causal_train(int64_t n_heads, int64_t n_kv, int64_t hd, const 
   check(name, dk, FP32_TOL);
   snprintf(name, sizeof name, "causal_train_backward %s dv", tag);
   check(name, dv, FP32_TOL);
+  rerun r = {{NULL}, {dq, dk, dv}, 3};
+  snprintf(name, sizeof name, "causal_train_backward %s", tag);
+  for (int run = 0; run < 2; run++) {
+    rerun_zero(&r);
+    g_gpu->attention_causal_train_backward(dq.d, dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, seq_off, n_seqs,
+                                           n_heads, n_kv, hd, scale);
+    rerun_record(&r, name, run);
+  }
   rm(q); rm(k); rm(v); rm(out); rm(lse); rm(dout); rm(dq); rm(dk); rm(dv);
 }
 
@@ -384,6 +427,14 @@ static void check_block_attention(int64_t n_heads, int64_t n_kv, int64_t hd, int
   check(name, dkb, FP32_TOL);
   snprintf(name, sizeof name, "block_attention_backward %s dv_blk", tag);
   check(name, dvb, FP32_TOL);
+  rerun r = {{NULL}, {dq, dkc, dvc, dkb, dvb}, 5};
+  snprintf(name, sizeof name, "block_attention_backward %s", tag);
+  for (int run = 0; run < 2; run++) {
+    rerun_zero(&r);
+    g_gpu->block_attention_backward(dq.d, dkc.d, dvc.d, dkb.d, dvb.d, dout.d, out.d, lse.d, q.d, kc.d, vc.d, kb.d,
+                                    vb.d, ctx_len, n_ctx, n_blocks, g, n_heads, n_kv, hd, scale);
+    rerun_record(&r, name, run);
+  }
   rm(q); rm(kc); rm(vc); rm(kb); rm(vb); rm(out); rm(lse); rm(dout); rm(dq); rm(dkc); rm(dvc); rm(dkb); rm(dvb);
 }
 
