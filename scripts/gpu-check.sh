@@ -56,7 +56,12 @@ while off < len(data):
     name, size = data[off:off + 16].decode().strip(), int(data[off + 48:off + 58].decode().strip())
     body = data[off + 60:off + 60 + size]
     if name.rstrip("/").startswith("data.tar"):
-        tarfile.open(fileobj=io.BytesIO(body)).extractall(dest)
+        tar = tarfile.open(fileobj=io.BytesIO(body))
+        # our own packages: extract as dpkg -x would (newer Pythons filter links by default)
+        if hasattr(tarfile, "fully_trusted_filter"):
+            tar.extractall(dest, filter="fully_trusted")
+        else:
+            tar.extractall(dest)
     off += 60 + size + (size & 1)
 PY
   fi
