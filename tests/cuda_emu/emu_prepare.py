@@ -3,6 +3,7 @@
 kernel<<<grid, block, smem, stream>>>(args); becomes emu_launch(grid, block, smem, [&] {
 kernel(args); }); and the dynamic shared memory declaration becomes a pointer to the
 emulation's buffer. Usage: emu_prepare.py in.cu out.cpp"""
+import os
 import re
 import sys
 
@@ -35,5 +36,6 @@ out = re.sub(r"extern __shared__ float (\w+)\[\];", r"float *\1 = emu_dynamic_sm
 out, n = re.subn(r"(\w+)<<<(.*?)>>>\((.*?)\);", launch, out, flags=re.S)
 if "<<<" in out:
     sys.exit(f"{sys.argv[1]}: a launch the rewrite did not understand")
+os.makedirs(os.path.dirname(os.path.abspath(sys.argv[2])), exist_ok=True)
 open(sys.argv[2], "w").write(f'#line 1 "{sys.argv[1]}"\n' + out)
 print(f"{sys.argv[1]}: {n} launches")

@@ -1,5 +1,6 @@
 /* A CPU emulation of the CUDA execution model, enough to run the kernels of src/nn/cuda/ on a
- * machine without a GPU (scripts/cuda-emu-check.sh): device memory is host memory, a launch
+ * machine without a GPU (the cuda_kernel_check_emu program, ctest unit.cuda_emu_kernel_check;
+ * CMakeLists.txt builds it from emu_prepare.py's rewrite of each .cu file): device memory is host memory, a launch
  * runs its blocks one after another, and a block's threads are cooperative user-level threads
  * on one core (each on its own stack; started with makecontext, switched with _setjmp /
  * _longjmp). A thread runs until it reaches __syncthreads or a warp shuffle; the scheduler

@@ -19,7 +19,7 @@
  *
  * Prints one line per check (name, error, tolerance, PASS / FAIL) and exits 1 if any check
  * fails, 2 when no CUDA device can be used.
- *   cuda_kernel_check [seed]   */
+ *   cuda_kernel_check [--small] [seed]   (--small: shorter sequences, for the CPU emulation) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -439,6 +439,10 @@ static void check_block_attention(int64_t n_heads, int64_t n_kv, int64_t hd, int
 }
 
 int main(int argc, char **argv) {
+  /* --small: shorter sequences and contexts, for the CPU emulation of CUDA (a ctest), where a
+   * block's threads take turns on one core */
+  int small = argc > 1 && strcmp(argv[1], "--small") == 0;
+  if (small) argc--, argv++;
   uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 10) : 14;
   ds_rng_seed(&g_rng, seed);
   g_cpu = ds_backend_cpu();
@@ -457,12 +461,14 @@ int main(int argc, char **argv) {
   check_embedding();
   check_decode_attention();
   int64_t lens1[] = {5, 0, 33, 1, 70}, lens2[] = {130, 9};
+  if (small) lens1[4] = 21, lens2[0] = 41;
   check_causal_train(8, 2, 64, lens1, 5, 0);
   check_causal_train(4, 4, 128, lens2, 2, 1);
   check_causal_train(6, 3, 80, lens1 + 2, 1, 0);
   int64_t ctx1[] = {0, 13, -1, 50, 7, -1}, ctx2[] = {200, 64, 3}, ctx3[] = {-1, -1};
+  if (small) ctx2[0] = 60, ctx2[1] = 17;
   check_block_attention(6, 2, 64, 7, ctx1, 6, 50, 0);
-  check_block_attention(4, 1, 128, 16, ctx2, 3, 200, 0);
+  check_block_attention(4, 1, 128, 16, ctx2, 3, small ? 60 : 200, 0);
   check_block_attention(2, 2, 96, 9, ctx1, 6, 64, 1);
   check_block_attention(4, 2, 64, 5, ctx3, 2, 10, 0);
   g_gpu->synchronize();

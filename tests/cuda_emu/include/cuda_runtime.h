@@ -1,4 +1,4 @@
-/* CPU emulation of the CUDA execution model (tests/cuda_emu/README in emu_runtime.cpp): the
+/* CPU emulation of the CUDA execution model (described in tests/cuda_emu/emu_runtime.cpp): the
  * subset of the CUDA runtime the backend in src/nn/cuda/ uses, so its kernels can be run and
  * checked on a machine without a GPU. Not for production: one block at a time, its threads as
  * cooperative user-level threads on one core. */
