@@ -33,9 +33,8 @@ def launch(m):
 
 src = open(sys.argv[1]).read()
 out = re.sub(r"extern __shared__ float (\w+)\[\];", r"float *\1 = emu_dynamic_smem();", src)
-out, n = re.subn(r"(\w+)<<<(.*?)>>>\((.*?)\);", launch, out, flags=re.S)
+out, _ = re.subn(r"(\w+)<<<(.*?)>>>\((.*?)\);", launch, out, flags=re.S)
 if "<<<" in out:
     sys.exit(f"{sys.argv[1]}: a launch the rewrite did not understand")
 os.makedirs(os.path.dirname(os.path.abspath(sys.argv[2])), exist_ok=True)
 open(sys.argv[2], "w").write(f'#line 1 "{sys.argv[1]}"\n' + out)
-print(f"{sys.argv[1]}: {n} launches")
