@@ -5,6 +5,8 @@
 #ifndef DSPARK_BACKEND_H
 #define DSPARK_BACKEND_H
 
+#include <stddef.h>
+
 #include "dspark/common.h"
 
 #ifdef __cplusplus
@@ -144,11 +146,46 @@ typedef struct ds_backend {
    * Rows that repeat an id add in row order: bitwise reproducible for any thread count. */
   void (*embedding_backward)(float *dtable, const float *dout, const int32_t *ids, int64_t n, int64_t d,
                              int64_t skip_id);
+
+  /* ---- memory (issue 14): model code allocates and moves its buffers through these, so one
+   * copy of it runs on host memory (cpu, reference) and on device memory (cuda).
+   * Where pointers live, for every entry of this table: every float pointer and every
+   * ds_weight's data is this backend's memory (from alloc); the integer index arrays (pos,
+   * ids, ctx_len, seq_off) are host memory for every backend (the host builds them, and the
+   * cuda backend's launch shapes depend on them; it uploads them itself).
+   * Kernels may run asynchronously (cuda: in order on one stream); copy_to_host waits for
+   * them. Host backends: alloc is ds_malloc_aligned (64-byte aligned), the copies memcpy,
+   * synchronize does nothing. nbytes 0 is allowed everywhere (alloc(0) gives a pointer that
+   * free accepts); buffers of a copy do not overlap. */
+  /* nbytes of backend memory, or NULL with DS_ERR_NOMEM recorded (naming `what`). */
+  void *(*alloc)(size_t nbytes, const char *what);
+  /* Frees what alloc returned; NULL does nothing. */
+  void (*free)(void *p);
+  /* Host -> backend memory; the host buffer may be reused as soon as it returns. */
+  void (*copy_to_device)(void *dst, const void *src_host, size_t nbytes);
+  /* Backend -> host memory, after every kernel queued before it has finished. */
+  void (*copy_to_host)(void *dst_host, const void *src, size_t nbytes);
+  /* Backend -> backend memory, in order with the kernels. */
+  void (*copy)(void *dst, const void *src, size_t nbytes);
+  /* p[0 .. nbytes) = 0 in backend memory (for the ADD rule's zeroed gradients). */
+  void (*memset_zero)(void *p, size_t nbytes);
+  /* Waits for every kernel and copy queued so far; a device error surfaces here at the latest. */
+  void (*synchronize)(void);
 } ds_backend;
 
 const ds_backend *ds_backend_cpu(void);
 /* The naive reference kernels (plain loops, double accumulation) that tests compare against. */
 const ds_backend *ds_backend_reference(void);
+
+/* ---- the CUDA backend (issue 14; built with -DDSPARK_CUDA=ON, src/nn/cuda/). Every entry
+ * above on device memory, on the first visible device, one stream. NULL with the reason
+ * recorded (ds_last_error) when the build has no CUDA or no device can be used. */
+const ds_backend *ds_backend_cuda(void);
+/* Its GEMMs (linear, linear_backward, linear_w, linear_w_backward): 0 (the default) runs them
+ * in fp32 (CUBLAS_COMPUTE_32F, no TF32), as the cpu backend; 1 converts both operands to bf16
+ * on the device (BF16 weights are used as stored) and runs them on tensor cores with fp32
+ * accumulation and fp32 outputs. Returns the previous setting (always 0 without CUDA). */
+int ds_cuda_set_bf16_gemm(int on);
 
 /* Threads used by our kernels (OpenMP) and BLAS; 0 keeps the default. */
 void ds_set_num_threads(int n);

@@ -8,6 +8,7 @@
 #include "dspark/backend.h"
 #include "nn/cpu_kernels.h"
 #include "nn/cpu_linear16.h"
+#include "nn/host_memory.h"
 
 #ifdef DSPARK_USE_OPENMP
 #include <omp.h>
@@ -233,6 +234,13 @@ static const ds_backend k_cpu = {
     .linear_w = cpu_linear_w,
     .linear_w_backward = cpu_linear_w_backward,
     .embedding_w = ds_cpu_embedding_w,
+    .alloc = ds_host_alloc,
+    .free = ds_host_free,
+    .copy_to_device = ds_host_copy,
+    .copy_to_host = ds_host_copy,
+    .copy = ds_host_copy,
+    .memset_zero = ds_host_memset_zero,
+    .synchronize = ds_host_synchronize,
 };
 
 const ds_backend *ds_backend_cpu(void) { return &k_cpu; }

@@ -171,6 +171,15 @@ static void p_embedding_backward(float *dtable, const float *dout, const int32_t
   account(DS_KERNEL_EMBEDDING_BWD, t0, (double)n * (double)d);
 }
 
+/* Memory entries pass straight through: they are not kernels and are not timed. */
+static void *p_alloc(size_t nbytes, const char *what) { return g_inner->alloc(nbytes, what); }
+static void p_free(void *p) { g_inner->free(p); }
+static void p_copy_to_device(void *dst, const void *src, size_t nbytes) { g_inner->copy_to_device(dst, src, nbytes); }
+static void p_copy_to_host(void *dst, const void *src, size_t nbytes) { g_inner->copy_to_host(dst, src, nbytes); }
+static void p_copy(void *dst, const void *src, size_t nbytes) { g_inner->copy(dst, src, nbytes); }
+static void p_memset_zero(void *p, size_t nbytes) { g_inner->memset_zero(p, nbytes); }
+static void p_synchronize(void) { g_inner->synchronize(); }
+
 static ds_backend g_profiled = {
     .name = "profiled",
     .linear = p_linear,
@@ -192,6 +201,13 @@ static ds_backend g_profiled = {
     .linear_w = p_linear_w,
     .linear_w_backward = p_linear_w_backward,
     .embedding_w = p_embedding_w,
+    .alloc = p_alloc,
+    .free = p_free,
+    .copy_to_device = p_copy_to_device,
+    .copy_to_host = p_copy_to_host,
+    .copy = p_copy,
+    .memset_zero = p_memset_zero,
+    .synchronize = p_synchronize,
 };
 
 const ds_backend *ds_backend_profiled(const ds_backend *inner, ds_profile *prof) {

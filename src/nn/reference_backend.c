@@ -9,6 +9,7 @@
 #include "dspark/backend.h"
 #include "dspark/common.h"
 #include "dspark/dtype.h"
+#include "nn/host_memory.h"
 
 static void ref_linear(float *y, const float *x, const float *w, const float *bias, int64_t n, int64_t in,
                        int64_t out) {
@@ -425,6 +426,13 @@ static const ds_backend k_reference = {
     .linear_w = ref_linear_w,
     .linear_w_backward = ref_linear_w_backward,
     .embedding_w = ref_embedding_w,
+    .alloc = ds_host_alloc,
+    .free = ds_host_free,
+    .copy_to_device = ds_host_copy,
+    .copy_to_host = ds_host_copy,
+    .copy = ds_host_copy,
+    .memset_zero = ds_host_memset_zero,
+    .synchronize = ds_host_synchronize,
 };
 
 const ds_backend *ds_backend_reference(void) { return &k_reference; }

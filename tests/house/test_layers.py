@@ -63,7 +63,7 @@ def check_includes(root):
     files = []
     for top in ("src", "include"):
         for d, _, names in os.walk(os.path.join(root, top)):
-            files += [os.path.join(d, n) for n in names if n.endswith((".c", ".h"))]
+            files += [os.path.join(d, n) for n in names if n.endswith((".c", ".h", ".cu"))]
     for path in sorted(files):
         rel = os.path.relpath(path, root)
         me = folder_of_file(root, path)
@@ -109,7 +109,7 @@ def source_folders(root):
     where, dup = {}, []
     for d, _, names in os.walk(os.path.join(root, "src")):
         for n in names:
-            if n.endswith(".c"):
+            if n.endswith((".c", ".cu")):  # .cu: the CUDA backend (DSPARK_CUDA=ON builds)
                 key = n + ".o"
                 if key in where:
                     dup.append(n)

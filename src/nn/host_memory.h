@@ -1,0 +1,16 @@
+/* The memory entries of the host backends (cpu, reference): backend memory is host memory,
+ * so alloc is ds_malloc_aligned and the copies are memcpy (include/dspark/backend.h). Not a
+ * public header. */
+#ifndef DSPARK_NN_HOST_MEMORY_H
+#define DSPARK_NN_HOST_MEMORY_H
+
+#include <stddef.h>
+
+void *ds_host_alloc(size_t nbytes, const char *what);
+void ds_host_free(void *p);
+/* dst = src (nbytes); one function serves copy_to_device, copy_to_host and copy. */
+void ds_host_copy(void *dst, const void *src, size_t nbytes);
+void ds_host_memset_zero(void *p, size_t nbytes);
+void ds_host_synchronize(void);
+
+#endif

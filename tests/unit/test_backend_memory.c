@@ -1,0 +1,86 @@
+/* The seam's memory entries (issue 14) on the host backends (cpu, reference, and the profiled
+ * wrapper, which passes them through): a round trip host -> backend -> backend -> host, zeroing,
+ * nbytes 0, and every entry of each table set. Without CUDA, ds_backend_cuda refuses with a
+ * reason; with it, it gives a full table or (no device) a reason. */
+#include <stdint.h>
+#include <string.h>
+
+#include "dspark/backend.h"
+#include "dspark/profile.h"
+#include "test_util.h"
+
+/* Every function pointer of the table is set (the struct is all pointers after the name). */
+static int table_complete(const ds_backend *b) {
+  const char *p = (const char *)b + sizeof(b->name);
+  size_t n = (sizeof(ds_backend) - sizeof(b->name)) / sizeof(void (*)(void));
+  for (size_t i = 0; i < n; i++) {
+    void (*fn)(void);
+    memcpy(&fn, p + i * sizeof fn, sizeof fn);
+    if (!fn) return 0;
+  }
+  return 1;
+}
+
+static void check_round_trip(const ds_backend *b) {
+  enum { N = 1000 };
+  float host[N], back[N];
+  for (int i = 0; i < N; i++) host[i] = (float)i * 0.5f - 7.0f;
+  float *d1 = b->alloc(sizeof host, "test buffer 1"), *d2 = b->alloc(sizeof host, "test buffer 2");
+  EXPECT(d1 && d2);
+  if (!d1 || !d2) return;
+  EXPECT(((uintptr_t)d1 & 63) == 0 || strcmp(b->name, "cuda") == 0);
+  b->copy_to_device(d1, host, sizeof host);
+  b->copy(d2, d1, sizeof host);
+  b->memset_zero(d1, sizeof host);
+  b->synchronize();
+  b->copy_to_host(back, d2, sizeof host);
+  EXPECT(memcmp(back, host, sizeof host) == 0);
+  b->copy_to_host(back, d1, sizeof host);
+  int zero = 1;
+  for (int i = 0; i < N; i++) zero &= back[i] == 0.0f;
+  EXPECT(zero);
+  /* nbytes 0 everywhere, NULL free. */
+  void *empty = b->alloc(0, "empty buffer");
+  EXPECT(empty != NULL);
+  b->copy_to_device(empty, host, 0);
+  b->copy_to_host(back, empty, 0);
+  b->copy(empty, d1, 0);
+  b->memset_zero(empty, 0);
+  b->free(empty);
+  b->free(NULL);
+  b->free(d1);
+  b->free(d2);
+}
+
+static void test_host_backends(void) {
+  ds_profile prof;
+  memset(&prof, 0, sizeof prof);
+  const ds_backend *tables[] = {ds_backend_cpu(), ds_backend_reference(), ds_backend_profiled(ds_backend_cpu(), &prof)};
+  for (int t = 0; t < 3; t++) {
+    EXPECT(table_complete(tables[t]));
+    check_round_trip(tables[t]);
+  }
+}
+
+static void test_cuda_entry(void) {
+  ds_error_clear();
+  const ds_backend *cuda = ds_backend_cuda();
+#ifdef DSPARK_USE_CUDA
+  if (!cuda) {
+    EXPECT(strstr(ds_last_error(), "CUDA") != NULL); /* no device here: the reason names it */
+    return;
+  }
+  EXPECT(table_complete(cuda));
+  check_round_trip(cuda);
+#else
+  EXPECT(cuda == NULL);
+  EXPECT(strstr(ds_last_error(), "DSPARK_CUDA") != NULL);
+  EXPECT(ds_cuda_set_bf16_gemm(1) == 0 && ds_cuda_set_bf16_gemm(0) == 0);
+#endif
+}
+
+int main(void) {
+  TEST_RUN(test_host_backends);
+  TEST_RUN(test_cuda_entry);
+  return TEST_RESULT();
+}
