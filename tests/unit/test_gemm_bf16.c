@@ -119,7 +119,9 @@ static void test_gemm_empty(void) {
  * the same reference; back under DS_COMPUTE_F32, bit for bit the fp32 GEMM. */
 static void test_backend_under_bf16(void) {
   const ds_backend *be = ds_backend_cpu();
-  int64_t n = DS_BF16_MIN_ROWS_F32W + 3, in = 40, out = 24;
+  int64_t n = 3 + (DS_BF16_MIN_ROWS_DW > DS_BF16_MIN_ROWS_F32W ? DS_BF16_MIN_ROWS_DW : DS_BF16_MIN_ROWS_F32W);
+  int64_t in = 40, out = 24;
+  EXPECT(n >= DS_BF16_MIN_ROWS_BF16W);
   float *x = rand_f32((size_t)(n * in)), *w = rand_f32((size_t)(out * in)), *bias = rand_f32((size_t)out);
   float *dy = rand_f32((size_t)(n * out)), *y = malloc((size_t)(n * out) * sizeof(float));
   float *dx = calloc((size_t)(n * in), sizeof(float)), *dw = calloc((size_t)(out * in), sizeof(float));
