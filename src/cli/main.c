@@ -69,8 +69,8 @@ static void usage(FILE *f) {
   fprintf(f, "usage: dspark COMMAND [options]   (dspark COMMAND --help for details)\n\ncommands:\n");
   for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
     fprintf(f, "  %-14s %s\n", k_commands[i].name, k_commands[i].summary);
-  fprintf(f, "\nmatmuls: %s, %d threads; with --compute bf16: %s\n", ds_gemm_name(), ds_get_num_threads(),
-          ds_gemm_bf16_name());
+  fprintf(f, "\nmatmuls: %s, %d threads\n", ds_gemm_name(), ds_get_num_threads());
+  fprintf(f, "bf16 matmuls (--compute bf16): %s\n", ds_gemm_bf16_name());
   fprintf(f, "data parallelism: %s\n", ds_comm_mpi_built() ? "MPI (mpirun -np N dspark train|pretrain|distill ...)"
                                                             : "not built (no MPI in this build)");
 }
