@@ -79,7 +79,6 @@ static void usage(FILE *f) {
  * argv here, once, so the commands' own parsers never see it; sets the process-wide matmul
  * precision (include/dspark/backend.h). 1 ok, 0 after a usage message. */
 static int take_compute_option(const char *cmd, int *argc, char **argv) {
-  int out = 1;
   for (int i = 2; i < *argc;) { /* argv[1] is the command */
     const char *v = NULL;
     int used = 0;
@@ -98,11 +97,10 @@ static int take_compute_option(const char *cmd, int *argc, char **argv) {
       return 0;
     }
     ds_set_matmul_compute(c);
-    if (used > *argc - i) used = *argc - i;
     memmove(argv + i, argv + i + used, (size_t)(*argc - i - used + 1) * sizeof *argv); /* with the final NULL */
     *argc -= used;
   }
-  return out;
+  return 1;
 }
 
 int main(int argc, char **argv) {
