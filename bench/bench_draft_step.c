@@ -56,7 +56,8 @@ static void usage(void) {
   fprintf(stderr,
           "usage: bench_draft_step [--threads N] [--steps N] [--seed S] [--vocab V] [--hidden D] [--inter I]\n"
           "       [--heads H] [--kv-heads H] [--head-dim HD] [--layers N] [--captured M] [--block G]\n"
-          "       [--anchors N] [--seq-len T] [--rank R] [--chunk-rows N] [--rope-theta X] [--dump FILE] [--profile]\n");
+          "       [--anchors N] [--seq-len T] [--rank R] [--chunk-rows N] [--rope-theta X] [--dump FILE] [--profile]\n"
+          "       [--compute fp32|bf16]\n");
   exit(2);
 }
 
@@ -69,6 +70,12 @@ static void parse(int argc, char **argv, options *o) {
     const char *v = argv[++i];
     char *end;
     if (!strcmp(a, "--dump")) { o->dump = v; continue; }
+    if (!strcmp(a, "--compute")) { /* the matmul precision (include/dspark/backend.h) */
+      ds_compute c;
+      if (!ds_compute_parse(v, &c)) usage();
+      ds_set_matmul_compute(c);
+      continue;
+    }
     if (!strcmp(a, "--rope-theta")) {
       o->rope_theta = strtod(v, &end);
       if (*end || !(o->rope_theta > 0)) usage();
@@ -347,7 +354,10 @@ int main(int argc, char **argv) {
     ds_profile_print(&prof, tot, stderr);
   }
 
-  printf("{\"bench\": \"draft_step\", \"threads\": %d, \"gemm\": \"%s\", \"steps\": %d, \"best_s\": %.6f, "
+  int bf16 = ds_matmul_compute() == DS_COMPUTE_BF16;
+  printf("{\"bench\": \"draft_step\", \"compute\": \"%s\", \"gemm_bf16\": \"%s\",", ds_compute_name(ds_matmul_compute()),
+         bf16 ? ds_gemm_bf16_name() : "");
+  printf(" \"threads\": %d, \"gemm\": \"%s\", \"steps\": %d, \"best_s\": %.6f, "
          "\"median_s\": %.6f, \"median_loss_seq_s\": %.6f, \"median_optimizer_s\": %.6f, \"warmup_s\": %.6f, \"times_s\": [",
          o.threads, ds_gemm_name(), o.steps, best, median(timed, o.steps), median(t_loss + 1, o.steps),
          median(t_opt + 1, o.steps), t_step[0]);

@@ -28,6 +28,12 @@ Sides, each in its own process (so each peak RSS is its own), under /usr/bin/tim
   torch chunked +sdpa-gqa   chunked, and GQA by scaled_dot_product_attention(enable_gqa=True)
                     instead of repeat_interleave (the leanest eager variant here)
   (--torch picks the torch sides)
+  --bf16 adds two sides (issue 9's bf16 compute):
+  ours bf16         bench_draft_step --compute bf16 (the matmuls' operands rounded to bf16,
+                    fp32 accumulation, fp32 master weights, oneDNN's bf16 matmul)
+  torch ... autocast-bf16   the leanest eager variant (chunked +sdpa-gqa) with its forward and
+                    loss under torch.autocast("cpu", dtype=torch.bfloat16), fp32 master weights
+                    and AdamW; their first numerators are checked within TOL_BF16
 Every side runs one warm-up step, then --steps timed ones, and the sides take turns for
 --rounds rounds (times pooled: best and median over all; peak RSS the max), so that a change
 in the machine's load does not fall on one side only. The load average is printed with the table.
@@ -55,6 +61,7 @@ import sys
 import time
 
 TOL = 1e-4
+TOL_BF16 = 2e-2  # the bf16 sides' first numerator against the fp32 dump run's
 
 
 # ---------------------------------------------------------------- torch worker
@@ -205,11 +212,18 @@ def worker(args):
     kind = {"fused": {"fused": True}, "foreach": {"foreach": True}, "loop": {"foreach": False}}[args.adamw]
     opt = torch.optim.AdamW(params, lr=6e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, **kind)
 
+    import contextlib
+
+    def amp():  # autocast for the forward and loss parts of the bf16 peer; the backward follows it
+        return torch.autocast("cpu", dtype=torch.bfloat16) if args.autocast else contextlib.nullcontext()
+
     def step():
         opt.zero_grad(set_to_none=True)
-        h, e = draft_forward()
+        with amp():
+            h, e = draft_forward()
         if args.worker == "unchunked":
-            num = loss_rows(h, e, slice(0, R))
+            with amp():
+                num = loss_rows(h, e, slice(0, R))
             (num / W).backward()
             num = float(num.detach())
         else:
@@ -217,7 +231,8 @@ def worker(args):
             num = 0.0
             for r0 in range(0, R, CHUNK):
                 sl = slice(r0, min(R, r0 + CHUNK))
-                n = loss_rows(hl[sl], el[sl], sl)
+                with amp():
+                    n = loss_rows(hl[sl], el[sl], sl).float()
                 (n / W).backward()
                 num += float(n.detach())
             torch.autograd.backward([h, e], [hl.grad, el.grad])
@@ -316,6 +331,9 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))
     ap.add_argument("--tmp", default="/tmp/dspark-bench-draft-step")
     ap.add_argument("--worker", choices=["chunked", "unchunked"], help=argparse.SUPPRESS)
+    ap.add_argument("--bf16", action="store_true",
+                    help="add ours with --compute bf16 and torch chunked +sdpa-gqa under torch.autocast(bfloat16)")
+    ap.add_argument("--autocast", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--dump", help=argparse.SUPPRESS)
     ap.add_argument("--torch-profile", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -359,13 +377,20 @@ def main():
         sides.append((f"torch_{mode}_{gqa}", f"torch {mode}" + (" +sdpa-gqa" if gqa == "sdpa" else ""),
                       [sys.executable, os.path.abspath(__file__), "--worker", mode, "--dump", dump, "--threads",
                        str(args.threads), "--steps", str(args.steps), "--gqa", gqa, "--adamw", args.adamw], env))
+    if args.bf16:
+        sides.append(("ours_bf16", "ours bf16", [exe, "--steps", str(args.steps), "--compute", "bf16"] + common, env))
+        sides.append(("torch_chunked_sdpa_autocast", "torch chunked +sdpa autocast",
+                      [sys.executable, os.path.abspath(__file__), "--worker", "chunked", "--dump", dump, "--threads",
+                       str(args.threads), "--steps", str(args.steps), "--gqa", "sdpa", "--adamw", args.adamw,
+                       "--autocast"], env))
     runs = {key: [] for key, _, _, _ in sides}
     labels = {}
     for rnd in range(args.rounds):
         for key, label, cmd, side_env in sides:
             res, _, rss = run_timed(cmd, side_env)
             res["time_v_rss_mib"] = rss
-            labels[key] = f"ours ({res['gemm']})" if label == "ours" else \
+            labels[key] = f"ours bf16 ({res['gemm_bf16']})" if label == "ours bf16" else \
+                f"ours ({res['gemm']})" if label == "ours" else \
                 f"ours ({res['gemm']}) mmap 1M" if label == "ours mmap" else label
             runs[key].append(res)
             print(f"round {rnd + 1}/{args.rounds} {labels[key]}: best {res['best_s']:.3f} s, median "
@@ -388,8 +413,9 @@ def main():
     notes = []
     for key, s in merged.items():
         s["rel_diff_first_numerator"] = max(abs(n - ref_num) / abs(ref_num) for n in s["first_numerators"])
-        if key.startswith("torch"):
-            s["numerator_ok"] = s["rel_diff_first_numerator"] <= TOL
+        bf16 = key in ("ours_bf16", "torch_chunked_sdpa_autocast")
+        if key.startswith("torch") or bf16:
+            s["numerator_ok"] = s["rel_diff_first_numerator"] <= (TOL_BF16 if bf16 else TOL)
             ok &= s["numerator_ok"]
         elif s["rel_diff_first_numerator"] != 0:
             notes.append(f"{s['label']}: first numerator differs from the dump run's by "
@@ -431,7 +457,8 @@ def main():
               "returns it at free), a probe of how much of our peak is heap retention, not a default setting")
     for n in notes:
         print("note: " + n)
-    print(f"first-step numerator agreement with ours (<= {TOL:g} relative): {'OK' if ok else 'FAILED'}")
+    print(f"first-step numerator agreement with ours (<= {TOL:g} relative; bf16 sides <= {TOL_BF16:g}): "
+          f"{'OK' if ok else 'FAILED'}")
     if profile:
         print("\nour per-kernel profile (environment BLAS, ds_draft_loss_seq only):\n" + profile.rstrip())
     report = {"benchmark": "dspark draft optimizer step", "machine": platform.processor() or platform.machine(),

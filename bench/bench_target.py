@@ -8,7 +8,11 @@ greedy tokens after a 32-token prompt, KV cache on both sides), our per-kernel p
 prefill (matmul GFLOP/s and share), the OpenBLAS sgemm peak in the same run, and peak RSS of
 each side. Prints a table and writes bench/out/target.json.
 
-    $VENV/bin/python bench/bench_target.py --dspark build/release/dspark [--threads 2]
+--compute bf16 (issue 9): the same weights saved in bf16 (a copy beside the model), ours with
+the BF16 weights used in place and --compute bf16, transformers loading them with
+torch_dtype=bfloat16 (computing in bf16); writes bench/out/target-bf16.json.
+
+    $VENV/bin/python bench/bench_target.py --dspark build/release/dspark [--threads 2] [--compute bf16]
 """
 import argparse
 import json
@@ -36,6 +40,15 @@ def build_model(path):
     model.save_pretrained(path)
 
 
+def bf16_copy(path):
+    """The fp32 model's weights rounded to bf16, saved by transformers beside it."""
+    dst = path + "-bf16"
+    if not os.path.exists(os.path.join(dst, "model.safetensors")):
+        m = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        m.to(torch.bfloat16).save_pretrained(dst)
+    return dst
+
+
 def run_timed(cmd, env):
     """Runs cmd under /usr/bin/time -v; returns (stderr, peak RSS MiB)."""
     p = subprocess.run(["/usr/bin/time", "-v"] + cmd, capture_output=True, text=True, env=env)
@@ -50,18 +63,20 @@ def ours(args, model_dir, prompt_ids, env):
     ids = ",".join(map(str, prompt_ids))
     for _ in range(args.reps):
         _, err, rss = run_timed([args.dspark, "forward", model_dir, "--ids", ids, "--logits", "last", "--out",
-                                 os.path.join(args.out, "prefill.safetensors"), "--threads", str(args.threads)], env)
+                                 os.path.join(args.out, "prefill.safetensors"), "--threads", str(args.threads),
+                                 "--compute", args.compute], env)
         rate = float(re.search(r"\(([\d.]+) tokens/s\)", err).group(1))
         best_prefill = max(best_prefill, rate)
         rss_max = max(rss_max, rss)
     _, err, _ = run_timed([args.dspark, "forward", model_dir, "--ids", ids, "--logits", "last", "--out",
                            os.path.join(args.out, "prefill.safetensors"), "--threads", str(args.threads),
-                           "--profile"], env)
+                           "--compute", args.compute, "--profile"], env)
     profile = err[err.index("kernel "):err.index("\tCommand being timed")].strip()
     short = ",".join(map(str, prompt_ids[:32]))
     for _ in range(args.reps):
         _, err, rss = run_timed([args.dspark, "generate", model_dir, "--prompt-ids", short, "--max-new-tokens",
-                                 str(args.decode), "--print-ids", "--ignore-eos", "--threads", str(args.threads)], env)
+                                 str(args.decode), "--print-ids", "--ignore-eos", "--threads", str(args.threads),
+                                 "--compute", args.compute], env)
         rate = float(re.search(r"decode: \d+ tokens, [\d.]+ s \(([\d.]+) tokens/s\)", err).group(1))
         best_decode = max(best_decode, rate)
         rss_max = max(rss_max, rss)
@@ -70,7 +85,8 @@ def ours(args, model_dir, prompt_ids, env):
 
 def torch_side(args, model_dir, prompt_ids):
     torch.set_num_threads(args.threads)
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    dtype = torch.bfloat16 if args.compute == "bf16" else torch.float32
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     inp = torch.tensor([prompt_ids])
     best_prefill = 0.0
     with torch.no_grad():
@@ -109,19 +125,23 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--model", default=os.path.expanduser("~/.cache/dspark/bench-qwen3-100m"))
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))
+    ap.add_argument("--compute", choices=("fp32", "bf16"), default="fp32",
+                    help="bf16: bf16 weights, ours --compute bf16, transformers in torch.bfloat16")
     ap.add_argument("--torch-side", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     build_model(args.model)
+    model_dir = bf16_copy(args.model) if args.compute == "bf16" else args.model
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, 32000, size=args.prefill).tolist()
     if args.torch_side:  # child process, so its peak RSS is PyTorch's alone
-        print(json.dumps(torch_side(args, args.model, prompt)))
+        print(json.dumps(torch_side(args, model_dir, prompt)))
         return
 
     child = subprocess.run([sys.executable, __file__, "--torch-side", "--dspark", args.dspark, "--threads",
                             str(args.threads), "--prefill", str(args.prefill), "--decode", str(args.decode),
-                            "--reps", str(args.reps), "--model", args.model], capture_output=True, text=True)
+                            "--reps", str(args.reps), "--model", args.model, "--compute", args.compute],
+                           capture_output=True, text=True)
     if child.returncode != 0:
         sys.exit(f"torch side failed:\n{child.stderr}")
     t_pre, t_dec, t_rss = json.loads(child.stdout.strip().splitlines()[-1])
@@ -130,16 +150,25 @@ def main():
     # an AVX2 kernel) and with OpenBLAS choosing its own kernel (AVX-512 here).
     base_env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     native_env = {k: v for k, v in base_env.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
-    results = {"threads": args.threads, "prefill_tokens": args.prefill, "decode_tokens": args.decode,
+    results = {"compute": args.compute, "threads": args.threads, "prefill_tokens": args.prefill, "decode_tokens": args.decode,
                "torch_prefill_tok_s": t_pre, "torch_decode_tok_s": t_dec, "torch_peak_rss_mib": t_rss,
                "torch_version": torch.__version__, "transformers_version": transformers.__version__,
                "dspark": {}}
     print(f"peer: PyTorch {torch.__version__} CPU, transformers {transformers.__version__}, "
           f"{args.threads} threads: prefill {t_pre:.1f} tok/s, decode {t_dec:.1f} tok/s, peak RSS {t_rss:.0f} MiB")
-    for label, env in (("environment", base_env), ("native-blas", native_env)):
+    runs = (("environment", base_env), ("native-blas", native_env)) if args.compute == "fp32" else \
+        (("environment", base_env),)
+    if args.compute == "bf16":
+        info = subprocess.run([args.dspark, "info", model_dir, "--compute", "bf16"], capture_output=True, text=True,
+                              env=base_env).stdout
+        results["bf16_gemm"] = re.search(r"bf16 compute GEMM:\s+(.+?) \(", info).group(1)
+        print(f"ours: --compute bf16, bf16 GEMM {results['bf16_gemm']}")
+    for label, env in runs:
         peak, kernel, _ = sgemm_peak(args, env)
-        o_pre, o_dec, profile, o_rss = ours(args, args.model, prompt, env)
-        m = re.search(r"linear\s+(\d+)\s+([\d.]+)\s+([\d.]+)%\s+([\d.]+)", profile)
+        o_pre, o_dec, profile, o_rss = ours(args, model_dir, prompt, env)
+        # the matmuls: "linear" on fp32 weights, "linear16" on the bf16 ones
+        m = re.search(r"%s\s+(\d+)\s+([\d.]+)\s+([\d.]+)%%\s+([\d.]+)" % (
+            "linear16" if args.compute == "bf16" else "linear"), profile)
         lin_share, lin_gflops = float(m.group(3)), float(m.group(4))
         r = {"blas_kernel": kernel, "sgemm_peak_gflops": peak, "prefill_tok_s": o_pre, "decode_tok_s": o_dec,
              "prefill_ratio_vs_torch": o_pre / t_pre, "decode_ratio_vs_torch": o_dec / t_dec,
@@ -154,7 +183,8 @@ def main():
         print(f"{'peak RSS MiB':18s} {o_rss:9.0f} {t_rss:9.0f}")
         print(f"matmul {lin_gflops:.1f} GFLOP/s = {r['matmul_pct_of_sgemm_peak']:.0f}% of the sgemm peak, "
               f"{lin_share:.0f}% of prefill time")
-    with open(os.path.join(args.out, "target.json"), "w") as f:
+    name = "target.json" if args.compute == "fp32" else "target-bf16.json"
+    with open(os.path.join(args.out, name), "w") as f:
         json.dump(results, f, indent=1)
 
 

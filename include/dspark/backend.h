@@ -50,7 +50,9 @@ typedef struct ds_backend {
    * value is converted to fp32 exactly and every product is accumulated in fp32, so the
    * result equals the fp32 entries run on the same weights converted to fp32, up to fp32
    * summation order (activations are never rounded to 16 bits). With an F32 weight they are
-   * the fp32 entries themselves: linear_w with ldy == out is linear, bit for bit. */
+   * the fp32 entries themselves: linear_w with ldy == out is linear, bit for bit. All this under
+   * DS_COMPUTE_F32, the default; under DS_COMPUTE_BF16 (ds_set_matmul_compute below) calls with
+   * enough rows on F32 or BF16 weights round x (and an F32 weight) to bf16 instead. */
 
   /* y[n, out] (row stride ldy >= out) = x[n, in] @ w[out, in]^T (+ bias[out] when bias != NULL).
    * Overwrites those n x out values of y, nothing else. */
@@ -202,6 +204,39 @@ const char *ds_gemm_name(void);
 /* A one-line warning when the matmuls run a slow generic path on a CPU that has a faster one
  * (OpenBLAS's fallback kernel, an ISA cap, no GEMM library), else NULL. */
 const char *ds_gemm_warning(void);
+/* The precision of the cpu backend's matmuls, process-wide (set it once before computing,
+ * from the main thread; the default is DS_COMPUTE_F32):
+ *   DS_COMPUTE_F32   every matmul in fp32 (16-bit frozen weights widened exactly), as always;
+ *   DS_COMPUTE_BF16  the large matmuls of linear, linear_backward (dx and dw; dw accumulates
+ *                    into the fp32 gradient), linear_w and linear_w_backward round both
+ *                    operands to bf16 (round to nearest even) and multiply them with fp32
+ *                    accumulation into fp32 outputs (ds_gemm_bf16). Master weights, gradients,
+ *                    activations between kernels and the optimizer stay fp32; a frozen BF16
+ *                    weight is read in place (nothing of it converted), a frozen F16 weight keeps
+ *                    its exact fp32 path (rounding it to bf16 would lose 3 bits). Calls with few
+ *                    rows (decode, small batches: nn/cpu_gemm_bf16.h has the measured
+ *                    thresholds) keep their fp32 paths because those are faster, so a bf16
+ *                    result is that of bf16-rounded inputs or the fp32 one. Attention products,
+ *                    norms and everything else stay fp32. */
+typedef enum { DS_COMPUTE_F32 = 0, DS_COMPUTE_BF16 = 1 } ds_compute;
+void ds_set_matmul_compute(ds_compute c);
+ds_compute ds_matmul_compute(void);
+const char *ds_compute_name(ds_compute c); /* "fp32" / "bf16" */
+/* "fp32" (or "f32") / "bf16" -> *out; 0 on anything else. */
+int ds_compute_parse(const char *s, ds_compute *out);
+/* The bf16 GEMM: C = bf16(op(A)) @ bf16(op(B)) + beta * C, shapes, strides and flags as
+ * ds_gemm_f32, fp32 in and out. Both inputs are rounded to bf16 (nearest even) and every
+ * product (exact in fp32) accumulates in fp32, so the result equals the fp32 GEMM of the
+ * rounded inputs up to fp32 summation order. oneDNN's bf16 matmul (AMX / AVX512_BF16) where
+ * the build and CPU have it; otherwise the rounded inputs go through ds_gemm_f32 (same numbers,
+ * no speedup). Independent of ds_set_matmul_compute. */
+void ds_gemm_bf16(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
+                  int64_t ldb, float beta, float *C, int64_t ldc);
+/* What runs ds_gemm_bf16, e.g. "oneDNN 2.6.3 matmul brg:avx512_core_amx_bf16", or "bf16-rounded
+ * inputs, fp32 GEMM (...)" on the portable path. */
+const char *ds_gemm_bf16_name(void);
+/* A one-line warning when ds_gemm_bf16 runs the portable path (no speedup), else NULL. */
+const char *ds_gemm_bf16_warning(void);
 /* The instruction set the cpu backend's 16-bit weight kernels (linear_w and its backward on
  * BF16 / F16 weights) run on this CPU, chosen at run time from cpuid: "AVX-512", "AVX2" or
  * "portable" (plain C); one binary runs on any x86-64 (and elsewhere, portable). */

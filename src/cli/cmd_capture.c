@@ -38,7 +38,7 @@ static void usage(FILE *f) {
     "  --min-k M                ... but always at least M entries (1; at most K)\n"
     "  --temperature T          log-probs of softmax(x / T) (1)\n"
     "  --seed S                 recorded in the manifest (0)\n"
-    "  --threads N  --quiet\n"
+    "  --threads N  --quiet  --compute fp32|bf16 (matmul precision, default fp32)\n"
     "  --forward-only           benchmark: run only the target forward (and the KD logits); write nothing\n"
     "  --throttle-ms N          testing aid: sleep N ms after each shard\n");
 }

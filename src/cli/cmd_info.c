@@ -134,8 +134,9 @@ int cmd_info(int argc, char **argv) {
   else
     printf(" F32 (converted at load)");
   printf("\n");
-  printf("loaded in:          %.2f s (fp32 compute, GEMM %s, 16-bit weight kernels %s, %d threads)\n", load_s,
-         ds_gemm_name(), ds_weight16_kernel_name(), ds_get_num_threads());
+  printf("loaded in:          %.2f s (%s compute, GEMM %s, 16-bit weight kernels %s, %d threads)\n", load_s,
+         ds_compute_name(ds_matmul_compute()), ds_gemm_name(), ds_weight16_kernel_name(), ds_get_num_threads());
+  printf("bf16 compute GEMM:  %s (--compute bf16)\n", ds_gemm_bf16_name());
   ds_target_free(m);
 
   if (list_tensors) {

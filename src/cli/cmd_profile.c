@@ -75,6 +75,8 @@ int cmd_profile(int argc, char **argv) {
   cJSON_AddNumberToObject(j, "context", (double)context);
   cJSON_AddNumberToObject(j, "reps", (double)reps);
   cJSON_AddStringToObject(j, "gemm", ds_gemm_name());
+  cJSON_AddStringToObject(j, "compute", ds_compute_name(ds_matmul_compute()));
+  if (ds_matmul_compute() == DS_COMPUTE_BF16) cJSON_AddStringToObject(j, "gemm_bf16", ds_gemm_bf16_name());
   cJSON_AddNumberToObject(j, "threads", ds_get_num_threads());
   cJSON_AddItemToObject(j, "verify_seconds", cli_number_array(verify, max_tokens));
   cJSON_AddItemToObject(j, "verify_steps_per_s", cli_number_array(sps, max_tokens));

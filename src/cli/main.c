@@ -71,8 +71,37 @@ static void usage(FILE *f) {
   for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
     fprintf(f, "  %-14s %s\n", k_commands[i].name, k_commands[i].summary);
   fprintf(f, "\nmatmuls: %s, %d threads\n", ds_gemm_name(), ds_get_num_threads());
+  fprintf(f, "bf16 matmuls (--compute bf16): %s\n", ds_gemm_bf16_name());
   fprintf(f, "data parallelism: %s\n", ds_comm_mpi_built() ? "MPI (mpirun -np N dspark train|pretrain|distill ...)"
                                                             : "not built (no MPI in this build)");
+}
+
+/* --compute fp32|bf16 (or --compute=...), shared by every command that computes: taken out of
+ * argv here, once, so the commands' own parsers never see it; sets the process-wide matmul
+ * precision (include/dspark/backend.h). 1 ok, 0 after a usage message. */
+static int take_compute_option(const char *cmd, int *argc, char **argv) {
+  for (int i = 2; i < *argc;) { /* argv[1] is the command */
+    const char *v = NULL;
+    int used = 0;
+    if (!strcmp(argv[i], "--compute")) {
+      used = 2;
+      v = i + 1 < *argc ? argv[i + 1] : NULL;
+    } else if (!strncmp(argv[i], "--compute=", 10)) {
+      used = 1;
+      v = argv[i] + 10;
+    }
+    if (!used) { i++; continue; }
+    ds_compute c;
+    if (!v || !ds_compute_parse(v, &c)) {
+      fprintf(stderr, "dspark %s: --compute takes fp32 or bf16 (got %s%s%s)\n", cmd, v ? "'" : "no value",
+              v ? v : "", v ? "'" : "");
+      return 0;
+    }
+    ds_set_matmul_compute(c);
+    memmove(argv + i, argv + i + used, (size_t)(*argc - i - used + 1) * sizeof *argv); /* with the final NULL */
+    *argc -= used;
+  }
+  return 1;
 }
 
 int main(int argc, char **argv) {
@@ -88,7 +117,10 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
     if (!strcmp(argv[1], k_commands[i].name)) {
       if (ds_comm_open(&argc, &argv, &g_comm) != DS_OK) return cli_report_error("mpi");
+      if (k_commands[i].computes && !take_compute_option(argv[1], &argc, argv)) return finish(2);
       const char *slow = k_commands[i].computes && ds_comm_rank(g_comm) == 0 ? ds_gemm_warning() : NULL;
+      if (slow) fprintf(stderr, "dspark: %s\n", slow);
+      slow = ds_matmul_compute() == DS_COMPUTE_BF16 && ds_comm_rank(g_comm) == 0 ? ds_gemm_bf16_warning() : NULL;
       if (slow) fprintf(stderr, "dspark: %s\n", slow);
       return finish(k_commands[i].run(argc - 1, argv + 1));
     }

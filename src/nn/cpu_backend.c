@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "dspark/backend.h"
+#include "nn/cpu_gemm_bf16.h"
 #include "nn/cpu_kernels.h"
 #include "nn/cpu_linear16.h"
 #include "nn/host_memory.h"
@@ -16,6 +17,16 @@
 
 /* ---------------------------------------------------------------- linear */
 
+/* Under DS_COMPUTE_BF16 a product with at least min_rows rows runs the bf16 GEMM (fp32 weight
+ * rounded on the way in); otherwise the fp32 one, unchanged. */
+static void matmul_w(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
+                     int64_t ldb, float beta, float *C, int64_t ldc, int64_t rows, int64_t min_rows) {
+  if (ds_matmul_compute() == DS_COMPUTE_BF16 && rows >= min_rows)
+    ds_cpu_gemm_bf16(DS_BF16_AUTO, ta, tb, m, n, k, A, lda, B, NULL, ldb, beta, C, ldc);
+  else
+    ds_cpu_sgemm(ta, tb, m, n, k, A, lda, B, ldb, beta, C, ldc);
+}
+
 /* y[n, out] (row stride ldy) = x[n, in] @ w[out, in]^T (+ bias[out]). */
 static void linear_f32(float *y, int64_t ldy, const float *x, const float *w, const float *bias, int64_t n,
                        int64_t in, int64_t out) {
@@ -25,7 +36,7 @@ static void linear_f32(float *y, int64_t ldy, const float *x, const float *w, co
     for (int64_t i = 0; i < n; i++) memcpy(y + i * ldy, bias, (size_t)out * sizeof(float));
     beta = 1.0f;
   }
-  ds_cpu_sgemm(0, 1, n, out, in, x, in, w, in, beta, y, ldy);
+  matmul_w(0, 1, n, out, in, x, in, w, in, beta, y, ldy, n, DS_BF16_MIN_ROWS_F32W);
 }
 
 /* y[n, out] = x[n, in] @ w[out, in]^T (+ bias[out]). */
@@ -44,7 +55,7 @@ static void cpu_linear_w(float *y, int64_t ldy, const float *x, ds_weight w, con
 
 /* dx[n, in] += dy[n, out] @ w[out, in], w frozen (no dw). */
 static void cpu_linear_w_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out) {
-  if (w.dtype == DS_F32) ds_cpu_sgemm(0, 0, n, in, out, dy, out, w.data, in, 1.0f, dx, in);
+  if (w.dtype == DS_F32) matmul_w(0, 0, n, in, out, dy, out, w.data, in, 1.0f, dx, in, n, DS_BF16_MIN_ROWS_F32W);
   else ds_cpu_linear16_backward(dx, dy, w, n, in, out);
 }
 
@@ -53,8 +64,9 @@ enum { COL_CHUNK = 64 }; /* columns per task when summing over rows */
 /* dx[n, in] += dy[n, out] @ w[out, in];  dw[out, in] += dy^T @ x[n, in];  db[out] += sum_n dy. */
 static void cpu_linear_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
                                 int64_t n, int64_t in, int64_t out) {
-  if (dx) ds_cpu_sgemm(0, 0, n, in, out, dy, out, w, in, 1.0f, dx, in);
-  if (dw) ds_cpu_sgemm(1, 0, out, in, n, dy, out, x, in, 1.0f, dw, in);
+  if (dx) matmul_w(0, 0, n, in, out, dy, out, w, in, 1.0f, dx, in, n, DS_BF16_MIN_ROWS_F32W);
+  /* dw's operands are both activations: only n x (in + out) values to round */
+  if (dw) matmul_w(1, 0, out, in, n, dy, out, x, in, 1.0f, dw, in, n, DS_BF16_MIN_ROWS_DW);
   if (db) {
     /* Each task owns COL_CHUNK columns and sums the rows in order: no race, fixed order. */
     DS_OMP(parallel for schedule(static) if (n * out > 65536))

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nn/cpu_gemm_bf16.h"
 #include "nn/cpu_kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -376,8 +377,21 @@ int ds_linear16_backward_chunked(ds_isa isa, float *dx, const float *dy, ds_weig
 
 /* ---------------------------------------------------------------- backend entries */
 
+/* Under DS_COMPUTE_BF16 a BF16 weight with enough rows of x goes to the bf16 GEMM in place. */
+static int bf16_compute(ds_weight w, int64_t n) {
+  return w.dtype == DS_BF16 && n >= DS_BF16_MIN_ROWS_BF16W && ds_matmul_compute() == DS_COMPUTE_BF16;
+}
+
 void ds_cpu_linear16(float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n, int64_t in,
                      int64_t out) {
+  if (bf16_compute(w, n)) {
+    if (bias) {
+      DS_OMP(parallel for schedule(static) if (n * out > 65536))
+      for (int64_t i = 0; i < n; i++) memcpy(y + i * ldy, bias, (size_t)out * sizeof(float));
+    }
+    ds_cpu_gemm_bf16(DS_BF16_AUTO, 0, 1, n, out, in, x, in, NULL, w.data, in, bias ? 1.0f : 0.0f, y, ldy);
+    return;
+  }
   ds_isa isa = ds_isa_best();
   int direct = n <= DS_LINEAR16_DIRECT_MAX_ROWS || n * in * (int64_t)sizeof(float) <= DS_LINEAR16_DIRECT_MAX_X_BYTES;
   if (!direct && ds_linear16_chunked(isa, y, ldy, x, w, bias, n, in, out, ds_linear16_chunk_rows(in, out))) return;
@@ -385,6 +399,10 @@ void ds_cpu_linear16(float *y, int64_t ldy, const float *x, ds_weight w, const f
 }
 
 void ds_cpu_linear16_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out) {
+  if (bf16_compute(w, n)) { /* dx += dy @ w */
+    ds_cpu_gemm_bf16(DS_BF16_AUTO, 0, 0, n, in, out, dy, out, NULL, w.data, in, 1.0f, dx, in);
+    return;
+  }
   if (n > DS_LINEAR16_BWD_DIRECT_MAX_ROWS &&
       ds_linear16_backward_chunked(ds_isa_best(), dx, dy, w, n, in, out, ds_linear16_chunk_rows(in, out)))
     return;

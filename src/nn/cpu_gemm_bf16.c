@@ -1,0 +1,279 @@
+/* bf16 compute for the matmuls (DS_COMPUTE_BF16; contract in include/dspark/backend.h and
+ * nn/cpu_gemm_bf16.h). Both operands are rounded to bf16 (round to nearest even), every product
+ * of two bf16 values is exact in fp32 and accumulates in fp32, and C stays fp32.
+ *
+ * Native path (DSPARK_GEMM=onednn on a CPU with AVX512_BF16 or AMX): oneDNN 2.x's matmul
+ * primitive on bf16 src / bf16 weights / f32 dst (its public bf16 gemm function is not in the
+ * 2.6 header). fp32 operands are converted into packed scratch in their stored layout, so the
+ * primitive sees dense strides (the brgemm / AMX kernels; padded strides get gemm:jit); a bf16
+ * B (a frozen weight) is passed in place with its own stride. beta = 1 is a sum post-op.
+ * Creating a primitive costs 0.2-0.7 ms, so they are cached by shape, strides, transposes and
+ * beta. Portable path (other builds, other CPUs, or DNNL_MAX_CPU_ISA below bf16): the operands
+ * rounded to bf16 values held in fp32, multiplied by ds_cpu_sgemm: the same numbers up to fp32
+ * summation order, without the speed.
+ *
+ * One mutex guards the setting's scratch and the cache: the callers are the main thread (the
+ * threads are inside oneDNN and the conversion loops), so it is never contended. */
+#include "nn/cpu_gemm_bf16.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dspark/backend.h"
+#include "nn/cpu_kernels.h"
+
+#if defined(DSPARK_GEMM_ONEDNN)
+#include <oneapi/dnnl/dnnl.h>
+#endif
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static ds_compute g_compute = DS_COMPUTE_F32;
+
+void ds_set_matmul_compute(ds_compute c) { g_compute = c == DS_COMPUTE_BF16 ? DS_COMPUTE_BF16 : DS_COMPUTE_F32; }
+ds_compute ds_matmul_compute(void) { return g_compute; }
+const char *ds_compute_name(ds_compute c) { return c == DS_COMPUTE_BF16 ? "bf16" : "fp32"; }
+int ds_compute_parse(const char *s, ds_compute *out) {
+  if (!strcmp(s, "fp32") || !strcmp(s, "f32")) *out = DS_COMPUTE_F32;
+  else if (!strcmp(s, "bf16")) *out = DS_COMPUTE_BF16;
+  else return 0;
+  return 1;
+}
+
+/* ---------------------------------------------------------------- scratch and conversion */
+
+typedef struct {
+  void *p;
+  size_t bytes;
+} scratch;
+
+static scratch g_sa, g_sb; /* A's and B's converted copies; grown, never shrunk */
+
+static void *scratch_get(scratch *s, size_t bytes) {
+  if (bytes <= s->bytes) return s->p;
+  size_t want = (bytes + 4095) & ~(size_t)4095;
+  void *p = aligned_alloc(64, want);
+  DS_CHECK(p != NULL); /* a matmul cannot report an error: as any other allocation failure in a kernel */
+  free(s->p);
+  s->p = p;
+  s->bytes = want;
+  return p;
+}
+
+/* fp32 -> bf16 bits as ds_f32_to_bf16 (core/dtype.c: nearest even, NaN quieted, overflow to
+ * inf), inline so the conversion loops vectorize. */
+static inline uint16_t round_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+/* dst[r, 0:c] (packed, row stride c) = src[r, 0:c] (row stride lds) rounded to bf16: as bits
+ * (bits != 0) or as fp32 values. */
+static void round_rows(void *dst, int bits, const float *src, int64_t rows, int64_t cols, int64_t lds) {
+  DS_OMP(parallel for schedule(static) if (rows * cols > 65536))
+  for (int64_t r = 0; r < rows; r++) {
+    const float *s = src + r * lds;
+    if (bits) {
+      uint16_t *d = (uint16_t *)dst + r * cols;
+      for (int64_t j = 0; j < cols; j++) d[j] = round_bf16(s[j]);
+    } else {
+      uint32_t *d = (uint32_t *)dst + r * cols;
+      for (int64_t j = 0; j < cols; j++) d[j] = (uint32_t)round_bf16(s[j]) << 16;
+    }
+  }
+}
+
+static void widen_rows(float *dst, const uint16_t *src, int64_t rows, int64_t cols, int64_t lds) {
+  DS_OMP(parallel for schedule(static) if (rows * cols > 65536))
+  for (int64_t r = 0; r < rows; r++) {
+    uint32_t *d = (uint32_t *)(dst + r * cols);
+    for (int64_t j = 0; j < cols; j++) d[j] = (uint32_t)src[r * lds + j] << 16;
+  }
+}
+
+/* ---------------------------------------------------------------- portable path */
+
+static void gemm_portable(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
+                          const float *Bf, const uint16_t *Bh, int64_t ldb, float beta, float *C, int64_t ldc) {
+  /* stored shapes: A is [m, k] or [k, m]; B is [k, n] or [n, k] */
+  int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+  float *a = scratch_get(&g_sa, (size_t)(ar * ac) * sizeof(float));
+  float *b = scratch_get(&g_sb, (size_t)(br * bc) * sizeof(float));
+  round_rows(a, 0, A, ar, ac, lda);
+  if (Bf) round_rows(b, 0, Bf, br, bc, ldb);
+  else widen_rows(b, Bh, br, bc, ldb);
+  ds_cpu_sgemm(ta, tb, m, n, k, a, ac, b, bc, beta, C, ldc);
+}
+
+/* ---------------------------------------------------------------- oneDNN path */
+
+#if defined(DSPARK_GEMM_ONEDNN)
+static dnnl_engine_t g_engine;
+static dnnl_stream_t g_stream;
+static int g_native = -1; /* -1 not probed yet, 0 portable, 1 oneDNN bf16 */
+
+typedef struct {
+  int64_t m, n, k, lda, ldb, ldc;
+  int ta, tb, beta;
+  dnnl_primitive_t prim;
+  dnnl_memory_desc_t ad, bd, cd;
+  char impl[64];
+} cached_matmul;
+
+enum { CACHE_SLOTS = 64 };
+static cached_matmul g_cache[CACHE_SLOTS];
+static int g_cache_used, g_cache_next;
+
+/* Called with g_lock held. */
+static int native_locked(void) {
+  if (g_native >= 0) return g_native;
+  g_native = 0;
+  dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  if ((isa & dnnl_cpu_isa_avx512_core_bf16) != dnnl_cpu_isa_avx512_core_bf16) return 0;
+  if (dnnl_engine_create(&g_engine, dnnl_cpu, 0) != dnnl_success) return 0;
+  if (dnnl_stream_create(&g_stream, g_engine, dnnl_stream_default_flags) != dnnl_success) return 0;
+  g_native = 1;
+  return 1;
+}
+
+/* The primitive for this product, created on first use (NULL when oneDNN refuses it). */
+static cached_matmul *matmul_for(int ta, int tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                                 int64_t ldc, int beta) {
+  for (int i = 0; i < g_cache_used; i++) {
+    cached_matmul *c = &g_cache[i];
+    if (c->m == m && c->n == n && c->k == k && c->lda == lda && c->ldb == ldb && c->ldc == ldc && c->ta == ta &&
+        c->tb == tb && c->beta == beta)
+      return c;
+  }
+  cached_matmul e = {.m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc, .ta = ta, .tb = tb, .beta = beta};
+  /* logical src [m, k], weights [k, n], dst [m, n]; a transposed operand is a swapped stride */
+  dnnl_dims_t ash = {m, k}, bsh = {k, n}, csh = {m, n};
+  dnnl_dims_t as = {ta ? 1 : lda, ta ? lda : 1}, bs = {tb ? 1 : ldb, tb ? ldb : 1}, cs = {ldc, 1};
+  if (dnnl_memory_desc_init_by_strides(&e.ad, 2, ash, dnnl_bf16, as) != dnnl_success ||
+      dnnl_memory_desc_init_by_strides(&e.bd, 2, bsh, dnnl_bf16, bs) != dnnl_success ||
+      dnnl_memory_desc_init_by_strides(&e.cd, 2, csh, dnnl_f32, cs) != dnnl_success)
+    return NULL;
+  dnnl_matmul_desc_t md;
+  if (dnnl_matmul_desc_init(&md, &e.ad, &e.bd, NULL, &e.cd) != dnnl_success) return NULL;
+  dnnl_primitive_attr_t attr = NULL;
+  dnnl_post_ops_t po = NULL;
+  dnnl_primitive_desc_t pd = NULL;
+  int ok = dnnl_primitive_attr_create(&attr) == dnnl_success;
+  if (ok && beta) {
+    ok = dnnl_post_ops_create(&po) == dnnl_success && dnnl_post_ops_append_sum(po, 1.0f) == dnnl_success &&
+         dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
+  }
+  ok = ok && dnnl_primitive_desc_create(&pd, &md, attr, g_engine, NULL) == dnnl_success;
+  const char *impl = NULL;
+  if (ok && dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
+    snprintf(e.impl, sizeof e.impl, "%s", impl);
+  ok = ok && dnnl_primitive_create(&e.prim, pd) == dnnl_success;
+  if (pd) dnnl_primitive_desc_destroy(pd);
+  if (po) dnnl_post_ops_destroy(po);
+  if (attr) dnnl_primitive_attr_destroy(attr);
+  if (!ok) return NULL;
+  int slot = g_cache_used < CACHE_SLOTS ? g_cache_used++ : g_cache_next++ % CACHE_SLOTS;
+  if (g_cache[slot].prim) dnnl_primitive_destroy(g_cache[slot].prim);
+  g_cache[slot] = e;
+  return &g_cache[slot];
+}
+
+/* 1 when oneDNN ran the product. */
+static int gemm_onednn(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
+                       const float *Bf, const uint16_t *Bh, int64_t ldb, float beta, float *C, int64_t ldc) {
+  int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+  const void *b = Bh;
+  int64_t ldb_used = ldb;
+  if (Bf) ldb_used = bc; /* converted packed below */
+  cached_matmul *c = matmul_for(ta, tb, m, n, k, ac, ldb_used, ldc, beta != 0.0f);
+  if (!c) return 0;
+  uint16_t *a = scratch_get(&g_sa, (size_t)(ar * ac) * sizeof(uint16_t));
+  round_rows(a, 1, A, ar, ac, lda);
+  if (Bf) {
+    uint16_t *bb = scratch_get(&g_sb, (size_t)(br * bc) * sizeof(uint16_t));
+    round_rows(bb, 1, Bf, br, bc, ldb);
+    b = bb;
+  }
+  dnnl_memory_t am = NULL, bm = NULL, cm = NULL;
+  int ok = dnnl_memory_create(&am, &c->ad, g_engine, a) == dnnl_success &&
+           dnnl_memory_create(&bm, &c->bd, g_engine, (void *)b) == dnnl_success &&
+           dnnl_memory_create(&cm, &c->cd, g_engine, C) == dnnl_success;
+  if (ok) {
+    dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+    ok = dnnl_primitive_execute(c->prim, g_stream, 3, args) == dnnl_success &&
+         dnnl_stream_wait(g_stream) == dnnl_success;
+    DS_CHECK(ok); /* a created primitive that fails to run is a bug of ours (bad strides) */
+  }
+  if (am) dnnl_memory_destroy(am);
+  if (bm) dnnl_memory_destroy(bm);
+  if (cm) dnnl_memory_destroy(cm);
+  return ok;
+}
+#endif
+
+/* ---------------------------------------------------------------- entries */
+
+void ds_cpu_gemm_bf16(ds_bf16_path path, int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A,
+                      int64_t lda, const float *Bf, const uint16_t *Bh, int64_t ldb, float beta, float *C,
+                      int64_t ldc) {
+  DS_CHECK((Bf != NULL) != (Bh != NULL));
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    if (beta == 0.0f)
+      for (int64_t i = 0; i < m; i++) memset(C + i * ldc, 0, (size_t)n * sizeof(float));
+    return;
+  }
+  pthread_mutex_lock(&g_lock);
+  int done = 0;
+#if defined(DSPARK_GEMM_ONEDNN)
+  if (path == DS_BF16_AUTO && native_locked()) done = gemm_onednn(ta, tb, m, n, k, A, lda, Bf, Bh, ldb, beta, C, ldc);
+#endif
+  if (!done) gemm_portable(ta, tb, m, n, k, A, lda, Bf, Bh, ldb, beta, C, ldc);
+  pthread_mutex_unlock(&g_lock);
+}
+
+void ds_gemm_bf16(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
+                  int64_t ldb, float beta, float *C, int64_t ldc) {
+  ds_cpu_gemm_bf16(DS_BF16_AUTO, ta, tb, m, n, k, A, lda, B, NULL, ldb, beta, C, ldc);
+}
+
+int ds_gemm_bf16_native(void) {
+#if defined(DSPARK_GEMM_ONEDNN)
+  pthread_mutex_lock(&g_lock);
+  int r = native_locked();
+  pthread_mutex_unlock(&g_lock);
+  return r;
+#else
+  return 0;
+#endif
+}
+
+const char *ds_gemm_bf16_name(void) {
+  static char name[160];
+  pthread_mutex_lock(&g_lock);
+  if (!name[0]) {
+#if defined(DSPARK_GEMM_ONEDNN)
+    /* the kernel oneDNN picks for a dense x @ W^T product, the shape of every linear */
+    cached_matmul *c = native_locked() ? matmul_for(0, 1, 256, 256, 256, 256, 256, 256, 0) : NULL;
+    if (c) {
+      const dnnl_version_t *v = dnnl_version();
+      snprintf(name, sizeof name, "oneDNN %d.%d.%d matmul %s", v->major, v->minor, v->patch,
+               c->impl[0] ? c->impl : "(kernel not reported)");
+    }
+#endif
+    if (!name[0]) snprintf(name, sizeof name, "bf16-rounded inputs, fp32 GEMM (%s)", ds_gemm_name());
+  }
+  pthread_mutex_unlock(&g_lock);
+  return name;
+}
+
+const char *ds_gemm_bf16_warning(void) {
+  if (ds_gemm_bf16_native()) return NULL;
+  return "warning: bf16 compute without native bf16 matmul kernels (a build without oneDNN, a CPU without "
+         "AVX512_BF16 / AMX, or DNNL_MAX_CPU_ISA below them): inputs are rounded to bf16 and multiplied by the "
+         "fp32 GEMM: bf16 numbers, no speedup";
+}

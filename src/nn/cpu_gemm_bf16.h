@@ -1,0 +1,36 @@
+/* Internal to the CPU backend: the bf16 GEMM behind DS_COMPUTE_BF16 (cpu_gemm_bf16.c), with
+ * the operand B given either in fp32 (rounded on the way in) or as bf16 bits used in place
+ * (a frozen BF16 weight: nothing of it is converted). Not a public header; the public entry
+ * ds_gemm_bf16 and the contract are in include/dspark/backend.h. */
+#ifndef DSPARK_NN_CPU_GEMM_BF16_H
+#define DSPARK_NN_CPU_GEMM_BF16_H
+
+#include <stdint.h>
+
+/* Which implementation runs the product. */
+typedef enum {
+  DS_BF16_AUTO = 0,  /* oneDNN's bf16 matmul when the build has it and the CPU runs bf16
+                      * natively (AVX512_BF16 or AMX), else the portable path */
+  DS_BF16_PORTABLE,  /* inputs rounded to bf16 values held in fp32, then ds_cpu_sgemm */
+} ds_bf16_path;
+
+/* C[m, n] = bf16(op(A)) @ bf16(op(B)) + beta * C with fp32 accumulation and output; shapes and
+ * flags as ds_cpu_sgemm (cpu_kernels.h), beta 0 or 1. Exactly one of Bf (fp32, rounded to
+ * bf16 here) and Bh (bf16 bits, used as they are) is non-NULL. A is always fp32. */
+void ds_cpu_gemm_bf16(ds_bf16_path path, int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A,
+                      int64_t lda, const float *Bf, const uint16_t *Bh, int64_t ldb, float beta, float *C,
+                      int64_t ldc);
+
+/* 1 when DS_BF16_AUTO runs oneDNN's native bf16 kernels (not the portable path). */
+int ds_gemm_bf16_native(void);
+
+/* Rows at or above which the cpu backend's matmuls take the bf16 GEMM under DS_COMPUTE_BF16;
+ * below, the fp32 paths run (the numbers then carry no bf16 rounding at all). Measured with
+ * bench/bench_gemm_bf16 (2 threads, AMX, W 2304x768 and 768x2048; docs/benchmarks.md, "bf16
+ * compute"): with a trainable fp32 weight, rounded on every call, bf16 wins from 8-16 rows
+ * (16 rows: 82 vs 42-72 GFLOP/s; 1 row: 5 vs 14); on a frozen BF16 weight, read in place, from
+ * 8 rows (114-127 vs 85 for the direct 16-bit kernels; 4 rows: 63 vs 76); for the weight
+ * gradient dW += dy^T x (k = rows) from 32 rows (126-231 vs 124-134; 16 rows: 65-69 vs 82-109). */
+enum { DS_BF16_MIN_ROWS_F32W = 16, DS_BF16_MIN_ROWS_BF16W = 8, DS_BF16_MIN_ROWS_DW = 32 };
+
+#endif

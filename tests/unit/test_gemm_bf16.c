@@ -1,0 +1,194 @@
+/* The bf16 GEMM (ds_gemm_bf16, nn/cpu_gemm_bf16.h) and the cpu backend's matmuls under
+ * DS_COMPUTE_BF16, against a double-precision reference on the bf16-rounded inputs. The
+ * inputs of the reference are exactly the values the GEMM multiplies, so the only error left is
+ * fp32 summation order: each entry must be within (k + 2) * 2^-24 * (sum |a_p b_p| + |C0|)
+ * (the first-order bound of a k-term fp32 sum, plus the beta term). A bf16 rounding slip would
+ * be ~2^-9 relative, hundreds of times that bound; a check that rounding happens at all
+ * guards against the bound passing an fp32 GEMM of the unrounded inputs. Both paths: the
+ * native one (oneDNN bf16 matmul where this build and CPU have it) and the portable one. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dspark/backend.h"
+#include "dspark/dtype.h"
+#include "dspark/rng.h"
+#include "nn/cpu_gemm_bf16.h"
+#include "test_util.h"
+
+static ds_rng g_rng;
+
+static float urand(void) { return 2.0f * ds_rng_uniform_f32(&g_rng) - 1.0f; }
+
+static float *rand_f32(size_t n) {
+  float *p = malloc((n ? n : 1) * sizeof(float));
+  for (size_t i = 0; i < n; i++) p[i] = urand();
+  return p;
+}
+
+static double rb(float x) { return ds_bf16_to_f32(ds_f32_to_bf16(x)); }
+
+/* Checks C (after the GEMM) against the reference of the rounded inputs; returns the count of
+ * entries whose result differs from the fp32 product of the UNrounded inputs by more than the
+ * bound (evidence that the inputs were rounded). */
+static int check_gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
+                      const uint16_t *Bh, int64_t ldb, float beta, const float *C0, const float *C, int64_t ldc,
+                      const char *what) {
+  int rounded_evidence = 0, bad = 0;
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < n; j++) {
+      double ref = 0, mag = 0, raw = 0;
+      for (int64_t p = 0; p < k; p++) {
+        float a = ta ? A[p * lda + i] : A[i * lda + p];
+        int64_t bi = tb ? j * ldb + p : p * ldb + j;
+        double b = Bh ? ds_bf16_to_f32(Bh[bi]) : rb(B[bi]), braw = Bh ? b : B[bi];
+        ref += rb(a) * b;
+        mag += fabs(rb(a) * b);
+        raw += (double)a * braw;
+      }
+      double c0 = beta != 0.0f ? C0[i * ldc + j] : 0.0;
+      ref += c0;
+      raw += c0;
+      double bound = (double)(k + 2) * 0x1p-24 * (mag + fabs(c0)) + 1e-30;
+      double got = C[i * ldc + j];
+      if (!(fabs(got - ref) <= bound)) {
+        if (bad++ < 5)
+          fprintf(stderr, "%s ta=%d tb=%d m=%lld n=%lld k=%lld beta=%g: C[%lld,%lld] = %.9g, reference %.9g (bound %g)\n",
+                  what, ta, tb, (long long)m, (long long)n, (long long)k, beta, (long long)i, (long long)j, got, ref,
+                  bound);
+      }
+      if (fabs(raw - ref) > 4 * bound) rounded_evidence++;
+    }
+  EXPECT(bad == 0);
+  /* the untouched padding of C (ldc > n) stays as it was */
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = n; j < ldc; j++) EXPECT(C[i * ldc + j] == C0[i * ldc + j]);
+  return rounded_evidence;
+}
+
+static void run_case(ds_bf16_path path, int ta, int tb, int64_t m, int64_t n, int64_t k, int pad, float beta,
+                     int b_bits, int *evidence) {
+  int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+  int64_t ar = ta ? k : m, br = tb ? n : k;
+  float *A = rand_f32((size_t)(ar * lda)), *B = rand_f32((size_t)(br * ldb));
+  float *C0 = rand_f32((size_t)(m * ldc)), *C = malloc((size_t)(m * ldc) * sizeof(float));
+  uint16_t *Bh = NULL;
+  if (b_bits) {
+    Bh = malloc((size_t)(br * ldb) * sizeof(uint16_t));
+    for (int64_t i = 0; i < br * ldb; i++) Bh[i] = ds_f32_to_bf16(B[i]);
+  }
+  memcpy(C, C0, (size_t)(m * ldc) * sizeof(float));
+  if (beta == 0.0f) /* C is never read: NaNs there must not leak into the result */
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t j = 0; j < n; j++) C[i * ldc + j] = NAN;
+  ds_cpu_gemm_bf16(path, ta, tb, m, n, k, A, lda, b_bits ? NULL : B, Bh, ldb, beta, C, ldc);
+  *evidence += check_gemm(ta, tb, m, n, k, A, lda, B, Bh, ldb, beta, C0, C, ldc,
+                          path == DS_BF16_PORTABLE ? "portable" : "auto");
+  free(A), free(B), free(C0), free(C), free(Bh);
+}
+
+static void test_gemm_all_cases(void) {
+  static const int64_t shapes[][3] = {{1, 1, 1}, {1, 37, 50}, {7, 13, 5}, {33, 65, 129}, {64, 48, 80}, {70, 3, 300}};
+  for (int path = DS_BF16_AUTO; path <= DS_BF16_PORTABLE; path++) {
+    int evidence = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+      for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+          for (int pad = 0; pad <= 3; pad += 3)
+            for (int beta = 0; beta < 2; beta++)
+              for (int bits = 0; bits < 2; bits++)
+                run_case((ds_bf16_path)path, ta, tb, shapes[s][0], shapes[s][1], shapes[s][2], pad, (float)beta, bits,
+                         &evidence);
+    EXPECT(evidence > 0);
+  }
+}
+
+/* A zero-size product: k = 0 gives beta * C (0 overwrites), m or n = 0 touches nothing. */
+static void test_gemm_empty(void) {
+  float C[6] = {1, 2, 3, 4, 5, 6}, A[1] = {1}, B[1] = {1};
+  ds_gemm_bf16(0, 1, 2, 3, 0, A, 1, B, 1, 1.0f, C, 3);
+  EXPECT(C[0] == 1 && C[5] == 6);
+  ds_gemm_bf16(0, 1, 2, 3, 0, A, 1, B, 1, 0.0f, C, 3);
+  EXPECT(C[0] == 0 && C[5] == 0);
+  C[0] = 7;
+  ds_gemm_bf16(0, 1, 0, 3, 5, A, 1, B, 1, 0.0f, C, 3);
+  EXPECT(C[0] == 7);
+}
+
+/* The backend's matmuls under DS_COMPUTE_BF16 with enough rows to take the bf16 GEMM, against
+ * the same reference; back under DS_COMPUTE_F32, bit for bit the fp32 GEMM. */
+static void test_backend_under_bf16(void) {
+  const ds_backend *be = ds_backend_cpu();
+  int64_t n = 3 + (DS_BF16_MIN_ROWS_DW > DS_BF16_MIN_ROWS_F32W ? DS_BF16_MIN_ROWS_DW : DS_BF16_MIN_ROWS_F32W);
+  int64_t in = 40, out = 24;
+  EXPECT(n >= DS_BF16_MIN_ROWS_BF16W);
+  float *x = rand_f32((size_t)(n * in)), *w = rand_f32((size_t)(out * in)), *bias = rand_f32((size_t)out);
+  float *dy = rand_f32((size_t)(n * out)), *y = malloc((size_t)(n * out) * sizeof(float));
+  float *dx = calloc((size_t)(n * in), sizeof(float)), *dw = calloc((size_t)(out * in), sizeof(float));
+  float *dx0 = calloc((size_t)(n * in), sizeof(float)), *dw0 = calloc((size_t)(out * in), sizeof(float));
+  float *y32 = malloc((size_t)(n * out) * sizeof(float));
+  uint16_t *wh = malloc((size_t)(out * in) * sizeof(uint16_t));
+  for (int64_t i = 0; i < out * in; i++) wh[i] = ds_f32_to_bf16(w[i]);
+  ds_weight wbf = {.data = wh, .dtype = DS_BF16};
+  int ev = 0;
+
+  ds_set_matmul_compute(DS_COMPUTE_BF16);
+  EXPECT(ds_matmul_compute() == DS_COMPUTE_BF16);
+  /* y = x @ w^T (no bias: the bias is added in fp32 before, checked below) */
+  be->linear(y, x, w, NULL, n, in, out);
+  float *zeros = calloc((size_t)(n * out), sizeof(float));
+  ev += check_gemm(0, 1, n, out, in, x, in, w, NULL, in, 0.0f, zeros, y, out, "linear");
+  /* with bias: C0 = bias broadcast, beta = 1 */
+  float *yb0 = malloc((size_t)(n * out) * sizeof(float));
+  for (int64_t i = 0; i < n; i++) memcpy(yb0 + i * out, bias, (size_t)out * sizeof(float));
+  be->linear(y, x, w, bias, n, in, out);
+  ev += check_gemm(0, 1, n, out, in, x, in, w, NULL, in, 1.0f, yb0, y, out, "linear+bias");
+  /* linear_backward: dx += dy @ w, dw += dy^T @ x (accumulating into non-zero gradients) */
+  for (int64_t i = 0; i < n * in; i++) dx[i] = dx0[i] = urand();
+  for (int64_t i = 0; i < out * in; i++) dw[i] = dw0[i] = urand();
+  be->linear_backward(dx, dw, NULL, dy, x, w, n, in, out);
+  ev += check_gemm(0, 0, n, in, out, dy, out, w, NULL, in, 1.0f, dx0, dx, in, "linear_backward dx");
+  ev += check_gemm(1, 0, out, in, n, dy, out, x, NULL, in, 1.0f, dw0, dw, in, "linear_backward dw");
+  /* a frozen BF16 weight, used in place */
+  be->linear_w(y, out, x, wbf, NULL, n, in, out);
+  ev += check_gemm(0, 1, n, out, in, x, in, NULL, wh, in, 0.0f, zeros, y, out, "linear_w bf16");
+  memcpy(dx, dx0, (size_t)(n * in) * sizeof(float));
+  be->linear_w_backward(dx, dy, wbf, n, in, out);
+  ev += check_gemm(0, 0, n, in, out, dy, out, NULL, wh, in, 1.0f, dx0, dx, in, "linear_w_backward bf16");
+  EXPECT(ev > 0);
+
+  /* one row (decode) keeps the fp32 path: bit for bit the fp32 GEMM */
+  be->linear(y, x, w, NULL, 1, in, out);
+  ds_gemm_f32(0, 1, 1, out, in, x, in, w, in, 0.0f, y32, out);
+  EXPECT(memcmp(y, y32, (size_t)out * sizeof(float)) == 0);
+
+  /* fp32 compute: the fp32 GEMM, bit for bit */
+  ds_set_matmul_compute(DS_COMPUTE_F32);
+  be->linear(y, x, w, NULL, n, in, out);
+  ds_gemm_f32(0, 1, n, out, in, x, in, w, in, 0.0f, y32, out);
+  EXPECT(memcmp(y, y32, (size_t)(n * out) * sizeof(float)) == 0);
+  free(x), free(w), free(bias), free(dy), free(y), free(dx), free(dw), free(dx0), free(dw0), free(y32), free(wh);
+  free(zeros), free(yb0);
+}
+
+static void test_compute_names(void) {
+  ds_compute c = DS_COMPUTE_F32;
+  EXPECT(ds_compute_parse("bf16", &c) && c == DS_COMPUTE_BF16);
+  EXPECT(ds_compute_parse("fp32", &c) && c == DS_COMPUTE_F32);
+  EXPECT(!ds_compute_parse("fp16", &c));
+  EXPECT(!strcmp(ds_compute_name(DS_COMPUTE_BF16), "bf16"));
+  const char *name = ds_gemm_bf16_name();
+  EXPECT(name && name[0]);
+  /* the warning is there exactly when the portable path runs */
+  EXPECT((ds_gemm_bf16_warning() == NULL) == ds_gemm_bf16_native());
+  fprintf(stderr, "bf16 GEMM: %s\n", name);
+}
+
+int main(void) {
+  ds_rng_seed(&g_rng, 2024);
+  TEST_RUN(test_gemm_all_cases);
+  TEST_RUN(test_gemm_empty);
+  TEST_RUN(test_backend_under_bf16);
+  TEST_RUN(test_compute_names);
+  return TEST_RESULT();
+}
