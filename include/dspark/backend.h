@@ -217,7 +217,8 @@ const char *ds_gemm_warning(void);
  *                    rows (decode, small batches: nn/cpu_gemm_bf16.h has the measured
  *                    thresholds) keep their fp32 paths because those are faster, so a bf16
  *                    result is that of bf16-rounded inputs or the fp32 one. Attention products,
- *                    norms and everything else stay fp32. */
+ *                    norms and everything else stay fp32 (except attention_causal's two
+ *                    products on long enough prompts, see ds_cpu_attention_causal). */
 typedef enum { DS_COMPUTE_F32 = 0, DS_COMPUTE_BF16 = 1 } ds_compute;
 void ds_set_matmul_compute(ds_compute c);
 ds_compute ds_matmul_compute(void);
@@ -237,6 +238,14 @@ void ds_gemm_bf16(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *
 const char *ds_gemm_bf16_name(void);
 /* A one-line warning when ds_gemm_bf16 runs the portable path (no speedup), else NULL. */
 const char *ds_gemm_bf16_warning(void);
+/* Under DS_COMPUTE_BF16 with oneDNN's native kernels, linear_w keeps each frozen weight (F32 or
+ * BF16) it multiplies as a second, bf16 copy in the layout the kernel wants, made on first use
+ * and reused for the life of the process: no per-call rounding or re-layout. The copies hold at
+ * most DSPARK_BF16_PACK_MB MiB (environment, default 4096; 0 turns packing off; past the cap
+ * the plain path runs). Keyed by the weight's address: whoever frees or rewrites a frozen
+ * weight calls ds_release_packed_weights() first (ds_target_free and ds_draft_free do). */
+void ds_release_packed_weights(void);
+size_t ds_packed_weight_bytes(void); /* bytes the packed copies hold now */
 /* The instruction set the cpu backend's 16-bit weight kernels (linear_w and its backward on
  * BF16 / F16 weights) run on this CPU, chosen at run time from cpuid: "AVX-512", "AVX2" or
  * "portable" (plain C); one binary runs on any x86-64 (and elsewhere, portable). */

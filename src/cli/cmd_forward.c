@@ -129,9 +129,10 @@ int cmd_forward(int argc, char **argv) {
         **captured = calloc((size_t)n_seqs, sizeof *captured);
   ds_target_seq *batch = calloc((size_t)n_seqs, sizeof *batch);
   int *owner = calloc((size_t)n_seqs, sizeof *owner); /* batch slot -> sequence */
+  int64_t *last_rows = calloc((size_t)n_seqs, sizeof *last_rows); /* --logits last: rows of a round */
   ds_st_writer *w = ds_st_writer_new();
   char name[64];
-  if (!caches || !logits || !hidden || !captured || !batch || !owner || !w) {
+  if (!caches || !logits || !hidden || !captured || !batch || !owner || !last_rows || !w) {
     DS_FAIL(DS_ERR_NOMEM, "cannot allocate the per-sequence tables of %d sequences", n_seqs);
     goto report;
   }
@@ -168,13 +169,19 @@ int cmd_forward(int argc, char **argv) {
       batch[nb] = (ds_target_seq){seqs[s].ids + start, take, caches[s]};
       owner[nb++] = s;
     }
+    /* --logits last: only the sequences' last rows go through the vocabulary matmul */
+    int64_t n_last = 0, row0 = 0;
+    for (int b = 0; b < nb; b++) {
+      row0 += batch[b].n;
+      if (want_last && start + batch[b].n == seqs[owner[b]].n) last_rows[n_last++] = row0 - 1;
+    }
     ds_target_outputs out = {capture, (int)n_capture, n_capture ? round_capt : NULL, round_hidden,
-                             NULL, 0, (want_all || want_last) ? round_logits : NULL};
+                             want_last ? last_rows : NULL, n_last, (want_all || n_last) ? round_logits : NULL};
     if (ds_target_forward(m, batch, nb, &out) != DS_OK) {
       free(round_hidden); free(round_logits); free(round_capt);
       goto report;
     }
-    int64_t row = 0;
+    int64_t row = 0, li = 0;
     for (int b = 0; b < nb; b++) {
       int s = owner[b];
       int64_t take = batch[b].n;
@@ -185,7 +192,7 @@ int cmd_forward(int argc, char **argv) {
       if (want_all)
         memcpy(logits[s] + start * V, round_logits + row * V, (size_t)(take * V) * sizeof(float));
       else if (want_last && start + take == seqs[s].n)
-        memcpy(logits[s], round_logits + (row + take - 1) * V, (size_t)V * sizeof(float));
+        memcpy(logits[s], round_logits + (li++) * V, (size_t)V * sizeof(float));
       row += take;
     }
   }
@@ -232,6 +239,7 @@ done:
   free(captured);
   free(batch);
   free(owner);
+  free(last_rows);
   free(capture);
   ds_target_free(m);
   return rc;

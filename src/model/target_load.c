@@ -311,6 +311,7 @@ fail:
 
 void ds_target_free(ds_target *m) {
   if (!m) return;
+  ds_release_packed_weights(); /* bf16 copies keyed by the addresses freed below */
   target_workspace_free(&m->ws);
   ds_free_aligned(m->params);
   for (int i = 0; i < m->n_owned; i++) ds_free_aligned(m->owned[i]);

@@ -49,8 +49,18 @@ static void cpu_linear(float *y, const float *x, const float *w, const float *bi
  * F32 is the fp32 linear itself; 16-bit weights go to cpu_linear16.c. */
 static void cpu_linear_w(float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n,
                          int64_t in, int64_t out) {
-  if (w.dtype == DS_F32) linear_f32(y, ldy, x, w.data, bias, n, in, out);
-  else ds_cpu_linear16(y, ldy, x, w, bias, n, in, out);
+  if (w.dtype == DS_F32 && ds_matmul_compute() == DS_COMPUTE_BF16 && n >= DS_BF16_MIN_ROWS_F32W) {
+    /* frozen: its bf16 copy is packed once (trainable weights take linear_f32, rounded per call) */
+    if (bias) {
+      DS_OMP(parallel for schedule(static) if (n * out > 65536))
+      for (int64_t i = 0; i < n; i++) memcpy(y + i * ldy, bias, (size_t)out * sizeof(float));
+    }
+    ds_cpu_gemm_bf16_frozen(n, out, in, x, in, w.data, NULL, bias ? 1.0f : 0.0f, y, ldy);
+  } else if (w.dtype == DS_F32) {
+    linear_f32(y, ldy, x, w.data, bias, n, in, out);
+  } else {
+    ds_cpu_linear16(y, ldy, x, w, bias, n, in, out);
+  }
 }
 
 /* dx[n, in] += dy[n, out] @ w[out, in], w frozen (no dw). */

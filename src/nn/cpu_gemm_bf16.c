@@ -49,6 +49,7 @@ typedef struct {
 } scratch;
 
 static scratch g_sa, g_sb; /* A's and B's converted copies; grown, never shrunk */
+static scratch g_sc;       /* a dense C for a product whose C is padded */
 
 static void *scratch_get(scratch *s, size_t bytes) {
   if (bytes <= s->bytes) return s->p;
@@ -87,6 +88,11 @@ static void round_rows(void *dst, int bits, const float *src, int64_t rows, int6
   }
 }
 
+static void copy_rows(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t cols) {
+  DS_OMP(parallel for schedule(static) if (rows * cols > 65536))
+  for (int64_t r = 0; r < rows; r++) memcpy(dst + r * ldd, src + r * lds, (size_t)cols * sizeof(float));
+}
+
 static void widen_rows(float *dst, const uint16_t *src, int64_t rows, int64_t cols, int64_t lds) {
   DS_OMP(parallel for schedule(static) if (rows * cols > 65536))
   for (int64_t r = 0; r < rows; r++) {
@@ -119,6 +125,7 @@ static int g_native = -1; /* -1 not probed yet, 0 portable, 1 oneDNN bf16 */
 typedef struct {
   int64_t m, n, k, lda, ldb, ldc;
   int ta, tb, beta;
+  int packed; /* weights in the layout oneDNN chose (format any), as a packed_weight holds them */
   dnnl_primitive_t prim;
   dnnl_memory_desc_t ad, bd, cd;
   char impl[64];
@@ -142,19 +149,21 @@ static int native_locked(void) {
 
 /* The primitive for this product, created on first use (NULL when oneDNN refuses it). */
 static cached_matmul *matmul_for(int ta, int tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
-                                 int64_t ldc, int beta) {
+                                 int64_t ldc, int beta, int packed) {
   for (int i = 0; i < g_cache_used; i++) {
     cached_matmul *c = &g_cache[i];
     if (c->m == m && c->n == n && c->k == k && c->lda == lda && c->ldb == ldb && c->ldc == ldc && c->ta == ta &&
-        c->tb == tb && c->beta == beta)
+        c->tb == tb && c->beta == beta && c->packed == packed)
       return c;
   }
-  cached_matmul e = {.m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc, .ta = ta, .tb = tb, .beta = beta};
+  cached_matmul e = {.m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc, .ta = ta, .tb = tb, .beta = beta,
+                     .packed = packed};
   /* logical src [m, k], weights [k, n], dst [m, n]; a transposed operand is a swapped stride */
   dnnl_dims_t ash = {m, k}, bsh = {k, n}, csh = {m, n};
   dnnl_dims_t as = {ta ? 1 : lda, ta ? lda : 1}, bs = {tb ? 1 : ldb, tb ? ldb : 1}, cs = {ldc, 1};
-  if (dnnl_memory_desc_init_by_strides(&e.ad, 2, ash, dnnl_bf16, as) != dnnl_success ||
-      dnnl_memory_desc_init_by_strides(&e.bd, 2, bsh, dnnl_bf16, bs) != dnnl_success ||
+  dnnl_status_t bst = packed ? dnnl_memory_desc_init_by_tag(&e.bd, 2, bsh, dnnl_bf16, dnnl_format_tag_any)
+                             : dnnl_memory_desc_init_by_strides(&e.bd, 2, bsh, dnnl_bf16, bs);
+  if (dnnl_memory_desc_init_by_strides(&e.ad, 2, ash, dnnl_bf16, as) != dnnl_success || bst != dnnl_success ||
       dnnl_memory_desc_init_by_strides(&e.cd, 2, csh, dnnl_f32, cs) != dnnl_success)
     return NULL;
   dnnl_matmul_desc_t md;
@@ -171,6 +180,11 @@ static cached_matmul *matmul_for(int ta, int tb, int64_t m, int64_t n, int64_t k
   const char *impl = NULL;
   if (ok && dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
     snprintf(e.impl, sizeof e.impl, "%s", impl);
+  if (ok && packed) { /* the layout oneDNN chose for the weights */
+    const dnnl_memory_desc_t *wd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    ok = wd != NULL;
+    if (ok) e.bd = *wd;
+  }
   ok = ok && dnnl_primitive_create(&e.prim, pd) == dnnl_success;
   if (pd) dnnl_primitive_desc_destroy(pd);
   if (po) dnnl_post_ops_destroy(po);
@@ -182,24 +196,10 @@ static cached_matmul *matmul_for(int ta, int tb, int64_t m, int64_t n, int64_t k
   return &g_cache[slot];
 }
 
-/* 1 when oneDNN ran the product. */
-static int gemm_onednn(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
-                       const float *Bf, const uint16_t *Bh, int64_t ldb, float beta, float *C, int64_t ldc) {
-  int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
-  const void *b = Bh;
-  int64_t ldb_used = ldb;
-  if (Bf) ldb_used = bc; /* converted packed below */
-  cached_matmul *c = matmul_for(ta, tb, m, n, k, ac, ldb_used, ldc, beta != 0.0f);
-  if (!c) return 0;
-  uint16_t *a = scratch_get(&g_sa, (size_t)(ar * ac) * sizeof(uint16_t));
-  round_rows(a, 1, A, ar, ac, lda);
-  if (Bf) {
-    uint16_t *bb = scratch_get(&g_sb, (size_t)(br * bc) * sizeof(uint16_t));
-    round_rows(bb, 1, Bf, br, bc, ldb);
-    b = bb;
-  }
+/* Runs the cached primitive on bf16 a, b (in c's layouts) into C; 1 when it ran. */
+static int run_matmul(const cached_matmul *c, const void *a, const void *b, float *C) {
   dnnl_memory_t am = NULL, bm = NULL, cm = NULL;
-  int ok = dnnl_memory_create(&am, &c->ad, g_engine, a) == dnnl_success &&
+  int ok = dnnl_memory_create(&am, &c->ad, g_engine, (void *)a) == dnnl_success &&
            dnnl_memory_create(&bm, &c->bd, g_engine, (void *)b) == dnnl_success &&
            dnnl_memory_create(&cm, &c->cd, g_engine, C) == dnnl_success;
   if (ok) {
@@ -212,6 +212,178 @@ static int gemm_onednn(int ta, int tb, int64_t m, int64_t n, int64_t k, const fl
   if (bm) dnnl_memory_destroy(bm);
   if (cm) dnnl_memory_destroy(cm);
   return ok;
+}
+
+/* run_matmul for a primitive made for a dense C[m, n] (row stride n) when the caller's C has
+ * row stride ldc: a padded C (a segment of q/k/v or gate/up writing its columns of a wider y)
+ * gets oneDNN 2.6's gemm:jit kernel, at about half the speed of brgemm / AMX, so such a product
+ * runs into a dense copy (beta = 1: of C's values) that is copied back, a small cost next to
+ * the product. */
+static int run_dense(const cached_matmul *c, const void *a, const void *b, float *C, int64_t ldc, float beta) {
+  int64_t m = c->m, n = c->n;
+  if (ldc == n) return run_matmul(c, a, b, C);
+  float *d = scratch_get(&g_sc, (size_t)(m * n) * sizeof(float));
+  if (beta != 0.0f) copy_rows(d, n, C, ldc, m, n);
+  int ok = run_matmul(c, a, b, d);
+  if (ok) copy_rows(C, ldc, d, n, m, n);
+  return ok;
+}
+
+/* 1 when oneDNN ran the product. */
+static int gemm_onednn(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
+                       const float *Bf, const uint16_t *Bh, int64_t ldb, float beta, float *C, int64_t ldc) {
+  int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+  const void *b = Bh;
+  int64_t ldb_used = ldb;
+  if (Bf) ldb_used = bc; /* converted packed below */
+  cached_matmul *c = matmul_for(ta, tb, m, n, k, ac, ldb_used, n, beta != 0.0f, 0);
+  if (!c) return 0;
+  uint16_t *a = scratch_get(&g_sa, (size_t)(ar * ac) * sizeof(uint16_t));
+  round_rows(a, 1, A, ar, ac, lda);
+  if (Bf) {
+    uint16_t *bb = scratch_get(&g_sb, (size_t)(br * bc) * sizeof(uint16_t));
+    round_rows(bb, 1, Bf, br, bc, ldb);
+    b = bb;
+  }
+  return run_dense(c, a, b, C, ldc, beta);
+}
+
+/* ---------------------------------------------------------------- packed frozen weights */
+
+/* A frozen weight W[n, k] (x @ W^T, the shape of every linear) reordered once, as bf16, into
+ * the layout oneDNN's kernel wants (AMX: blocked, pairs of k interleaved), so a call neither
+ * rounds W (F32) nor re-lays it out (the brgemm kernels copy a plain B into that layout on every
+ * call). Keyed by the data pointer, shape and source dtype; a frozen weight's values do not
+ * change while it is loaded (include/dspark/common.h), and ds_release_packed_weights(), called
+ * when a model is freed, drops every copy before its memory can be reused. A fingerprint of
+ * sampled values guards against a caller that rewrites a frozen buffer in place. Trainable
+ * weights never come here (the cpu backend's linear / linear_backward take the plain path). */
+typedef struct {
+  const void *data;
+  int64_t n, k;
+  int f32;        /* source dtype: F32 (rounded on packing) or BF16 */
+  uint64_t print; /* fingerprint of sampled source values */
+  dnnl_memory_desc_t md;
+  void *packed;
+  size_t bytes;
+} packed_weight;
+
+static packed_weight *g_packs;
+static int g_packs_used, g_packs_cap;
+static size_t g_pack_bytes;      /* held by g_packs */
+static int64_t g_pack_limit = -1; /* bytes; -1 not read yet from DSPARK_BF16_PACK_MB */
+
+enum { PACK_DEFAULT_MB = 4096, PRINT_SAMPLES = 64 };
+
+static size_t pack_limit(void) {
+  if (g_pack_limit < 0) {
+    const char *e = getenv("DSPARK_BF16_PACK_MB");
+    char *end = NULL;
+    long long mb = e && *e ? strtoll(e, &end, 10) : PACK_DEFAULT_MB;
+    if (e && *e && (*end || mb < 0)) {
+      fprintf(stderr, "warning: DSPARK_BF16_PACK_MB=%s is not a count of MiB; using %d\n", e, PACK_DEFAULT_MB);
+      mb = PACK_DEFAULT_MB;
+    }
+    g_pack_limit = (int64_t)mb << 20;
+  }
+  return (size_t)g_pack_limit;
+}
+
+static uint64_t fingerprint(const void *data, int f32, int64_t count) {
+  uint64_t h = 1469598103934665603ull;
+  for (int i = 0; i < PRINT_SAMPLES; i++) {
+    int64_t at = count > 1 ? (int64_t)((double)i * (double)(count - 1) / (PRINT_SAMPLES - 1)) : 0;
+    uint32_t v = f32 ? ((const uint32_t *)data)[at] : ((const uint16_t *)data)[at];
+    h = (h ^ v) * 1099511628211ull;
+  }
+  return h;
+}
+
+static void pack_drop(packed_weight *p) {
+  free(p->packed);
+  g_pack_bytes -= p->bytes;
+  *p = g_packs[--g_packs_used];
+}
+
+/* The packed copy of W for the primitive c (NULL when it cannot be made or would pass the cap). */
+static const void *packed_for(const cached_matmul *c, const float *Bf, const uint16_t *Bh, int64_t n, int64_t k) {
+  const void *data = Bf ? (const void *)Bf : (const void *)Bh;
+  int f32 = Bf != NULL;
+  uint64_t print = fingerprint(data, f32, n * k);
+  packed_weight *seen = NULL;
+  for (int i = 0; i < g_packs_used && !seen; i++) {
+    packed_weight *p = &g_packs[i];
+    if (p->data != data || p->n != n || p->k != k || p->f32 != f32) continue;
+    if (p->print != print) { /* rewritten in place: stale */
+      pack_drop(p);
+      i--;
+      continue;
+    }
+    if (!p->packed) seen = p;
+    else return dnnl_memory_desc_equal(&p->md, &c->bd) ? p->packed : NULL;
+  }
+  if (!seen) {
+    /* The first use runs in place: packing costs about one product (it reads the weight, the
+     * first touch of a mapped one included), so it pays only for a weight used again, and a
+     * single forward (one prefill) does not pay it at all. */
+    if (g_packs_used == g_packs_cap) {
+      int cap = g_packs_cap ? 2 * g_packs_cap : 64;
+      packed_weight *np = realloc(g_packs, (size_t)cap * sizeof *np);
+      if (!np) return NULL;
+      g_packs = np;
+      g_packs_cap = cap;
+    }
+    g_packs[g_packs_used++] = (packed_weight){data, n, k, f32, print, c->bd, NULL, 0};
+    return NULL;
+  }
+  size_t bytes = dnnl_memory_desc_get_size(&c->bd);
+  if (g_pack_bytes + bytes > pack_limit()) return NULL;
+  void *dst = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+  if (!dst) return NULL;
+  /* the plain bf16 W^T as the matmul sees it: logical [k, n], strides {1, k} */
+  const uint16_t *src = Bh;
+  if (f32) { /* rounded exactly as the unpacked path rounds it */
+    uint16_t *s = scratch_get(&g_sb, (size_t)(n * k) * sizeof(uint16_t));
+    round_rows(s, 1, Bf, n, k, k);
+    src = s;
+  }
+  dnnl_dims_t sh = {k, n}, st = {1, k};
+  dnnl_memory_desc_t sd;
+  dnnl_primitive_desc_t rpd = NULL;
+  dnnl_primitive_t r = NULL;
+  dnnl_memory_t sm = NULL, dm = NULL;
+  int ok = dnnl_memory_desc_init_by_strides(&sd, 2, sh, dnnl_bf16, st) == dnnl_success &&
+           dnnl_reorder_primitive_desc_create(&rpd, &sd, g_engine, &c->bd, g_engine, NULL) == dnnl_success &&
+           dnnl_primitive_create(&r, rpd) == dnnl_success &&
+           dnnl_memory_create(&sm, &sd, g_engine, (void *)src) == dnnl_success &&
+           dnnl_memory_create(&dm, &c->bd, g_engine, dst) == dnnl_success;
+  if (ok) {
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, sm}, {DNNL_ARG_TO, dm}};
+    ok = dnnl_primitive_execute(r, g_stream, 2, args) == dnnl_success && dnnl_stream_wait(g_stream) == dnnl_success;
+  }
+  if (sm) dnnl_memory_destroy(sm);
+  if (dm) dnnl_memory_destroy(dm);
+  if (r) dnnl_primitive_destroy(r);
+  if (rpd) dnnl_primitive_desc_destroy(rpd);
+  if (!ok) {
+    free(dst);
+    return NULL;
+  }
+  *seen = (packed_weight){data, n, k, f32, print, c->bd, dst, bytes};
+  g_pack_bytes += bytes;
+  return dst;
+}
+
+/* 1 when oneDNN ran C = A[m, k] @ W[n, k]^T (+ C) on the packed W. */
+static int gemm_onednn_packed(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
+                              const uint16_t *Bh, float beta, float *C, int64_t ldc) {
+  cached_matmul *c = matmul_for(0, 1, m, n, k, k, k, n, beta != 0.0f, 1);
+  if (!c) return 0;
+  const void *b = packed_for(c, Bf, Bh, n, k);
+  if (!b) return 0;
+  uint16_t *a = scratch_get(&g_sa, (size_t)(m * k) * sizeof(uint16_t));
+  round_rows(a, 1, A, m, k, lda);
+  return run_dense(c, a, b, C, ldc, beta);
 }
 #endif
 
@@ -236,6 +408,42 @@ void ds_cpu_gemm_bf16(ds_bf16_path path, int ta, int tb, int64_t m, int64_t n, i
   pthread_mutex_unlock(&g_lock);
 }
 
+void ds_cpu_gemm_bf16_frozen(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
+                             const uint16_t *Bh, float beta, float *C, int64_t ldc) {
+  DS_CHECK((Bf != NULL) != (Bh != NULL));
+  int done = 0;
+#if defined(DSPARK_GEMM_ONEDNN)
+  if (m > 0 && n > 0 && k > 0) {
+    pthread_mutex_lock(&g_lock);
+    if (native_locked() && pack_limit() > 0) done = gemm_onednn_packed(m, n, k, A, lda, Bf, Bh, beta, C, ldc);
+    pthread_mutex_unlock(&g_lock);
+  }
+#endif
+  if (!done) ds_cpu_gemm_bf16(DS_BF16_AUTO, 0, 1, m, n, k, A, lda, Bf, Bh, k, beta, C, ldc);
+}
+
+size_t ds_packed_weight_bytes(void) {
+  pthread_mutex_lock(&g_lock);
+#if defined(DSPARK_GEMM_ONEDNN)
+  size_t b = g_pack_bytes;
+#else
+  size_t b = 0;
+#endif
+  pthread_mutex_unlock(&g_lock);
+  return b;
+}
+
+void ds_release_packed_weights(void) {
+#if defined(DSPARK_GEMM_ONEDNN)
+  pthread_mutex_lock(&g_lock);
+  while (g_packs_used > 0) pack_drop(&g_packs[g_packs_used - 1]);
+  free(g_packs);
+  g_packs = NULL;
+  g_packs_cap = 0;
+  pthread_mutex_unlock(&g_lock);
+#endif
+}
+
 void ds_gemm_bf16(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
                   int64_t ldb, float beta, float *C, int64_t ldc) {
   ds_cpu_gemm_bf16(DS_BF16_AUTO, ta, tb, m, n, k, A, lda, B, NULL, ldb, beta, C, ldc);
@@ -258,7 +466,7 @@ const char *ds_gemm_bf16_name(void) {
   if (!name[0]) {
 #if defined(DSPARK_GEMM_ONEDNN)
     /* the kernel oneDNN picks for a dense x @ W^T product, the shape of every linear */
-    cached_matmul *c = native_locked() ? matmul_for(0, 1, 256, 256, 256, 256, 256, 256, 0) : NULL;
+    cached_matmul *c = native_locked() ? matmul_for(0, 1, 256, 256, 256, 256, 256, 256, 0, 0) : NULL;
     if (c) {
       const dnnl_version_t *v = dnnl_version();
       snprintf(name, sizeof name, "oneDNN %d.%d.%d matmul %s", v->major, v->minor, v->patch,

@@ -21,6 +21,13 @@ void ds_cpu_gemm_bf16(ds_bf16_path path, int ta, int tb, int64_t m, int64_t n, i
                       int64_t lda, const float *Bf, const uint16_t *Bh, int64_t ldb, float beta, float *C,
                       int64_t ldc);
 
+/* C[m, n] = bf16(A[m, k]) @ bf16(W[n, k])^T + beta * C for a frozen W (contiguous, row stride
+ * k; exactly one of Bf / Bh): W's packed bf16 copy (ds_release_packed_weights in
+ * include/dspark/backend.h) when there is room under the cap, else ds_cpu_gemm_bf16 in place.
+ * The same bf16 values either way. */
+void ds_cpu_gemm_bf16_frozen(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
+                             const uint16_t *Bh, float beta, float *C, int64_t ldc);
+
 /* 1 when DS_BF16_AUTO runs oneDNN's native bf16 kernels (not the portable path). */
 int ds_gemm_bf16_native(void);
 
