@@ -25,6 +25,9 @@ enum { ATTN_QCHUNK = 64 };
 void ds_cpu_attention_causal(float *out, const float *q, int64_t q_stride, const float *k, const float *v, int64_t n,
                              int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                              float scale) {
+  if (ds_matmul_compute() == DS_COMPUTE_BF16 && n >= DS_BF16_ATTN_MIN_ROWS &&
+      ds_cpu_attention_causal_bf16(out, q, q_stride, k, v, n, past, cap, n_heads, n_kv_heads, head_dim, scale))
+    return;
   int64_t group = n_heads / n_kv_heads;
   int64_t n_chunks = (n + ATTN_QCHUNK - 1) / ATTN_QCHUNK;
   int64_t out_stride = n_heads * head_dim;

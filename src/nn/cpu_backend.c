@@ -9,6 +9,7 @@
 #include "nn/cpu_gemm_bf16.h"
 #include "nn/cpu_kernels.h"
 #include "nn/cpu_linear16.h"
+#include "nn/fast_exp.h"
 #include "nn/host_memory.h"
 
 #ifdef DSPARK_USE_OPENMP
@@ -189,6 +190,23 @@ static void cpu_swiglu(float *out, const float *gu, int64_t n, int64_t inter) {
   }
 }
 
+/* cpu_swiglu under DS_COMPUTE_BF16 on enough rows that the next matmul rounds its output to bf16:
+ * the vectorizing exp (2e-7 relative) instead of libm's scalar expf, 10x cheaper. */
+static void cpu_swiglu_fast(float *out, const float *gu, int64_t n, int64_t inter) {
+  DS_OMP(parallel for schedule(static) if (n * inter > 32768))
+  for (int64_t i = 0; i < n; i++) {
+    const float *g = gu + i * 2 * inter, *u = g + inter;
+    float *o = out + i * inter;
+    DS_OMP(simd)
+    for (int64_t j = 0; j < inter; j++) o[j] = g[j] / (1.0f + ds_fast_expf(-g[j])) * u[j];
+  }
+}
+
+static void cpu_swiglu_any(float *out, const float *gu, int64_t n, int64_t inter) {
+  if (ds_matmul_compute() == DS_COMPUTE_BF16 && n >= DS_BF16_MIN_ROWS_BF16W) cpu_swiglu_fast(out, gu, n, inter);
+  else cpu_swiglu(out, gu, n, inter);
+}
+
 /* dgu[n, 2I] += (dout * up * silu'(gate) | dout * silu(gate)), silu'(g) = s (1 + g (1 - s)), s = sigmoid(g). */
 static void cpu_swiglu_backward(float *dgu, const float *dout, const float *gu, int64_t n, int64_t inter) {
   DS_OMP(parallel for schedule(static) if (n * inter > 32768))
@@ -241,7 +259,7 @@ static const ds_backend k_cpu = {
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .attention_causal = ds_cpu_attention_causal,
-    .swiglu = cpu_swiglu,
+    .swiglu = cpu_swiglu_any,
     .add = cpu_add,
     .linear_backward = cpu_linear_backward,
     .rmsnorm_backward = cpu_rmsnorm_backward,

@@ -62,15 +62,6 @@ static void *scratch_get(scratch *s, size_t bytes) {
   return p;
 }
 
-/* fp32 -> bf16 bits as ds_f32_to_bf16 (core/dtype.c: nearest even, NaN quieted, overflow to
- * inf), inline so the conversion loops vectorize. */
-static inline uint16_t round_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
 
 /* dst[r, 0:c] (packed, row stride c) = src[r, 0:c] (row stride lds) rounded to bf16: as bits
  * (bits != 0) or as fp32 values. */
@@ -80,10 +71,10 @@ static void round_rows(void *dst, int bits, const float *src, int64_t rows, int6
     const float *s = src + r * lds;
     if (bits) {
       uint16_t *d = (uint16_t *)dst + r * cols;
-      for (int64_t j = 0; j < cols; j++) d[j] = round_bf16(s[j]);
+      for (int64_t j = 0; j < cols; j++) d[j] = ds_round_bf16(s[j]);
     } else {
       uint32_t *d = (uint32_t *)dst + r * cols;
-      for (int64_t j = 0; j < cols; j++) d[j] = (uint32_t)round_bf16(s[j]) << 16;
+      for (int64_t j = 0; j < cols; j++) d[j] = (uint32_t)ds_round_bf16(s[j]) << 16;
     }
   }
 }
@@ -126,8 +117,9 @@ typedef struct {
   int64_t m, n, k, lda, ldb, ldc;
   int ta, tb, beta;
   int packed; /* weights in the layout oneDNN chose (format any), as a packed_weight holds them */
+  int user_sp; /* scratchpad passed by the caller (tile products run concurrently) */
   dnnl_primitive_t prim;
-  dnnl_memory_desc_t ad, bd, cd;
+  dnnl_memory_desc_t ad, bd, cd, sd;
   char impl[64];
 } cached_matmul;
 
@@ -149,15 +141,15 @@ static int native_locked(void) {
 
 /* The primitive for this product, created on first use (NULL when oneDNN refuses it). */
 static cached_matmul *matmul_for(int ta, int tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
-                                 int64_t ldc, int beta, int packed) {
+                                 int64_t ldc, int beta, int packed, int user_sp) {
   for (int i = 0; i < g_cache_used; i++) {
     cached_matmul *c = &g_cache[i];
     if (c->m == m && c->n == n && c->k == k && c->lda == lda && c->ldb == ldb && c->ldc == ldc && c->ta == ta &&
-        c->tb == tb && c->beta == beta && c->packed == packed)
+        c->tb == tb && c->beta == beta && c->packed == packed && c->user_sp == user_sp)
       return c;
   }
   cached_matmul e = {.m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc, .ta = ta, .tb = tb, .beta = beta,
-                     .packed = packed};
+                     .packed = packed, .user_sp = user_sp};
   /* logical src [m, k], weights [k, n], dst [m, n]; a transposed operand is a swapped stride */
   dnnl_dims_t ash = {m, k}, bsh = {k, n}, csh = {m, n};
   dnnl_dims_t as = {ta ? 1 : lda, ta ? lda : 1}, bs = {tb ? 1 : ldb, tb ? ldb : 1}, cs = {ldc, 1};
@@ -172,6 +164,9 @@ static cached_matmul *matmul_for(int ta, int tb, int64_t m, int64_t n, int64_t k
   dnnl_post_ops_t po = NULL;
   dnnl_primitive_desc_t pd = NULL;
   int ok = dnnl_primitive_attr_create(&attr) == dnnl_success;
+  /* this oneDNN build's library scratchpad is one buffer for all threads (no
+   * DNNL_ENABLE_CONCURRENT_EXEC): primitives that run concurrently take their own */
+  if (ok && user_sp) ok = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success;
   if (ok && beta) {
     ok = dnnl_post_ops_create(&po) == dnnl_success && dnnl_post_ops_append_sum(po, 1.0f) == dnnl_success &&
          dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
@@ -180,6 +175,11 @@ static cached_matmul *matmul_for(int ta, int tb, int64_t m, int64_t n, int64_t k
   const char *impl = NULL;
   if (ok && dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
     snprintf(e.impl, sizeof e.impl, "%s", impl);
+  if (ok && user_sp) {
+    const dnnl_memory_desc_t *sd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    ok = sd != NULL;
+    if (ok) e.sd = *sd;
+  }
   if (ok && packed) { /* the layout oneDNN chose for the weights */
     const dnnl_memory_desc_t *wd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
     ok = wd != NULL;
@@ -236,7 +236,7 @@ static int gemm_onednn(int ta, int tb, int64_t m, int64_t n, int64_t k, const fl
   const void *b = Bh;
   int64_t ldb_used = ldb;
   if (Bf) ldb_used = bc; /* converted packed below */
-  cached_matmul *c = matmul_for(ta, tb, m, n, k, ac, ldb_used, n, beta != 0.0f, 0);
+  cached_matmul *c = matmul_for(ta, tb, m, n, k, ac, ldb_used, n, beta != 0.0f, 0, 0);
   if (!c) return 0;
   uint16_t *a = scratch_get(&g_sa, (size_t)(ar * ac) * sizeof(uint16_t));
   round_rows(a, 1, A, ar, ac, lda);
@@ -305,6 +305,35 @@ static void pack_drop(packed_weight *p) {
   *p = g_packs[--g_packs_used];
 }
 
+/* W[n, k] (bf16, row stride k) into dst in the layout md when it is one of the AMX weight
+ * layouts BA16a{16,32,48,64}b2a of the logical [k, n] (oneDNN's own reorder from the
+ * transposed plain layout runs at about 1.3 GB/s here, as long as a product); 0 for any other
+ * layout (oneDNN's reorder then does it). Blocks of 32 k x NB n, n-blocks outermost; inside a
+ * block, k pair (k % 32) / 2, then n, then k % 2; padding zeros. */
+static int pack_amx(const dnnl_memory_desc_t *md, const uint16_t *w, int64_t n, int64_t k, uint16_t *dst,
+                    size_t bytes) {
+  static const dnnl_format_tag_t tags[] = {dnnl_BA16a64b2a, dnnl_BA16a48b2a, dnnl_BA16a32b2a, dnnl_BA16a16b2a};
+  static const int widths[] = {64, 48, 32, 16};
+  int nb = 0;
+  for (int i = 0; i < 4 && !nb; i++) {
+    dnnl_dims_t sh = {k, n};
+    dnnl_memory_desc_t t;
+    if (dnnl_memory_desc_init_by_tag(&t, 2, sh, dnnl_bf16, tags[i]) == dnnl_success && dnnl_memory_desc_equal(&t, md))
+      nb = widths[i];
+  }
+  int64_t ka = (k + 31) / 32, nbl = (n + nb - 1) / (nb ? nb : 1);
+  if (!nb || bytes != (size_t)(ka * nbl * 32 * nb) * sizeof(uint16_t)) return 0;
+  memset(dst, 0, bytes);
+  DS_OMP(parallel for schedule(static) if (n * k > 65536))
+  for (int64_t o = 0; o < n; o++) {
+    int64_t bo = o / nb, oi = o % nb;
+    const uint16_t *src = w + o * k;
+    for (int64_t a = 0; a < k; a++)
+      dst[(bo * ka + a / 32) * 32 * nb + ((a % 32) / 2 * nb + oi) * 2 + a % 2] = src[a];
+  }
+  return 1;
+}
+
 /* The packed copy of W for the primitive c (NULL when it cannot be made or would pass the cap). */
 static const void *packed_for(const cached_matmul *c, const float *Bf, const uint16_t *Bh, int64_t n, int64_t k) {
   const void *data = Bf ? (const void *)Bf : (const void *)Bh;
@@ -347,6 +376,11 @@ static const void *packed_for(const cached_matmul *c, const float *Bf, const uin
     round_rows(s, 1, Bf, n, k, k);
     src = s;
   }
+  if (getenv("DSPARK_BF16_PACK_ONEDNN") == NULL && pack_amx(&c->bd, src, n, k, dst, bytes)) {
+    *seen = (packed_weight){data, n, k, f32, print, c->bd, dst, bytes};
+    g_pack_bytes += bytes;
+    return dst;
+  }
   dnnl_dims_t sh = {k, n}, st = {1, k};
   dnnl_memory_desc_t sd;
   dnnl_primitive_desc_t rpd = NULL;
@@ -377,7 +411,7 @@ static const void *packed_for(const cached_matmul *c, const float *Bf, const uin
 /* 1 when oneDNN ran C = A[m, k] @ W[n, k]^T (+ C) on the packed W. */
 static int gemm_onednn_packed(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
                               const uint16_t *Bh, float beta, float *C, int64_t ldc) {
-  cached_matmul *c = matmul_for(0, 1, m, n, k, k, k, n, beta != 0.0f, 1);
+  cached_matmul *c = matmul_for(0, 1, m, n, k, k, k, n, beta != 0.0f, 1, 0);
   if (!c) return 0;
   const void *b = packed_for(c, Bf, Bh, n, k);
   if (!b) return 0;
@@ -385,7 +419,75 @@ static int gemm_onednn_packed(int64_t m, int64_t n, int64_t k, const float *A, i
   round_rows(a, 1, A, m, k, lda);
   return run_dense(c, a, b, C, ldc, beta);
 }
+
+/* ---------------------------------------------------------------- tile products */
+
+/* Primitives for ds_bf16_tile_gemm_run: made under g_lock, never evicted (a thread may be
+ * running one), so the table is bounded and a full table answers NULL (the caller's fp32 path). */
+enum { TILE_SLOTS = 256 };
+struct ds_bf16_tile_gemm {
+  cached_matmul mm;
+};
+static ds_bf16_tile_gemm g_tiles[TILE_SLOTS];
+static int g_tiles_used;
+
+static const ds_bf16_tile_gemm *tile_gemm_locked(int tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                                                 int64_t ldc) {
+  for (int i = 0; i < g_tiles_used; i++) {
+    const cached_matmul *c = &g_tiles[i].mm;
+    if (c->m == m && c->n == n && c->k == k && c->lda == lda && c->ldb == ldb && c->ldc == ldc && c->tb == tb)
+      return &g_tiles[i]; /* every tile primitive: ta 0, beta 0, user scratchpad */
+  }
+  if (g_tiles_used == TILE_SLOTS || !native_locked()) return NULL;
+  /* made through the eviction cache, then moved here (the cache slot forgets it) */
+  cached_matmul *c = matmul_for(0, tb, m, n, k, lda, ldb, ldc, 0, 0, 1);
+  if (!c) return NULL;
+  g_tiles[g_tiles_used].mm = *c;
+  memset(c, 0, sizeof *c);
+  c->m = -1; /* matches no product */
+  return &g_tiles[g_tiles_used++];
+}
+
+/* oneDNN streams are not meant to be shared between threads: one per calling thread, made on
+ * its first tile product and kept for the life of the thread. */
+static _Thread_local dnnl_stream_t tl_stream;
+static _Thread_local scratch tl_pad; /* the thread's scratchpad for tile products; kept */
+
+void ds_bf16_tile_gemm_run(const ds_bf16_tile_gemm *g, const uint16_t *A, const uint16_t *B, float *C) {
+  if (!tl_stream) DS_CHECK(dnnl_stream_create(&tl_stream, g_engine, dnnl_stream_default_flags) == dnnl_success);
+  const cached_matmul *c = &g->mm;
+  size_t pad = dnnl_memory_desc_get_size(&c->sd);
+  void *sp = scratch_get(&tl_pad, pad ? pad : 64);
+  dnnl_memory_t am = NULL, bm = NULL, cm = NULL, sm = NULL;
+  int ok = dnnl_memory_create(&am, &c->ad, g_engine, (void *)A) == dnnl_success &&
+           dnnl_memory_create(&bm, &c->bd, g_engine, (void *)B) == dnnl_success &&
+           dnnl_memory_create(&cm, &c->cd, g_engine, C) == dnnl_success &&
+           dnnl_memory_create(&sm, &c->sd, g_engine, sp) == dnnl_success;
+  if (ok) {
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}};
+    ok = dnnl_primitive_execute(c->prim, tl_stream, 4, args) == dnnl_success &&
+         dnnl_stream_wait(tl_stream) == dnnl_success;
+  }
+  if (am) dnnl_memory_destroy(am);
+  if (bm) dnnl_memory_destroy(bm);
+  if (cm) dnnl_memory_destroy(cm);
+  if (sm) dnnl_memory_destroy(sm);
+  DS_CHECK(ok); /* made and checked by ds_bf16_tile_gemm_get: a failure here is a bug of ours */
+}
 #endif
+
+const ds_bf16_tile_gemm *ds_bf16_tile_gemm_get(int tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                                               int64_t ldc) {
+#if defined(DSPARK_GEMM_ONEDNN)
+  pthread_mutex_lock(&g_lock);
+  const ds_bf16_tile_gemm *g = tile_gemm_locked(tb, m, n, k, lda, ldb, ldc);
+  pthread_mutex_unlock(&g_lock);
+  return g;
+#else
+  (void)tb, (void)m, (void)n, (void)k, (void)lda, (void)ldb, (void)ldc;
+  return NULL;
+#endif
+}
 
 /* ---------------------------------------------------------------- entries */
 
@@ -466,7 +568,7 @@ const char *ds_gemm_bf16_name(void) {
   if (!name[0]) {
 #if defined(DSPARK_GEMM_ONEDNN)
     /* the kernel oneDNN picks for a dense x @ W^T product, the shape of every linear */
-    cached_matmul *c = native_locked() ? matmul_for(0, 1, 256, 256, 256, 256, 256, 256, 0, 0) : NULL;
+    cached_matmul *c = native_locked() ? matmul_for(0, 1, 256, 256, 256, 256, 256, 256, 0, 0, 0) : NULL;
     if (c) {
       const dnnl_version_t *v = dnnl_version();
       snprintf(name, sizeof name, "oneDNN %d.%d.%d matmul %s", v->major, v->minor, v->patch,

@@ -6,6 +6,17 @@
 #define DSPARK_NN_CPU_GEMM_BF16_H
 
 #include <stdint.h>
+#include <string.h>
+
+/* fp32 -> bf16 bits as ds_f32_to_bf16 (core/dtype.c: nearest even, NaN quieted, overflow to
+ * inf), inline so the conversion loops vectorize. */
+static inline uint16_t ds_round_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
 
 /* Which implementation runs the product. */
 typedef enum {
@@ -27,6 +38,18 @@ void ds_cpu_gemm_bf16(ds_bf16_path path, int ta, int tb, int64_t m, int64_t n, i
  * The same bf16 values either way. */
 void ds_cpu_gemm_bf16_frozen(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
                              const uint16_t *Bh, float beta, float *C, int64_t ldc);
+
+/* Products of operands already in bf16 for kernels that run their own tiles in an OpenMP
+ * region (the attention under DS_COMPUTE_BF16): C[m, n] (row stride ldc, overwritten) =
+ * A[m, k] (row stride lda) @ B, B stored [k, n] (tb = 0) or [n, k] (tb = 1) with row stride
+ * ldb, fp32 accumulation. _get, from any thread, returns the product's primitive (made on first
+ * use and kept for the life of the process), or NULL when oneDNN's native bf16 kernels are not
+ * there or its table of shapes is full: the caller then runs its fp32 path. _run may be called
+ * from many threads at once (each runs single-threaded inside the caller's parallel region). */
+typedef struct ds_bf16_tile_gemm ds_bf16_tile_gemm;
+const ds_bf16_tile_gemm *ds_bf16_tile_gemm_get(int tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                                               int64_t ldc);
+void ds_bf16_tile_gemm_run(const ds_bf16_tile_gemm *g, const uint16_t *A, const uint16_t *B, float *C);
 
 /* 1 when DS_BF16_AUTO runs oneDNN's native bf16 kernels (not the portable path). */
 int ds_gemm_bf16_native(void);

@@ -30,6 +30,13 @@ int ds_cpu_threads(void);
 void ds_cpu_attention_causal(float *out, const float *q, int64_t q_stride, const float *k, const float *v, int64_t n,
                              int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                              float scale);
+/* ds_cpu_attention_causal with bf16 products (cpu_attention_bf16.c), which it runs under
+ * DS_COMPUTE_BF16 for n >= DS_BF16_ATTN_MIN_ROWS query rows; 0 when oneDNN's native bf16
+ * kernels are not there (nothing written: the caller runs the fp32 path). */
+int ds_cpu_attention_causal_bf16(float *out, const float *q, int64_t q_stride, const float *k, const float *v,
+                                 int64_t n, int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv_heads,
+                                 int64_t head_dim, float scale);
+enum { DS_BF16_ATTN_MIN_ROWS = 32 };
 void ds_cpu_block_attention(float *out, float *lse, const float *q, const float *k_ctx, const float *v_ctx,
                             const float *k_blk, const float *v_blk, const int64_t *ctx_len, int64_t n_ctx,
                             int64_t n_blocks, int64_t g, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
