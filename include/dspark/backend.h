@@ -216,9 +216,10 @@ const char *ds_gemm_warning(void);
  *                    its exact fp32 path (rounding it to bf16 would lose 3 bits). Calls with few
  *                    rows (decode, small batches: nn/cpu_gemm_bf16.h has the measured
  *                    thresholds) keep their fp32 paths because those are faster, so a bf16
- *                    result is that of bf16-rounded inputs or the fp32 one. Attention products,
- *                    norms and everything else stay fp32 (except attention_causal's two
- *                    products on long enough prompts, see ds_cpu_attention_causal). */
+ *                    result is that of bf16-rounded inputs or the fp32 one. attention_causal
+ *                    on DS_BF16_ATTN_MIN_ROWS or more new tokens runs QK^T and PV in bf16
+ *                    (nn/cpu_kernels.h; softmax fp32). The training attentions, norms and
+ *                    everything else stay fp32. */
 typedef enum { DS_COMPUTE_F32 = 0, DS_COMPUTE_BF16 = 1 } ds_compute;
 void ds_set_matmul_compute(ds_compute c);
 ds_compute ds_matmul_compute(void);

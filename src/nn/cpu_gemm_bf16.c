@@ -49,7 +49,6 @@ typedef struct {
 } scratch;
 
 static scratch g_sa, g_sb; /* A's and B's converted copies; grown, never shrunk */
-static scratch g_sc;       /* a dense C for a product whose C is padded */
 
 static void *scratch_get(scratch *s, size_t bytes) {
   if (bytes <= s->bytes) return s->p;
@@ -77,11 +76,6 @@ static void round_rows(void *dst, int bits, const float *src, int64_t rows, int6
       for (int64_t j = 0; j < cols; j++) d[j] = (uint32_t)ds_round_bf16(s[j]) << 16;
     }
   }
-}
-
-static void copy_rows(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t cols) {
-  DS_OMP(parallel for schedule(static) if (rows * cols > 65536))
-  for (int64_t r = 0; r < rows; r++) memcpy(dst + r * ldd, src + r * lds, (size_t)cols * sizeof(float));
 }
 
 static void widen_rows(float *dst, const uint16_t *src, int64_t rows, int64_t cols, int64_t lds) {
@@ -212,6 +206,13 @@ static int run_matmul(const cached_matmul *c, const void *a, const void *b, floa
   if (bm) dnnl_memory_destroy(bm);
   if (cm) dnnl_memory_destroy(cm);
   return ok;
+}
+
+static scratch g_sc; /* a dense C for a product whose C is padded */
+
+static void copy_rows(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t cols) {
+  DS_OMP(parallel for schedule(static) if (rows * cols > 65536))
+  for (int64_t r = 0; r < rows; r++) memcpy(dst + r * ldd, src + r * lds, (size_t)cols * sizeof(float));
 }
 
 /* run_matmul for a primitive made for a dense C[m, n] (row stride n) when the caller's C has
@@ -488,6 +489,14 @@ const ds_bf16_tile_gemm *ds_bf16_tile_gemm_get(int tb, int64_t m, int64_t n, int
   return NULL;
 #endif
 }
+
+#if !defined(DSPARK_GEMM_ONEDNN)
+/* Without oneDNN, _get never hands out a product, so nothing can run one. */
+void ds_bf16_tile_gemm_run(const ds_bf16_tile_gemm *g, const uint16_t *A, const uint16_t *B, float *C) {
+  (void)A, (void)B, (void)C;
+  DS_CHECK(g == NULL && !"a tile product without oneDNN");
+}
+#endif
 
 /* ---------------------------------------------------------------- entries */
 

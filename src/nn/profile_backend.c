@@ -232,4 +232,6 @@ void ds_profile_print(const ds_profile *p, double total_seconds, FILE *f) {
   }
   fprintf(f, "%-14s %8s %10.4f %6.1f%%\n", "other", "", total_seconds - accounted,
           100.0 * (total_seconds - accounted) / total);
+  size_t packed = ds_packed_weight_bytes();
+  if (packed) fprintf(f, "packed bf16 weight copies: %.1f MiB (DSPARK_BF16_PACK_MB caps them)\n", packed / 1048576.0);
 }

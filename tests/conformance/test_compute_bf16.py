@@ -1,7 +1,8 @@
 """bf16 compute (--compute bf16, issue 9): the large matmuls round both operands to bf16 and
 accumulate in fp32 (fp32 master weights, activations and everything else in fp32). Checked here:
 
-- a tiny Qwen3 in bf16 weights through `dspark forward --compute bf16`: its logits against
+- a tiny Qwen3 in bf16 weights through `dspark forward --compute bf16` (whole prompts, and in
+  chunks of 32 tokens, which run the packed weight copies): its logits against
   transformers on the same weights computing in fp32 and in torch.bfloat16, normwise (max abs
   difference over max abs logit): within BOUND_VS_FP32 of fp32 transformers, no farther from it
   than transformers' own bf16 run is (BF16_NO_WORSE times that), and within BOUND_VS_TORCH_BF16
@@ -31,9 +32,9 @@ BF16_NO_WORSE = 1.5         # ours vs fp32 <= this x (transformers bf16 vs fp32)
 LOSS_REL = 2e-3             # |loss_bf16 - loss_fp32| / loss_fp32 per training step
 
 
-def forward(args, mdir, ids_arg, tag, compute):
+def forward(args, mdir, ids_arg, tag, compute, extra=()):
     path = os.path.join(args.tmp, f"{tag}-{compute}.safetensors")
-    common.run([args.dspark, "forward", mdir, "--ids", ids_arg, "--out", path, "--compute", compute])
+    common.run([args.dspark, "forward", mdir, "--ids", ids_arg, "--out", path, "--compute", compute, *extra])
     return load_file(path)
 
 
@@ -47,15 +48,24 @@ def check_forward(args, ck):
     m32 = transformers.AutoModelForCausalLM.from_pretrained(mdir, dtype=torch.float32).eval()
     m16 = transformers.AutoModelForCausalLM.from_pretrained(mdir, dtype=torch.bfloat16).eval()
     rng = np.random.default_rng(5)
-    seqs = [rng.integers(0, 512, size=n).tolist() for n in (48, 37)]  # rows enough for the bf16 GEMM
+    # rows enough for the bf16 GEMM and the bf16 attention products (>= 32 query rows)
+    seqs = [rng.integers(0, 512, size=n).tolist() for n in (48, 37, 80)]
     ids_arg = ";".join(",".join(map(str, s)) for s in seqs)
     ours16 = forward(args, mdir, ids_arg, "fwd", "bf16")
     ours32 = forward(args, mdir, ids_arg, "fwd", "fp32")
+    # 32 tokens per sequence per forward: three forwards, so the frozen weights run in place,
+    # then are packed, then are used packed; the 80-token sequence's second chunk has the bf16
+    # attention over a cached prefix
+    ours16c = forward(args, mdir, ids_arg, "fwd-chunked", "bf16", ("--chunk", "32"))
     for b, ids in enumerate(seqs):
         with torch.no_grad():
             hf32 = m32(input_ids=torch.tensor([ids])).logits[0].float().numpy()
             hf16 = m16(input_ids=torch.tensor([ids])).logits[0].float().numpy()
         key = f"logits.{b}"
+        e_chunked = common.normwise_rel_err(ours16c[key], hf32)
+        print(f"seq {b}: ours bf16 in chunks of 32 (packed weights) vs transformers fp32 {e_chunked:.2e}")
+        ck.check(e_chunked <= BOUND_VS_FP32,
+                 f"seq {b}: ours bf16 in chunks vs fp32 transformers {e_chunked:.2e} > {BOUND_VS_FP32}")
         e_ours = common.normwise_rel_err(ours16[key], hf32)
         e_torch16 = common.normwise_rel_err(hf16, hf32)
         e_cross = common.normwise_rel_err(ours16[key], hf16)

@@ -14,6 +14,7 @@
 #include "dspark/dtype.h"
 #include "dspark/rng.h"
 #include "nn/cpu_gemm_bf16.h"
+#include "nn/cpu_kernels.h"
 #include "test_util.h"
 
 static ds_rng g_rng;
@@ -171,6 +172,93 @@ static void test_backend_under_bf16(void) {
   free(zeros), free(yb0);
 }
 
+/* Frozen weights through their packed copies (ds_cpu_gemm_bf16_frozen): the first use runs in
+ * place, the second packs, the third reuses the copy; every result within the bound of the
+ * reference, a padded C (ldc > n) with beta = 1 included. Our own AMX packer equals oneDNN's
+ * reorder bit for bit; a weight rewritten in place is repacked (not served stale); release
+ * frees every copy. Shapes off the AMX blocks (k % 32, n % 64 != 0) check the padding. */
+static void test_packed_frozen(void) {
+  static const int64_t shapes[][3] = {{24, 100, 40}, {16, 256, 64}, {9, 72, 96}}; /* m, n, k */
+  int ev = 0;
+  for (int s = 0; s < 3; s++) {
+    int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], ldc = n + 5;
+    float *A = rand_f32((size_t)(m * k)), *W = rand_f32((size_t)(n * k)), *C0 = rand_f32((size_t)(m * ldc));
+    float *C = malloc((size_t)(m * ldc) * sizeof(float)), *first = malloc((size_t)(m * ldc) * sizeof(float));
+    uint16_t *Wh = malloc((size_t)(n * k) * sizeof(uint16_t));
+    for (int64_t i = 0; i < n * k; i++) Wh[i] = ds_f32_to_bf16(W[i]);
+    for (int bits = 0; bits < 2; bits++) {
+      const float *Bf = bits ? NULL : W;
+      const uint16_t *Bh = bits ? Wh : NULL;
+      ds_release_packed_weights();
+      for (int use = 0; use < 3; use++) {
+        memcpy(C, C0, (size_t)(m * ldc) * sizeof(float));
+        ds_cpu_gemm_bf16_frozen(m, n, k, A, k, Bf, Bh, 1.0f, C, ldc);
+        ev += check_gemm(0, 1, m, n, k, A, k, W, Bh, k, 1.0f, C0, C, ldc, bits ? "frozen bf16" : "frozen f32");
+        for (int64_t i = 0; i < m; i++) /* the padding columns of C are not touched */
+          EXPECT(memcmp(C + i * ldc + n, C0 + i * ldc + n, 5 * sizeof(float)) == 0);
+        if (use == 1) memcpy(first, C, (size_t)(m * ldc) * sizeof(float));
+        if (use == 2) EXPECT(memcmp(first, C, (size_t)(m * ldc) * sizeof(float)) == 0);
+      }
+      EXPECT((ds_packed_weight_bytes() > 0) == ds_gemm_bf16_native());
+      /* oneDNN's reorder instead of ours: the same packed bits, the same product */
+      ds_release_packed_weights();
+      EXPECT(ds_packed_weight_bytes() == 0);
+      setenv("DSPARK_BF16_PACK_ONEDNN", "1", 1);
+      for (int use = 0; use < 2; use++) {
+        memcpy(C, C0, (size_t)(m * ldc) * sizeof(float));
+        ds_cpu_gemm_bf16_frozen(m, n, k, A, k, Bf, Bh, 1.0f, C, ldc);
+      }
+      unsetenv("DSPARK_BF16_PACK_ONEDNN");
+      EXPECT(memcmp(first, C, (size_t)(m * ldc) * sizeof(float)) == 0);
+    }
+    /* rewritten in place after packing: the new values are used */
+    for (int64_t i = 0; i < n * k; i++) Wh[i] = ds_f32_to_bf16(-W[i] * 0.5f);
+    for (int64_t i = 0; i < n * k; i++) W[i] = ds_bf16_to_f32(Wh[i]);
+    memcpy(C, C0, (size_t)(m * ldc) * sizeof(float));
+    ds_cpu_gemm_bf16_frozen(m, n, k, A, k, NULL, Wh, 1.0f, C, ldc);
+    ev += check_gemm(0, 1, m, n, k, A, k, W, Wh, k, 1.0f, C0, C, ldc, "frozen bf16 rewritten");
+    ds_release_packed_weights();
+    EXPECT(ds_packed_weight_bytes() == 0);
+    free(A), free(W), free(C0), free(C), free(first), free(Wh);
+  }
+  EXPECT(ev > 0);
+}
+
+/* attention_causal under DS_COMPUTE_BF16 (bf16 QK^T and PV, fp32 softmax) against the fp32
+ * kernel: within 2^-6 * max|v| (measured: about 2^-10 on these inputs; a wrong mask, row or
+ * head would be O(max|v|)), different from it (the products did run in bf16), the same bits on
+ * a second run (the threads' tiles are independent), and below DS_BF16_ATTN_MIN_ROWS query rows
+ * the fp32 kernel bit for bit. Shapes: a prompt after a cached prefix, chunks not full. */
+static void test_attention_bf16(void) {
+  const int64_t H = 6, KV = 2, hd = 32, past = 30, cap = 200;
+  const int64_t ns[] = {100, DS_BF16_ATTN_MIN_ROWS - 1};
+  for (int c = 0; c < 2; c++) {
+    int64_t n = ns[c];
+    float *q = rand_f32((size_t)(n * H * hd)), *k = rand_f32((size_t)(KV * cap * hd));
+    float *v = rand_f32((size_t)(KV * cap * hd));
+    size_t ob = (size_t)(n * H * hd) * sizeof(float);
+    float *o32 = malloc(ob), *o16 = malloc(ob), *o16b = malloc(ob);
+    float scale = 1.0f / sqrtf((float)hd);
+    ds_set_matmul_compute(DS_COMPUTE_F32);
+    ds_backend_cpu()->attention_causal(o32, q, H * hd, k, v, n, past, cap, H, KV, hd, scale);
+    ds_set_matmul_compute(DS_COMPUTE_BF16);
+    ds_backend_cpu()->attention_causal(o16, q, H * hd, k, v, n, past, cap, H, KV, hd, scale);
+    ds_backend_cpu()->attention_causal(o16b, q, H * hd, k, v, n, past, cap, H, KV, hd, scale);
+    ds_set_matmul_compute(DS_COMPUTE_F32);
+    double worst = 0;
+    for (int64_t i = 0; i < n * H * hd; i++) worst = fmax(worst, fabs((double)o16[i] - o32[i]));
+    EXPECT(memcmp(o16, o16b, ob) == 0);
+    if (n < DS_BF16_ATTN_MIN_ROWS || !ds_gemm_bf16_native()) {
+      EXPECT(memcmp(o16, o32, ob) == 0);
+    } else {
+      EXPECT(worst <= 0x1p-6);
+      EXPECT(worst > 0);
+      fprintf(stderr, "attention bf16 vs fp32, n=%lld: max |diff| %.3g\n", (long long)n, worst);
+    }
+    free(q), free(k), free(v), free(o32), free(o16), free(o16b);
+  }
+}
+
 static void test_compute_names(void) {
   ds_compute c = DS_COMPUTE_F32;
   EXPECT(ds_compute_parse("bf16", &c) && c == DS_COMPUTE_BF16);
@@ -189,6 +277,8 @@ int main(void) {
   TEST_RUN(test_gemm_all_cases);
   TEST_RUN(test_gemm_empty);
   TEST_RUN(test_backend_under_bf16);
+  TEST_RUN(test_packed_frozen);
+  TEST_RUN(test_attention_bf16);
   TEST_RUN(test_compute_names);
   return TEST_RESULT();
 }
