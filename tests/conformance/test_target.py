@@ -63,7 +63,8 @@ def main():
         ids_arg = ";".join(",".join(map(str, s)) for s in seqs)
         cap_arg = ",".join(map(str, CAPTURE))
         outs = {}
-        for mode, extra in (("prefill", []), ("chunk5", ["--chunk", "5"]), ("chunk1", ["--chunk", "1"])):
+        for mode, extra in (("prefill", []), ("chunk5", ["--chunk", "5"]), ("chunk1", ["--chunk", "1"]),
+                            ("last", ["--logits", "last"]), ("last_chunk5", ["--logits", "last", "--chunk", "5"])):
             path = os.path.join(args.tmp, f"{name}-{mode}.safetensors")
             common.run([args.dspark, "forward", mdir, "--ids", ids_arg, "--capture", cap_arg, "--out", path] + extra)
             outs[mode] = load_file(path)
@@ -78,6 +79,13 @@ def main():
                 for key in ("logits", "final_hidden", "captured"):
                     err = common.normwise_rel_err(outs[mode][f"{key}.{b}"], got[f"{key}.{b}"])
                     ck.check(err <= 1e-5, f"{name} seq {b} {key}: KV-cache {mode} vs prefill rel err {err:.2e}")
+            # --logits last: only the last rows through the vocabulary matmul (sequences ending in
+            # different forwards with --chunk 5), the same logits as the last row of all
+            for mode in ("last", "last_chunk5"):
+                last = outs[mode][f"logits.{b}"]
+                ck.check(last.shape == (1, got[f"logits.{b}"].shape[1]), f"{name} {mode}: logits shape {last.shape}")
+                err = common.normwise_rel_err(last[0], got[f"logits.{b}"][-1])
+                ck.check(err <= 1e-5, f"{name} seq {b}: {mode} logits vs the last row of all, rel err {err:.2e}")
             if dtype == "bfloat16":
                 bf_model = transformers.AutoModelForCausalLM.from_pretrained(mdir, dtype=torch.bfloat16).eval()
                 with torch.no_grad():
