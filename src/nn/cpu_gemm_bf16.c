@@ -6,14 +6,17 @@
  * primitive on bf16 src / bf16 weights / f32 dst (its public bf16 gemm function is not in the
  * 2.6 header). fp32 operands are converted into packed scratch in their stored layout, so the
  * primitive sees dense strides (the brgemm / AMX kernels; padded strides get gemm:jit); a bf16
- * B (a frozen weight) is passed in place with its own stride. beta = 1 is a sum post-op.
- * Creating a primitive costs 0.2-0.7 ms, so they are cached by shape, strides, transposes and
- * beta. Portable path (other builds, other CPUs, or DNNL_MAX_CPU_ISA below bf16): the operands
+ * B (a frozen weight) is passed in place with its own stride, and a padded C goes through a
+ * dense copy. beta = 1 is a sum post-op. Creating a primitive costs 0.2-0.7 ms, so they are
+ * cached by shape, strides, transposes and beta. Frozen weights used again get a packed copy
+ * in the kernel's own layout (ds_cpu_gemm_bf16_frozen); kernels with their own parallel tiles
+ * (the bf16 attention) run primitives from many threads (ds_bf16_tile_gemm_*). Portable path (other builds, other CPUs, or DNNL_MAX_CPU_ISA below bf16): the operands
  * rounded to bf16 values held in fp32, multiplied by ds_cpu_sgemm: the same numbers up to fp32
  * summation order, without the speed.
  *
- * One mutex guards the setting's scratch and the cache: the callers are the main thread (the
- * threads are inside oneDNN and the conversion loops), so it is never contended. */
+ * One mutex guards the setting's scratch and the caches: the callers are the main thread (the
+ * threads are inside oneDNN and the conversion loops), so it is never contended; the tile
+ * products take it only to find their primitive, before their parallel region. */
 #include "nn/cpu_gemm_bf16.h"
 
 #include <pthread.h>
