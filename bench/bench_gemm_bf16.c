@@ -5,6 +5,7 @@
  *   bf16     ds_gemm_bf16 on the same fp32 W (W and x rounded on every call: a trainable weight);
  *   w16      the fp32-compute path on a frozen BF16 W (direct kernels or convert + fp32 GEMM);
  *   w16bf    the bf16 GEMM reading that BF16 W in place (only x rounded);
+ *   w16pk    the bf16 GEMM on that W's packed copy (linear_w's path once W is used again);
  *   dw32 / dwbf  the weight gradient dW[out, in] += dy^T @ x in fp32 / bf16;
  * and prints GFLOP/s. bench_gemm_bf16 [--threads N] [--reps R] [--rows 1,8,...] [--shape OUTxIN] */
 #include <stdio.h>
@@ -32,6 +33,7 @@ static void run(job *j) {
     case 3:
       ds_cpu_gemm_bf16(DS_BF16_AUTO, 0, 1, j->n, j->out, j->in, j->x, j->in, NULL, j->w16, j->in, 0.0f, j->y, j->out);
       break;
+    case 6: ds_cpu_gemm_bf16_frozen(j->n, j->out, j->in, j->x, j->in, NULL, j->w16, 0.0f, j->y, j->out); break;
     case 4: ds_gemm_f32(1, 0, j->out, j->in, j->n, j->dy, j->out, j->x, j->in, 1.0f, j->dw, j->in); break;
     default: ds_gemm_bf16(1, 0, j->out, j->in, j->n, j->dy, j->out, j->x, j->in, 1.0f, j->dw, j->in); break;
   }
@@ -58,7 +60,8 @@ int main(int argc, char **argv) {
   ds_set_matmul_compute(DS_COMPUTE_F32); /* mode 2 is the fp32-compute path of a BF16 weight */
   printf("fp32 GEMM %s; bf16 GEMM %s; %d threads; W [%lld, %lld]\n", ds_gemm_name(), ds_gemm_bf16_name(),
          ds_get_num_threads(), (long long)out, (long long)in);
-  printf("%6s %9s %9s %9s %9s %9s %9s   (GFLOP/s)\n", "rows", "f32", "bf16", "w16", "w16bf", "dw32", "dwbf");
+  printf("%6s %9s %9s %9s %9s %9s %9s %9s   (GFLOP/s)\n", "rows", "f32", "bf16", "w16", "w16bf", "dw32", "dwbf",
+         "w16pk");
   int64_t max_rows = 1;
   for (const char *p = rows_s; *p;) {
     int64_t r = strtoll(p, (char **)&p, 10);
@@ -82,9 +85,10 @@ int main(int argc, char **argv) {
     j.n = strtoll(p, (char **)&p, 10);
     if (*p == ',') p++;
     printf("%6lld", (long long)j.n);
-    for (int mode = 0; mode < 6; mode++) {
+    for (int mode = 0; mode < 7; mode++) {
       j.mode = mode;
       run(&j); /* warm-up: primitive creation, scratch growth */
+      run(&j); /* (w16pk: the second use packs) */
       double best = 1e30;
       for (int r = 0; r < reps; r++) {
         double t0 = ds_time_sec();
