@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# int8 against bf16 and f32 feature caches on the built-in demo (issue 13, "Caches a quarter the
+# size"): the same target, the same training text and options as scripts/demo.sh's DSpark draft
+# (seq len 256, 2 captured layers, 300 steps, seed 1), one cache per dtype, one draft trained from
+# each, and the held-out prompts decoded greedily by `dspark speculate` with each draft.
+# Reported per dtype: `dspark capture --estimate`'s total and the bytes written (per real token),
+# the final held-out training metrics, and tau (accepted tokens per verification) by decoding.
+# The int8 format is kept only if its tau is within 1% of bf16's (and f32's).
+#
+# Reuses the demo's target and data ($DSPARK_DEMO_DIR, default ~/.cache/dspark/demo); runs
+# scripts/demo.sh first when they are missing. Writes to $INT8_BENCH_DIR (default
+# $DSPARK_DEMO_DIR/int8-bench); reruns reuse finished steps. DEMO_DRAFT_STEPS (300) and
+# DEMO_NEW_TOKENS (128) as in the demo. Compute heavy: run it niced on a quiet machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv="${DSPARK_VENV:-$HOME/.cache/dspark/venv}"
+demo="${DSPARK_DEMO_DIR:-$HOME/.cache/dspark/demo}"
+out="${INT8_BENCH_DIR:-$demo/int8-bench}"
+dsteps="${DEMO_DRAFT_STEPS:-300}"
+new_tokens="${DEMO_NEW_TOKENS:-128}"
+t_start=$(date +%s)
+stamp() { echo "== [$(($(date +%s) - t_start)) s] $*"; }
+
+if [ ! -f "$demo/target/model.safetensors" ] || [ ! -f "$demo/data/draft-text.jsonl" ] ||
+   [ ! -f "$demo/data/prompts.txt" ]; then
+  stamp "the demo's target and data are missing: running scripts/demo.sh"
+  bash scripts/demo.sh
+fi
+cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build/release -j "$(nproc)" >/dev/null
+ds=build/release/dspark
+mkdir -p "$out"
+echo "$($ds --help | grep '^matmuls'); CPU: $(lscpu | sed -n 's/^Model name: *//p'); load: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+cap=(--target "$demo/target" --data "$demo/data/draft-text.jsonl" --seq-len 256 --target-layers 2)
+for dt in f32 bf16 int8; do
+  $ds capture "${cap[@]}" --dtype "$dt" --estimate > "$out/estimate-$dt.json"
+  if [ ! -f "$out/cache-$dt/manifest.json" ] || ! grep -q '"complete": true' "$out/cache-$dt/manifest.json"; then
+    stamp "capture, dtype $dt"
+    $ds capture "${cap[@]}" --dtype "$dt" --out "$out/cache-$dt" --quiet > "$out/capture-$dt.json"
+  fi
+done
+
+for dt in f32 bf16 int8; do
+  if [ ! -f "$out/draft-$dt/checkpoint.safetensors" ]; then
+    stamp "training the DSpark draft from the $dt cache ($dsteps steps, as the demo)"
+    $ds train --cache "$out/cache-$dt" --out "$out/draft-$dt" --overwrite --num-anchors 64 --batch-seqs 4 \
+        --draft-layers 1 --steps "$dsteps" --eval-every "$((dsteps > 1 ? dsteps / 3 : 1))" --eval-seqs 8 \
+        --save-every "$dsteps" --lr 2e-3 --seed 1 --markov vanilla --markov-rank 64 --quiet
+  fi
+done
+
+for dt in f32 bf16 int8; do
+  if [ ! -f "$out/speculate-$dt.json" ]; then
+    stamp "speculative decoding of the held-out prompts with the $dt-cache draft"
+    $ds speculate --target "$demo/target" --draft "$out/draft-$dt" --data "$demo/data/prompts.txt" --one-at-a-time \
+        --max-new-tokens "$new_tokens" --ignore-eos --report "$out/speculate-$dt.json.tmp" > /dev/null \
+        2> "$out/speculate-$dt.log" || { cat "$out/speculate-$dt.log"; exit 1; }
+    mv "$out/speculate-$dt.json.tmp" "$out/speculate-$dt.json"
+  fi
+done
+
+stamp "summary (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+"$venv/bin/python" - "$out" <<'PY' | tee "$out/summary.txt"
+import json, os, sys
+out = sys.argv[1]
+rows = {}
+for dt in ("f32", "bf16", "int8"):
+    est = json.load(open(f"{out}/estimate-{dt}.json"))
+    cache = f"{out}/cache-{dt}"
+    written = sum(os.path.getsize(os.path.join(cache, f)) for f in os.listdir(cache) if f != ".lock")
+    shards = sum(os.path.getsize(os.path.join(cache, f)) for f in os.listdir(cache) if f.startswith("shard-"))
+    evals = [json.loads(l) for l in open(f"{out}/draft-{dt}/metrics.jsonl") if '"kind":"eval"' in l]
+    spec = json.load(open(f"{out}/speculate-{dt}.json"))
+    rows[dt] = dict(est=est["total_bytes"], written=written, shard_per_token=shards / est["tokens"],
+                    feat_per_pos=sum(v for k, v in est["bytes_per_position"].items() if k.startswith("target_")),
+                    eval_loss=evals[-1]["loss"] if evals else float("nan"),
+                    eval_tau=evals[-1].get("tau", float("nan")) if evals else float("nan"), tau=spec["tau"])
+print(f"{'cache':<6} {'estimate B':>12} {'written B':>12} {'shard B/token':>13} {'feature B/pos':>13} "
+      f"{'eval loss':>9} {'eval tau':>8} {'tau (decoding)':>14}")
+for dt, r in rows.items():
+    print(f"{dt:<6} {r['est']:>12} {r['written']:>12} {r['shard_per_token']:>13.1f} {r['feat_per_pos']:>13} "
+          f"{r['eval_loss']:>9.4f} {r['eval_tau']:>8.3f} {r['tau']:>14.3f}")
+i8, b16, f32 = rows["int8"]["tau"], rows["bf16"]["tau"], rows["f32"]["tau"]
+loss_b, loss_f = 1 - i8 / b16, 1 - i8 / f32
+keep = loss_b <= 0.01 and loss_f <= 0.01
+print(f"int8 shards are {rows['int8']['shard_per_token'] / rows['bf16']['shard_per_token']:.3f}x bf16's and "
+      f"{rows['int8']['shard_per_token'] / rows['f32']['shard_per_token']:.3f}x f32's per token; tau loss of int8: "
+      f"{100 * loss_b:+.2f}% vs bf16, {100 * loss_f:+.2f}% vs f32 (a negative loss is a gain) -> "
+      f"{'KEEP (within 1%)' if keep else 'DROP (beyond 1%)'}")
+PY
+stamp "done; caches, drafts, reports and summary.txt in $out"
