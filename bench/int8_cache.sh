@@ -39,7 +39,7 @@ echo "$($ds --help | grep '^matmuls'); CPU: $(lscpu | sed -n 's/^Model name: *//
 cap=(--target "$demo/target" --data "$demo/data/draft-text.jsonl" --seq-len 256 --target-layers 2)
 for dt in f32 bf16 int8; do
   $ds capture "${cap[@]}" --dtype "$dt" --estimate > "$out/estimate-$dt.json"
-  if [ ! -f "$out/cache-$dt/manifest.json" ] || ! grep -q '"complete": true' "$out/cache-$dt/manifest.json"; then
+  if [ ! -f "$out/cache-$dt/manifest.json" ] || ! grep -Eq '"complete":[[:space:]]*true' "$out/cache-$dt/manifest.json"; then
     stamp "capture, dtype $dt"
     $ds capture "${cap[@]}" --dtype "$dt" --out "$out/cache-$dt" --quiet > "$out/capture-$dt.json"
   fi
