@@ -12,7 +12,13 @@ each side. Prints a table and writes bench/out/target.json.
 the BF16 weights used in place and --compute bf16, transformers loading them with
 torch_dtype=bfloat16 (computing in bf16); writes bench/out/target-bf16.json.
 
+--model DIR --bf16-model: an existing bf16 checkpoint (e.g. the Qwen3-1.7B-shaped one that
+bench/real_size_target.py builds) used as it is on both sides: ours reads its BF16 weights in
+place under either --compute, transformers loads it in torch.float32 (fp32) or torch.bfloat16.
+
     $VENV/bin/python bench/bench_target.py --dspark build/release/dspark [--threads 2] [--compute bf16]
+    $VENV/bin/python bench/bench_target.py --dspark build/release/dspark --model /tmp/dspark-qwen3-1.7b-shape \
+        --bf16-model --prefill 256 --decode 16 --reps 2 [--compute bf16]
 """
 import argparse
 import json
@@ -127,20 +133,27 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))
     ap.add_argument("--compute", choices=("fp32", "bf16"), default="fp32",
                     help="bf16: bf16 weights, ours --compute bf16, transformers in torch.bfloat16")
+    ap.add_argument("--bf16-model", action="store_true",
+                    help="--model is an existing bf16 checkpoint, used as it is for both --compute settings")
     ap.add_argument("--torch-side", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    build_model(args.model)
-    model_dir = bf16_copy(args.model) if args.compute == "bf16" else args.model
+    if args.bf16_model:
+        model_dir = args.model
+    else:
+        build_model(args.model)
+        model_dir = bf16_copy(args.model) if args.compute == "bf16" else args.model
+    vocab = json.load(open(os.path.join(model_dir, "config.json")))["vocab_size"]
     rng = np.random.default_rng(0)
-    prompt = rng.integers(0, 32000, size=args.prefill).tolist()
+    prompt = rng.integers(0, min(vocab, 32000), size=args.prefill).tolist()
     if args.torch_side:  # child process, so its peak RSS is PyTorch's alone
         print(json.dumps(torch_side(args, model_dir, prompt)))
         return
 
     child = subprocess.run([sys.executable, __file__, "--torch-side", "--dspark", args.dspark, "--threads",
                             str(args.threads), "--prefill", str(args.prefill), "--decode", str(args.decode),
-                            "--reps", str(args.reps), "--model", args.model, "--compute", args.compute],
+                            "--reps", str(args.reps), "--model", args.model, "--compute", args.compute]
+                           + (["--bf16-model"] if args.bf16_model else []),
                            capture_output=True, text=True)
     if child.returncode != 0:
         sys.exit(f"torch side failed:\n{child.stderr}")
@@ -168,7 +181,7 @@ def main():
         o_pre, o_dec, profile, o_rss = ours(args, model_dir, prompt, env)
         # the matmuls: "linear" on fp32 weights, "linear16" on the bf16 ones
         m = re.search(r"%s\s+(\d+)\s+([\d.]+)\s+([\d.]+)%%\s+([\d.]+)" % (
-            "linear16" if args.compute == "bf16" else "linear"), profile)
+            "linear16" if args.compute == "bf16" or args.bf16_model else "linear"), profile)
         lin_share, lin_gflops = float(m.group(3)), float(m.group(4))
         r = {"blas_kernel": kernel, "sgemm_peak_gflops": peak, "prefill_tok_s": o_pre, "decode_tok_s": o_dec,
              "prefill_ratio_vs_torch": o_pre / t_pre, "decode_ratio_vs_torch": o_dec / t_dec,
@@ -183,7 +196,8 @@ def main():
         print(f"{'peak RSS MiB':18s} {o_rss:9.0f} {t_rss:9.0f}")
         print(f"matmul {lin_gflops:.1f} GFLOP/s = {r['matmul_pct_of_sgemm_peak']:.0f}% of the sgemm peak, "
               f"{lin_share:.0f}% of prefill time")
-    name = "target.json" if args.compute == "fp32" else "target-bf16.json"
+    name = ("target-bf16-model-%s.json" % args.compute) if args.bf16_model else \
+        "target.json" if args.compute == "fp32" else "target-bf16.json"
     with open(os.path.join(args.out, name), "w") as f:
         json.dump(results, f, indent=1)
 

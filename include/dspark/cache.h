@@ -10,10 +10,15 @@
  *       loss_mask                [n, S]       U8   1 = supervised; 0 at padding
  *       target_hidden_states     [n, S, m*d]  dtype  captured layers, concatenated in
  *                                             target_layer_ids order (features only)
+ *       target_hidden_states_scale [n, S, m]  F32  int8 caches only: one scale per position and
+ *                                             captured layer (below)
  *       target_last_hidden_states[n, S, d]    dtype  final-normed hidden state (features only)
+ *       target_last_hidden_states_scale [n, S] F32 int8 caches only: one scale per position
  *       topk_ids                 [n, S, K]    I32  teacher top-K ids, by descending probability (KD)
- *       topk_logprobs            [n, S, K]    dtype  FULL-vocabulary log-probs of those ids (KD)
+ *       topk_logprobs            [n, S, K]    dtype  FULL-vocabulary log-probs of those ids (KD);
+ *                                             BF16 in an int8 cache (ds_cache_logprob_dtype)
  *     Every value at padding is zero, except KD entries, which are sentinels there.
+ *     dtype is the manifest's: "f32", "bf16", "f16" or "int8" (I8 features; see "int8 features").
  *   target_weights.safetensors embed_tokens.weight, lm_head.weight [V, d] (frozen tables, in the
  *                              target's dtype: F32, or its checkpoint's BF16 / F16)
  *   target_config.json, tokenizer.json   copies of the target's files (hashes in the manifest)
@@ -24,6 +29,17 @@
  * (sum_{j<i} exp q_j) < top_p or i < max(min_k, 1). A dropped entry, and every entry of a padding
  * position, is the sentinel id -1 with log-prob -inf; the id is authoritative.
  *
+ * int8 features: each row v of d values (one captured layer of one position in
+ * target_hidden_states, the final-normed state of one position in target_last_hidden_states)
+ * is stored as
+ *     s = max_i |v_i| / 127                       (fp32 division; the row's scale, F32)
+ *     q_i = clamp(rne(v_i / s), -127, 127)        (I8; rne: round half to even, as torch.round)
+ * and read back as v_i ~= q_i * s in fp32, within s / 2 (and the fp32 rounding of v_i / s) of
+ * v_i. A row whose s is 0 (all zeros, every padding position, or an absmax so small that
+ * absmax / 127 underflows) stores q = 0. -128 is never written; a reader refuses a scale that
+ * is negative or not finite. KD log-probs are not quantized: an int8 cache keeps them in BF16
+ * (a log-prob's error matters in the exponent; they are a small part of a features cache).
+ *
  * Every file is written atomically and deterministically (no time, pid or host in any byte), so
  * a capture killed at any point and rerun ends byte-identical to an uninterrupted one. The one
  * exception is `.lock`, not part of the cache: the lock file of the capture that writes it
@@ -33,6 +49,7 @@
 
 #include "dspark/common.h"
 #include "dspark/dtype.h"
+#include "dspark/safetensors.h"
 #include "dspark/sequences.h"
 
 #ifdef __cplusplus
@@ -40,7 +57,8 @@ extern "C" {
 #endif
 
 /* Version 2 added manifest_xxh64 (the manifest's own checksum, below); version 1 caches are
- * refused with a hint to recapture. */
+ * refused with a hint to recapture. int8 caches kept version 2: "int8" is a new value of the
+ * manifest's dtype field, which an older reader refuses by name instead of misreading. */
 enum { DS_CACHE_FORMAT_VERSION = 2, DS_CACHE_MAX_LAYERS = 64 };
 
 #define DS_CACHE_FORMAT "dspark-cache"
@@ -68,7 +86,8 @@ typedef struct {
   int64_t vocab_size, hidden_size, num_hidden_layers;
   int32_t target_layer_ids[DS_CACHE_MAX_LAYERS];
   int n_layers;                  /* m */
-  ds_dtype dtype;                /* BF16, F16 or F32: features and KD log-probs */
+  ds_dtype dtype;                /* BF16, F16 or F32: features and KD log-probs; I8: int8
+                                    features with scales, BF16 KD log-probs */
   int64_t seq_length;            /* S */
   int64_t eos_token_id;          /* joins plain-text documents (-1: none) */
   int64_t min_length;            /* shorter sequences were dropped */
@@ -126,6 +145,49 @@ void ds_cache_expect_any(ds_cache_expect *e);
 /* The strict checks, with messages "LABEL: field 'F' is A in the cache but B in this run". */
 ds_status ds_cache_manifest_check(const ds_cache_manifest *m, const ds_cache_expect *e, const char *label);
 
+/* The manifest's dtype names: "bf16", "f16", "f32", "int8" (DS_I8); "?" for any other. */
+const char *ds_cache_dtype_label(ds_dtype dt);
+int ds_cache_dtype_from_label(const char *s, ds_dtype *out); /* 1 on success */
+/* The storage dtype of topk_logprobs in a cache of dtype dt (BF16 for int8, else dt). */
+ds_dtype ds_cache_logprob_dtype(ds_dtype dt);
+
+/* int8 features (the formula above), `rows` rows of `cols` values each: q [rows, cols],
+ * scale [rows]. Deterministic and independent of threads. */
+void ds_cache_quantize_i8(int8_t *q, float *scale, const float *x, int64_t rows, int64_t cols);
+void ds_cache_dequantize_i8(float *x, const int8_t *q, const float *scale, int64_t rows, int64_t cols);
+
+/* ---------------------------------------------------------------- size estimate */
+
+enum { DS_CACHE_MAX_TENSORS = 9 };
+
+/* The bytes a capture writes, computed from the manifest it will write (its sizes, dtype, KD
+ * K, num_samples, num_tokens, shard_size) before anything is written. Shard files are exact
+ * (their safetensors headers included): every sample stores all S positions, padding too.
+ * target_weights.safetensors is exact; manifest.json is within a few bytes. */
+typedef struct {
+  int n_tensors;
+  const char *tensor[DS_CACHE_MAX_TENSORS];     /* shard tensor names */
+  int64_t per_position[DS_CACHE_MAX_TENSORS];   /* bytes per stored position (lengths: per sample / S) */
+  int64_t position_bytes;                       /* their sum (lengths excluded) */
+  int64_t n_shards, samples, tokens, positions; /* positions = samples * S */
+  int64_t shard_bytes;                          /* every shard file, headers included */
+  int64_t last_shard_bytes, full_shard_bytes;   /* one full shard's file, the last shard's */
+  int64_t weights_bytes;                        /* target_weights.safetensors */
+  int64_t other_bytes;                          /* target_config.json, tokenizer.json, manifest.json */
+  int64_t total_bytes;
+} ds_cache_size;
+
+/* embed_dtype / lm_head_dtype: the dtypes the target's tables are stored in (and copied in);
+ * config_bytes / tokenizer_bytes: the sizes of the copied files. */
+ds_status ds_cache_estimate(const ds_cache_manifest *m, ds_dtype embed_dtype, ds_dtype lm_head_dtype,
+                            int64_t config_bytes, int64_t tokenizer_bytes, ds_cache_size *out);
+/* Bytes of a shard file of such a cache holding n_samples samples. */
+ds_status ds_cache_shard_file_bytes(const ds_cache_manifest *m, int64_t n_samples, int64_t *bytes);
+/* The writer of target_weights.safetensors (embed_tokens, lm_head [V, d] in their dtypes);
+ * capture writes it, the estimate asks its size. Free with ds_st_writer_free. */
+ds_status ds_cache_target_weights_writer(ds_weight embed, ds_weight lm_head, int64_t V, int64_t d,
+                                         ds_st_writer **out);
+
 /* Hashes (xxh64, seed 0). */
 ds_status ds_cache_hash_file(const char *path, uint64_t *out);
 ds_status ds_cache_hash_target_weights(const char *model_dir, uint64_t *out);
@@ -141,14 +203,17 @@ typedef struct {
   uint8_t *mask;       /* (n, S) */
   unsigned char *ctx;  /* (n, S, m*d) dtype */
   unsigned char *last; /* (n, S, d) dtype */
+  float *ctx_scale;    /* (n, S, m) int8 caches only */
+  float *last_scale;   /* (n, S) int8 caches only */
   int32_t *kid;        /* (n, S, K) */
-  unsigned char *klp;  /* (n, S, K) dtype */
+  unsigned char *klp;  /* (n, S, K) ds_cache_logprob_dtype */
 } ds_shard_buf;
 
 ds_status ds_shard_buf_alloc(ds_shard_buf *b, const ds_cache_manifest *m, int64_t n);
 void ds_shard_buf_free(ds_shard_buf *b);
 /* Row j from one sample's fp32 outputs (ctx [len, m*d], last [len, d], kd_ids / kd_lp [len, K];
- * unused ones may be NULL): padding becomes zeros, KD padding the sentinels. */
+ * unused ones may be NULL): padding becomes zeros, KD padding the sentinels; int8 caches
+ * quantize the features here. */
 ds_status ds_shard_store(ds_shard_buf *b, const ds_cache_manifest *m, int64_t j, int64_t len, const int32_t *ids,
                          const uint8_t *mask, const float *ctx, const float *last, const int32_t *kd_ids,
                          const float *kd_lp);
@@ -183,7 +248,8 @@ ds_status ds_cache_load_target_weights(const ds_cache *c, ds_weight *embed, ds_w
 ds_status ds_cache_verify_shard(ds_cache *c, int64_t i);
 /* Verifies every shard, then the target weights and the copied json files. */
 ds_status ds_cache_verify_all(ds_cache *c);
-/* Converts rows [0, length) of sample idx to fp32; any output may be NULL. A NaN or infinite
+/* Converts rows [0, length) of sample idx to fp32 (int8 features: dequantized, q * scale);
+ * any output may be NULL. A NaN or infinite
  * feature (a NaN or +inf log-prob) is a DS_ERR_NUMERIC naming the shard, the tensor, the
  * sample and the position; the stream passes it on with its status.
  *   ctx [S, m*d], last [S, d], topk_ids [S, K], topk_logprobs [S, K] */

@@ -16,7 +16,7 @@ typedef struct {
   int n_target_layers;           /* 5 (spread over [1, L-2] as `dspark train`) */
   int32_t target_layer_ids[DS_CACHE_MAX_LAYERS];
   int n_explicit_layers;
-  ds_dtype dtype;                /* DS_BF16 */
+  ds_dtype dtype;                /* DS_BF16; DS_I8: int8 features (dspark/cache.h) */
   int64_t seq_len;               /* 512 */
   int64_t shard_size;            /* 64 */
   int features;                  /* 1; 0 = KD data only */
@@ -27,6 +27,8 @@ typedef struct {
   int threads, quiet;
   int forward_only;              /* benchmark: run the target (and the logits for KD) only; write nothing */
   int64_t throttle_ms;           /* testing aid: sleep after each shard */
+  int estimate;                  /* print the cache's size (ds_cache_estimate) and write nothing */
+  int no_space_check;            /* skip the refusal when the free disk space is smaller than that */
   ds_data_format data_format;    /* how data_path is read (DS_DATA_AUTO: by suffix, then content) */
   /* Several ranks (NULL: one process): shard k is computed and written by rank k mod world
    * (counting from the first shard still to write), rank 0 writes everything else; the cache is

@@ -80,6 +80,8 @@ ds_status ds_st_writer_add(ds_st_writer *w, const char *name, ds_dtype dtype, in
                            const int64_t *shape, const void *data);
 ds_status ds_st_writer_set_metadata(ds_st_writer *w, const char *key, const char *value);
 ds_status ds_st_writer_write(ds_st_writer *w, const char *path);
+/* The size in bytes of the file ds_st_writer_write would write now (header and data). */
+ds_status ds_st_writer_file_size(const ds_st_writer *w, uint64_t *bytes);
 void ds_st_writer_free(ds_st_writer *w);
 
 /* Checksums (xxh64, seed 0, as 16 lowercase hex digits), for files whose corruption must be

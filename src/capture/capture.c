@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "capture/capture_size.h"
 #include "dspark/capture.h"
 #include "dspark/kd_select.h"
 #include "dspark/progress.h"
@@ -61,6 +62,7 @@ typedef struct {
    * background) and waiting for those writes */
   double t_forward, t_select, t_write, t_wait;
   int64_t bytes_written;
+  ds_cache_size size;         /* what the whole cache takes (ds_cache_estimate) */
 } capture;
 
 /* ---------------------------------------------------------------- setup */
@@ -138,7 +140,8 @@ static ds_status load_inputs(capture *c) {
   if (!m->target_path || !m->data_path) return DS_ERR_NOMEM;
   strcpy(m->target_path, o->target_dir);
   strcpy(m->data_path, o->data_path);
-  if (!o->forward_only) DS_TRY(ds_cache_hash_target_weights(o->target_dir, &m->target_weights_xxh64));
+  /* an estimate needs no hash of the weights (it reads them all) */
+  if (!o->forward_only && !o->estimate) DS_TRY(ds_cache_hash_target_weights(o->target_dir, &m->target_weights_xxh64));
 
   c->S = o->seq_len;
   c->d = tc->hidden_size;
@@ -146,7 +149,8 @@ static ds_status load_inputs(capture *c) {
   c->K = o->topk;
   c->V = tc->vocab_size;
   c->n_shards_total = (m->num_samples + m->shard_size - 1) / m->shard_size;
-  return DS_OK;
+  return ds_cache_estimate(m, ds_target_embed(c->target).dtype, ds_target_lm_head(c->target).dtype,
+                           (int64_t)c->config_len, (int64_t)c->tok_len, &c->size);
 }
 
 static ds_status alloc_buffers(capture *c) {
@@ -230,14 +234,10 @@ static ds_status write_manifest(capture *c) {
 
 static ds_status write_target_weights(capture *c) {
   char *path = ds_path_join(c->o->out_dir, "target_weights.safetensors");
-  ds_st_writer *w = ds_st_writer_new();
-  ds_status st = path && w ? DS_OK : DS_ERR_NOMEM;
-  int64_t shape[2] = {c->V, c->d};
-  if (st == DS_OK) st = ds_st_writer_set_metadata(w, "format", "dspark-cache-target-weights");
-  /* In the target's dtype: a bf16 target's tables stay bf16 (the draft keeps them so). */
-  ds_weight e = ds_target_embed(c->target), h = ds_target_lm_head(c->target);
-  if (st == DS_OK) st = ds_st_writer_add(w, "embed_tokens.weight", e.dtype, 2, shape, e.data);
-  if (st == DS_OK) st = ds_st_writer_add(w, "lm_head.weight", h.dtype, 2, shape, h.data);
+  ds_st_writer *w = NULL;
+  ds_status st = path ? ds_cache_target_weights_writer(ds_target_embed(c->target), ds_target_lm_head(c->target), c->V,
+                                                       c->d, &w)
+                      : DS_ERR_NOMEM;
   if (st == DS_OK) st = ds_st_writer_write(w, path);
   if (st == DS_OK) st = ds_cache_hash_file(path, &c->m.target_weights_file_xxh64);
   ds_st_writer_free(w);
@@ -559,10 +559,20 @@ static ds_status capture_locked(capture *c);
 static ds_status run_capture(capture *c) {
   const ds_capture_options *o = c->o;
   DS_TRY(load_inputs(c));
+  if (o->estimate) { /* nothing allocated, created or written */
+    capture_print_estimate(&c->size, &c->m, o->out_dir, o->quiet);
+    return DS_OK;
+  }
   DS_TRY(alloc_buffers(c));
   if (o->forward_only) return forward_only(c);
   c->m.shards = ds_calloc((size_t)c->n_shards_total + 1, sizeof *c->m.shards, "manifest shards");
   if (!c->m.shards) return DS_ERR_NOMEM;
+  /* A new cache is checked before its directory is created (a resumed one, under the lock,
+   * against what is still to be written: prepare_locked). */
+  char *manifest = ds_path_join(o->out_dir, "manifest.json");
+  int fresh = manifest && !ds_file_exists(manifest);
+  free(manifest);
+  if (fresh && !o->no_space_check) DS_TRY(capture_check_space(&c->size, o->out_dir, 0, 0));
   if (ds_comm_size(o->comm) > 1) return run_capture_ranks(c);
   DS_TRY(ds_mkdir_p(o->out_dir));
   /* One writer per cache: a second capture into the directory is refused by name (it would
@@ -592,6 +602,10 @@ static ds_status prepare_locked(capture *c, int64_t *kept_out, int *done_out) {
   DS_TRY(resume_state(c, &kept, &weights_ok, &done));
   *kept_out = kept;
   *done_out = done;
+  /* before the first file: what is still to be written must fit (with several ranks, only the
+   * check before the directory is made: every rank makes it alike, none waits for a refusal) */
+  if (!done && !o->no_space_check && ds_comm_size(o->comm) == 1)
+    DS_TRY(capture_check_space(&c->size, o->out_dir, kept, weights_ok));
   if (done) {
     if (!o->quiet)
       fprintf(stderr, "capture: %s is already complete (every checksum verified: the manifest, every shard, "
@@ -617,8 +631,11 @@ ds_status ds_capture_run(const ds_capture_options *o) {
     return DS_FAIL(DS_ERR_ARG, "capture: the target, the data and the output directory are required");
   if (!o->features && o->topk <= 0)
     return DS_FAIL(DS_ERR_ARG, "capture: --no-features without --topk would capture nothing");
-  if (o->dtype != DS_BF16 && o->dtype != DS_F16 && o->dtype != DS_F32)
-    return DS_FAIL(DS_ERR_ARG, "capture: dtype must be bf16, f16 or f32");
+  if (o->dtype != DS_BF16 && o->dtype != DS_F16 && o->dtype != DS_F32 && o->dtype != DS_I8)
+    return DS_FAIL(DS_ERR_ARG, "capture: dtype must be bf16, f16, f32 or int8");
+  if (o->dtype == DS_I8 && !o->features)
+    return DS_FAIL(DS_ERR_ARG, "capture: --dtype int8 quantizes the features; a cache without features (--no-features) "
+                   "keeps its KD log-probs in bf16, f16 or f32: give one of those");
   if (o->seq_len < 2 || o->shard_size < 1 || o->topk < 0 || !(o->top_p > 0 && o->top_p <= 1) ||
       !(o->temperature > 0) || o->min_k < 0 || o->seed > (UINT64_C(1) << 53))
     return DS_FAIL(DS_ERR_ARG, "capture: invalid option (seq_len >= 2, shard_size >= 1, top_p in (0, 1], "

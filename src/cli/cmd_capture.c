@@ -28,7 +28,9 @@ static void usage(FILE *f) {
     "  --target-layers N        captured layers spread over [1, L-2] (5), as `dspark train`\n"
     "  --target-layer-ids L,..  explicit layer ids (strictly increasing, -1 = embeddings, at most L-2);\n"
     "                           give one of --target-layers and --target-layer-ids\n"
-    "  --dtype bf16|f16|f32     storage dtype of the features and KD log-probs (bf16)\n"
+    "  --dtype bf16|f16|f32|int8  storage dtype of the features and KD log-probs (bf16); int8: features\n"
+    "                           as I8 with an fp32 scale per position and captured layer (absmax / 127),\n"
+    "                           dequantized by `dspark train --cache`; KD log-probs stay bf16\n"
     "  --seq-len N              tokens per sequence (512); at most the target's max_position_embeddings\n"
     "  --shard-size N           samples per shard (64); two shards are held in memory (one written in the background)\n"
     "  --no-features            write no DSpark features (KD data only; needs --topk)\n"
@@ -39,6 +41,11 @@ static void usage(FILE *f) {
     "  --temperature T          log-probs of softmax(x / T) (1)\n"
     "  --seed S                 recorded in the manifest (0)\n"
     "  --threads N  --quiet  --compute fp32|bf16 (matmul precision, default fp32)\n"
+    "  --estimate               print the cache's size for this data and these options (bytes per stored\n"
+    "                           position of each tensor, shards, total, free space) and write nothing;\n"
+    "                           --out is optional here\n"
+    "  --no-space-check         start even when the output's filesystem has less free space than the\n"
+    "                           estimate (by default the capture refuses, naming both numbers)\n"
     "  --forward-only           benchmark: run only the target forward (and the KD logits); write nothing\n"
     "  --throttle-ms N          testing aid: sleep N ms after each shard\n");
 }
@@ -47,8 +54,9 @@ static int parse_dtype(const char *v, ds_dtype *out) {
   if (!strcmp(v, "bf16")) *out = DS_BF16;
   else if (!strcmp(v, "f16")) *out = DS_F16;
   else if (!strcmp(v, "f32")) *out = DS_F32;
+  else if (!strcmp(v, "int8")) *out = DS_I8;
   else {
-    fprintf(stderr, "dspark capture: --dtype expects bf16, f16 or f32, got '%s'\n", v);
+    fprintf(stderr, "dspark capture: --dtype expects bf16, f16, f32 or int8, got '%s'\n", v);
     return 0;
   }
   return 1;
@@ -99,13 +107,15 @@ int cmd_capture(int argc, char **argv) {
     else if (!strcmp(a, "--threads")) CLI_INT(1, 1024, o.threads);
     else if (!strcmp(a, "--quiet")) o.quiet = 1;
     else if (!strcmp(a, "--forward-only")) o.forward_only = 1;
+    else if (!strcmp(a, "--estimate")) o.estimate = 1;
+    else if (!strcmp(a, "--no-space-check")) o.no_space_check = 1;
     else if (!strcmp(a, "--throttle-ms")) CLI_INT(0, 60000, o.throttle_ms);
     else {
       fprintf(stderr, "dspark capture: %s '%s' (see --help)\n", a[0] == '-' ? "unknown option" : "unexpected argument", a);
       return 2;
     }
   }
-  if (!o.target_dir || !o.data_path || (!o.out_dir && !o.forward_only)) {
+  if (!o.target_dir || !o.data_path || (!o.out_dir && !o.forward_only && !o.estimate)) {
     fprintf(stderr, "dspark capture: --target, --data and --out are required (see --help)\n");
     return 2;
   }
@@ -119,6 +129,10 @@ int cmd_capture(int argc, char **argv) {
   }
   if (o.topk && o.min_k > o.topk) {
     fprintf(stderr, "dspark capture: --min-k %lld exceeds --topk %lld\n", (long long)o.min_k, (long long)o.topk);
+    return 2;
+  }
+  if (o.dtype == DS_I8 && !o.features) {
+    fprintf(stderr, "dspark capture: --dtype int8 quantizes the features; with --no-features give bf16, f16 or f32\n");
     return 2;
   }
   if (!o.features && !o.topk) {

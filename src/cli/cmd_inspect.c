@@ -21,7 +21,6 @@ static void usage(FILE *f) {
     "  --no-verify   skip the shard and weights checksums (the rest is still checked)\n");
 }
 
-static const char *dtype_label(ds_dtype dt) { return dt == DS_BF16 ? "bf16" : dt == DS_F16 ? "f16" : "f32"; }
 
 static int64_t file_size(const char *dir, const char *name) {
   char *p = ds_path_join(dir, name);
@@ -54,7 +53,7 @@ static void print_manifest(const ds_cache_manifest *m, const char *dir) {
   printf("target_layer_ids:    [");
   for (int i = 0; i < m->n_layers; i++) printf("%s%d", i ? ", " : "", m->target_layer_ids[i]);
   printf("] (m = %d)\n", m->n_layers);
-  printf("dtype:               %s\n", dtype_label(m->dtype));
+  printf("dtype:               %s\n", ds_cache_dtype_label(m->dtype));
   printf("seq_length:          %lld (eos_token_id %lld, min_length %lld)\n", (long long)m->seq_length,
          (long long)m->eos_token_id, (long long)m->min_length);
   printf("data:                %s (xxh64 %s)\n", m->data_path, h5);
@@ -95,7 +94,7 @@ int cmd_inspect(int argc, char **argv) {
   const ds_cache_manifest *m = ds_cache_get_manifest(c);
   print_manifest(m, dir);
 
-  int64_t samples = 0, shard_bytes = 0, S = m->seq_length, es = m->dtype == DS_F32 ? 4 : 2;
+  int64_t samples = 0, shard_bytes = 0, S = m->seq_length;
   for (int64_t i = 0; i < m->n_shards; i++) {
     samples += m->shards[i].num_samples;
     int64_t b = file_size(dir, m->shards[i].file);
@@ -118,10 +117,17 @@ int cmd_inspect(int argc, char **argv) {
          supervised, positions, positions > 0 ? 100.0 * tokens / positions : 0.0);
   printf("bytes:               %lld in shards, %lld in target_weights.safetensors\n", (long long)shard_bytes,
          (long long)wbytes);
-  printf("bytes per token:     %.1f per real token, %.1f per position (features %lld, KD %lld, tokens 5 + 8 / S)\n",
+  /* the per-tensor figures of the estimate `dspark capture --estimate` prints */
+  ds_cache_size z;
+  int64_t feat = 0, kd = 0;
+  if (ds_cache_estimate(m, DS_F32, DS_F32, 0, 0, &z) == DS_OK)
+    for (int i = 0; i < z.n_tensors; i++) {
+      if (!strncmp(z.tensor[i], "target_", 7)) feat += z.per_position[i];
+      if (!strncmp(z.tensor[i], "topk_", 5)) kd += z.per_position[i];
+    }
+  printf("bytes per token:     %.1f per real token, %.1f per position (features %lld%s, KD %lld, tokens 5 + 8 / S)\n",
          tokens > 0 ? (double)shard_bytes / tokens : 0.0, positions > 0 ? (double)shard_bytes / positions : 0.0,
-         (long long)(m->features ? (int64_t)(m->n_layers + 1) * m->hidden_size * es : 0),
-         (long long)(m->kd_topk * (4 + es)));
+         (long long)feat, m->dtype == DS_I8 ? " with scales" : "", (long long)kd);
 
   int bad = 0;
   if (verify) {

@@ -11,22 +11,26 @@
 #include "dspark/cache.h"
 #include "core/json_util.h"
 
-static const char *dtype_label(ds_dtype dt) {
+const char *ds_cache_dtype_label(ds_dtype dt) {
   switch (dt) {
     case DS_BF16: return "bf16";
     case DS_F16: return "f16";
     case DS_F32: return "f32";
+    case DS_I8: return "int8";
     default: return "?";
   }
 }
 
-static int dtype_from_label(const char *s, ds_dtype *out) {
+int ds_cache_dtype_from_label(const char *s, ds_dtype *out) {
   if (!strcmp(s, "bf16")) *out = DS_BF16;
   else if (!strcmp(s, "f16")) *out = DS_F16;
   else if (!strcmp(s, "f32")) *out = DS_F32;
+  else if (!strcmp(s, "int8")) *out = DS_I8;
   else return 0;
   return 1;
 }
+
+ds_dtype ds_cache_logprob_dtype(ds_dtype dt) { return dt == DS_I8 ? DS_BF16 : dt; }
 
 void ds_cache_hex(uint64_t h, char out[17]) { snprintf(out, 17, "%016" PRIx64, h); }
 
@@ -100,7 +104,7 @@ char *ds_cache_manifest_json(const ds_cache_manifest *m) {
   cJSON_AddNumberToObject(j, "hidden_size", (double)m->hidden_size);
   cJSON_AddNumberToObject(j, "num_hidden_layers", (double)m->num_hidden_layers);
   cJSON_AddItemToObject(j, "target_layer_ids", cJSON_CreateIntArray(m->target_layer_ids, m->n_layers));
-  cJSON_AddStringToObject(j, "dtype", dtype_label(m->dtype));
+  cJSON_AddStringToObject(j, "dtype", ds_cache_dtype_label(m->dtype));
   cJSON_AddNumberToObject(j, "seq_length", (double)m->seq_length);
   cJSON_AddNumberToObject(j, "eos_token_id", (double)m->eos_token_id);
   cJSON_AddNumberToObject(j, "min_length", (double)m->min_length);
@@ -365,8 +369,8 @@ static ds_status parse_root(const cJSON *root, const char *label, ds_cache_manif
   DS_TRY(get_i64(root, "num_hidden_layers", 1, 1 << 16, label, &m->num_hidden_layers));
   DS_TRY(parse_layers(root, label, m));
   DS_TRY(get_str(root, "dtype", label, &s));
-  if (!dtype_from_label(s, &m->dtype))
-    return DS_FAIL(DS_ERR_FORMAT, "%s: field 'dtype' is \"%s\" (expected bf16, f16 or f32)", label, s);
+  if (!ds_cache_dtype_from_label(s, &m->dtype))
+    return DS_FAIL(DS_ERR_FORMAT, "%s: field 'dtype' is \"%s\" (expected bf16, f16, f32 or int8)", label, s);
   DS_TRY(get_i64(root, "seq_length", 2, 1 << 24, label, &m->seq_length));
   DS_TRY(get_i64(root, "eos_token_id", -1, m->vocab_size - 1, label, &m->eos_token_id));
   DS_TRY(get_i64(root, "min_length", 2, m->seq_length, label, &m->min_length));
@@ -474,8 +478,8 @@ ds_status ds_cache_manifest_check(const ds_cache_manifest *m, const ds_cache_exp
     return DS_FAIL(DS_ERR_ARG, "%s: field 'target_layer_ids' is %s in the cache but %s in this run", label, a, b);
   }
   if (e->dtype >= 0 && (ds_dtype)e->dtype != m->dtype)
-    return DS_FAIL(DS_ERR_ARG, "%s: field 'dtype' is %s in the cache but %s in this run", label, dtype_label(m->dtype),
-                   dtype_label((ds_dtype)e->dtype));
+    return DS_FAIL(DS_ERR_ARG, "%s: field 'dtype' is %s in the cache but %s in this run", label,
+                   ds_cache_dtype_label(m->dtype), ds_cache_dtype_label((ds_dtype)e->dtype));
   if (e->check_weights)
     DS_TRY(check_hash(label, "target_weights_xxh64", m->target_weights_xxh64, e->target_weights_xxh64,
                       "the target's weights differ from the captured ones"));

@@ -73,10 +73,16 @@ static ds_status check_shard(const ds_cache_manifest *m, const ds_safetensors *s
     DS_TRY(expect_tensor(st, "target_hidden_states", m->dtype, 3, sf, "the manifest says features: true"));
     DS_TRY(expect_tensor(st, "target_last_hidden_states", m->dtype, 3, sl, "the manifest says features: true"));
     want += 2;
+    if (m->dtype == DS_I8) {
+      int64_t sc[3] = {n, S, m->n_layers};
+      DS_TRY(expect_tensor(st, "target_hidden_states_scale", DS_F32, 3, sc, "the manifest says dtype int8"));
+      DS_TRY(expect_tensor(st, "target_last_hidden_states_scale", DS_F32, 2, s2, "the manifest says dtype int8"));
+      want += 2;
+    }
   }
   if (K) {
     DS_TRY(expect_tensor(st, "topk_ids", DS_I32, 3, sk, "the manifest has kd"));
-    DS_TRY(expect_tensor(st, "topk_logprobs", m->dtype, 3, sk, "the manifest has kd"));
+    DS_TRY(expect_tensor(st, "topk_logprobs", ds_cache_logprob_dtype(m->dtype), 3, sk, "the manifest has kd"));
     want += 2;
   }
   if (ds_st_count(st) != want)
@@ -412,6 +418,34 @@ static ds_status convert_rows(float *dst, const ds_tensor_view *v, int64_t offse
   return DS_OK;
 }
 
+/* int8 features (cache.h "int8 features"): rows [first, first + rows) of `tensor` [.., cols]
+ * with their scales from `tensor`_scale, dequantized to fp32. A scale that is negative or not
+ * finite is refused by position (and layer, for target_hidden_states). */
+static ds_status dequantize_rows(const ds_cache *c, const ds_safetensors *st, const char *tensor, int64_t si,
+                                 int64_t row, float *dst, int64_t first, int64_t rows, int64_t cols) {
+  char scale_name[64];
+  snprintf(scale_name, sizeof scale_name, "%s_scale", tensor);
+  const ds_tensor_view *q = ds_st_find(st, tensor), *sv = ds_st_find(st, scale_name);
+  const int8_t *qs = (const int8_t *)q->data + first * cols;
+  const unsigned char *sb = (const unsigned char *)sv->data + (size_t)first * 4;
+  int64_t groups = !strcmp(tensor, "target_hidden_states") ? c->m.n_layers : 1;
+  for (int64_t r = 0; r < rows; r++) {
+    float s;
+    memcpy(&s, sb + 4 * r, 4); /* the mapping gives 8-byte alignment to the tensor, not to a row */
+    if (!(s >= 0.0f) || isinf(s)) {
+      char layer[64] = "";
+      if (groups > 1) snprintf(layer, sizeof layer, ", captured layer %d", c->m.target_layer_ids[r % groups]);
+      return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' holds the scale %g at row %lld of shard %lld, position %lld%s "
+                     "(a scale must be finite and >= 0)", ds_st_path(st), scale_name, (double)s, (long long)row,
+                     (long long)si, (long long)(r / groups), layer);
+    }
+    ds_cache_dequantize_i8(dst + r * cols, qs + r * cols, &s, 1, cols);
+  }
+  drop_pages(qs, (size_t)(rows * cols));
+  drop_pages(sb, (size_t)rows * 4);
+  return DS_OK;
+}
+
 /* Index of the first NaN or infinite value of x[0..n) (-inf allowed when allow_neg_inf), or -1.
  * A branch-free scan first (it vectorizes), the search only when it found one. */
 static int64_t first_nonfinite(const float *x, int64_t n, int allow_neg_inf) {
@@ -459,12 +493,15 @@ ds_status ds_cache_read_sample(ds_cache *c, int64_t idx, float *ctx, float *last
     return DS_FAIL(DS_ERR_ARG, "%s: the cache holds no DSpark features (captured with --no-features)", c->dir);
   if ((topk_ids || topk_logprobs) && !c->K)
     return DS_FAIL(DS_ERR_ARG, "%s: the cache holds no KD data (captured without --topk)", c->dir);
+  int i8 = c->m.dtype == DS_I8, nl = c->m.n_layers;
   if (ctx) {
-    DS_TRY(convert_rows(ctx, ds_st_find(st, "target_hidden_states"), row * S * c->md, len * c->md));
+    if (i8) DS_TRY(dequantize_rows(c, st, "target_hidden_states", si, row, ctx, row * S * nl, len * nl, c->d));
+    else DS_TRY(convert_rows(ctx, ds_st_find(st, "target_hidden_states"), row * S * c->md, len * c->md));
     DS_TRY(check_finite(c, st, "target_hidden_states", idx, si, row, ctx, len, c->md, 0));
   }
   if (last) {
-    DS_TRY(convert_rows(last, ds_st_find(st, "target_last_hidden_states"), row * S * c->d, len * c->d));
+    if (i8) DS_TRY(dequantize_rows(c, st, "target_last_hidden_states", si, row, last, row * S, len, c->d));
+    else DS_TRY(convert_rows(last, ds_st_find(st, "target_last_hidden_states"), row * S * c->d, len * c->d));
     DS_TRY(check_finite(c, st, "target_last_hidden_states", idx, si, row, last, len, c->d, 0));
   }
   if (topk_ids) {

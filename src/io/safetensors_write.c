@@ -179,8 +179,9 @@ static void sb_json_string(strbuf *b, const char *s) {
   sb_put(b, "\"", 1);
 }
 
-ds_status ds_st_writer_write(ds_st_writer *w, const char *path) {
-  if (!w || !path) return DS_FAIL(DS_ERR_ARG, "ds_st_writer_write: writer or path is NULL");
+/* The header text (8-byte aligned with spaces) and the data section's size; path names the
+ * file in messages. On success out->p is malloc'd. */
+static ds_status build_header(const ds_st_writer *w, const char *path, strbuf *out, uint64_t *data_bytes) {
   /* Header: "__metadata__" first, then tensors in insertion order, laid out back to back. */
   strbuf b = {0};
   char num[64];
@@ -227,7 +228,26 @@ ds_status ds_st_writer_write(ds_st_writer *w, const char *path) {
     return DS_FAIL(DS_ERR_ARG, "%s: header of %zu bytes exceeds the %" PRIu64 "-byte safetensors limit",
                    path, b.len, ST_MAX_HEADER);
   }
+  *out = b;
+  *data_bytes = off;
+  return DS_OK;
+}
 
+ds_status ds_st_writer_file_size(const ds_st_writer *w, uint64_t *bytes) {
+  if (!w || !bytes) return DS_FAIL(DS_ERR_ARG, "ds_st_writer_file_size: writer or output is NULL");
+  strbuf b;
+  uint64_t data = 0;
+  DS_TRY(build_header(w, "(size estimate)", &b, &data));
+  free(b.p);
+  *bytes = 8 + (uint64_t)b.len + data;
+  return DS_OK;
+}
+
+ds_status ds_st_writer_write(ds_st_writer *w, const char *path) {
+  if (!w || !path) return DS_FAIL(DS_ERR_ARG, "ds_st_writer_write: writer or path is NULL");
+  strbuf b;
+  uint64_t data = 0;
+  DS_TRY(build_header(w, path, &b, &data));
   unsigned char prefix[8];
   for (int i = 0; i < 8; i++) prefix[i] = (unsigned char)((uint64_t)b.len >> (8 * i));
   ds_atomic_file f;

@@ -13,7 +13,6 @@
 
 /* ---------------------------------------------------------------- setup */
 
-static const char *dtype_label(ds_dtype dt) { return dt == DS_BF16 ? "bf16" : dt == DS_F16 ? "f16" : "f32"; }
 
 static void ids_text(const int32_t *ids, int n, char *buf, size_t cap) {
   size_t at = (size_t)snprintf(buf, cap, "[");
@@ -87,7 +86,7 @@ ds_status ds_draft_cache_setup(draft_run *t) {
   o->seq_len = m->seq_length;
   t->cfg_target = m->target_path;
   t->cfg_data = m->data_path;
-  t->feature_dtype = m->dtype == DS_F32 ? NULL : dtype_label(m->dtype);
+  t->feature_dtype = m->dtype == DS_F32 ? NULL : ds_cache_dtype_label(m->dtype);
   t->weights_xxh64 = m->target_weights_xxh64; /* as the online run computes them */
   t->config_xxh64 = m->target_config_xxh64;
   t->tokenizer_xxh64 = m->tokenizer_xxh64;

@@ -99,7 +99,7 @@ static void add_hex(cJSON *j, const char *key, uint64_t h) {
 /* Every option that defines the trajectory. The target and the data enter by content (the
  * hashes the cache records too), not by path: a run resumes after its files moved, and is
  * refused when they changed. feature_dtype appears only when the features were rounded
- * (bf16 / f16): an f32 cache gives the online trajectory bit for bit, so its configuration
+ * (bf16 / f16 / int8): an f32 cache gives the online trajectory bit for bit, so its configuration
  * is the same. */
 static cJSON *train_config_obj(const draft_run *t) {
   const ds_draft_train_options *o = t->o;

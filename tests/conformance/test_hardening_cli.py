@@ -295,7 +295,7 @@ def main():
         ("capture --min-k > --topk", ["capture", "--target", nowhere, "--data", "d", "--out", "o", "--topk", "2",
                                       "--min-k", "5"], ["--min-k"]),
         ("capture positional", ["capture", "stray", "--target", nowhere, "--data", "d", "--out", "o"], ["stray"]),
-        ("capture --dtype int8", ["capture", "--target", nowhere, "--data", "d", "--out", "o", "--dtype", "int8"],
+        ("capture --dtype fp8", ["capture", "--target", nowhere, "--data", "d", "--out", "o", "--dtype", "fp8"],
          ["--dtype"]),
         ("draft-forward --alpha-ce -1", ["draft-forward", nowhere, "--inputs", "i", "--out", "o", "--alpha-ce", "-1"],
          ["--alpha-ce"]),
