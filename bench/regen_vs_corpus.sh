@@ -48,7 +48,7 @@ fi
 
 for arm in corpus regenerated; do
   data="$out/corpus.txt"; [ $arm = regenerated ] && data="$out/regenerated.jsonl"
-  if [ ! -f "$out/cache-$arm/manifest.json" ] || ! grep -q '"complete": true' "$out/cache-$arm/manifest.json"; then
+  if [ ! -f "$out/cache-$arm/manifest.json" ] || ! grep -Eq '"complete":[[:space:]]*true' "$out/cache-$arm/manifest.json"; then
     stamp "capture ($arm)"
     $ds capture --target "$demo/target" --data "$data" --out "$out/cache-$arm" --seq-len 256 --target-layers 2 \
         --dtype bf16 --quiet

@@ -60,7 +60,7 @@ PY
   mv "$demo/data/draft-text.jsonl.tmp" "$demo/data/draft-text.jsonl"
 fi
 
-if [ ! -f "$demo/cache/manifest.json" ] || ! grep -q '"complete": true' "$demo/cache/manifest.json"; then
+if [ ! -f "$demo/cache/manifest.json" ] || ! grep -Eq '"complete":[[:space:]]*true' "$demo/cache/manifest.json"; then
   stamp "capturing the target's features once (dspark capture)"
   $ds capture --target "$demo/target" --data "$demo/data/draft-text.jsonl" --out "$demo/cache" --seq-len 256 \
       --target-layers 2 --dtype bf16
