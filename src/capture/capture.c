@@ -113,8 +113,9 @@ static ds_status load_inputs(capture *c) {
   ds_chat_template *tmpl = NULL;
   DS_TRY(ds_chat_template_load(o->target_dir, o->chat_template, &tmpl));
   int thinking = o->enable_thinking ? o->enable_thinking > 0 : -1;
-  st = ds_dataset_load_chat(o->data_path, o->data_format, c->tok, tmpl, thinking, o->seq_len,
-                            (int32_t)m->eos_token_id, m->min_length, &c->data);
+  ds_data_options dopt = {.format = o->data_format, .skip_bad_lines = o->skip_bad_lines};
+  st = ds_dataset_read(o->data_path, &dopt, c->tok, tmpl, thinking, o->seq_len, (int32_t)m->eos_token_id,
+                       m->min_length, &c->data);
   /* the manifest names the template the sequences were rendered with (and enable_thinking) */
   snprintf(m->chat_template, sizeof m->chat_template, "%s",
            !tmpl ? DS_CACHE_CHAT_TEMPLATE : thinking < 0 ? "jinja" : thinking ? "jinja thinking" : "jinja no-thinking");
@@ -331,9 +332,11 @@ static void progress(const capture *c, int64_t done, int64_t first, double elaps
 
 static void summary(const capture *c, int64_t samples, double tokens, double loop_s, int64_t first_shard) {
   printf("{\"samples\": %lld, \"tokens\": %.0f, \"loop_s\": %.6f, \"forward_s\": %.6f, \"kd_select_s\": %.6f, "
-         "\"write_s\": %.6f, \"write_wait_s\": %.6f, \"tokens_per_s\": %.3f, \"bytes\": %lld, \"resumed_from_shard\": %lld, \"forward_only\": %s}\n",
+         "\"write_s\": %.6f, \"write_wait_s\": %.6f, \"tokens_per_s\": %.3f, \"bytes\": %lld, \"resumed_from_shard\": %lld, "
+         "\"forward_only\": %s, \"data_bad_lines_skipped\": %lld}\n",
          (long long)samples, tokens, loop_s, c->t_forward, c->t_select, c->t_write, c->t_wait, loop_s > 0 ? tokens / loop_s : 0.0,
-         (long long)c->bytes_written, (long long)first_shard, c->o->forward_only ? "true" : "false");
+         (long long)c->bytes_written, (long long)first_shard, c->o->forward_only ? "true" : "false",
+         (long long)c->data.bad_lines);
   fflush(stdout);
 }
 

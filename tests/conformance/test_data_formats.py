@@ -181,6 +181,22 @@ def main():
                  f"the shards train on the messages file's sequences: {a['sequences_xxh64']} {b['sequences_xxh64']}")
         ck.check(b.get("data_bad_lines_skipped") == 1 and "data_bad_lines_skipped" not in a,
                  f"run.json records the skipped lines: {b.get('data_bad_lines_skipped')}")
+    # capture too: stops at the bad line, or skips it and counts it in its summary
+    def capture(out, extra=()):
+        shutil.rmtree(out, ignore_errors=True)
+        return run([args.dspark, "capture", "--target", target, "--data", forms["glob of shards"], "--out", out,
+                    "--seq-len", "128", "--dtype", "f32", "--target-layers", "1", "--threads", "2", "--quiet", *extra],
+                   expect_rc=None)
+    _, err, rc = capture(os.path.join(args.tmp, "cache-bad"))
+    ck.check(rc != 0 and "part1-b.jsonl:9: conversations[0].value must be a string" in err,
+             f"capture stops at the bad line naming it: {err.strip()[-300:]}")
+    out_json, err, rc = capture(os.path.join(args.tmp, "cache-skip"), ["--skip-bad-lines"])
+    summ = json.loads(out_json.strip().splitlines()[-1]) if rc == 0 else {}
+    man = json.load(open(os.path.join(args.tmp, "cache-skip", "manifest.json"))) if rc == 0 else {}
+    ck.check(rc == 0 and summ.get("data_bad_lines_skipped") == 1 and man.get("num_samples") == len(convs)
+             and "1 bad line skipped" in err,
+             f"capture --skip-bad-lines: {summ.get('data_bad_lines_skipped')} skipped, {man.get('num_samples')} samples: "
+             f"{err.strip()[-300:]}")
     # pretrain reads the same inputs and records the count too
     out = os.path.join(args.tmp, "pretrain")
     shutil.rmtree(out, ignore_errors=True)
