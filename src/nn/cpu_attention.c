@@ -149,18 +149,9 @@ static void block_forward_tile(float *out, float *lse, const float *q, const flo
   tile_gather(qt, q, a, b, kvh);
   tile_scores(s, qt, k_ctx, k_blk, a, b, kvh, L);
   for (int64_t r = 0; r < a->m; r++) {
-    float *row = s + r * T, mx = -INFINITY, sum = 0.0f, scale = a->scale;
-    DS_OMP(simd reduction(max : mx))
-    for (int64_t t = 0; t < T; t++) {
-      row[t] *= scale;
-      mx = row[t] > mx ? row[t] : mx;
-    }
-    DS_OMP(simd reduction(+ : sum))
-    for (int64_t t = 0; t < T; t++) {
-      row[t] = ds_fast_expf(row[t] - mx);
-      sum += row[t];
-    }
-    inv[r] = 1.0f / sum; /* sum >= 1: the maximum contributes exp(0) */
+    float *row = s + r * T, mx;
+    float sum = ds_softmax_row_exp(row, T, a->scale, &mx);
+    inv[r] = 1.0f / sum;
     if (lse) lse[lse_index(a, b, kvh, r)] = mx + logf(sum);
   }
   tile_mix(ot, s, v_ctx, v_blk, a, b, kvh, L); /* unnormalized; rows scaled on the way out */

@@ -80,19 +80,9 @@ int ds_cpu_attention_causal_bf16(float *out, const float *q, int64_t q_stride, c
       ds_bf16_tile_gemm_run(qk[ki], qt, kb + kvh * tp * hd, s);
       for (int64_t r = 0; r < rows; r++) {
         int64_t vis = past + q0 + r / group + 1; /* keys 0 .. position */
-        float *row = s + r * kp, mx = -INFINITY, sum = 0.0f;
+        float *row = s + r * kp, mx;
         uint16_t *prow = pb + r * kp;
-        DS_OMP(simd reduction(max : mx))
-        for (int64_t j = 0; j < vis; j++) {
-          row[j] *= scale;
-          mx = row[j] > mx ? row[j] : mx;
-        }
-        DS_OMP(simd reduction(+ : sum))
-        for (int64_t j = 0; j < vis; j++) {
-          row[j] = ds_fast_expf(row[j] - mx);
-          sum += row[j];
-        }
-        float inv = 1.0f / sum; /* sum >= 1: the maximum contributes exp(0) */
+        float inv = 1.0f / ds_softmax_row_exp(row, vis, scale, &mx);
         for (int64_t j = 0; j < vis; j++) prow[j] = ds_round_bf16(row[j] * inv);
         memset(prow + vis, 0, (size_t)(kp - vis) * sizeof(uint16_t));
       }

@@ -88,17 +88,8 @@ static void forward_tile(float *out, float *lse, const float *q, const float *k,
   ds_cpu_sgemm(0, 1, t->m, T, hd, qt, hd, k + kv_off(a, t), a->kvs, 0.0f, s, T);
   for (int64_t r = 0; r < t->m; r++) {
     int64_t vis = t->q0 + r / a->group + 1; /* keys 0 .. position */
-    float *row = s + r * T, mx = -INFINITY, sum = 0.0f, scale = a->scale;
-    DS_OMP(simd reduction(max : mx))
-    for (int64_t j = 0; j < vis; j++) {
-      row[j] *= scale;
-      mx = row[j] > mx ? row[j] : mx;
-    }
-    DS_OMP(simd reduction(+ : sum))
-    for (int64_t j = 0; j < vis; j++) {
-      row[j] = ds_fast_expf(row[j] - mx);
-      sum += row[j];
-    }
+    float *row = s + r * T, mx;
+    float sum = ds_softmax_row_exp(row, vis, a->scale, &mx);
     for (int64_t j = vis; j < T; j++) row[j] = 0.0f;
     float inv = 1.0f / sum; /* sum >= 1: the maximum contributes exp(0) */
     for (int64_t j = 0; j < vis; j++) row[j] *= inv;

@@ -4,7 +4,10 @@
 #ifndef DSPARK_NN_CPU_KERNELS_H
 #define DSPARK_NN_CPU_KERNELS_H
 
+#include <math.h>
 #include <stdint.h>
+
+#include "nn/fast_exp.h"
 
 /* DS_OMP(parallel for ...) is `#pragma omp parallel for ...` in OpenMP builds and nothing
  * otherwise (no -Wunknown-pragmas noise, and the loops run serially). */
@@ -54,5 +57,24 @@ void ds_cpu_attention_causal_train_backward(float *dq, float *dk, float *dv, con
                                             const float *lse, const float *q, const float *k, const float *v,
                                             const int64_t *seq_off, int64_t n_seqs, int64_t n_heads,
                                             int64_t n_kv_heads, int64_t head_dim, float scale);
+
+/* One softmax row of every attention kernel, unnormalized, so their numerics cannot drift apart:
+ * row[0:n] <- exp(scale * row - max), *mx = the scaled max; returns the sum (>= 1: the maximum
+ * contributes exp(0)). n >= 1. */
+static inline float ds_softmax_row_exp(float *row, int64_t n, float scale, float *mx) {
+  float m = -INFINITY, sum = 0.0f;
+  DS_OMP(simd reduction(max : m))
+  for (int64_t j = 0; j < n; j++) {
+    row[j] *= scale;
+    m = row[j] > m ? row[j] : m;
+  }
+  DS_OMP(simd reduction(+ : sum))
+  for (int64_t j = 0; j < n; j++) {
+    row[j] = ds_fast_expf(row[j] - m);
+    sum += row[j];
+  }
+  *mx = m;
+  return sum;
+}
 
 #endif

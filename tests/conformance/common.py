@@ -15,6 +15,19 @@ def parse_args(description):
     return args
 
 
+def stdlib_text(path, first, last):
+    """Writes the Python standard library's modules first..last-1 (sorted by name) into path, a
+    real-text corpus every machine with Python has; returns path."""
+    import glob
+    import sysconfig
+    files = sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py")))[first:last]
+    with open(path, "w") as f:
+        for p in files:
+            with open(p, encoding="utf-8", errors="replace") as src:
+                f.write(src.read())
+    return path
+
+
 def run(cmd, expect_rc=0, **kw):
     """Runs cmd; returns (stdout, stderr). Fails loudly when the exit code differs."""
     p = subprocess.run(cmd, capture_output=True, text=True, **kw)

@@ -14,7 +14,6 @@ tokenizer trained here (tokenizers), the same helper test_train.py uses:
 - training from an f32 cache is bit-identical to online training (metrics and checkpoint
   sha256), also with --cache-preload and after stop + resume; from a bf16 cache the losses
   differ only by the features' rounding (reported)."""
-import glob
 import hashlib
 import json
 import os
@@ -23,7 +22,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -48,11 +46,7 @@ def main():
     ck = common.Checker()
     tmp = args.tmp
     target = build_target(tmp)
-    lib = sysconfig.get_paths()["stdlib"]
-    data = os.path.join(tmp, "data.txt")
-    with open(data, "w") as f:
-        for p in sorted(glob.glob(os.path.join(lib, "*.py")))[60:62]:
-            f.write(open(p, encoding="utf-8", errors="replace").read())
+    data = common.stdlib_text(os.path.join(tmp, "data.txt"), 60, 62)
     D = args.dspark
     cap = [D, "capture", "--target", target, "--data", data, "--seq-len", "64", "--threads", "2", "--quiet"]
     train = ["--seq-len", "64", "--num-anchors", "8", "--block-size", "4", "--markov-rank", "16", "--steps", "6",

@@ -14,13 +14,11 @@ on the tiny Qwen3 target of test_train.py:
 - the free-space check: with DSPARK_TEST_FREE_BYTES (test-only) below the estimate the capture
   refuses naming both numbers and writes no shard; equal to it, or with --no-space-check, it runs;
 - `--dtype int8 --no-features` is a usage error."""
-import glob
 import json
 import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cache_manifest  # noqa: E402
@@ -45,11 +43,7 @@ def main():
     ck = common.Checker()
     tmp = args.tmp
     target = build_target(tmp)
-    lib = sysconfig.get_paths()["stdlib"]
-    data = os.path.join(tmp, "data.txt")
-    with open(data, "w") as f:
-        for p in sorted(glob.glob(os.path.join(lib, "*.py")))[60:62]:
-            f.write(open(p, encoding="utf-8", errors="replace").read())
+    data = common.stdlib_text(os.path.join(tmp, "data.txt"), 60, 62)
     D = args.dspark
     cap = [D, "capture", "--target", target, "--data", data, "--seq-len", "64", "--threads", "2", "--quiet",
            "--shard-size", "8"]

@@ -24,7 +24,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -46,11 +45,7 @@ def main():
     ck = common.Checker()
     tmp = args.tmp
     target = build_target(tmp)
-    lib = sysconfig.get_paths()["stdlib"]
-    data = os.path.join(tmp, "data.txt")
-    with open(data, "w") as f:
-        for p in sorted(glob.glob(os.path.join(lib, "*.py")))[60:62]:
-            f.write(open(p, encoding="utf-8", errors="replace").read())
+    data = common.stdlib_text(os.path.join(tmp, "data.txt"), 60, 62)
     D = args.dspark
     cap = [D, "capture", "--target", target, "--data", data, "--seq-len", "64", "--threads", "2", "--dtype", "f32",
            "--shard-size", "8"]

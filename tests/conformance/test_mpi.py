@@ -109,11 +109,7 @@ def compare_runs(ck, label, one, two):
 
 def draft_train(ck, args, tmp):
     target = common.build_bpe_target(tmp)
-    lib = sysconfig.get_paths()["stdlib"]
-    data = os.path.join(tmp, "data.txt")
-    with open(data, "w") as f:
-        for p in sorted(glob.glob(os.path.join(lib, "*.py")))[60:64]:
-            f.write(open(p, encoding="utf-8", errors="replace").read())
+    data = common.stdlib_text(os.path.join(tmp, "data.txt"), 60, 64)
     base = [args.dspark, "train", "--target", target, "--data", data, "--seq-len", "64", "--num-anchors", "8",
             "--block-size", "4", "--markov-rank", "16", "--steps", "20", "--batch-seqs", "4", "--eval-every", "10",
             "--eval-seqs", "3", "--save-every", "5", "--threads", "1", "--quiet", "--seed", "3", "--lr", "3e-3"]

@@ -9,7 +9,6 @@ tokenizer trained here (tokenizers) on the Python standard library's sources:
 - resuming with a changed option is refused naming the option;
 - the export is the HF layout of spec section 7 (checked with `safetensors` and json), and
   loading it back gives identical logits to the checkpoint it came from."""
-import glob
 import hashlib
 import json
 import os
@@ -17,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -38,11 +36,7 @@ def main():
     args = common.parse_args(__doc__)
     ck = common.Checker()
     target = build_target(args.tmp)
-    lib = sysconfig.get_paths()["stdlib"]
-    data = os.path.join(args.tmp, "data.txt")
-    with open(data, "w") as f:
-        for p in sorted(glob.glob(os.path.join(lib, "*.py")))[60:64]:
-            f.write(open(p, encoding="utf-8", errors="replace").read())
+    data = common.stdlib_text(os.path.join(args.tmp, "data.txt"), 60, 64)
     base = [args.dspark, "train", "--target", target, "--data", data, "--seq-len", "64", "--num-anchors", "8",
             "--block-size", "4", "--markov-rank", "16", "--steps", "6", "--batch-seqs", "2", "--eval-every", "3",
             "--eval-seqs", "2", "--threads", "2", "--quiet", "--seed", "3", "--lr", "3e-3"]
