@@ -15,7 +15,8 @@
 #      against plain decoding of the same prompts in the same run, and the table is printed;
 #   9. `dspark plot` draws the training curves and the reports' figures.
 # Environment: DSPARK_DEMO_DIR (default ~/.cache/dspark/demo), DEMO_TARGET_STEPS (240),
-# DEMO_DRAFT_STEPS (300), DEMO_NEW_TOKENS (128 per held-out prompt). Reruns reuse what is done
+# DEMO_DRAFT_STEPS (300), DEMO_NEW_TOKENS (128 per held-out prompt), DEMO_COMPUTE (fp32, or
+# bf16: every model command with --compute bf16, README "bf16 compute"). Reruns reuse what is done
 # (delete the folder to start over).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,20 +26,22 @@ venv="${DSPARK_VENV:-$HOME/.cache/dspark/venv}"
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build/release -j "$(nproc)" >/dev/null
 ds=build/release/dspark
+compute="${DEMO_COMPUTE:-fp32}"
+dsc() { local cmd=$1; shift; "$ds" "$cmd" --compute "$compute" "$@"; } # a model command at the chosen precision
 demo="${DSPARK_DEMO_DIR:-$HOME/.cache/dspark/demo}"
 tsteps="${DEMO_TARGET_STEPS:-240}"
 dsteps="${DEMO_DRAFT_STEPS:-300}"
 new_tokens="${DEMO_NEW_TOKENS:-128}"
 mkdir -p "$demo"
 stamp() { echo "== [$(($(date +%s) - t_start)) s] $*"; }
-echo "$($ds --help | grep '^matmuls'); CPU: $(lscpu | sed -n 's/^Model name: *//p')"
+echo "$($ds --help | grep '^matmuls'); --compute $compute; CPU: $(lscpu | sed -n 's/^Model name: *//p')"
 
 stamp "demo data"
 "$venv/bin/python" scripts/demo_data.py "$demo/data"
 
 if [ ! -f "$demo/target/model.safetensors" ]; then
   stamp "pretraining the demo target ($tsteps steps; dspark pretrain)"
-  $ds pretrain --config scripts/demo_target_config.json --tokenizer "$demo/data/tokenizer.json" \
+  dsc pretrain --config scripts/demo_target_config.json --tokenizer "$demo/data/tokenizer.json" \
       --data "$demo/data/target-corpus.txt" --out "$demo/target-run" --overwrite --seq-len 256 --batch-seqs 8 \
       --steps "$tsteps" --lr 3e-3 --warmup 0.05 --eval-every "$((tsteps / 2))" --eval-seqs 8 --save-every "$tsteps"
   rm -rf "$demo/target"
@@ -47,7 +50,7 @@ fi
 
 if [ ! -f "$demo/data/draft-text.jsonl" ]; then
   stamp "the target writes its drafts' training text (dspark generate --data, 1024 prompts)"
-  $ds generate "$demo/target" --data "$demo/data/gen-prompts.txt" --max-new-tokens 160 --ignore-eos \
+  dsc generate "$demo/target" --data "$demo/data/gen-prompts.txt" --max-new-tokens 160 --ignore-eos \
       > "$demo/data/draft-gen.txt"
   "$venv/bin/python" - "$demo/data" <<'PY'
 import json, sys
@@ -62,7 +65,7 @@ fi
 
 if [ ! -f "$demo/cache/manifest.json" ] || ! grep -Eq '"complete":[[:space:]]*true' "$demo/cache/manifest.json"; then
   stamp "capturing the target's features once (dspark capture)"
-  $ds capture --target "$demo/target" --data "$demo/data/draft-text.jsonl" --out "$demo/cache" --seq-len 256 \
+  dsc capture --target "$demo/target" --data "$demo/data/draft-text.jsonl" --out "$demo/cache" --seq-len 256 \
       --target-layers 2 --dtype bf16
 fi
 
@@ -70,7 +73,7 @@ train_draft() { # NAME STEPS extra options...
   local name=$1 steps=$2; shift 2
   if [ ! -f "$demo/$name/checkpoint.safetensors" ]; then
     stamp "training the $name draft ($steps steps from the cache)"
-    $ds train --cache "$demo/cache" --out "$demo/$name" --overwrite --num-anchors 64 --batch-seqs 4 \
+    dsc train --cache "$demo/cache" --out "$demo/$name" --overwrite --num-anchors 64 --batch-seqs 4 \
         --draft-layers 1 --steps "$steps" --eval-every "$((steps > 1 ? steps / 3 : 1))" --eval-seqs 8 \
         --save-every "$steps" --lr 2e-3 --seed 1 "$@"
   fi
@@ -80,8 +83,8 @@ train_draft dflash "$dsteps" --markov none --ce-only
 train_draft untrained 1 --markov vanilla --markov-rank 64 --lr 0
 
 stamp "profiling this machine's verification cost and calibrating the DSpark draft's confidence"
-$ds profile --target "$demo/target" --draft "$demo/dspark" --out "$demo/profile.json" --max-tokens 16
-$ds calibrate --target "$demo/target" --draft "$demo/dspark" --data "$demo/data/calib-prompts.txt" \
+dsc profile --target "$demo/target" --draft "$demo/dspark" --out "$demo/profile.json" --max-tokens 16
+dsc calibrate --target "$demo/target" --draft "$demo/dspark" --data "$demo/data/calib-prompts.txt" \
     --max-new-tokens 64 --ignore-eos --out "$demo/calibration.json" 2>&1 | tail -n 4
 
 stamp "speculative decoding of the held-out prompts, one request at a time (dspark speculate)"
@@ -89,7 +92,7 @@ stamp "speculative decoding of the held-out prompts, one request at a time (dspa
 # decoding step; a batch of requests already fills the cores (README "Speculative decoding").
 spec() { # NAME DRAFT extra options...
   local name=$1 draft=$2; shift 2
-  $ds speculate --target "$demo/target" --draft "$demo/$draft" --data "$demo/data/prompts.txt" --one-at-a-time \
+  dsc speculate --target "$demo/target" --draft "$demo/$draft" --data "$demo/data/prompts.txt" --one-at-a-time \
       --max-new-tokens "$new_tokens" --ignore-eos --baseline --report "$demo/speculate-$name.json" "$@" > /dev/null \
       2> "$demo/speculate-$name.log" || { cat "$demo/speculate-$name.log"; exit 1; }
 }
