@@ -52,19 +52,7 @@ ds_attn_ktile *causal_key_tiles(const int64_t *seq_off, int64_t n_seqs, int64_t 
 /* Training layout: q [rows, n_heads * hd], k and v [rows, n_kv_heads * hd]. */
 ds_attn_geom train_geom(const float *q, const float *k, const float *v, int64_t n_heads, int64_t n_kv_heads,
                         int64_t hd, float scale) {
-  DS_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0);
-  ds_attn_geom g = {};
-  g.q = q;
-  g.q_stride = n_heads * hd;
-  g.ka = k;
-  g.va = v;
-  g.k_row_stride = n_kv_heads * hd;
-  g.k_head_stride = hd;
-  g.n_heads = n_heads;
-  g.group = n_heads / n_kv_heads;
-  g.hd = hd;
-  g.scale = scale;
-  return g;
+  return ds_attn_geom_make(q, k, v, n_heads, n_kv_heads, hd, scale);
 }
 
 }  // namespace

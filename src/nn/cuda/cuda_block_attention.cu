@@ -13,20 +13,9 @@ namespace {
 ds_attn_geom block_geom(const float *q, const float *k_ctx, const float *v_ctx, const float *k_blk,
                         const float *v_blk, int64_t g_size, int64_t n_heads, int64_t n_kv_heads, int64_t hd,
                         float scale) {
-  DS_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0);
-  ds_attn_geom g = {};
-  g.q = q;
-  g.q_stride = n_heads * hd;
-  g.ka = k_ctx;
-  g.va = v_ctx;
+  ds_attn_geom g = ds_attn_geom_make(q, k_ctx, v_ctx, n_heads, n_kv_heads, hd, scale);
   g.kb = k_blk;
   g.vb = v_blk;
-  g.k_row_stride = n_kv_heads * hd;
-  g.k_head_stride = hd;
-  g.n_heads = n_heads;
-  g.group = n_heads / n_kv_heads;
-  g.hd = hd;
-  g.scale = scale;
   g.g = g_size;
   return g;
 }

@@ -53,6 +53,25 @@ struct ds_attn_geom {
   int64_t g;              /* block size, for DS_ATTN_SEE_CTX */
 };
 
+/* The layout every attention family shares: q [rows, n_heads * hd], keys a (and values a) with
+ * rows of n_kv_heads * hd; the block attention adds kb / vb, ctx_len and g. */
+static inline ds_attn_geom ds_attn_geom_make(const float *q, const float *ka, const float *va, int64_t n_heads,
+                                             int64_t n_kv_heads, int64_t hd, float scale) {
+  DS_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0);
+  ds_attn_geom g = {};
+  g.q = q;
+  g.q_stride = n_heads * hd;
+  g.ka = ka;
+  g.va = va;
+  g.k_row_stride = n_kv_heads * hd;
+  g.k_head_stride = hd;
+  g.n_heads = n_heads;
+  g.group = n_heads / n_kv_heads;
+  g.hd = hd;
+  g.scale = scale;
+  return g;
+}
+
 /* Checks the head size the kernels support (a row lives in registers). */
 void ds_cuda_attn_check_head_dim(int64_t hd);
 /* out (and lse when non-NULL) of every row of the tiles (host array, uploaded here). */
