@@ -12,12 +12,10 @@ accumulate in fp32 (fp32 master weights, activations and everything else in fp32
   DSpark draft on a bf16 target) gives losses within LOSS_REL of the fp32 run's, step by step;
   run.json records the compute and the bf16 kernel; `dspark info` names the bf16 kernel; a bad
   --compute value is a usage error."""
-import glob
 import json
 import os
 import shutil
 import sys
-import sysconfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -118,10 +116,7 @@ def compare_runs(ck, what, cmd, out_dir):
 def check_training(args, ck):
     D = args.dspark
     target = common.build_bpe_target(args.tmp, name="target-bf16", dtype="bfloat16")
-    data = os.path.join(args.tmp, "data.txt")
-    with open(data, "w") as f:
-        for p in sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py")))[60:62]:
-            f.write(open(p, encoding="utf-8", errors="replace").read())
+    data = common.stdlib_text(os.path.join(args.tmp, "data.txt"), 60, 62)
     # a DSpark draft on the bf16 target (frozen BF16 tables and target used in place)
     train = [D, "train", "--target", target, "--data", data, "--seq-len", "64", "--num-anchors", "8", "--block-size",
              "4", "--markov-rank", "16", "--steps", "4", "--batch-seqs", "2", "--eval-every", "0", "--threads", "2",

@@ -15,13 +15,11 @@ fp32. Checked here:
   (readable by Python safetensors; `draft-forward` of the export equals that of the run), and
   the capture's target_weights.safetensors; training from an f32 cache of the bf16 target is
   bit-identical to online training (the same BF16 tables on both sides)."""
-import glob
 import hashlib
 import json
 import os
 import shutil
 import sys
-import sysconfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -156,10 +154,7 @@ def sha(path):
 def check_draft_on_bf16_target(args, ck):
     D = args.dspark
     target = common.build_bpe_target(args.tmp, name="target-bf16", dtype="bfloat16")
-    data = os.path.join(args.tmp, "data.txt")
-    with open(data, "w") as f:
-        for p in sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py")))[60:62]:
-            f.write(open(p, encoding="utf-8", errors="replace").read())
+    data = common.stdlib_text(os.path.join(args.tmp, "data.txt"), 60, 62)
     train = ["--seq-len", "64", "--num-anchors", "8", "--block-size", "4", "--markov-rank", "16", "--steps", "4",
              "--batch-seqs", "2", "--eval-every", "2", "--eval-seqs", "2", "--threads", "2", "--quiet", "--seed", "3",
              "--lr", "3e-3", "--target-layers", "2"]
