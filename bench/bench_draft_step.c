@@ -329,8 +329,8 @@ int main(int argc, char **argv) {
     st = ds_draft_loss_seq(d, &seq, &lc, 1.0 / W, 1, &res, pa, pc);
     if (st) die(st, "ds_draft_loss_seq");
     double t1 = ds_time_sec();
-    double norm = ds_clip_grad_norm(ds_draft_grads(d), n, max_norm);
-    ds_adamw_step(&opt, &ocfg, lr, ds_draft_params(d), ds_draft_grads(d));
+    double norm = ds_grad_norm(ds_draft_grads(d), n); /* clipped inside the update, as the trainer does */
+    ds_adamw_step_scaled(&opt, &ocfg, lr, ds_draft_params(d), ds_draft_grads(d), ds_grad_clip_coef(norm, max_norm));
     double t2 = ds_time_sec();
     t_step[s] = t2 - t0;
     t_loss[s] = t1 - t0;

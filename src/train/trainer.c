@@ -190,12 +190,6 @@ static ds_status evaluate(ds_trainer *t, double elapsed) {
 
 /* ------------------------------------------------------------------ the step */
 
-static int all_finite(const float *x, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    if (!isfinite(x[i])) return 0;
-  return 1;
-}
-
 /* sum (+)= x: the first item of a step sets the sum (no zeroing pass), the others add. */
 static void add_to_sum(double *sum, const float *x, size_t n, int first) {
   if (first) {
@@ -267,7 +261,10 @@ static ds_status train_step(ds_trainer *t, ds_report *r, double *grad_norm, doub
   }
   DS_TRY(reduce_rows(t, o->batch_items, r, &any_bad));
   if (shown == o->inject_nan_step && n > 0) grads[n / 2] = NAN; /* fault injection for the tests */
-  int finite = !any_bad && isfinite(r->numerator) && all_finite(grads, n);
+  /* The norm is finite exactly when every gradient is: a float squared is below 2^256, so a sum
+   * of squares in double cannot overflow. One pass serves the check and the clipping. */
+  double norm = ds_grad_norm(grads, n);
+  int finite = !any_bad && isfinite(r->numerator) && isfinite(norm);
   if (!finite) {
     const char *what = any_bad ? "input" : isfinite(r->numerator) ? "gradient" : "loss";
     if (!o->skip_nonfinite)
@@ -283,8 +280,10 @@ static ds_status train_step(ds_trainer *t, ds_report *r, double *grad_norm, doub
       ds_note("step %lld: non-finite %s, step skipped (%lld so far)", (long long)shown, what, (long long)t->skipped);
     return DS_OK;
   }
-  *grad_norm = ds_clip_grad_norm(grads, n, o->grad_clip);
-  if (W > 0) ds_adamw_step(&t->opt, &t->acfg, *lr, t->ops->params(t->self), grads);
+  *grad_norm = norm;
+  if (W > 0) /* clipped on the way in: grads are not rewritten (they are zeroed before the next step) */
+    ds_adamw_step_scaled(&t->opt, &t->acfg, *lr, t->ops->params(t->self), grads,
+                         ds_grad_clip_coef(*grad_norm, o->grad_clip));
   return DS_OK;
 }
 
