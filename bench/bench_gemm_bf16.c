@@ -33,7 +33,7 @@ static void run(job *j) {
     case 3:
       ds_cpu_gemm_bf16(DS_BF16_AUTO, 0, 1, j->n, j->out, j->in, j->x, j->in, NULL, j->w16, j->in, 0.0f, j->y, j->out);
       break;
-    case 6: ds_cpu_gemm_bf16_frozen(j->n, j->out, j->in, j->x, j->in, NULL, j->w16, 0.0f, j->y, j->out); break;
+    case 6: ds_cpu_gemm_bf16_frozen(1, j->n, j->out, j->in, j->x, j->in, NULL, j->w16, 0.0f, j->y, j->out); break;
     case 4: ds_gemm_f32(1, 0, j->out, j->in, j->n, j->dy, j->out, j->x, j->in, 1.0f, j->dw, j->in); break;
     default: ds_gemm_bf16(1, 0, j->out, j->in, j->n, j->dy, j->out, j->x, j->in, 1.0f, j->dw, j->in); break;
   }

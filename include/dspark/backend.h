@@ -173,6 +173,16 @@ typedef struct ds_backend {
   void (*memset_zero)(void *p, size_t nbytes);
   /* Waits for every kernel and copy queued so far; a device error surfaces here at the latest. */
   void (*synchronize)(void);
+
+  /* ---- a promise about an operand: from operand_hold(p, n) to operand_release(p) the caller
+   * does not change the n floats at p, so a backend that converts the operands of its products
+   * (the cpu backend under DS_COMPUTE_BF16 rounds them to bf16) may convert them once and use the
+   * copy in every product that reads them there (the loss's gradient of a chunk of logits, read
+   * by three products; a trainable vocabulary matrix, read by every chunk). Holds of one pointer
+   * nest; the last release drops the copy. A backend may ignore both; results are the same bits
+   * either way. */
+  void (*operand_hold)(const float *p, size_t n);
+  void (*operand_release)(const float *p);
 } ds_backend;
 
 const ds_backend *ds_backend_cpu(void);

@@ -117,6 +117,11 @@ ds_status ds_draft_forward_train(ds_draft *d, const ds_draft_seq *seq);
 const float *ds_draft_final_hidden(const ds_draft *d);
 const float *ds_draft_conf_logits(const ds_draft *d);
 const ds_backend *ds_draft_backend(const ds_draft *d);
+/* Brackets the row-chunk calls below: the draft's weights do not change in between, so its
+ * backend may convert the trainable vocabulary matrix (Markov W2, read by every chunk) once
+ * (operand_hold). Every rows_begin needs its rows_end, on error paths too. */
+void ds_draft_rows_begin(ds_draft *d);
+void ds_draft_rows_end(ds_draft *d);
 /* logits (c, V) of rows [r0, r0+c): h @ lm_head^T plus the Markov bias z @ W2^T of the
  * teacher-forced previous token; scratch (c, V) (unused at rank 0). */
 void ds_draft_rows_logits(ds_draft *d, int64_t r0, int64_t c, float *logits, float *scratch);

@@ -85,6 +85,7 @@ ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *s, const ds_dspark_
   if ((st = ds_dspark_loss_check_ids(0, g, R, V, b.ids, b.sup)) != DS_OK) goto done;
 
   ds_dspark_row_stats rows = {b.stats, b.stats + R, b.stats + 2 * R, b.stats + 3 * R};
+  ds_draft_rows_begin(d);
   for (int64_t r0 = 0; r0 < R; r0 += chunk) {
     int64_t n = R - r0 < chunk ? R - r0 : chunk;
     int any = 0;
@@ -107,11 +108,13 @@ ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *s, const ds_dspark_
     st = ds_dspark_loss_rows(&lc, r0, g, n, V, b.logits, lc.has_teacher ? b.teacher : NULL, b.ids + r0, b.sup + r0,
                              b.w + r0, conf ? conf + r0 : NULL, grad_scale, &chunk_rows, b.logits,
                              lc.has_conf ? b.dconf + r0 : NULL);
-    if (st != DS_OK) goto done;
+    if (st != DS_OK) break;
     if (!with_backward) continue;
     /* b.logits now holds d(loss)/d(logits): through lm_head (frozen) to h, through W2 to z. */
     ds_draft_rows_logits_backward(d, r0, n, b.logits, b.dh + r0 * dm, r > 0 ? b.dz + r0 * r : NULL);
   }
+  ds_draft_rows_end(d);
+  if (st != DS_OK) goto done;
   ds_dspark_loss_result res;
   double pa[64], pc[64]; /* g <= 64 (ds_draft_config_check) */
   if ((st = ds_dspark_loss_finish(&lc, s->n_blocks, g, b.sup, b.w, &rows, &res, pa, pc)) != DS_OK) goto done;

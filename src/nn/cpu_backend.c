@@ -56,7 +56,7 @@ static void cpu_linear_w(float *y, int64_t ldy, const float *x, ds_weight w, con
       DS_OMP(parallel for schedule(static) if (n * out > 65536))
       for (int64_t i = 0; i < n; i++) memcpy(y + i * ldy, bias, (size_t)out * sizeof(float));
     }
-    ds_cpu_gemm_bf16_frozen(n, out, in, x, in, w.data, NULL, bias ? 1.0f : 0.0f, y, ldy);
+    ds_cpu_gemm_bf16_frozen(1, n, out, in, x, in, w.data, NULL, bias ? 1.0f : 0.0f, y, ldy);
   } else if (w.dtype == DS_F32) {
     linear_f32(y, ldy, x, w.data, bias, n, in, out);
   } else {
@@ -66,7 +66,9 @@ static void cpu_linear_w(float *y, int64_t ldy, const float *x, ds_weight w, con
 
 /* dx[n, in] += dy[n, out] @ w[out, in], w frozen (no dw). */
 static void cpu_linear_w_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out) {
-  if (w.dtype == DS_F32) matmul_w(0, 0, n, in, out, dy, out, w.data, in, 1.0f, dx, in, n, DS_BF16_MIN_ROWS_F32W);
+  if (w.dtype == DS_F32 && ds_matmul_compute() == DS_COMPUTE_BF16 && n >= DS_BF16_MIN_ROWS_F32W)
+    ds_cpu_gemm_bf16_frozen(0, n, in, out, dy, out, w.data, NULL, 1.0f, dx, in); /* its own packed copy */
+  else if (w.dtype == DS_F32) matmul_w(0, 0, n, in, out, dy, out, w.data, in, 1.0f, dx, in, n, DS_BF16_MIN_ROWS_F32W);
   else ds_cpu_linear16_backward(dx, dy, w, n, in, out);
 }
 
@@ -281,6 +283,8 @@ static const ds_backend k_cpu = {
     .copy = ds_host_copy,
     .memset_zero = ds_host_memset_zero,
     .synchronize = ds_host_synchronize,
+    .operand_hold = ds_cpu_bf16_hold,
+    .operand_release = ds_cpu_bf16_release,
 };
 
 const ds_backend *ds_backend_cpu(void) { return &k_cpu; }

@@ -81,6 +81,89 @@ static void round_rows(void *dst, int bits, const float *src, int64_t rows, int6
   }
 }
 
+/* ---------------------------------------------------------------- held operands */
+
+/* Operands the caller promised not to change (operand_hold): each keeps its bf16 copy, made by
+ * the first product that reads it with a given stored shape, until the last release. A full
+ * table ignores a hold (the hint is optional); a release of an unknown pointer does nothing. */
+typedef struct {
+  const float *p; /* NULL: a free slot */
+  size_t n;
+  int depth;
+  int64_t rows, cols, ld; /* the stored shape of the copy; rows 0 while there is none */
+  uint16_t *bits;
+  size_t cap; /* bytes of bits, kept for the next hold of the slot unless over KEEP_BYTES */
+} held_operand;
+
+enum { HELD_SLOTS = 8 };
+static held_operand g_held[HELD_SLOTS];
+static const size_t KEEP_BYTES = (size_t)64 << 20;
+
+void ds_cpu_bf16_hold(const float *p, size_t n) {
+  if (!p || !n) return;
+  pthread_mutex_lock(&g_lock);
+  held_operand *slot = NULL;
+  for (int i = 0; i < HELD_SLOTS && !slot; i++)
+    if (g_held[i].p == p) slot = &g_held[i];
+  if (slot) {
+    slot->depth++;
+    if (n > slot->n) slot->n = n;
+  } else {
+    for (int i = 0; i < HELD_SLOTS && !slot; i++)
+      if (!g_held[i].p) slot = &g_held[i];
+    if (slot) {
+      slot->p = p;
+      slot->n = n;
+      slot->depth = 1;
+      slot->rows = 0;
+    }
+  }
+  pthread_mutex_unlock(&g_lock);
+}
+
+void ds_cpu_bf16_release(const float *p) {
+  pthread_mutex_lock(&g_lock);
+  for (int i = 0; i < HELD_SLOTS; i++) {
+    held_operand *h = &g_held[i];
+    if (!p || h->p != p || --h->depth > 0) continue;
+    h->p = NULL;
+    h->rows = 0;
+    if (h->cap > KEEP_BYTES) {
+      free(h->bits);
+      h->bits = NULL;
+      h->cap = 0;
+    }
+  }
+  pthread_mutex_unlock(&g_lock);
+}
+
+#if defined(DSPARK_GEMM_ONEDNN)
+/* The bf16 bits of the stored matrix src[rows, cols] (row stride ld), packed (row stride cols):
+ * a held operand's copy (made now if it has none of this shape), else rounded into s. Called
+ * with g_lock held. */
+static const uint16_t *rounded(const float *src, int64_t rows, int64_t cols, int64_t ld, scratch *s) {
+  size_t need = (size_t)(rows * cols) * sizeof(uint16_t);
+  for (int i = 0; i < HELD_SLOTS; i++) {
+    held_operand *h = &g_held[i];
+    if (h->p != src || (size_t)((rows - 1) * ld + cols) > h->n) continue;
+    if (h->rows == rows && h->cols == cols && h->ld == ld) return h->bits;
+    if (need > h->cap) {
+      uint16_t *b = aligned_alloc(64, (need + 4095) & ~(size_t)4095);
+      if (!b) break; /* no copy: round into the scratch as without a hold */
+      free(h->bits);
+      h->bits = b;
+      h->cap = (need + 4095) & ~(size_t)4095;
+    }
+    round_rows(h->bits, 1, src, rows, cols, ld);
+    h->rows = rows, h->cols = cols, h->ld = ld;
+    return h->bits;
+  }
+  uint16_t *a = scratch_get(s, need);
+  round_rows(a, 1, src, rows, cols, ld);
+  return a;
+}
+#endif
+
 static void widen_rows(float *dst, const uint16_t *src, int64_t rows, int64_t cols, int64_t lds) {
   DS_OMP(parallel for schedule(static) if (rows * cols > 65536))
   for (int64_t r = 0; r < rows; r++) {
@@ -242,13 +325,8 @@ static int gemm_onednn(int ta, int tb, int64_t m, int64_t n, int64_t k, const fl
   if (Bf) ldb_used = bc; /* converted packed below */
   cached_matmul *c = matmul_for(ta, tb, m, n, k, ac, ldb_used, n, beta != 0.0f, 0, 0);
   if (!c) return 0;
-  uint16_t *a = scratch_get(&g_sa, (size_t)(ar * ac) * sizeof(uint16_t));
-  round_rows(a, 1, A, ar, ac, lda);
-  if (Bf) {
-    uint16_t *bb = scratch_get(&g_sb, (size_t)(br * bc) * sizeof(uint16_t));
-    round_rows(bb, 1, Bf, br, bc, ldb);
-    b = bb;
-  }
+  const uint16_t *a = rounded(A, ar, ac, lda, &g_sa);
+  if (Bf) b = rounded(Bf, br, bc, ldb, &g_sb);
   return run_dense(c, a, b, C, ldc, beta);
 }
 
@@ -264,7 +342,8 @@ static int gemm_onednn(int ta, int tb, int64_t m, int64_t n, int64_t k, const fl
  * weights never come here (the cpu backend's linear / linear_backward take the plain path). */
 typedef struct {
   const void *data;
-  int64_t n, k;
+  int64_t n, k;   /* the product's: B is [k, n] */
+  int tb;         /* 1: W[n, k] used as W^T (a forward); 0: W[k, n] used as it is (dx = dy @ W) */
   int f32;        /* source dtype: F32 (rounded on packing) or BF16 */
   uint64_t print; /* fingerprint of sampled source values */
   dnnl_memory_desc_t md;
@@ -309,12 +388,13 @@ static void pack_drop(packed_weight *p) {
   *p = g_packs[--g_packs_used];
 }
 
-/* W[n, k] (bf16, row stride k) into dst in the layout md when it is one of the AMX weight
- * layouts BA16a{16,32,48,64}b2a of the logical [k, n] (oneDNN's own reorder from the
- * transposed plain layout runs at about 1.3 GB/s here, as long as a product); 0 for any other
- * layout (oneDNN's reorder then does it). Blocks of 32 k x NB n, n-blocks outermost; inside a
- * block, k pair (k % 32) / 2, then n, then k % 2; padding zeros. */
-static int pack_amx(const dnnl_memory_desc_t *md, const uint16_t *w, int64_t n, int64_t k, uint16_t *dst,
+/* The logical B[k, n] of a product (bf16; from W[n, k] when tb, W[k, n] otherwise, both
+ * contiguous) into dst in the layout md when it is one of the AMX weight layouts
+ * BA16a{16,32,48,64}b2a (oneDNN's own reorder from the transposed plain layout runs at about
+ * 1.3 GB/s here, as long as a product); 0 for any other layout (oneDNN's reorder then does it).
+ * Blocks of 32 k x NB n, n-blocks outermost; inside a block, k pair (k % 32) / 2, then n, then
+ * k % 2; padding zeros. */
+static int pack_amx(const dnnl_memory_desc_t *md, const uint16_t *w, int tb, int64_t n, int64_t k, uint16_t *dst,
                     size_t bytes) {
   static const dnnl_format_tag_t tags[] = {dnnl_BA16a64b2a, dnnl_BA16a48b2a, dnnl_BA16a32b2a, dnnl_BA16a16b2a};
   static const int widths[] = {64, 48, 32, 16};
@@ -328,25 +408,34 @@ static int pack_amx(const dnnl_memory_desc_t *md, const uint16_t *w, int64_t n, 
   int64_t ka = (k + 31) / 32, nbl = (n + nb - 1) / (nb ? nb : 1);
   if (!nb || bytes != (size_t)(ka * nbl * 32 * nb) * sizeof(uint16_t)) return 0;
   memset(dst, 0, bytes);
-  DS_OMP(parallel for schedule(static) if (n * k > 65536))
-  for (int64_t o = 0; o < n; o++) {
-    int64_t bo = o / nb, oi = o % nb;
-    const uint16_t *src = w + o * k;
-    for (int64_t a = 0; a < k; a++)
-      dst[(bo * ka + a / 32) * 32 * nb + ((a % 32) / 2 * nb + oi) * 2 + a % 2] = src[a];
+#define AMX_AT(a, o) dst[((o) / nb * ka + (a) / 32) * 32 * nb + ((a) % 32 / 2 * nb + (o) % nb) * 2 + (a) % 2]
+  if (tb) { /* W[n, k]: walk each row of W */
+    DS_OMP(parallel for schedule(static) if (n * k > 65536))
+    for (int64_t o = 0; o < n; o++)
+      for (int64_t a = 0; a < k; a++) AMX_AT(a, o) = w[o * k + a];
+  } else { /* W[k, n]: each thread owns whole n-blocks, walked row by row */
+    DS_OMP(parallel for schedule(static) if (n * k > 65536))
+    for (int64_t bo = 0; bo < nbl; bo++) {
+      int64_t o1 = (bo + 1) * nb < n ? (bo + 1) * nb : n;
+      for (int64_t a = 0; a < k; a++)
+        for (int64_t o = bo * nb; o < o1; o++) AMX_AT(a, o) = w[a * n + o];
+    }
   }
+#undef AMX_AT
   return 1;
 }
 
-/* The packed copy of W for the primitive c (NULL when it cannot be made or would pass the cap). */
-static const void *packed_for(const cached_matmul *c, const float *Bf, const uint16_t *Bh, int64_t n, int64_t k) {
+/* The packed copy of W (B of the product: W^T when tb, W otherwise) for the primitive c (NULL
+ * when it cannot be made or would pass the cap). */
+static const void *packed_for(const cached_matmul *c, const float *Bf, const uint16_t *Bh, int tb, int64_t n,
+                              int64_t k) {
   const void *data = Bf ? (const void *)Bf : (const void *)Bh;
   int f32 = Bf != NULL;
   uint64_t print = fingerprint(data, f32, n * k);
   packed_weight *seen = NULL;
   for (int i = 0; i < g_packs_used && !seen; i++) {
     packed_weight *p = &g_packs[i];
-    if (p->data != data || p->n != n || p->k != k || p->f32 != f32) continue;
+    if (p->data != data || p->n != n || p->k != k || p->tb != tb || p->f32 != f32) continue;
     if (p->print != print) { /* rewritten in place: stale */
       pack_drop(p);
       i--;
@@ -366,26 +455,26 @@ static const void *packed_for(const cached_matmul *c, const float *Bf, const uin
       g_packs = np;
       g_packs_cap = cap;
     }
-    g_packs[g_packs_used++] = (packed_weight){data, n, k, f32, print, c->bd, NULL, 0};
+    g_packs[g_packs_used++] = (packed_weight){data, n, k, tb, f32, print, c->bd, NULL, 0};
     return NULL;
   }
   size_t bytes = dnnl_memory_desc_get_size(&c->bd);
   if (g_pack_bytes + bytes > pack_limit()) return NULL;
   void *dst = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
   if (!dst) return NULL;
-  /* the plain bf16 W^T as the matmul sees it: logical [k, n], strides {1, k} */
+  /* the plain bf16 B as the matmul sees it: logical [k, n], strides {1, k} (W^T) or {n, 1} (W) */
   const uint16_t *src = Bh;
   if (f32) { /* rounded exactly as the unpacked path rounds it */
     uint16_t *s = scratch_get(&g_sb, (size_t)(n * k) * sizeof(uint16_t));
-    round_rows(s, 1, Bf, n, k, k);
+    round_rows(s, 1, Bf, tb ? n : k, tb ? k : n, tb ? k : n); /* W as stored */
     src = s;
   }
-  if (getenv("DSPARK_BF16_PACK_ONEDNN") == NULL && pack_amx(&c->bd, src, n, k, dst, bytes)) {
-    *seen = (packed_weight){data, n, k, f32, print, c->bd, dst, bytes};
+  if (getenv("DSPARK_BF16_PACK_ONEDNN") == NULL && pack_amx(&c->bd, src, tb, n, k, dst, bytes)) {
+    *seen = (packed_weight){data, n, k, tb, f32, print, c->bd, dst, bytes};
     g_pack_bytes += bytes;
     return dst;
   }
-  dnnl_dims_t sh = {k, n}, st = {1, k};
+  dnnl_dims_t sh = {k, n}, st = {tb ? 1 : n, tb ? k : 1};
   dnnl_memory_desc_t sd;
   dnnl_primitive_desc_t rpd = NULL;
   dnnl_primitive_t r = NULL;
@@ -407,21 +496,19 @@ static const void *packed_for(const cached_matmul *c, const float *Bf, const uin
     free(dst);
     return NULL;
   }
-  *seen = (packed_weight){data, n, k, f32, print, c->bd, dst, bytes};
+  *seen = (packed_weight){data, n, k, tb, f32, print, c->bd, dst, bytes};
   g_pack_bytes += bytes;
   return dst;
 }
 
-/* 1 when oneDNN ran C = A[m, k] @ W[n, k]^T (+ C) on the packed W. */
-static int gemm_onednn_packed(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
+/* 1 when oneDNN ran C = A[m, k] @ B (+ C) on the packed W: B = W[n, k]^T (tb) or W[k, n]. */
+static int gemm_onednn_packed(int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
                               const uint16_t *Bh, float beta, float *C, int64_t ldc) {
-  cached_matmul *c = matmul_for(0, 1, m, n, k, k, k, n, beta != 0.0f, 1, 0);
+  cached_matmul *c = matmul_for(0, tb, m, n, k, k, tb ? k : n, n, beta != 0.0f, 1, 0);
   if (!c) return 0;
-  const void *b = packed_for(c, Bf, Bh, n, k);
+  const void *b = packed_for(c, Bf, Bh, tb, n, k);
   if (!b) return 0;
-  uint16_t *a = scratch_get(&g_sa, (size_t)(m * k) * sizeof(uint16_t));
-  round_rows(a, 1, A, m, k, lda);
-  return run_dense(c, a, b, C, ldc, beta);
+  return run_dense(c, rounded(A, m, k, lda, &g_sa), b, C, ldc, beta);
 }
 
 /* ---------------------------------------------------------------- tile products */
@@ -522,18 +609,18 @@ void ds_cpu_gemm_bf16(ds_bf16_path path, int ta, int tb, int64_t m, int64_t n, i
   pthread_mutex_unlock(&g_lock);
 }
 
-void ds_cpu_gemm_bf16_frozen(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
+void ds_cpu_gemm_bf16_frozen(int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
                              const uint16_t *Bh, float beta, float *C, int64_t ldc) {
   DS_CHECK((Bf != NULL) != (Bh != NULL));
   int done = 0;
 #if defined(DSPARK_GEMM_ONEDNN)
   if (m > 0 && n > 0 && k > 0) {
     pthread_mutex_lock(&g_lock);
-    if (native_locked() && pack_limit() > 0) done = gemm_onednn_packed(m, n, k, A, lda, Bf, Bh, beta, C, ldc);
+    if (native_locked() && pack_limit() > 0) done = gemm_onednn_packed(tb, m, n, k, A, lda, Bf, Bh, beta, C, ldc);
     pthread_mutex_unlock(&g_lock);
   }
 #endif
-  if (!done) ds_cpu_gemm_bf16(DS_BF16_AUTO, 0, 1, m, n, k, A, lda, Bf, Bh, k, beta, C, ldc);
+  if (!done) ds_cpu_gemm_bf16(DS_BF16_AUTO, 0, tb, m, n, k, A, lda, Bf, Bh, tb ? k : n, beta, C, ldc);
 }
 
 size_t ds_packed_weight_bytes(void) {

@@ -32,12 +32,19 @@ void ds_cpu_gemm_bf16(ds_bf16_path path, int ta, int tb, int64_t m, int64_t n, i
                       int64_t lda, const float *Bf, const uint16_t *Bh, int64_t ldb, float beta, float *C,
                       int64_t ldc);
 
-/* C[m, n] = bf16(A[m, k]) @ bf16(W[n, k])^T + beta * C for a frozen W (contiguous, row stride
- * k; exactly one of Bf / Bh): W's packed bf16 copy (ds_release_packed_weights in
+/* C[m, n] = bf16(A[m, k]) @ B + beta * C for a frozen weight W (contiguous; exactly one of
+ * Bf / Bh): B = bf16(W[n, k])^T when tb (a forward, x @ W^T), B = bf16(W[k, n]) otherwise (the
+ * input gradient, dy @ W). W's packed bf16 copy for that use (ds_release_packed_weights in
  * include/dspark/backend.h) when there is room under the cap, else ds_cpu_gemm_bf16 in place.
  * The same bf16 values either way. */
-void ds_cpu_gemm_bf16_frozen(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
+void ds_cpu_gemm_bf16_frozen(int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
                              const uint16_t *Bh, float beta, float *C, int64_t ldc);
+
+/* The cpu backend's operand_hold / operand_release (include/dspark/backend.h): a held fp32
+ * operand (A, or an fp32 B) of the oneDNN path is rounded once into a copy kept until its
+ * release, for each stored shape it is read with. */
+void ds_cpu_bf16_hold(const float *p, size_t n);
+void ds_cpu_bf16_release(const float *p);
 
 /* Products of operands already in bf16 for kernels that run their own tiles in an OpenMP
  * region (the attention under DS_COMPUTE_BF16): C[m, n] (row stride ldc, overwritten) =

@@ -378,7 +378,7 @@ int ds_linear16_backward_chunked(ds_isa isa, float *dx, const float *dy, ds_weig
 /* ---------------------------------------------------------------- backend entries */
 
 /* Under DS_COMPUTE_BF16 a BF16 weight with enough rows of x goes to the bf16 GEMM (its packed
- * copy forward, in place backward). */
+ * copy for each use: forward and input gradient). */
 static int bf16_compute(ds_weight w, int64_t n) {
   return w.dtype == DS_BF16 && n >= DS_BF16_MIN_ROWS_BF16W && ds_matmul_compute() == DS_COMPUTE_BF16;
 }
@@ -390,7 +390,7 @@ void ds_cpu_linear16(float *y, int64_t ldy, const float *x, ds_weight w, const f
       DS_OMP(parallel for schedule(static) if (n * out > 65536))
       for (int64_t i = 0; i < n; i++) memcpy(y + i * ldy, bias, (size_t)out * sizeof(float));
     }
-    ds_cpu_gemm_bf16_frozen(n, out, in, x, in, NULL, w.data, bias ? 1.0f : 0.0f, y, ldy); /* packed once */
+    ds_cpu_gemm_bf16_frozen(1, n, out, in, x, in, NULL, w.data, bias ? 1.0f : 0.0f, y, ldy); /* packed once */
     return;
   }
   ds_isa isa = ds_isa_best();
@@ -400,8 +400,8 @@ void ds_cpu_linear16(float *y, int64_t ldy, const float *x, ds_weight w, const f
 }
 
 void ds_cpu_linear16_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out) {
-  if (bf16_compute(w, n)) { /* dx += dy @ w */
-    ds_cpu_gemm_bf16(DS_BF16_AUTO, 0, 0, n, in, out, dy, out, NULL, w.data, in, 1.0f, dx, in);
+  if (bf16_compute(w, n)) { /* dx += dy @ w, on w's packed copy for this use */
+    ds_cpu_gemm_bf16_frozen(0, n, in, out, dy, out, NULL, w.data, 1.0f, dx, in);
     return;
   }
   if (n > DS_LINEAR16_BWD_DIRECT_MAX_ROWS &&

@@ -21,3 +21,7 @@ void ds_host_memset_zero(void *p, size_t nbytes) {
 
 /* Host kernels finish before they return: nothing to wait for. */
 void ds_host_synchronize(void) {}
+
+/* Nothing is converted, so nothing is kept. */
+void ds_host_operand_hold(const float *p, size_t n) { (void)p, (void)n; }
+void ds_host_operand_release(const float *p) { (void)p; }

@@ -12,5 +12,8 @@ void ds_host_free(void *p);
 void ds_host_copy(void *dst, const void *src, size_t nbytes);
 void ds_host_memset_zero(void *p, size_t nbytes);
 void ds_host_synchronize(void);
+/* operand_hold / operand_release for backends that convert nothing: no-ops. */
+void ds_host_operand_hold(const float *p, size_t n);
+void ds_host_operand_release(const float *p);
 
 #endif

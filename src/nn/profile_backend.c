@@ -179,6 +179,8 @@ static void p_copy_to_host(void *dst, const void *src, size_t nbytes) { g_inner-
 static void p_copy(void *dst, const void *src, size_t nbytes) { g_inner->copy(dst, src, nbytes); }
 static void p_memset_zero(void *p, size_t nbytes) { g_inner->memset_zero(p, nbytes); }
 static void p_synchronize(void) { g_inner->synchronize(); }
+static void p_operand_hold(const float *p, size_t n) { g_inner->operand_hold(p, n); }
+static void p_operand_release(const float *p) { g_inner->operand_release(p); }
 
 static ds_backend g_profiled = {
     .name = "profiled",
@@ -208,6 +210,8 @@ static ds_backend g_profiled = {
     .copy = p_copy,
     .memset_zero = p_memset_zero,
     .synchronize = p_synchronize,
+    .operand_hold = p_operand_hold,
+    .operand_release = p_operand_release,
 };
 
 const ds_backend *ds_backend_profiled(const ds_backend *inner, ds_profile *prof) {

@@ -433,6 +433,8 @@ static const ds_backend k_reference = {
     .copy = ds_host_copy,
     .memset_zero = ds_host_memset_zero,
     .synchronize = ds_host_synchronize,
+    .operand_hold = ds_host_operand_hold,
+    .operand_release = ds_host_operand_release,
 };
 
 const ds_backend *ds_backend_reference(void) { return &k_reference; }

@@ -172,55 +172,68 @@ static void test_backend_under_bf16(void) {
   free(zeros), free(yb0);
 }
 
-/* Frozen weights through their packed copies (ds_cpu_gemm_bf16_frozen): the first use runs in
- * place, the second packs, the third reuses the copy; every result within the bound of the
- * reference, a padded C (ldc > n) with beta = 1 included. Our own AMX packer equals oneDNN's
- * reorder bit for bit; a weight rewritten in place is repacked (not served stale); release
- * frees every copy. Shapes off the AMX blocks (k % 32, n % 64 != 0) check the padding. */
+/* Frozen weights through their packed copies (ds_cpu_gemm_bf16_frozen), in both uses: the
+ * forward (B = W[n, k]^T) and the input gradient (B = W[k, n]), each its own copy. The first
+ * use runs in place, the second packs, the third reuses the copy; every result within the bound
+ * of the reference, a padded C (ldc > n) with beta = 1 included. Our own AMX packer equals
+ * oneDNN's reorder bit for bit; a weight rewritten in place is repacked (not served stale);
+ * release frees every copy. Shapes off the AMX blocks (k % 32, n % 64 != 0) check the padding. */
 static void test_packed_frozen(void) {
   static const int64_t shapes[][3] = {{24, 100, 40}, {16, 256, 64}, {9, 72, 96}}; /* m, n, k */
   int ev = 0;
-  for (int s = 0; s < 3; s++) {
-    int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], ldc = n + 5;
-    float *A = rand_f32((size_t)(m * k)), *W = rand_f32((size_t)(n * k)), *C0 = rand_f32((size_t)(m * ldc));
-    float *C = malloc((size_t)(m * ldc) * sizeof(float)), *first = malloc((size_t)(m * ldc) * sizeof(float));
-    uint16_t *Wh = malloc((size_t)(n * k) * sizeof(uint16_t));
-    for (int64_t i = 0; i < n * k; i++) Wh[i] = ds_f32_to_bf16(W[i]);
-    for (int bits = 0; bits < 2; bits++) {
-      const float *Bf = bits ? NULL : W;
-      const uint16_t *Bh = bits ? Wh : NULL;
-      ds_release_packed_weights();
-      for (int use = 0; use < 3; use++) {
-        memcpy(C, C0, (size_t)(m * ldc) * sizeof(float));
-        ds_cpu_gemm_bf16_frozen(m, n, k, A, k, Bf, Bh, 1.0f, C, ldc);
-        ev += check_gemm(0, 1, m, n, k, A, k, W, Bh, k, 1.0f, C0, C, ldc, bits ? "frozen bf16" : "frozen f32");
-        for (int64_t i = 0; i < m; i++) /* the padding columns of C are not touched */
-          EXPECT(memcmp(C + i * ldc + n, C0 + i * ldc + n, 5 * sizeof(float)) == 0);
-        if (use == 1) memcpy(first, C, (size_t)(m * ldc) * sizeof(float));
-        if (use == 2) EXPECT(memcmp(first, C, (size_t)(m * ldc) * sizeof(float)) == 0);
+  for (int s = 0; s < 3; s++)
+    for (int tb = 1; tb >= 0; tb--) {
+      int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], ldc = n + 5, ldb = tb ? k : n;
+      const char *use_name = tb ? "forward" : "input gradient";
+      float *A = rand_f32((size_t)(m * k)), *W = rand_f32((size_t)(n * k)), *C0 = rand_f32((size_t)(m * ldc));
+      float *C = malloc((size_t)(m * ldc) * sizeof(float)), *first = malloc((size_t)(m * ldc) * sizeof(float));
+      uint16_t *Wh = malloc((size_t)(n * k) * sizeof(uint16_t));
+      for (int64_t i = 0; i < n * k; i++) Wh[i] = ds_f32_to_bf16(W[i]);
+      for (int bits = 0; bits < 2; bits++) {
+        const float *Bf = bits ? NULL : W;
+        const uint16_t *Bh = bits ? Wh : NULL;
+        ds_release_packed_weights();
+        for (int use = 0; use < 3; use++) {
+          memcpy(C, C0, (size_t)(m * ldc) * sizeof(float));
+          ds_cpu_gemm_bf16_frozen(tb, m, n, k, A, k, Bf, Bh, 1.0f, C, ldc);
+          ev += check_gemm(0, tb, m, n, k, A, k, W, Bh, ldb, 1.0f, C0, C, ldc, bits ? "frozen bf16" : "frozen f32");
+          for (int64_t i = 0; i < m; i++) /* the padding columns of C are not touched */
+            EXPECT(memcmp(C + i * ldc + n, C0 + i * ldc + n, 5 * sizeof(float)) == 0);
+          if (use == 1) memcpy(first, C, (size_t)(m * ldc) * sizeof(float));
+          if (use == 2) EXPECT(memcmp(first, C, (size_t)(m * ldc) * sizeof(float)) == 0);
+        }
+        EXPECT((ds_packed_weight_bytes() > 0) == ds_gemm_bf16_native());
+        if (tb == 0 && ds_gemm_bf16_native()) {
+          /* the same weight in the other use: a second copy, not the first one misread */
+          size_t one = ds_packed_weight_bytes();
+          float *X = rand_f32((size_t)(m * n)), *Y = calloc((size_t)(m * k), sizeof(float));
+          for (int use = 0; use < 2; use++) ds_cpu_gemm_bf16_frozen(1, m, k, n, X, n, Bf, Bh, 0.0f, Y, k);
+          ev += check_gemm(0, 1, m, k, n, X, n, W, Bh, n, 0.0f, Y, Y, k, "frozen, both uses");
+          if (ds_packed_weight_bytes() <= one) fprintf(stderr, "%s: no second packed copy\n", use_name);
+          EXPECT(ds_packed_weight_bytes() > one);
+          free(X), free(Y);
+        }
+        /* oneDNN's reorder instead of ours: the same packed bits, the same product */
+        ds_release_packed_weights();
+        EXPECT(ds_packed_weight_bytes() == 0);
+        setenv("DSPARK_BF16_PACK_ONEDNN", "1", 1);
+        for (int use = 0; use < 2; use++) {
+          memcpy(C, C0, (size_t)(m * ldc) * sizeof(float));
+          ds_cpu_gemm_bf16_frozen(tb, m, n, k, A, k, Bf, Bh, 1.0f, C, ldc);
+        }
+        unsetenv("DSPARK_BF16_PACK_ONEDNN");
+        EXPECT(memcmp(first, C, (size_t)(m * ldc) * sizeof(float)) == 0);
       }
-      EXPECT((ds_packed_weight_bytes() > 0) == ds_gemm_bf16_native());
-      /* oneDNN's reorder instead of ours: the same packed bits, the same product */
+      /* rewritten in place after packing: the new values are used */
+      for (int64_t i = 0; i < n * k; i++) Wh[i] = ds_f32_to_bf16(-W[i] * 0.5f);
+      for (int64_t i = 0; i < n * k; i++) W[i] = ds_bf16_to_f32(Wh[i]);
+      memcpy(C, C0, (size_t)(m * ldc) * sizeof(float));
+      ds_cpu_gemm_bf16_frozen(tb, m, n, k, A, k, NULL, Wh, 1.0f, C, ldc);
+      ev += check_gemm(0, tb, m, n, k, A, k, W, Wh, ldb, 1.0f, C0, C, ldc, "frozen bf16 rewritten");
       ds_release_packed_weights();
       EXPECT(ds_packed_weight_bytes() == 0);
-      setenv("DSPARK_BF16_PACK_ONEDNN", "1", 1);
-      for (int use = 0; use < 2; use++) {
-        memcpy(C, C0, (size_t)(m * ldc) * sizeof(float));
-        ds_cpu_gemm_bf16_frozen(m, n, k, A, k, Bf, Bh, 1.0f, C, ldc);
-      }
-      unsetenv("DSPARK_BF16_PACK_ONEDNN");
-      EXPECT(memcmp(first, C, (size_t)(m * ldc) * sizeof(float)) == 0);
+      free(A), free(W), free(C0), free(C), free(first), free(Wh);
     }
-    /* rewritten in place after packing: the new values are used */
-    for (int64_t i = 0; i < n * k; i++) Wh[i] = ds_f32_to_bf16(-W[i] * 0.5f);
-    for (int64_t i = 0; i < n * k; i++) W[i] = ds_bf16_to_f32(Wh[i]);
-    memcpy(C, C0, (size_t)(m * ldc) * sizeof(float));
-    ds_cpu_gemm_bf16_frozen(m, n, k, A, k, NULL, Wh, 1.0f, C, ldc);
-    ev += check_gemm(0, 1, m, n, k, A, k, W, Wh, k, 1.0f, C0, C, ldc, "frozen bf16 rewritten");
-    ds_release_packed_weights();
-    EXPECT(ds_packed_weight_bytes() == 0);
-    free(A), free(W), free(C0), free(C), free(first), free(Wh);
-  }
   EXPECT(ev > 0);
 }
 
@@ -272,12 +285,52 @@ static void test_compute_names(void) {
   fprintf(stderr, "bf16 GEMM: %s\n", name);
 }
 
+/* Held operands (the cpu backend's operand_hold / operand_release): while A and B are held,
+ * products read their kept bf16 copies, one per stored shape (a plain and a transposed use of
+ * the same memory, as a chunk's dlogits is read by dx and dW), with the same bits as without the
+ * hold; nested holds keep the copy until the last release; after it, new values are read. */
+static void test_held_operands(void) {
+  const ds_backend *be = ds_backend_cpu();
+  enum { M = 40, N = 72, K = 96 };
+  float *A = rand_f32(M * K), *B = rand_f32(N * K), *want = malloc(sizeof(float) * M * N);
+  float *got = malloc(sizeof(float) * M * N), *wantT = malloc(sizeof(float) * K * N), *gotT = malloc(sizeof(float) * K * N);
+  float *B2 = rand_f32(M * N);
+  ds_cpu_gemm_bf16(DS_BF16_AUTO, 0, 1, M, N, K, A, K, B, NULL, K, 0.0f, want, N);  /* A @ B^T */
+  ds_cpu_gemm_bf16(DS_BF16_AUTO, 1, 0, K, N, M, A, K, B2, NULL, N, 0.0f, wantT, N); /* A^T @ B2 */
+  be->operand_hold(A, M * K);
+  be->operand_hold(B, N * K);
+  be->operand_hold(A, M * K); /* nested */
+  for (int rep = 0; rep < 2; rep++) {
+    ds_cpu_gemm_bf16(DS_BF16_AUTO, 0, 1, M, N, K, A, K, B, NULL, K, 0.0f, got, N);
+    EXPECT(memcmp(got, want, sizeof(float) * M * N) == 0);
+    ds_cpu_gemm_bf16(DS_BF16_AUTO, 1, 0, K, N, M, A, K, B2, NULL, N, 0.0f, gotT, N);
+    EXPECT(memcmp(gotT, wantT, sizeof(float) * K * N) == 0);
+  }
+  be->operand_release(A); /* still held once */
+  if (ds_gemm_bf16_native()) {
+    /* the kept copy is what is read: a change the caller promised not to make goes unseen */
+    float a0 = A[0];
+    A[0] += 1.0f;
+    ds_cpu_gemm_bf16(DS_BF16_AUTO, 0, 1, M, N, K, A, K, B, NULL, K, 0.0f, got, N);
+    EXPECT(memcmp(got, want, sizeof(float) * M * N) == 0);
+    A[0] = a0;
+  }
+  be->operand_release(A);
+  be->operand_release(B);
+  be->operand_release(B); /* an extra release: nothing happens */
+  for (int i = 0; i < M * K; i++) A[i] = -A[i]; /* released: the new values are read */
+  ds_cpu_gemm_bf16(DS_BF16_AUTO, 0, 1, M, N, K, A, K, B, NULL, K, 0.0f, got, N);
+  for (int i = 0; i < M * N; i++) EXPECT(got[i] == -want[i]);
+  free(A), free(B), free(B2), free(want), free(got), free(wantT), free(gotT);
+}
+
 int main(void) {
   ds_rng_seed(&g_rng, 2024);
   TEST_RUN(test_gemm_all_cases);
   TEST_RUN(test_gemm_empty);
   TEST_RUN(test_backend_under_bf16);
   TEST_RUN(test_packed_frozen);
+  TEST_RUN(test_held_operands);
   TEST_RUN(test_attention_bf16);
   TEST_RUN(test_compute_names);
   return TEST_RESULT();

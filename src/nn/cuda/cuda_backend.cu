@@ -44,6 +44,9 @@ static void cuda_memset_zero(void *p, size_t nbytes) {
 }
 
 static void cuda_synchronize(void) { DS_CUDA(cudaDeviceSynchronize()); }
+/* cuBLAS's bf16 mode converts on the device per product; no copy is kept (yet). */
+static void cuda_operand_hold(const float *p, size_t n) { (void)p, (void)n; }
+static void cuda_operand_release(const float *p) { (void)p; }
 
 /* ---------------------------------------------------------------- GEMM */
 
@@ -191,6 +194,8 @@ static ds_backend make_table() {
   t.copy = cuda_copy;
   t.memset_zero = cuda_memset_zero;
   t.synchronize = cuda_synchronize;
+  t.operand_hold = cuda_operand_hold;
+  t.operand_release = cuda_operand_release;
   return t;
 }
 
