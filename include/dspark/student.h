@@ -130,6 +130,11 @@ const float *ds_student_final_hidden(const ds_student *s);
  * ds_student_final_hidden). NULL outside [-1, L-1]. */
 const float *ds_student_hidden(const ds_student *s, int64_t layer);
 /* logits [c, V] of rows [r0, r0 + c) = h[r0 .. r0+c) @ head^T. */
+/* Brackets a loop of the row-chunk calls: the weights do not change in between, so the backend
+ * may convert the lm_head (read by every chunk) once (operand_hold). Each begin needs its end,
+ * on error paths too. */
+void ds_student_rows_begin(ds_student *s);
+void ds_student_rows_end(ds_student *s);
 void ds_student_rows_logits(ds_student *s, int64_t r0, int64_t c, float *logits);
 /* Backward of those logits: dlogits [c, V] in; dh [c, d] (the chunk's rows of the caller's
  * [rows, d] buffer) += dlogits @ head; the head's gradient (the embedding's when tied) +=

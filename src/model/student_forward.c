@@ -175,6 +175,12 @@ const float *ds_student_hidden(const ds_student *s, int64_t layer) {
   return layer + 1 < L ? s->acts.layers[layer + 1].h_in : s->acts.h_last;
 }
 
+void ds_student_rows_begin(ds_student *s) {
+  s->be->operand_hold(s->w.lm_head, (size_t)(s->cfg.vocab_size * s->cfg.hidden_size));
+}
+
+void ds_student_rows_end(ds_student *s) { s->be->operand_release(s->w.lm_head); }
+
 void ds_student_rows_logits(ds_student *s, int64_t r0, int64_t c, float *logits) {
   int64_t d = s->cfg.hidden_size;
   DS_CHECK(s->acts.valid && r0 >= 0 && c >= 0 && r0 + c <= s->acts.rows);
@@ -185,5 +191,7 @@ void ds_student_rows_logits_backward(ds_student *s, int64_t r0, int64_t c, const
   int64_t d = s->cfg.hidden_size;
   DS_CHECK(s->acts.valid && r0 >= 0 && c >= 0 && r0 + c <= s->acts.rows);
   /* tied: g.lm_head is g.embed, so both uses of the table add into one gradient */
+  s->be->operand_hold(dlogits, (size_t)(c * s->cfg.vocab_size)); /* read by dh's and dW's products */
   s->be->linear_backward(dh, s->g.lm_head, NULL, dlogits, s->acts.h + r0 * d, s->w.lm_head, c, d, s->cfg.vocab_size);
+  s->be->operand_release(dlogits);
 }

@@ -108,14 +108,19 @@ static ds_status run_item(lm_run *t, int64_t idx, const ds_kd_loss_config *cfg, 
   DS_TRY(ds_student_forward(t->student, &b));
   rows_targets(t, idx);
   if (scale > 0) memset(t->dh, 0, (size_t)(T * d) * sizeof(float));
-  for (int64_t r0 = 0; r0 < T; r0 += chunk) {
+  ds_status st = DS_OK;
+  ds_student_rows_begin(t->student);
+  for (int64_t r0 = 0; r0 < T && st == DS_OK; r0 += chunk) {
     int64_t c = T - r0 < chunk ? T - r0 : chunk;
     ds_student_rows_logits(t->student, r0, c, t->logits);
     ds_kd_rows_in in = {t->logits, NULL, NULL, 0, NULL, t->labels + r0, t->mask + r0};
-    DS_TRY(teacher_rows(t, r0, c, &in));
-    DS_TRY(ds_kd_loss_rows(cfg, r0, c, V, &in, scale, t->kd_rows + r0, t->lm_rows + r0, scale > 0 ? t->logits : NULL));
-    if (scale > 0) ds_student_rows_logits_backward(t->student, r0, c, t->logits, t->dh + r0 * d);
+    st = teacher_rows(t, r0, c, &in);
+    if (st == DS_OK)
+      st = ds_kd_loss_rows(cfg, r0, c, V, &in, scale, t->kd_rows + r0, t->lm_rows + r0, scale > 0 ? t->logits : NULL);
+    if (st == DS_OK && scale > 0) ds_student_rows_logits_backward(t->student, r0, c, t->logits, t->dh + r0 * d);
   }
+  ds_student_rows_end(t->student);
+  DS_TRY(st);
   ds_kd_loss_result res;
   DS_TRY(ds_kd_loss_finish(cfg, T, t->mask, cfg->kd_loss_alpha > 0 ? t->kd_rows : NULL,
                            cfg->kd_loss_alpha < 1 ? t->lm_rows : NULL, &res));
