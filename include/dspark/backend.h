@@ -58,6 +58,13 @@ typedef struct ds_backend {
    * Overwrites those n x out values of y, nothing else. */
   void (*linear_w)(float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n, int64_t in,
                    int64_t out);
+  /* linear_w over n_seg frozen weights stored apart that share x (a checkpoint's q, k, v or gate,
+   * up): y[n, sum(out[])] (row stride ldy) = x @ [w[0]; w[1]; ...]^T (+ bias, sum(out[]) values,
+   * or NULL); segment s writes its out[s] columns after the previous ones. The same values as
+   * one linear_w per segment; a backend may run them as one product (the cpu backend under
+   * DS_COMPUTE_BF16: one GEMM, its packed copy of the concatenation when used again). */
+  void (*linear_w_cat)(float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out, int n_seg,
+                       const float *bias, int64_t n, int64_t in);
   /* Its backward through x only (the weight is frozen: no dw, no db):
    * dx[n, in] += dy[n, out] @ w[out, in]. */
   void (*linear_w_backward)(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out);

@@ -125,16 +125,14 @@ static void append_kv(const ds_target *m, int64_t layer, const ds_target_seq *se
   }
 }
 
-/* y[rows, out] = x[rows, in] @ W^T (+ bias): one matmul per row segment of W, each writing its
- * columns of y (row stride out). */
+/* y[rows, out] = x[rows, in] @ W^T (+ bias), W's row segments (q, k, v; gate, up) each writing
+ * their columns of y (row stride out): one linear_w_cat, which the backend may run as one product. */
 static void run_linear(const ds_target *m, float *y, const float *x, const target_linear *w, const float *bias,
                        int64_t rows, int64_t in) {
-  int64_t out = 0, col = 0;
+  int64_t out = 0;
   for (int s = 0; s < w->n_seg; s++) out += w->seg_rows[s];
-  for (int s = 0; s < w->n_seg; s++) {
-    m->be->linear_w(y + col, out, x, w->seg[s], bias ? bias + col : NULL, rows, in, w->seg_rows[s]);
-    col += w->seg_rows[s];
-  }
+  if (w->n_seg == 1) m->be->linear_w(y, out, x, w->seg[0], bias, rows, in, out);
+  else m->be->linear_w_cat(y, out, x, w->seg, w->seg_rows, w->n_seg, bias, rows, in);
 }
 
 static void attention_block(ds_target *m, int64_t layer, const ds_target_seq *seqs, int n_seqs, int64_t rows) {

@@ -64,6 +64,37 @@ static void cpu_linear_w(float *y, int64_t ldy, const float *x, ds_weight w, con
   }
 }
 
+enum { CAT_MAX = 8 }; /* segments fused into one bf16 product */
+
+/* linear_w over segments sharing x. Under DS_COMPUTE_BF16, F32 or BF16 segments of one dtype
+ * with enough rows run as one bf16 GEMM over their concatenation (q, k and v: one dense product
+ * instead of three narrow ones into a strided y); otherwise one cpu_linear_w per segment. */
+static void cpu_linear_w_cat(float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out, int n_seg,
+                             const float *bias, int64_t n, int64_t in) {
+  int fuse = n_seg > 1 && n_seg <= CAT_MAX && ds_matmul_compute() == DS_COMPUTE_BF16 &&
+             (w[0].dtype == DS_F32 ? n >= DS_BF16_MIN_ROWS_F32W : w[0].dtype == DS_BF16 && n >= DS_BF16_MIN_ROWS_BF16W);
+  int64_t total = 0;
+  const void *segs[CAT_MAX];
+  for (int s = 0; s < n_seg; s++) {
+    fuse = fuse && w[s].dtype == w[0].dtype;
+    if (s < CAT_MAX) segs[s] = w[s].data;
+    total += out[s];
+  }
+  if (!fuse) {
+    int64_t col = 0;
+    for (int s = 0; s < n_seg; s++) {
+      cpu_linear_w(y + col, ldy, x, w[s], bias ? bias + col : NULL, n, in, out[s]);
+      col += out[s];
+    }
+    return;
+  }
+  if (bias) {
+    DS_OMP(parallel for schedule(static) if (n * total > 65536))
+    for (int64_t i = 0; i < n; i++) memcpy(y + i * ldy, bias, (size_t)total * sizeof(float));
+  }
+  ds_cpu_gemm_bf16_frozen_cat(n, segs, w[0].dtype == DS_F32, out, n_seg, in, x, in, bias ? 1.0f : 0.0f, y, ldy);
+}
+
 /* dx[n, in] += dy[n, out] @ w[out, in], w frozen (no dw). */
 static void cpu_linear_w_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out) {
   if (w.dtype == DS_F32 && ds_matmul_compute() == DS_COMPUTE_BF16 && n >= DS_BF16_MIN_ROWS_F32W)
@@ -325,6 +356,7 @@ static const ds_backend k_cpu = {
     .embedding = cpu_embedding,
     .embedding_backward = cpu_embedding_backward,
     .linear_w = cpu_linear_w,
+    .linear_w_cat = cpu_linear_w_cat,
     .linear_w_backward = cpu_linear_w_backward,
     .embedding_w = ds_cpu_embedding_w,
     .alloc = ds_host_alloc,

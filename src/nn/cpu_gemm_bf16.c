@@ -344,6 +344,7 @@ typedef struct {
   const void *data;
   int64_t n, k;   /* the product's: B is [k, n] */
   int tb;         /* 1: W[n, k] used as W^T (a forward); 0: W[k, n] used as it is (dx = dy @ W) */
+  uint64_t cat;   /* 0, or for a concatenation of segments (data: the first) a hash of them all */
   int f32;        /* source dtype: F32 (rounded on packing) or BF16 */
   uint64_t print; /* fingerprint of sampled source values */
   dnnl_memory_desc_t md;
@@ -425,17 +426,47 @@ static int pack_amx(const dnnl_memory_desc_t *md, const uint16_t *w, int tb, int
   return 1;
 }
 
-/* The packed copy of W (B of the product: W^T when tb, W otherwise) for the primitive c (NULL
- * when it cannot be made or would pass the cap). */
-static const void *packed_for(const cached_matmul *c, const float *Bf, const uint16_t *Bh, int tb, int64_t n,
-                              int64_t k) {
-  const void *data = Bf ? (const void *)Bf : (const void *)Bh;
-  int f32 = Bf != NULL;
-  uint64_t print = fingerprint(data, f32, n * k);
+/* Frozen weights stored apart that one product reads as [segs[0]; segs[1]; ...] (each rows[s] x
+ * k, contiguous, all F32 or all BF16): linear_w_cat's q, k, v or gate, up. */
+typedef struct {
+  const void *const *segs;
+  const int64_t *rows;
+  int n_seg;
+} cat_src;
+
+static uint64_t cat_hash(const cat_src *cat) {
+  uint64_t h = 1469598103934665603ull;
+  for (int s = 0; s < cat->n_seg; s++) {
+    h = (h ^ (uint64_t)(uintptr_t)cat->segs[s]) * 1099511628211ull;
+    h = (h ^ (uint64_t)cat->rows[s]) * 1099511628211ull;
+  }
+  return h ? h : 1;
+}
+
+/* The concatenation as one plain bf16 [sum rows, k] (F32 rounded as the unpacked path rounds). */
+static void concat_bf16(uint16_t *dst, const cat_src *cat, int f32, int64_t k) {
+  int64_t row = 0;
+  for (int s = 0; s < cat->n_seg; s++) {
+    if (f32) round_rows(dst + row * k, 1, cat->segs[s], cat->rows[s], k, k);
+    else memcpy(dst + row * k, cat->segs[s], (size_t)(cat->rows[s] * k) * sizeof(uint16_t));
+    row += cat->rows[s];
+  }
+}
+
+/* The packed copy of W (B of the product: W^T when tb, W otherwise; data F32 or BF16, or with
+ * cat the concatenation of its segments, tb 1) for the primitive c (NULL when it cannot be made
+ * or would pass the cap). */
+static const void *packed_for(const cached_matmul *c, const void *data, int f32, const cat_src *cat, int tb,
+                              int64_t n, int64_t k) {
+  uint64_t key = cat ? cat_hash(cat) : 0, print = 0;
+  if (cat)
+    for (int s = 0; s < cat->n_seg; s++) print = print * 31 + fingerprint(cat->segs[s], f32, cat->rows[s] * k);
+  else
+    print = fingerprint(data, f32, n * k);
   packed_weight *seen = NULL;
   for (int i = 0; i < g_packs_used && !seen; i++) {
     packed_weight *p = &g_packs[i];
-    if (p->data != data || p->n != n || p->k != k || p->tb != tb || p->f32 != f32) continue;
+    if (p->data != data || p->n != n || p->k != k || p->tb != tb || p->f32 != f32 || p->cat != key) continue;
     if (p->print != print) { /* rewritten in place: stale */
       pack_drop(p);
       i--;
@@ -455,7 +486,7 @@ static const void *packed_for(const cached_matmul *c, const float *Bf, const uin
       g_packs = np;
       g_packs_cap = cap;
     }
-    g_packs[g_packs_used++] = (packed_weight){data, n, k, tb, f32, print, c->bd, NULL, 0};
+    g_packs[g_packs_used++] = (packed_weight){data, n, k, tb, key, f32, print, c->bd, NULL, 0};
     return NULL;
   }
   size_t bytes = dnnl_memory_desc_get_size(&c->bd);
@@ -463,14 +494,18 @@ static const void *packed_for(const cached_matmul *c, const float *Bf, const uin
   void *dst = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
   if (!dst) return NULL;
   /* the plain bf16 B as the matmul sees it: logical [k, n], strides {1, k} (W^T) or {n, 1} (W) */
-  const uint16_t *src = Bh;
-  if (f32) { /* rounded exactly as the unpacked path rounds it */
+  const uint16_t *src = data;
+  if (cat) {
     uint16_t *s = scratch_get(&g_sb, (size_t)(n * k) * sizeof(uint16_t));
-    round_rows(s, 1, Bf, tb ? n : k, tb ? k : n, tb ? k : n); /* W as stored */
+    concat_bf16(s, cat, f32, k);
+    src = s;
+  } else if (f32) { /* rounded exactly as the unpacked path rounds it */
+    uint16_t *s = scratch_get(&g_sb, (size_t)(n * k) * sizeof(uint16_t));
+    round_rows(s, 1, data, tb ? n : k, tb ? k : n, tb ? k : n); /* W as stored */
     src = s;
   }
   if (getenv("DSPARK_BF16_PACK_ONEDNN") == NULL && pack_amx(&c->bd, src, tb, n, k, dst, bytes)) {
-    *seen = (packed_weight){data, n, k, tb, f32, print, c->bd, dst, bytes};
+    *seen = (packed_weight){data, n, k, tb, key, f32, print, c->bd, dst, bytes};
     g_pack_bytes += bytes;
     return dst;
   }
@@ -496,7 +531,7 @@ static const void *packed_for(const cached_matmul *c, const float *Bf, const uin
     free(dst);
     return NULL;
   }
-  *seen = (packed_weight){data, n, k, tb, f32, print, c->bd, dst, bytes};
+  *seen = (packed_weight){data, n, k, tb, key, f32, print, c->bd, dst, bytes};
   g_pack_bytes += bytes;
   return dst;
 }
@@ -506,8 +541,27 @@ static int gemm_onednn_packed(int tb, int64_t m, int64_t n, int64_t k, const flo
                               const uint16_t *Bh, float beta, float *C, int64_t ldc) {
   cached_matmul *c = matmul_for(0, tb, m, n, k, k, tb ? k : n, n, beta != 0.0f, 1, 0);
   if (!c) return 0;
-  const void *b = packed_for(c, Bf, Bh, tb, n, k);
+  const void *b = packed_for(c, Bf ? (const void *)Bf : (const void *)Bh, Bf != NULL, NULL, tb, n, k);
   if (!b) return 0;
+  return run_dense(c, rounded(A, m, k, lda, &g_sa), b, C, ldc, beta);
+}
+
+/* 1 when oneDNN ran C = A[m, k] @ [segs]^T (+ C) as one product: on the concatenation's packed
+ * copy from its second use, else on a plain concatenated copy made for this call (a copy of W
+ * costs a few percent of a product of many rows, less than running the segments apart). */
+static int gemm_onednn_cat(int64_t m, const cat_src *cat, int f32, int64_t k, const float *A, int64_t lda,
+                           float beta, float *C, int64_t ldc) {
+  int64_t n = 0;
+  for (int s = 0; s < cat->n_seg; s++) n += cat->rows[s];
+  if (pack_limit() > 0) {
+    cached_matmul *c = matmul_for(0, 1, m, n, k, k, k, n, beta != 0.0f, 1, 0);
+    const void *b = c ? packed_for(c, cat->segs[0], f32, cat, 1, n, k) : NULL;
+    if (b) return run_dense(c, rounded(A, m, k, lda, &g_sa), b, C, ldc, beta);
+  }
+  cached_matmul *c = matmul_for(0, 1, m, n, k, k, k, n, beta != 0.0f, 0, 0);
+  if (!c) return 0;
+  uint16_t *b = scratch_get(&g_sb, (size_t)(n * k) * sizeof(uint16_t));
+  concat_bf16(b, cat, f32, k);
   return run_dense(c, rounded(A, m, k, lda, &g_sa), b, C, ldc, beta);
 }
 
@@ -621,6 +675,22 @@ void ds_cpu_gemm_bf16_frozen(int tb, int64_t m, int64_t n, int64_t k, const floa
   }
 #endif
   if (!done) ds_cpu_gemm_bf16(DS_BF16_AUTO, 0, tb, m, n, k, A, lda, Bf, Bh, tb ? k : n, beta, C, ldc);
+}
+
+void ds_cpu_gemm_bf16_frozen_cat(int64_t m, const void *const *segs, int f32, const int64_t *rows, int n_seg, int64_t k,
+                                 const float *A, int64_t lda, float beta, float *C, int64_t ldc) {
+  int done = 0;
+#if defined(DSPARK_GEMM_ONEDNN)
+  if (m > 0 && k > 0 && n_seg > 0) {
+    cat_src cat = {segs, rows, n_seg};
+    pthread_mutex_lock(&g_lock);
+    if (native_locked()) done = gemm_onednn_cat(m, &cat, f32, k, A, lda, beta, C, ldc);
+    pthread_mutex_unlock(&g_lock);
+  }
+#endif
+  int64_t col = 0;
+  for (int s = 0; !done && s < n_seg; col += rows[s], s++)
+    ds_cpu_gemm_bf16_frozen(1, m, rows[s], k, A, lda, f32 ? segs[s] : NULL, f32 ? NULL : segs[s], beta, C + col, ldc);
 }
 
 size_t ds_packed_weight_bytes(void) {

@@ -40,6 +40,13 @@ void ds_cpu_gemm_bf16(ds_bf16_path path, int ta, int tb, int64_t m, int64_t n, i
 void ds_cpu_gemm_bf16_frozen(int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
                              const uint16_t *Bh, float beta, float *C, int64_t ldc);
 
+/* C[m, sum rows] = bf16(A[m, k]) @ [W_0; W_1; ...]^T + beta * C for frozen weights stored
+ * apart (segs[s]: rows[s] x k, contiguous; all F32 when f32, else all BF16 bits): one product
+ * over their concatenation (its packed copy from the second use, under the cap), else
+ * ds_cpu_gemm_bf16_frozen per segment. The same bf16 values either way. */
+void ds_cpu_gemm_bf16_frozen_cat(int64_t m, const void *const *segs, int f32, const int64_t *rows, int n_seg, int64_t k,
+                                 const float *A, int64_t lda, float beta, float *C, int64_t ldc);
+
 /* The cpu backend's operand_hold / operand_release (include/dspark/backend.h): a held fp32
  * operand (A, or an fp32 B) of the oneDNN path is rounded once into a copy kept until its
  * release, for each stored shape it is read with. */

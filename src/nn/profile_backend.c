@@ -85,6 +85,16 @@ static void p_linear_w(float *y, int64_t ldy, const float *x, ds_weight w, const
   account(w.dtype == DS_F32 ? DS_KERNEL_LINEAR : DS_KERNEL_LINEAR16, t0, 2.0 * (double)n * (double)in * (double)out);
 }
 
+static void p_linear_w_cat(float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out, int n_seg,
+                           const float *bias, int64_t n, int64_t in) {
+  double t0 = ds_time_sec();
+  g_inner->linear_w_cat(y, ldy, x, w, out, n_seg, bias, n, in);
+  int64_t total = 0;
+  for (int s = 0; s < n_seg; s++) total += out[s];
+  account(n_seg > 0 && w[0].dtype == DS_F32 ? DS_KERNEL_LINEAR : DS_KERNEL_LINEAR16, t0,
+          2.0 * (double)n * (double)in * (double)total);
+}
+
 static void p_linear_w_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out) {
   double t0 = ds_time_sec();
   g_inner->linear_w_backward(dx, dy, w, n, in, out);
@@ -201,6 +211,7 @@ static ds_backend g_profiled = {
     .embedding = p_embedding,
     .embedding_backward = p_embedding_backward,
     .linear_w = p_linear_w,
+    .linear_w_cat = p_linear_w_cat,
     .linear_w_backward = p_linear_w_backward,
     .embedding_w = p_embedding_w,
     .alloc = p_alloc,

@@ -62,6 +62,16 @@ static void ref_linear_w(float *y, int64_t ldy, const float *x, ds_weight w, con
     }
 }
 
+/* The segments one after another, each writing its columns of y. */
+static void ref_linear_w_cat(float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out, int n_seg,
+                             const float *bias, int64_t n, int64_t in) {
+  int64_t col = 0;
+  for (int s = 0; s < n_seg; s++) {
+    ref_linear_w(y + col, ldy, x, w[s], bias ? bias + col : NULL, n, in, out[s]);
+    col += out[s];
+  }
+}
+
 /* dx[n, in] += dy[n, out] @ w[out, in] */
 static void ref_linear_w_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out) {
   for (int64_t i = 0; i < n; i++)
@@ -433,6 +443,7 @@ static const ds_backend k_reference = {
     .copy = ds_host_copy,
     .memset_zero = ds_host_memset_zero,
     .synchronize = ds_host_synchronize,
+    .linear_w_cat = ref_linear_w_cat,
     .operand_hold = ds_host_operand_hold,
     .operand_release = ds_host_operand_release,
 };

@@ -324,6 +324,57 @@ static void test_held_operands(void) {
   free(A), free(B), free(B2), free(want), free(got), free(wantT), free(gotT);
 }
 
+/* linear_w_cat (q, k, v stored apart, read as one weight) on the cpu backend: under bf16, with F32
+ * and BF16 segments and a bias, uses 1 (a plain concatenated copy), 2 (packing) and 3 (the packed
+ * copy) each within the bound of the reference on the concatenated weight, 2 and 3 the same bits;
+ * under fp32, bit for bit one linear_w per segment; the reference backend's equals its own
+ * linear_w per segment. */
+static void test_linear_w_cat(void) {
+  const ds_backend *be = ds_backend_cpu(), *ref = ds_backend_reference();
+  enum { N = 48, IN = 64, S = 3 };
+  const int64_t out[S] = {40, 24, 24};
+  int64_t total = 88;
+  float *x = rand_f32(N * IN), *wcat = rand_f32((size_t)(total * IN)), *bias = rand_f32((size_t)total);
+  uint16_t *hcat = malloc((size_t)(total * IN) * sizeof(uint16_t));
+  for (int64_t i = 0; i < total * IN; i++) hcat[i] = ds_f32_to_bf16(wcat[i]);
+  float *segf[S], *y = malloc(sizeof(float) * N * total), *y2 = malloc(sizeof(float) * N * total);
+  float *c0 = malloc(sizeof(float) * N * total), *first = malloc(sizeof(float) * N * total);
+  uint16_t *segh[S];
+  for (int s = 0, row = 0; s < S; row += (int)out[s], s++) { /* apart, as a checkpoint stores them */
+    segf[s] = malloc(sizeof(float) * (size_t)(out[s] * IN));
+    segh[s] = malloc(sizeof(uint16_t) * (size_t)(out[s] * IN));
+    memcpy(segf[s], wcat + row * IN, sizeof(float) * (size_t)(out[s] * IN));
+    memcpy(segh[s], hcat + row * IN, sizeof(uint16_t) * (size_t)(out[s] * IN));
+  }
+  for (int64_t i = 0; i < N; i++) memcpy(c0 + i * total, bias, sizeof(float) * (size_t)total);
+  int ev = 0;
+  for (int bits = 0; bits < 2; bits++) {
+    ds_weight w[S];
+    for (int s = 0; s < S; s++) w[s] = bits ? (ds_weight){.data = segh[s], .dtype = DS_BF16}
+                                             : (ds_weight){.data = segf[s], .dtype = DS_F32};
+    ds_set_matmul_compute(DS_COMPUTE_BF16);
+    ds_release_packed_weights();
+    for (int use = 0; use < 3; use++) {
+      be->linear_w_cat(y, total, x, w, out, S, bias, N, IN);
+      ev += check_gemm(0, 1, N, total, IN, x, IN, bits ? NULL : wcat, bits ? hcat : NULL, IN, 1.0f, c0, y, total,
+                       bits ? "linear_w_cat bf16" : "linear_w_cat f32");
+      if (use == 1) memcpy(first, y, sizeof(float) * N * total);
+      if (use == 2) EXPECT(memcmp(first, y, sizeof(float) * N * total) == 0);
+    }
+    ds_release_packed_weights();
+    ds_set_matmul_compute(DS_COMPUTE_F32);
+    be->linear_w_cat(y, total, x, w, out, S, bias, N, IN);
+    for (int s = 0, col = 0; s < S; col += (int)out[s], s++) be->linear_w(y2 + col, total, x, w[s], bias + col, N, IN, out[s]);
+    EXPECT(memcmp(y, y2, sizeof(float) * N * total) == 0);
+    ref->linear_w_cat(y, total, x, w, out, S, bias, N, IN);
+    for (int s = 0, col = 0; s < S; col += (int)out[s], s++) ref->linear_w(y2 + col, total, x, w[s], bias + col, N, IN, out[s]);
+    EXPECT(memcmp(y, y2, sizeof(float) * N * total) == 0);
+  }
+  EXPECT(ev > 0);
+  for (int s = 0; s < S; s++) free(segf[s]), free(segh[s]);
+  free(x), free(wcat), free(bias), free(hcat), free(y), free(y2), free(c0), free(first);
+}
+
 int main(void) {
   ds_rng_seed(&g_rng, 2024);
   TEST_RUN(test_gemm_all_cases);
@@ -331,6 +382,7 @@ int main(void) {
   TEST_RUN(test_backend_under_bf16);
   TEST_RUN(test_packed_frozen);
   TEST_RUN(test_held_operands);
+  TEST_RUN(test_linear_w_cat);
   TEST_RUN(test_attention_bf16);
   TEST_RUN(test_compute_names);
   return TEST_RESULT();

@@ -154,6 +154,16 @@ static void cuda_linear_w(float *y, int64_t ldy, const float *x, ds_weight w, co
 }
 
 /* dx[n, in] += dy[n, out] @ w[out, in], over the same row passes of w (each adds its share). */
+/* One product per segment (cuBLAS runs each at full width; a fused copy is not kept yet). */
+static void cuda_linear_w_cat(float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out, int n_seg,
+                              const float *bias, int64_t n, int64_t in) {
+  int64_t col = 0;
+  for (int s = 0; s < n_seg; s++) {
+    cuda_linear_w(y + col, ldy, x, w[s], bias ? bias + col : NULL, n, in, out[s]);
+    col += out[s];
+  }
+}
+
 static void cuda_linear_w_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out) {
   int64_t step = weight_rows_per_pass(w.dtype, in, out);
   for (int64_t o0 = 0; o0 < out; o0 += step) {
@@ -175,6 +185,7 @@ static ds_backend make_table() {
   t.swiglu = ds_cuda_swiglu;
   t.add = ds_cuda_add;
   t.linear_w = cuda_linear_w;
+  t.linear_w_cat = cuda_linear_w_cat;
   t.linear_w_backward = cuda_linear_w_backward;
   t.embedding_w = ds_cuda_embedding_w;
   t.linear_backward = cuda_linear_backward;
