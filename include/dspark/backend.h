@@ -23,6 +23,11 @@ typedef struct ds_backend {
   /* y[n, d] = w[d] * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps) (HF order); y may alias x.
    * rstd[n] saved when non-NULL (the backward needs it). */
   void (*rmsnorm)(float *y, float *rstd, const float *x, const float *w, int64_t n, int64_t d, float eps);
+  /* In place on x[n, heads, head_dim] (row stride `stride` floats between tokens): each head's
+   * head_dim values as rmsnorm's rows, the same bits (Qwen3's q_norm / k_norm on the q or k
+   * columns of a fused q|k|v row). Inference only: no rstd. */
+  void (*rmsnorm_heads)(float *x, int64_t stride, const float *w, int64_t n, int64_t heads, int64_t head_dim,
+                        float eps);
 
   /* In place on x[n, heads, head_dim] (row stride `stride` floats between tokens), HF
    * rotate_half convention: pairs (i, i + head_dim/2), angle (float)pos[t] * inv_freq[i] in fp32

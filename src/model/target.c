@@ -145,11 +145,9 @@ static void attention_block(ds_target *m, int64_t layer, const ds_target_seq *se
   be->rmsnorm(ws->x, NULL, ws->h, w->in_norm, rows, d, (float)c->rms_norm_eps);
   run_linear(m, ws->qkv, ws->x, &w->qkv, w->bqkv, rows, d);
   if (c->qk_norm) {
-    for (int64_t r = 0; r < rows; r++) {
-      float *q = ws->qkv + r * m->qkv_dim, *k = q + m->q_dim;
-      be->rmsnorm(q, NULL, q, w->q_norm, c->num_attention_heads, hd, (float)c->rms_norm_eps);
-      be->rmsnorm(k, NULL, k, w->k_norm, c->num_key_value_heads, hd, (float)c->rms_norm_eps);
-    }
+    be->rmsnorm_heads(ws->qkv, m->qkv_dim, w->q_norm, rows, c->num_attention_heads, hd, (float)c->rms_norm_eps);
+    be->rmsnorm_heads(ws->qkv + m->q_dim, m->qkv_dim, w->k_norm, rows, c->num_key_value_heads, hd,
+                      (float)c->rms_norm_eps);
   }
   be->rope(ws->qkv, m->qkv_dim, ws->pos, m->inv_freq, rows, c->num_attention_heads, hd);
   be->rope(ws->qkv + m->q_dim, m->qkv_dim, ws->pos, m->inv_freq, rows, c->num_key_value_heads, hd);

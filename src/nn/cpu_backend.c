@@ -142,6 +142,14 @@ static void cpu_rmsnorm(float *y, float *rstd, const float *x, const float *w, i
   }
 }
 
+/* cpu_rmsnorm on each token's heads in place, the tokens in parallel (one call per token ran
+ * serially, 7% of a bf16 prefill). */
+static void cpu_rmsnorm_heads(float *x, int64_t stride, const float *w, int64_t n, int64_t heads, int64_t head_dim,
+                              float eps) {
+  DS_OMP(parallel for schedule(static) if (n * heads * head_dim > 32768))
+  for (int64_t t = 0; t < n; t++) cpu_rmsnorm(x + t * stride, NULL, x + t * stride, w, heads, head_dim, eps);
+}
+
 /* dx[n, d] += rstd * (w*dy - x * rstd^2 * mean(w*dy*x));  dw[d] += sum_n dy * x * rstd. */
 static void cpu_rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, const float *w,
                                  const float *rstd, int64_t n, int64_t d) {
@@ -357,6 +365,7 @@ static const ds_backend k_cpu = {
     .embedding_backward = cpu_embedding_backward,
     .linear_w = cpu_linear_w,
     .linear_w_cat = cpu_linear_w_cat,
+    .rmsnorm_heads = cpu_rmsnorm_heads,
     .linear_w_backward = cpu_linear_w_backward,
     .embedding_w = ds_cpu_embedding_w,
     .alloc = ds_host_alloc,

@@ -85,6 +85,13 @@ static void p_linear_w(float *y, int64_t ldy, const float *x, ds_weight w, const
   account(w.dtype == DS_F32 ? DS_KERNEL_LINEAR : DS_KERNEL_LINEAR16, t0, 2.0 * (double)n * (double)in * (double)out);
 }
 
+static void p_rmsnorm_heads(float *x, int64_t stride, const float *w, int64_t n, int64_t heads, int64_t head_dim,
+                            float eps) {
+  double t0 = ds_time_sec();
+  g_inner->rmsnorm_heads(x, stride, w, n, heads, head_dim, eps);
+  account(DS_KERNEL_RMSNORM, t0, 4.0 * (double)n * (double)heads * (double)head_dim);
+}
+
 static void p_linear_w_cat(float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out, int n_seg,
                            const float *bias, int64_t n, int64_t in) {
   double t0 = ds_time_sec();
@@ -212,6 +219,7 @@ static ds_backend g_profiled = {
     .embedding_backward = p_embedding_backward,
     .linear_w = p_linear_w,
     .linear_w_cat = p_linear_w_cat,
+    .rmsnorm_heads = p_rmsnorm_heads,
     .linear_w_backward = p_linear_w_backward,
     .embedding_w = p_embedding_w,
     .alloc = p_alloc,

@@ -98,6 +98,11 @@ static void ref_rmsnorm(float *y, float *rstd, const float *x, const float *w, i
   }
 }
 
+static void ref_rmsnorm_heads(float *x, int64_t stride, const float *w, int64_t n, int64_t heads, int64_t head_dim,
+                              float eps) {
+  for (int64_t t = 0; t < n; t++) ref_rmsnorm(x + t * stride, NULL, x + t * stride, w, heads, head_dim, eps);
+}
+
 /* With r = rstd[i] (the forward's): y_j = w_j x_j r and dr/dx_k = -r^3 x_k / d, so
  * dx[n, d] += r (w dy - x r^2 mean(w dy x));  dw[d] += sum_n dy x r. */
 static void ref_rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, const float *w,
@@ -444,6 +449,7 @@ static const ds_backend k_reference = {
     .memset_zero = ds_host_memset_zero,
     .synchronize = ds_host_synchronize,
     .linear_w_cat = ref_linear_w_cat,
+    .rmsnorm_heads = ref_rmsnorm_heads,
     .operand_hold = ds_host_operand_hold,
     .operand_release = ds_host_operand_release,
 };

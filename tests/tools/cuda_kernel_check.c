@@ -251,6 +251,26 @@ static void check_linear_w(int bf16) {
     rm(x); rm(wv); rm(b); rm(y); rm(dy); rm(dx);
     rm_weight(w);
   }
+  /* linear_w_cat: three segments (q, k, v stored apart) into one strided y, with the bias */
+  for (int k = 0; k < 2; k++) {
+    int64_t n = 11, in = 64, out[3] = {40, 16, 16}, ldy = 80;
+    buf x = mk((size_t)(n * in), 1, bf16), b = mk(72, 1, 0), y = mk((size_t)(n * ldy), 1, 0);
+    buf wv[3];
+    weight w[3];
+    ds_weight wh[3], wd[3];
+    for (int s = 0; s < 3; s++) {
+      wv[s] = mk((size_t)(out[s] * in), 1, bf16 || dts[k] == DS_BF16);
+      w[s] = mk_weight(&wv[s], dts[k]);
+      wh[s] = w[s].h, wd[s] = w[s].d;
+    }
+    g_cpu->linear_w_cat(y.h, ldy, x.h, wh, out, 3, b.h, n, in);
+    g_gpu->linear_w_cat(y.d, ldy, x.d, wd, out, 3, b.d, n, in);
+    char name[96];
+    snprintf(name, sizeof name, "linear_w_cat%s %s", bf16 ? "[bf16]" : "", ds_dtype_name(dts[k]));
+    check(name, y, tol);
+    for (int s = 0; s < 3; s++) rm(wv[s]), rm_weight(w[s]);
+    rm(x); rm(b); rm(y);
+  }
   set_bf16(0);
 }
 
@@ -274,6 +294,16 @@ static void check_rowwise(void) {
   g_gpu->rmsnorm(xi.d, NULL, xi.d, w.d, n, d, 1e-5f);
   check("rmsnorm in place", xi, FP32_TOL);
   rm(x); rm(w); rm(y); rm(r); rm(dy); rm(dx); rm(dw); rm(xi);
+
+  /* rmsnorm_heads: the q columns of fused q|k|v rows (stride past them: the rest untouched) */
+  {
+    int64_t nh = 4, hdim = 48, st = nh * hdim + 40, nt = 7;
+    buf qx = mk((size_t)(nt * st), 2, 0), wq = mk((size_t)hdim, 1, 0);
+    g_cpu->rmsnorm_heads(qx.h, st, wq.h, nt, nh, hdim, 1e-6f);
+    g_gpu->rmsnorm_heads(qx.d, st, wq.d, nt, nh, hdim, 1e-6f);
+    check("rmsnorm_heads (strided rows)", qx, FP32_TOL);
+    rm(qx); rm(wq);
+  }
 
   /* rope on rows with a stride past heads * head_dim (the tail must be untouched) */
   int64_t heads = 5, hd = 64, stride = heads * hd + 24, nt = 9;

@@ -154,6 +154,12 @@ static void cuda_linear_w(float *y, int64_t ldy, const float *x, ds_weight w, co
 }
 
 /* dx[n, in] += dy[n, out] @ w[out, in], over the same row passes of w (each adds its share). */
+/* One rmsnorm launch per token (a strided kernel is not written yet). */
+static void cuda_rmsnorm_heads(float *x, int64_t stride, const float *w, int64_t n, int64_t heads, int64_t head_dim,
+                               float eps) {
+  for (int64_t t = 0; t < n; t++) ds_cuda_rmsnorm(x + t * stride, NULL, x + t * stride, w, heads, head_dim, eps);
+}
+
 /* One product per segment (cuBLAS runs each at full width; a fused copy is not kept yet). */
 static void cuda_linear_w_cat(float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out, int n_seg,
                               const float *bias, int64_t n, int64_t in) {
@@ -186,6 +192,7 @@ static ds_backend make_table() {
   t.add = ds_cuda_add;
   t.linear_w = cuda_linear_w;
   t.linear_w_cat = cuda_linear_w_cat;
+  t.rmsnorm_heads = cuda_rmsnorm_heads;
   t.linear_w_backward = cuda_linear_w_backward;
   t.embedding_w = ds_cuda_embedding_w;
   t.linear_backward = cuda_linear_backward;
