@@ -80,6 +80,12 @@ static void cpu_linear_w_cat(float *y, int64_t ldy, const float *x, const ds_wei
     if (s < CAT_MAX) segs[s] = w[s].data;
     total += out[s];
   }
+  int all16 = 1;
+  for (int s = 0; s < n_seg; s++) all16 = all16 && (w[s].dtype == DS_BF16 || w[s].dtype == DS_F16);
+  if (!fuse && all16) {
+    ds_cpu_linear16_cat(y, ldy, x, w, out, n_seg, bias, n, in);
+    return;
+  }
   if (!fuse) {
     int64_t col = 0;
     for (int s = 0; s < n_seg; s++) {

@@ -297,15 +297,30 @@ void ds_convert16(ds_isa isa, float *dst, const uint16_t *src, int64_t count, ds
 /* y[n, out] (ldy) = x[n, in] @ w[out, in]^T (+ bias), reading w once. */
 void ds_linear16_direct(ds_isa isa, float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n,
                         int64_t in, int64_t out) {
-  if (n <= 0 || out <= 0) return;
+  ds_linear16_direct_cat(isa, y, ldy, x, &w, &out, 1, bias, n, in);
+}
+
+void ds_linear16_direct_cat(ds_isa isa, float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out,
+                            int n_seg, const float *bias, int64_t n, int64_t in) {
+  enum { SEG_MAX = 8 };
+  if (n <= 0 || n_seg <= 0) return;
+  DS_CHECK(n_seg <= SEG_MAX);
   rows_fn rows = pick_rows(clamp_isa(isa));
-  int f16 = is_f16(w);
-  const uint16_t *w16 = w.data;
-  int64_t blocks = (out + ROW_BLOCK - 1) / ROW_BLOCK;
-  DS_OMP(parallel for schedule(static) if (out * in > 65536))
+  int64_t first_block[SEG_MAX + 1], col[SEG_MAX], blocks = 0, total = 0;
+  for (int s = 0; s < n_seg; s++) {
+    first_block[s] = blocks, col[s] = total;
+    blocks += (out[s] + ROW_BLOCK - 1) / ROW_BLOCK;
+    total += out[s];
+  }
+  first_block[n_seg] = blocks;
+  /* one parallel region over every segment's row blocks: a decode step's k and v are too small
+   * to pay a fork / join each */
+  DS_OMP(parallel for schedule(static) if (total * in > 65536))
   for (int64_t b = 0; b < blocks; b++) {
-    int64_t o0 = b * ROW_BLOCK, o1 = o0 + ROW_BLOCK < out ? o0 + ROW_BLOCK : out;
-    rows(y, ldy, x, w16, bias, n, in, o0, o1, f16);
+    int s = 0;
+    while (b >= first_block[s + 1]) s++;
+    int64_t o0 = (b - first_block[s]) * ROW_BLOCK, o1 = o0 + ROW_BLOCK < out[s] ? o0 + ROW_BLOCK : out[s];
+    rows(y + col[s], ldy, x, w[s].data, bias ? bias + col[s] : NULL, n, in, o0, o1, is_f16(w[s]));
   }
 }
 
@@ -397,6 +412,21 @@ void ds_cpu_linear16(float *y, int64_t ldy, const float *x, ds_weight w, const f
   int direct = n <= DS_LINEAR16_DIRECT_MAX_ROWS || n * in * (int64_t)sizeof(float) <= DS_LINEAR16_DIRECT_MAX_X_BYTES;
   if (!direct && ds_linear16_chunked(isa, y, ldy, x, w, bias, n, in, out, ds_linear16_chunk_rows(in, out))) return;
   ds_linear16_direct(isa, y, ldy, x, w, bias, n, in, out);
+}
+
+void ds_cpu_linear16_cat(float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out, int n_seg,
+                         const float *bias, int64_t n, int64_t in) {
+  int direct = n <= DS_LINEAR16_DIRECT_MAX_ROWS || n * in * (int64_t)sizeof(float) <= DS_LINEAR16_DIRECT_MAX_X_BYTES;
+  for (int s = 0; s < n_seg; s++) direct = direct && !bf16_compute(w[s], n);
+  if (direct && n_seg <= 8) {
+    ds_linear16_direct_cat(ds_isa_best(), y, ldy, x, w, out, n_seg, bias, n, in);
+    return;
+  }
+  int64_t col = 0;
+  for (int s = 0; s < n_seg; s++) {
+    ds_cpu_linear16(y + col, ldy, x, w[s], bias ? bias + col : NULL, n, in, out[s]);
+    col += out[s];
+  }
 }
 
 void ds_cpu_linear16_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out) {

@@ -46,6 +46,10 @@ void ds_convert16(ds_isa isa, float *dst, const uint16_t *src, int64_t count, ds
 /* y[n, out] (row stride ldy) = x[n, in] @ w[out, in]^T (+ bias[out]); w is BF16 or F16. */
 void ds_linear16_direct(ds_isa isa, float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n,
                         int64_t in, int64_t out);
+/* The same over n_seg (<= 8) weights stored apart (each BF16 or F16, out[s] rows), segment s
+ * writing its out[s] columns of y after the previous ones, in one parallel region. */
+void ds_linear16_direct_cat(ds_isa isa, float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out,
+                            int n_seg, const float *bias, int64_t n, int64_t in);
 /* The same through ds_gemm_f32 with a chunk_rows x in fp32 scratch. Returns 0 (nothing
  * written) when the scratch cannot be allocated, 1 otherwise. */
 int ds_linear16_chunked(ds_isa isa, float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n,
@@ -64,6 +68,10 @@ int ds_linear16_backward_chunked(ds_isa isa, float *dx, const float *dy, ds_weig
 void ds_cpu_linear16(float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n, int64_t in,
                      int64_t out);
 void ds_cpu_linear16_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out);
+/* linear_w_cat on 16-bit segments when they do not run as one bf16 GEMM: the direct path over
+ * all of them in one parallel region (decode), else ds_cpu_linear16 per segment. */
+void ds_cpu_linear16_cat(float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out, int n_seg,
+                         const float *bias, int64_t n, int64_t in);
 /* y[n, d] = table[ids[i]] for a table in any of F32 / BF16 / F16. */
 void ds_cpu_embedding_w(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d);
 
