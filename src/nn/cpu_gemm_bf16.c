@@ -546,23 +546,19 @@ static int gemm_onednn_packed(int tb, int64_t m, int64_t n, int64_t k, const flo
   return run_dense(c, rounded(A, m, k, lda, &g_sa), b, C, ldc, beta);
 }
 
-/* 1 when oneDNN ran C = A[m, k] @ [segs]^T (+ C) as one product: on the concatenation's packed
- * copy from its second use, else on a plain concatenated copy made for this call (a copy of W
- * costs a few percent of a product of many rows, less than running the segments apart). */
+/* 1 when oneDNN ran C = A[m, k] @ [segs]^T (+ C) as one product on the concatenation's packed
+ * copy (made on its second use, under the cap); 0 otherwise, the caller then runs the segments
+ * in place. A one-shot concatenated copy is not made: copying the weights (66 MB a layer of a
+ * Qwen3-1.7B) cost more than the narrow products it saved (measured: a 256-token prefill of the
+ * 1.7B shape 1.1-1.5x slower). */
 static int gemm_onednn_cat(int64_t m, const cat_src *cat, int f32, int64_t k, const float *A, int64_t lda,
                            float beta, float *C, int64_t ldc) {
   int64_t n = 0;
   for (int s = 0; s < cat->n_seg; s++) n += cat->rows[s];
-  if (pack_limit() > 0) {
-    cached_matmul *c = matmul_for(0, 1, m, n, k, k, k, n, beta != 0.0f, 1, 0);
-    const void *b = c ? packed_for(c, cat->segs[0], f32, cat, 1, n, k) : NULL;
-    if (b) return run_dense(c, rounded(A, m, k, lda, &g_sa), b, C, ldc, beta);
-  }
-  cached_matmul *c = matmul_for(0, 1, m, n, k, k, k, n, beta != 0.0f, 0, 0);
-  if (!c) return 0;
-  uint16_t *b = scratch_get(&g_sb, (size_t)(n * k) * sizeof(uint16_t));
-  concat_bf16(b, cat, f32, k);
-  return run_dense(c, rounded(A, m, k, lda, &g_sa), b, C, ldc, beta);
+  if (pack_limit() == 0) return 0;
+  cached_matmul *c = matmul_for(0, 1, m, n, k, k, k, n, beta != 0.0f, 1, 0);
+  const void *b = c ? packed_for(c, cat->segs[0], f32, cat, 1, n, k) : NULL;
+  return b ? run_dense(c, rounded(A, m, k, lda, &g_sa), b, C, ldc, beta) : 0;
 }
 
 /* ---------------------------------------------------------------- tile products */

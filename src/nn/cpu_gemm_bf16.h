@@ -42,7 +42,7 @@ void ds_cpu_gemm_bf16_frozen(int tb, int64_t m, int64_t n, int64_t k, const floa
 
 /* C[m, sum rows] = bf16(A[m, k]) @ [W_0; W_1; ...]^T + beta * C for frozen weights stored
  * apart (segs[s]: rows[s] x k, contiguous; all F32 when f32, else all BF16 bits): one product
- * over their concatenation (its packed copy from the second use, under the cap), else
+ * over the packed copy of their concatenation from its second use (under the cap), else
  * ds_cpu_gemm_bf16_frozen per segment. The same bf16 values either way. */
 void ds_cpu_gemm_bf16_frozen_cat(int64_t m, const void *const *segs, int f32, const int64_t *rows, int n_seg, int64_t k,
                                  const float *A, int64_t lda, float beta, float *C, int64_t ldc);

@@ -325,8 +325,9 @@ static void test_held_operands(void) {
 }
 
 /* linear_w_cat (q, k, v stored apart, read as one weight) on the cpu backend: under bf16, with F32
- * and BF16 segments and a bias, uses 1 (a plain concatenated copy), 2 (packing) and 3 (the packed
- * copy) each within the bound of the reference on the concatenated weight, 2 and 3 the same bits;
+ * and BF16 segments and a bias, uses 1 (the segments in place), 2 (packing the concatenation) and
+ * 3 (its packed copy) each within the bound of the reference on the concatenated weight, 2 and 3
+ * the same bits;
  * under fp32, bit for bit one linear_w per segment; the reference backend's equals its own
  * linear_w per segment. */
 static void test_linear_w_cat(void) {
