@@ -64,7 +64,8 @@ def main():
         cap_arg = ",".join(map(str, CAPTURE))
         outs = {}
         for mode, extra in (("prefill", []), ("chunk5", ["--chunk", "5"]), ("chunk1", ["--chunk", "1"]),
-                            ("last", ["--logits", "last"]), ("last_chunk5", ["--logits", "last", "--chunk", "5"])):
+                            ("last", ["--logits", "last"]), ("last_chunk5", ["--logits", "last", "--chunk", "5"]),
+                            ("repeat3", ["--repeat", "3", "--chunk", "5"])):
             path = os.path.join(args.tmp, f"{name}-{mode}.safetensors")
             common.run([args.dspark, "forward", mdir, "--ids", ids_arg, "--capture", cap_arg, "--out", path] + extra)
             outs[mode] = load_file(path)
@@ -75,6 +76,11 @@ def main():
                 err = common.normwise_rel_err(got[f"{key}.{b}"], ref)
                 ck.check(err <= TOL, f"{name} seq {b} {key}: rel err {err:.2e} > {TOL:g}")
                 print(f"{name} seq {b} {key}: rel err {err:.2e}")
+            # --repeat: the KV caches emptied between runs, so the last run's results are the
+            # first's, bit for bit (fp32 compute)
+            for key in ("logits", "final_hidden", "captured"):
+                ck.check(np.array_equal(outs["repeat3"][f"{key}.{b}"], outs["chunk5"][f"{key}.{b}"]),
+                         f"{name} seq {b} {key}: forward --repeat 3 differs from one run")
             for mode in ("chunk5", "chunk1"):
                 for key in ("logits", "final_hidden", "captured"):
                     err = common.normwise_rel_err(outs[mode][f"{key}.{b}"], got[f"{key}.{b}"])
