@@ -11,6 +11,7 @@
 #include "nn/cpu_linear16.h"
 #include "nn/fast_exp.h"
 #include "nn/host_memory.h"
+#include "nn/linear_cat.h"
 
 #ifdef DSPARK_USE_OPENMP
 #include <omp.h>
@@ -74,24 +75,17 @@ static void cpu_linear_w_cat(float *y, int64_t ldy, const float *x, const ds_wei
   int fuse = n_seg > 1 && n_seg <= CAT_MAX && ds_matmul_compute() == DS_COMPUTE_BF16 &&
              (w[0].dtype == DS_F32 ? n >= DS_BF16_MIN_ROWS_F32W : w[0].dtype == DS_BF16 && n >= DS_BF16_MIN_ROWS_BF16W);
   int64_t total = 0;
+  int all16 = 1;
   const void *segs[CAT_MAX];
   for (int s = 0; s < n_seg; s++) {
     fuse = fuse && w[s].dtype == w[0].dtype;
+    all16 = all16 && (w[s].dtype == DS_BF16 || w[s].dtype == DS_F16);
     if (s < CAT_MAX) segs[s] = w[s].data;
     total += out[s];
   }
-  int all16 = 1;
-  for (int s = 0; s < n_seg; s++) all16 = all16 && (w[s].dtype == DS_BF16 || w[s].dtype == DS_F16);
-  if (!fuse && all16) {
-    ds_cpu_linear16_cat(y, ldy, x, w, out, n_seg, bias, n, in);
-    return;
-  }
   if (!fuse) {
-    int64_t col = 0;
-    for (int s = 0; s < n_seg; s++) {
-      cpu_linear_w(y + col, ldy, x, w[s], bias ? bias + col : NULL, n, in, out[s]);
-      col += out[s];
-    }
+    if (all16) ds_cpu_linear16_cat(y, ldy, x, w, out, n_seg, bias, n, in);
+    else ds_linear_w_each_segment(cpu_linear_w, y, ldy, x, w, out, n_seg, bias, n, in);
     return;
   }
   if (bias) {
@@ -193,12 +187,22 @@ static void cpu_rmsnorm_backward(float *dx, float *dw, const float *dy, const fl
  * calling thread keeps the last table and reuses it when positions and frequencies are the same
  * (n + half compares instead of 2 n half libm calls, which took 7% of a prefill). */
 typedef struct {
-  int64_t n, half, cap; /* cap: rows the buffers hold */
+  int64_t n, half;          /* of the table held */
+  int64_t cap, cap_half;    /* what the buffers hold */
   int64_t *pos;
   float *freq, *cs, *sn;
 } rope_table;
 
 static _Thread_local rope_table tl_rope;
+
+/* cs[i], sn[i] = cos, sin of (float)p * inv_freq[i] */
+static inline void rope_angles(float p, const float *inv_freq, int64_t half, float *cs, float *sn) {
+  for (int64_t i = 0; i < half; i++) {
+    float ang = p * inv_freq[i];
+    cs[i] = cosf(ang);
+    sn[i] = sinf(ang);
+  }
+}
 
 static const rope_table *rope_table_for(const int64_t *pos, const float *inv_freq, int64_t n, int64_t half) {
   rope_table *r = &tl_rope;
@@ -206,28 +210,21 @@ static const rope_table *rope_table_for(const int64_t *pos, const float *inv_fre
   if (r->n == n && r->half == half && memcmp(r->pos, pos, (size_t)n * sizeof *pos) == 0 &&
       memcmp(r->freq, inv_freq, (size_t)half * sizeof *inv_freq) == 0)
     return r;
-  if (n > r->cap || half > r->half) { /* grow (the frequencies' buffer with the rows') */
-    int64_t cap = n > r->cap ? n : r->cap, h = half > r->half ? half : r->half;
+  if (n > r->cap || half > r->cap_half) {
+    int64_t cap = n > r->cap ? n : r->cap, h = half > r->cap_half ? half : r->cap_half;
     free(r->pos), free(r->freq), free(r->cs), free(r->sn);
     r->pos = malloc((size_t)cap * sizeof *r->pos);
     r->freq = malloc((size_t)h * sizeof *r->freq);
     r->cs = malloc((size_t)(cap * h) * sizeof *r->cs);
     r->sn = malloc((size_t)(cap * h) * sizeof *r->sn);
-    r->n = r->half = r->cap = 0;
+    r->n = r->half = r->cap = r->cap_half = 0;
     if (!r->pos || !r->freq || !r->cs || !r->sn) return NULL; /* the caller computes per row */
-    r->cap = cap;
+    r->cap = cap, r->cap_half = h;
   }
   memcpy(r->pos, pos, (size_t)n * sizeof *pos);
   memcpy(r->freq, inv_freq, (size_t)half * sizeof *inv_freq);
   DS_OMP(parallel for schedule(static) if (n * half > 4096))
-  for (int64_t t = 0; t < n; t++) {
-    float p = (float)pos[t];
-    for (int64_t i = 0; i < half; i++) {
-      float ang = p * inv_freq[i];
-      r->cs[t * half + i] = cosf(ang);
-      r->sn[t * half + i] = sinf(ang);
-    }
-  }
+  for (int64_t t = 0; t < n; t++) rope_angles((float)pos[t], inv_freq, half, r->cs + t * half, r->sn + t * half);
   r->n = n, r->half = half;
   return r;
 }
@@ -240,25 +237,16 @@ static void rope_rotate(float *x, int64_t stride, const int64_t *pos, const floa
   DS_OMP(parallel for schedule(static) if (n * heads * head_dim > 32768))
   for (int64_t t = 0; t < n; t++) {
     float cs[1024], sn[1024]; /* head_dim <= 2048 is checked at model load */
-    if (tab) {
-      for (int64_t i = 0; i < half; i++) {
-        cs[i] = tab->cs[t * half + i];
-        sn[i] = sign * tab->sn[t * half + i]; /* sign is +-1: exact */
-      }
-    } else {
-      float p = (float)pos[t];
-      for (int64_t i = 0; i < half; i++) {
-        float ang = p * inv_freq[i];
-        cs[i] = cosf(ang);
-        sn[i] = sign * sinf(ang);
-      }
-    }
+    const float *c = cs, *s = sn;
+    if (tab) c = tab->cs + t * half, s = tab->sn + t * half;
+    else rope_angles((float)pos[t], inv_freq, half, cs, sn); /* no table (out of memory) */
+    for (int64_t i = 0; i < half; i++) sn[i] = sign * s[i]; /* sign is +-1: exact */
     for (int64_t h = 0; h < heads; h++) {
       float *v = x + t * stride + h * head_dim;
       for (int64_t i = 0; i < half; i++) {
         float a = v[i], b = v[i + half];
-        v[i] = a * cs[i] - b * sn[i];
-        v[i + half] = b * cs[i] + a * sn[i];
+        v[i] = a * c[i] - b * sn[i];
+        v[i + half] = b * c[i] + a * sn[i];
       }
     }
   }

@@ -14,6 +14,7 @@
 
 #include "nn/cpu_gemm_bf16.h"
 #include "nn/cpu_kernels.h"
+#include "nn/linear_cat.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define DS_X86 1
@@ -422,11 +423,7 @@ void ds_cpu_linear16_cat(float *y, int64_t ldy, const float *x, const ds_weight 
     ds_linear16_direct_cat(ds_isa_best(), y, ldy, x, w, out, n_seg, bias, n, in);
     return;
   }
-  int64_t col = 0;
-  for (int s = 0; s < n_seg; s++) {
-    ds_cpu_linear16(y + col, ldy, x, w[s], bias ? bias + col : NULL, n, in, out[s]);
-    col += out[s];
-  }
+  ds_linear_w_each_segment(ds_cpu_linear16, y, ldy, x, w, out, n_seg, bias, n, in);
 }
 
 void ds_cpu_linear16_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out) {

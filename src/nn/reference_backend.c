@@ -10,6 +10,7 @@
 #include "dspark/common.h"
 #include "dspark/dtype.h"
 #include "nn/host_memory.h"
+#include "nn/linear_cat.h"
 
 static void ref_linear(float *y, const float *x, const float *w, const float *bias, int64_t n, int64_t in,
                        int64_t out) {
@@ -62,14 +63,9 @@ static void ref_linear_w(float *y, int64_t ldy, const float *x, ds_weight w, con
     }
 }
 
-/* The segments one after another, each writing its columns of y. */
 static void ref_linear_w_cat(float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out, int n_seg,
                              const float *bias, int64_t n, int64_t in) {
-  int64_t col = 0;
-  for (int s = 0; s < n_seg; s++) {
-    ref_linear_w(y + col, ldy, x, w[s], bias ? bias + col : NULL, n, in, out[s]);
-    col += out[s];
-  }
+  ds_linear_w_each_segment(ref_linear_w, y, ldy, x, w, out, n_seg, bias, n, in);
 }
 
 /* dx[n, in] += dy[n, out] @ w[out, in] */

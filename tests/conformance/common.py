@@ -134,3 +134,17 @@ def build_bpe_target(tmp, n_files=40, vocab_size=400, seed=5, specials=("<|endof
                      eos_token_id=tok.token_to_id(specials[0]), num_hidden_layers=layers, dtype=dtype)
     tok.save(os.path.join(mdir, "tokenizer.json"))
     return mdir
+
+
+def build_qwen3_chat_target(tmp):
+    """build_bpe_target with Qwen3's special tokens (<|im_end|> as EOS) and Qwen3-0.6B's chat
+    template (tests/conformance/chat_templates) in its tokenizer_config.json, in tmp/qwen3-target."""
+    import json
+    target = build_bpe_target(tmp, specials=("<|im_end|>", "<|mask|>", "<|im_start|>", "<|endoftext|>"),
+                              name="qwen3-target")
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "chat_templates", "Qwen-Qwen3-0.6B.jinja"), encoding="utf-8") as f:
+        template = f.read()
+    with open(os.path.join(target, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "chat_template": template}, f)
+    return target

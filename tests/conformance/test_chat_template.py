@@ -214,12 +214,7 @@ def capture_and_train(args, ck, rng):
     run records which template it used."""
     import common
     from safetensors.torch import load_file
-    target = common.build_bpe_target(args.tmp, specials=("<|im_end|>", "<|mask|>", "<|im_start|>", "<|endoftext|>"),
-                                     name="qwen3-target")
-    with open(os.path.join(HERE, "chat_templates", "Qwen-Qwen3-0.6B.jinja"), encoding="utf-8") as f:
-        template = f.read()
-    with open(os.path.join(target, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "chat_template": template}, f)
+    target = common.build_qwen3_chat_target(args.tmp)
     convs = [conversation(rng, "qwen3") for _ in range(12)]
     convs = [c for c in convs if any(m["role"] == "assistant" for m in c)]
     data = os.path.join(args.tmp, "chat-data.jsonl")

@@ -77,12 +77,7 @@ def main():
     ck = Checker()
     rng = random.Random(1313)
     os.makedirs(args.tmp, exist_ok=True)
-    target = common.build_bpe_target(args.tmp, specials=("<|im_end|>", "<|mask|>", "<|im_start|>", "<|endoftext|>"),
-                                     name="qwen3-target")
-    with open(os.path.join(HERE, "chat_templates", "Qwen-Qwen3-0.6B.jinja"), encoding="utf-8") as f:
-        template = f.read()
-    with open(os.path.join(target, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "chat_template": template}, f)
+    target = common.build_qwen3_chat_target(args.tmp)
     convs = [conversation(rng) for _ in range(24)]
     shares = [sharegpt(rng, c) for c in convs]
 

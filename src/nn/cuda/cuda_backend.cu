@@ -9,6 +9,7 @@
 #include <limits.h>
 
 #include "nn/cuda/cuda_internal.h"
+#include "nn/linear_cat.h"
 
 /* ---------------------------------------------------------------- memory */
 
@@ -163,11 +164,7 @@ static void cuda_rmsnorm_heads(float *x, int64_t stride, const float *w, int64_t
 /* One product per segment (cuBLAS runs each at full width; a fused copy is not kept yet). */
 static void cuda_linear_w_cat(float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out, int n_seg,
                               const float *bias, int64_t n, int64_t in) {
-  int64_t col = 0;
-  for (int s = 0; s < n_seg; s++) {
-    cuda_linear_w(y + col, ldy, x, w[s], bias ? bias + col : NULL, n, in, out[s]);
-    col += out[s];
-  }
+  ds_linear_w_each_segment(cuda_linear_w, y, ldy, x, w, out, n_seg, bias, n, in);
 }
 
 static void cuda_linear_w_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out) {
