@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "nn/cpu_linear16.h"
 #include "nn/fast_exp.h"
 
 /* DS_OMP(parallel for ...) is `#pragma omp parallel for ...` in OpenMP builds and nothing
@@ -40,6 +41,13 @@ int ds_cpu_attention_causal_bf16(float *out, const float *q, int64_t q_stride, c
                                  int64_t n, int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv_heads,
                                  int64_t head_dim, float scale);
 enum { DS_BF16_ATTN_MIN_ROWS = 32 };
+/* Its softmax row, kept separate for the tests: prow[0 : kp] <- bf16(exp(scale * row[j] - max))
+ * for j < vis (max over those), zeros after; returns the sum of the unrounded exps (about 1 or
+ * more: the max's term is exp(0) up to the fused multiply-subtract's rounding), in
+ * 16 partial sums (lane j % 16 takes column j) added in lane order. kp >= vis and a multiple
+ * of 16. isa: DS_ISA_AVX512 runs the 16-lane form where the CPU has it (the same bits), any
+ * other the portable loop. */
+float ds_exp_row_bf16(ds_isa isa, uint16_t *prow, const float *row, int64_t vis, int64_t kp, float scale);
 void ds_cpu_block_attention(float *out, float *lse, const float *q, const float *k_ctx, const float *v_ctx,
                             const float *k_blk, const float *v_blk, const int64_t *ctx_len, int64_t n_ctx,
                             int64_t n_blocks, int64_t g, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
