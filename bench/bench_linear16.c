@@ -4,7 +4,8 @@
  * picks. For the direct path it also prints the weight bytes read per second, to compare
  * with the machine's streaming bandwidth (measured here by a copy of 1 GiB, and by a read-only
  * pass over 1 GiB with every thread: the roofline of a weight-bound decode).
- *   bench_linear16 [--threads N] [--reps R] [--rows 1,4,8,...] [--stream-only] */
+ * --decode instead: a decode's pass over the 100M Qwen3's weights, per instruction set.
+ *   bench_linear16 [--threads N] [--reps R] [--rows 1,4,8,...] [--stream-only | --decode] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,11 +64,49 @@ static void read_job(void *p) {
   if (s == 12345.0f) printf("(sum %g)\n", s); /* keeps the loop */
 }
 
+/* A decode's weight reads: one row of x through every linear of the 100M Qwen3 (12 layers of
+ * q/k/v, o, gate/up, down, then the tied 32000 x 768 head; 198 MB of distinct BF16 weights),
+ * the direct path with each instruction set the CPU has. Weights read per second, the best pass
+ * of reps. */
+static void decode_pass(int reps) {
+  enum { LAYERS = 12 };
+  const int64_t outs[5] = {1280, 768, 4096, 768, 32000}, ins[5] = {768, 768, 768, 2048, 768};
+  uint16_t *w[LAYERS * 4 + 1];
+  double bytes = 0;
+  for (int i = 0; i < LAYERS * 4 + 1; i++) {
+    int s = i < LAYERS * 4 ? i % 4 : 4;
+    size_t nw = (size_t)(outs[s] * ins[s]);
+    w[i] = malloc(nw * 2);
+    for (size_t k = 0; k < nw; k++) w[i][k] = ds_f32_to_bf16((float)((k * 2654435761u) % 1000) / 1000.0f - 0.5f);
+    bytes += (double)nw * 2;
+  }
+  float *x = calloc(2048, sizeof(float)), *y = calloc(32000, sizeof(float));
+  for (int k = 0; k < 2048; k++) x[k] = (float)(k % 7) - 3.0f;
+  for (ds_isa isa = DS_ISA_PORTABLE; isa <= ds_isa_best(); isa++) {
+    double best = 1e30;
+    for (int r = 0; r < reps + 1; r++) { /* the first pass also warms */
+      double t0 = ds_time_sec();
+      for (int i = 0; i < LAYERS * 4 + 1; i++) {
+        int s = i < LAYERS * 4 ? i % 4 : 4;
+        ds_linear16_direct(isa, y, outs[s], x, (ds_weight){w[i], DS_BF16}, NULL, 1, ins[s], outs[s]);
+      }
+      double t = ds_time_sec() - t0;
+      if (r > 0 && t < best) best = t;
+    }
+    printf("decode pass (100M Qwen3, %.0f MB of bf16 weights), %-8s %7.2f ms  %6.2f GB/s\n", bytes / 1e6,
+           ds_isa_name(isa), 1e3 * best, bytes / best / 1e9);
+  }
+  for (int i = 0; i < LAYERS * 4 + 1; i++) free(w[i]);
+  free(x);
+  free(y);
+}
+
 int main(int argc, char **argv) {
-  int threads = 0, reps = 5, stream_only = 0;
+  int threads = 0, reps = 5, stream_only = 0, decode_only = 0;
   const char *rows_arg = "1,2,4,8,16,32,128,512";
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--stream-only")) stream_only = 1;
+    else if (!strcmp(argv[i], "--decode")) decode_only = 1;
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--rows") && i + 1 < argc) rows_arg = argv[++i];
@@ -80,6 +119,10 @@ int main(int argc, char **argv) {
   double tr = best_of(3, read_job, bufs[0]);
   printf("stream read 1 GiB, %d threads: %.2f GB/s\n", ds_get_num_threads(), 1.073741824 / tr);
   if (stream_only) return 0;
+  if (decode_only) {
+    decode_pass(reps);
+    return 0;
+  }
   double tc = best_of(3, copy_job, bufs);
   printf("memcpy 1 GiB: %.2f GB/s read (+ the same written)\n", 1.073741824 / tc);
   free(bufs[0]);

