@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "dspark/backend.h"
+#include "nn/cpu_gemm_mkl.h"
 #include "nn/cpu_kernels.h"
 
 #if defined(DSPARK_GEMM_ONEDNN)
@@ -347,9 +348,10 @@ typedef struct {
   uint64_t cat;   /* 0, or for a concatenation of segments (data: the first) a hash of them all */
   int f32;        /* source dtype: F32 (rounded on packing) or BF16 */
   uint64_t print; /* fingerprint of sampled source values */
-  dnnl_memory_desc_t md;
+  dnnl_memory_desc_t md; /* oneDNN's layout; unused for MKL's */
   void *packed;
   size_t bytes;
+  int mkl; /* 1: MKL's packed layout (cpu_gemm_mkl.h), for a forward (tb) */
 } packed_weight;
 
 static packed_weight *g_packs;
@@ -454,10 +456,11 @@ static void concat_bf16(uint16_t *dst, const cat_src *cat, int f32, int64_t k) {
 }
 
 /* The packed copy of W (B of the product: W^T when tb, W otherwise; data F32 or BF16, or with
- * cat the concatenation of its segments, tb 1) for the primitive c (NULL when it cannot be made
- * or would pass the cap). */
+ * cat the concatenation of its segments, tb 1) for the primitive c, or with c NULL in MKL's
+ * layout for an m-row forward (tb 1); NULL when it cannot be made or would pass the cap. */
 static const void *packed_for(const cached_matmul *c, const void *data, int f32, const cat_src *cat, int tb,
-                              int64_t n, int64_t k) {
+                              int64_t m, int64_t n, int64_t k) {
+  int mkl = c == NULL;
   uint64_t key = cat ? cat_hash(cat) : 0, print = 0;
   if (cat)
     for (int s = 0; s < cat->n_seg; s++) print = print * 31 + fingerprint(cat->segs[s], f32, cat->rows[s] * k);
@@ -466,14 +469,15 @@ static const void *packed_for(const cached_matmul *c, const void *data, int f32,
   packed_weight *seen = NULL;
   for (int i = 0; i < g_packs_used && !seen; i++) {
     packed_weight *p = &g_packs[i];
-    if (p->data != data || p->n != n || p->k != k || p->tb != tb || p->f32 != f32 || p->cat != key) continue;
+    if (p->data != data || p->n != n || p->k != k || p->tb != tb || p->f32 != f32 || p->cat != key || p->mkl != mkl)
+      continue;
     if (p->print != print) { /* rewritten in place: stale */
       pack_drop(p);
       i--;
       continue;
     }
     if (!p->packed) seen = p;
-    else return dnnl_memory_desc_equal(&p->md, &c->bd) ? p->packed : NULL;
+    else return mkl || dnnl_memory_desc_equal(&p->md, &c->bd) ? p->packed : NULL;
   }
   if (!seen) {
     /* The first use runs in place: packing costs about one product (it reads the weight, the
@@ -486,10 +490,12 @@ static const void *packed_for(const cached_matmul *c, const void *data, int f32,
       g_packs = np;
       g_packs_cap = cap;
     }
-    g_packs[g_packs_used++] = (packed_weight){data, n, k, tb, key, f32, print, c->bd, NULL, 0};
+    g_packs[g_packs_used] = (packed_weight){data, n, k, tb, key, f32, print, {0}, NULL, 0, mkl};
+    if (c) g_packs[g_packs_used].md = c->bd;
+    g_packs_used++;
     return NULL;
   }
-  size_t bytes = dnnl_memory_desc_get_size(&c->bd);
+  size_t bytes = mkl ? ds_mkl_bf16_pack_size(m, n, k) : dnnl_memory_desc_get_size(&c->bd);
   if (g_pack_bytes + bytes > pack_limit()) return NULL;
   void *dst = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
   if (!dst) return NULL;
@@ -504,8 +510,14 @@ static const void *packed_for(const cached_matmul *c, const void *data, int f32,
     round_rows(s, 1, data, tb ? n : k, tb ? k : n, tb ? k : n); /* W as stored */
     src = s;
   }
+  if (mkl) {
+    ds_mkl_bf16_pack(dst, src, m, n, k);
+    seen->packed = dst, seen->bytes = bytes;
+    g_pack_bytes += bytes;
+    return dst;
+  }
   if (getenv("DSPARK_BF16_PACK_ONEDNN") == NULL && pack_amx(&c->bd, src, tb, n, k, dst, bytes)) {
-    *seen = (packed_weight){data, n, k, tb, key, f32, print, c->bd, dst, bytes};
+    *seen = (packed_weight){data, n, k, tb, key, f32, print, c->bd, dst, bytes, 0};
     g_pack_bytes += bytes;
     return dst;
   }
@@ -531,17 +543,33 @@ static const void *packed_for(const cached_matmul *c, const void *data, int f32,
     free(dst);
     return NULL;
   }
-  *seen = (packed_weight){data, n, k, tb, key, f32, print, c->bd, dst, bytes};
+  *seen = (packed_weight){data, n, k, tb, key, f32, print, c->bd, dst, bytes, 0};
   g_pack_bytes += bytes;
   return dst;
+}
+
+/* A forward on a weight of n x k elements goes to MKL (cpu_gemm_mkl.h: weights that stream from
+ * memory, where its kernels measured 1.42x oneDNN 2.6's). */
+static int mkl_for(int64_t n, int64_t k) { return n * k >= ds_mkl_bf16_min_elems() && ds_mkl_bf16_available(); }
+
+/* 1 when MKL ran C = A[m, k] @ W^T (+ C) on W's packed copy (data, or the concatenation cat);
+ * 0 on the first use (the caller runs it in place) or past the cap. */
+static int gemm_mkl_packed(int64_t m, const void *data, int f32, const cat_src *cat, int64_t n, int64_t k,
+                           const float *A, int64_t lda, float beta, float *C, int64_t ldc) {
+  const void *b = packed_for(NULL, data, f32, cat, 1, m, n, k);
+  if (!b) return 0;
+  ds_mkl_bf16_gemm(m, n, k, rounded(A, m, k, lda, &g_sa), k, b, beta, C, ldc);
+  return 1;
 }
 
 /* 1 when oneDNN ran C = A[m, k] @ B (+ C) on the packed W: B = W[n, k]^T (tb) or W[k, n]. */
 static int gemm_onednn_packed(int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
                               const uint16_t *Bh, float beta, float *C, int64_t ldc) {
+  const void *w = Bf ? (const void *)Bf : (const void *)Bh;
+  if (tb && mkl_for(n, k)) return gemm_mkl_packed(m, w, Bf != NULL, NULL, n, k, A, lda, beta, C, ldc);
   cached_matmul *c = matmul_for(0, tb, m, n, k, k, tb ? k : n, n, beta != 0.0f, 1, 0);
   if (!c) return 0;
-  const void *b = packed_for(c, Bf ? (const void *)Bf : (const void *)Bh, Bf != NULL, NULL, tb, n, k);
+  const void *b = packed_for(c, w, Bf != NULL, NULL, tb, m, n, k);
   if (!b) return 0;
   return run_dense(c, rounded(A, m, k, lda, &g_sa), b, C, ldc, beta);
 }
@@ -556,8 +584,9 @@ static int gemm_onednn_cat(int64_t m, const cat_src *cat, int f32, int64_t k, co
   int64_t n = 0;
   for (int s = 0; s < cat->n_seg; s++) n += cat->rows[s];
   if (pack_limit() == 0) return 0;
+  if (mkl_for(n, k)) return gemm_mkl_packed(m, cat->segs[0], f32, cat, n, k, A, lda, beta, C, ldc);
   cached_matmul *c = matmul_for(0, 1, m, n, k, k, k, n, beta != 0.0f, 1, 0);
-  const void *b = c ? packed_for(c, cat->segs[0], f32, cat, 1, n, k) : NULL;
+  const void *b = c ? packed_for(c, cat->segs[0], f32, cat, 1, m, n, k) : NULL;
   return b ? run_dense(c, rounded(A, m, k, lda, &g_sa), b, C, ldc, beta) : 0;
 }
 
@@ -728,7 +757,7 @@ int ds_gemm_bf16_native(void) {
 }
 
 const char *ds_gemm_bf16_name(void) {
-  static char name[160];
+  static char name[256];
   pthread_mutex_lock(&g_lock);
   if (!name[0]) {
 #if defined(DSPARK_GEMM_ONEDNN)
@@ -736,8 +765,12 @@ const char *ds_gemm_bf16_name(void) {
     cached_matmul *c = native_locked() ? matmul_for(0, 1, 256, 256, 256, 256, 256, 256, 0, 0, 0) : NULL;
     if (c) {
       const dnnl_version_t *v = dnnl_version();
-      snprintf(name, sizeof name, "oneDNN %d.%d.%d matmul %s", v->major, v->minor, v->patch,
-               c->impl[0] ? c->impl : "(kernel not reported)");
+      int at = snprintf(name, sizeof name, "oneDNN %d.%d.%d matmul %s", v->major, v->minor, v->patch,
+                        c->impl[0] ? c->impl : "(kernel not reported)");
+      const char *ver = ds_mkl_bf16_available() ? strstr(ds_mkl_bf16_status(), "Version ") : NULL;
+      if (ver && at > 0 && (size_t)at < sizeof name)
+        snprintf(name + at, sizeof name - (size_t)at, "; frozen weights of %lld+ elements: MKL %.*s",
+                 (long long)ds_mkl_bf16_min_elems(), (int)strcspn(ver + 8, "- "), ver + 8);
     }
 #endif
     if (!name[0]) snprintf(name, sizeof name, "bf16-rounded inputs, fp32 GEMM (%s)", ds_gemm_name());

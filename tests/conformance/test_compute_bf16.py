@@ -83,6 +83,14 @@ def check_forward(args, ck):
     ck.check(len(line) == 1 and "bf16 compute" in out, f"info names no bf16 kernel:\n{out}")
     ck.check("(bf16 compute," in out, f"info does not report the bf16 setting:\n{out}")
     print(line[0] if line else "")
+    if "oneDNN" in (line[0] if line else ""):  # native bf16: the MKL choice is made (cpu_gemm_mkl.h)
+        _, err, _ = common.run([args.dspark, "info", mdir, "--compute", "bf16"],
+                               env=dict(os.environ, DSPARK_MKL="/nonexistent/libmkl_rt.so.3"))
+        ck.check("MKL not loaded" in err and "DSPARK_MKL" in err and "stay on oneDNN" in err,
+                 f"DSPARK_MKL naming a missing library: no warning:\n{err}")
+        out_none, err, _ = common.run([args.dspark, "info", mdir, "--compute", "bf16"],
+                                      env=dict(os.environ, DSPARK_MKL="none"))
+        ck.check("MKL" not in err and "MKL" not in out_none, f"DSPARK_MKL=none still names MKL:\n{out_none}{err}")
     _, err, _ = common.run([args.dspark, "forward", mdir, "--ids", "1,2", "--out", os.path.join(args.tmp, "x"),
                             "--compute", "fp16"], expect_rc=2)
     ck.check("--compute takes fp32 or bf16" in err, f"bad --compute: {err}")

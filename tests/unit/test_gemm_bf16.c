@@ -14,6 +14,7 @@
 #include "dspark/dtype.h"
 #include "dspark/rng.h"
 #include "nn/cpu_gemm_bf16.h"
+#include "nn/cpu_gemm_mkl.h"
 #include "nn/cpu_kernels.h"
 #include "test_util.h"
 
@@ -237,6 +238,52 @@ static void test_packed_frozen(void) {
   EXPECT(ev > 0);
 }
 
+/* MKL's bf16 GEMM on the packed frozen weights it takes (nn/cpu_gemm_mkl.h), forced onto small
+ * weights ($DSPARK_MKL_BF16_MIN=1): the forward of a frozen F32 or BF16 weight and of a
+ * concatenation (linear_w_cat's path), each within the reference's bound on its first use (in
+ * place, oneDNN), its second (packs in MKL's layout) and later ones with another row count than
+ * the packing's (the packed copy serves any m), beta 0 and 1, a padded C. Skipped where the
+ * build found no MKL or the CPU runs no native bf16. */
+static void test_mkl_frozen(void) {
+  if (!ds_gemm_bf16_native() || !ds_mkl_bf16_available()) {
+    fprintf(stderr, "MKL bf16 GEMM not here (%s): skipped\n", ds_mkl_bf16_status());
+    return;
+  }
+  setenv("DSPARK_MKL_BF16_MIN", "1", 1);
+  int ev = 0;
+  const int64_t n = 136, k = 72, ldc = n + 3, ms[] = {16, 16, 5, 33};
+  float *W = rand_f32((size_t)(n * k)), *C0 = rand_f32((size_t)(40 * ldc)), *C = malloc((size_t)(40 * ldc) * 4);
+  float *A = rand_f32((size_t)(40 * k));
+  uint16_t *Wh = malloc((size_t)(n * k) * sizeof(uint16_t));
+  for (int64_t i = 0; i < n * k; i++) Wh[i] = ds_f32_to_bf16(W[i]);
+  for (int bits = 0; bits < 2; bits++) {
+    ds_release_packed_weights();
+    for (int use = 0; use < 4; use++) {
+      int64_t m = ms[use];
+      float beta = use % 2 ? 1.0f : 0.0f;
+      memcpy(C, C0, (size_t)(40 * ldc) * sizeof(float));
+      ds_cpu_gemm_bf16_frozen(1, m, n, k, A, k, bits ? NULL : W, bits ? Wh : NULL, beta, C, ldc);
+      ev += check_gemm(0, 1, m, n, k, A, k, W, bits ? Wh : NULL, k, beta, C0, C, ldc, "MKL frozen");
+      for (int64_t i = 0; i < m; i++) EXPECT(memcmp(C + i * ldc + n, C0 + i * ldc + n, 3 * sizeof(float)) == 0);
+      if (use == 1) EXPECT(ds_packed_weight_bytes() > 0); /* the second use packed */
+    }
+  }
+  /* a concatenation of two segments read as one weight */
+  const void *segs[2] = {Wh, Wh + 40 * k};
+  const int64_t rows[2] = {40, n - 40};
+  ds_release_packed_weights();
+  for (int use = 0; use < 3; use++) {
+    memcpy(C, C0, (size_t)(40 * ldc) * sizeof(float));
+    ds_cpu_gemm_bf16_frozen_cat(ms[use], segs, 0, rows, 2, k, A, k, 0.0f, C, ldc);
+    ev += check_gemm(0, 1, ms[use], n, k, A, k, W, Wh, k, 0.0f, C0, C, ldc, "MKL frozen concatenation");
+  }
+  EXPECT(ds_packed_weight_bytes() > 0);
+  ds_release_packed_weights();
+  unsetenv("DSPARK_MKL_BF16_MIN");
+  EXPECT(ev > 0);
+  free(W), free(C0), free(C), free(A), free(Wh);
+}
+
 /* attention_causal under DS_COMPUTE_BF16 (bf16 QK^T and PV, fp32 softmax) against the fp32
  * kernel: within 2^-6 * max|v| (measured: about 2^-10 on these inputs; a wrong mask, row or
  * head would be O(max|v|)), different from it (the products did run in bf16), the same bits on
@@ -269,6 +316,44 @@ static void test_attention_bf16(void) {
       fprintf(stderr, "attention bf16 vs fp32, n=%lld: max |diff| %.3g\n", (long long)n, worst);
     }
     free(q), free(k), free(v), free(o32), free(o16), free(o16b);
+  }
+}
+
+/* The bf16 attention's softmax row (ds_exp_row_bf16): both instruction-set forms give the same
+ * bits (probabilities and sum) on every row length around the 16-lane blocks, a NaN score
+ * included; the values are the rounded exps of a double reference (within bf16's half ulp plus
+ * the exp's 3e-7), the padding is zero, and the sum matches the reference to fp32 order. */
+static void test_exp_row_bf16(void) {
+  const int64_t lens[] = {1, 15, 16, 17, 63, 64, 100, 257};
+  const float scale = 0.125f;
+  for (int c = 0; c < 8; c++) {
+    int64_t vis = lens[c], kp = (vis + 63) / 64 * 64;
+    float *row = rand_f32((size_t)kp);
+    for (int64_t j = 0; j < kp; j++) row[j] *= 40.0f; /* scaled scores in [-5, 5] */
+    for (int nan = 0; nan < 2; nan++) {
+      if (nan) row[vis / 2] = NAN;
+      uint16_t *pa = malloc((size_t)kp * 2), *pp = malloc((size_t)kp * 2);
+      memset(pa, 0xff, (size_t)kp * 2), memset(pp, 0xff, (size_t)kp * 2);
+      float sa = ds_exp_row_bf16(DS_ISA_AVX512, pa, row, vis, kp, scale);
+      float sp = ds_exp_row_bf16(DS_ISA_PORTABLE, pp, row, vis, kp, scale);
+      EXPECT(memcmp(pa, pp, (size_t)kp * 2) == 0);
+      EXPECT(memcmp(&sa, &sp, sizeof sa) == 0);
+      for (int64_t j = vis; j < kp; j++) EXPECT(pp[j] == 0);
+      if (nan) {
+        EXPECT(isnan(sp) && isnan(ds_bf16_to_f32(pp[vis / 2])));
+      } else {
+        double m = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < vis; j++) m = fmax(m, (double)(row[j] * scale));
+        for (int64_t j = 0; j < vis; j++) {
+          double e = exp((double)row[j] * scale - m), got = ds_bf16_to_f32(pp[j]);
+          sum += e;
+          EXPECT(fabs(got - e) <= e * (0x1p-8 + 4e-7)); /* bf16: 8 significant bits */
+        }
+        EXPECT(fabs(sp - sum) <= sum * ((double)vis * 0x1p-24 + 4e-7));
+      }
+      free(pa), free(pp);
+    }
+    free(row);
   }
 }
 
@@ -382,9 +467,11 @@ int main(void) {
   TEST_RUN(test_gemm_empty);
   TEST_RUN(test_backend_under_bf16);
   TEST_RUN(test_packed_frozen);
+  TEST_RUN(test_mkl_frozen);
   TEST_RUN(test_held_operands);
   TEST_RUN(test_linear_w_cat);
   TEST_RUN(test_attention_bf16);
+  TEST_RUN(test_exp_row_bf16);
   TEST_RUN(test_compute_names);
   return TEST_RESULT();
 }

@@ -1,0 +1,100 @@
+/* MKL's bf16 GEMM, loaded with dlopen (contract in nn/cpu_gemm_mkl.h). Nothing of MKL is
+ * needed to build or run the engine: the symbols are looked up at the first use, and a missing
+ * library or symbol leaves every product on oneDNN. MKL runs on GNU OpenMP (its threading layer
+ * set before any call), so it shares the engine's threads and their count. */
+#define _GNU_SOURCE /* dlopen flags */
+#include "nn/cpu_gemm_mkl.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+  ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112, PACKED = 151, B_MATRIX = 162, /* cblas enums */
+  THREADING_GNU = 3, INTERFACE_LP64 = 0,                                       /* mkl_service.h */
+  DEFAULT_MIN_ELEMS = 4 << 20
+};
+
+typedef int mkl_int; /* the LP64 interface */
+typedef size_t (*pack_size_fn)(int id, mkl_int m, mkl_int n, mkl_int k);
+typedef void (*pack_fn)(int layout, int id, int trans, mkl_int m, mkl_int n, mkl_int k, const uint16_t *src,
+                        mkl_int ld, uint16_t *dst);
+typedef void (*compute_fn)(int layout, mkl_int ta, mkl_int tb, mkl_int m, mkl_int n, mkl_int k, float alpha,
+                           const uint16_t *a, mkl_int lda, const uint16_t *b, mkl_int ldb, float beta, float *c,
+                           mkl_int ldc);
+typedef int (*layer_fn)(int code);
+typedef void (*version_fn)(char *buf, int len);
+
+static int g_tried, g_ok;
+static pack_size_fn g_pack_size;
+static pack_fn g_pack;
+static compute_fn g_compute;
+static char g_status[256] = "MKL not tried";
+
+#ifndef DSPARK_MKL_RT
+#define DSPARK_MKL_RT ""
+#endif
+
+int ds_mkl_bf16_available(void) {
+  if (g_tried) return g_ok;
+  g_tried = 1;
+  const char *path = getenv("DSPARK_MKL");
+  if (!path || !*path) path = DSPARK_MKL_RT;
+  if (!*path || !strcmp(path, "none")) {
+    snprintf(g_status, sizeof g_status, "MKL not used (%s)", *path ? "DSPARK_MKL=none" : "the build found none");
+    return 0;
+  }
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) { /* a path was asked for: say once why the large products stay on oneDNN */
+    snprintf(g_status, sizeof g_status, "MKL not loaded: %s", dlerror());
+    fprintf(stderr, "warning: %s (%s); bf16 products stay on oneDNN\n", g_status,
+            getenv("DSPARK_MKL") && *getenv("DSPARK_MKL") ? "DSPARK_MKL" : "the build's DSPARK_MKL_RT");
+    return 0;
+  }
+  layer_fn threading = (layer_fn)dlsym(h, "MKL_Set_Threading_Layer");
+  layer_fn interface = (layer_fn)dlsym(h, "MKL_Set_Interface_Layer");
+  version_fn version = (version_fn)dlsym(h, "mkl_get_version_string");
+  g_pack_size = (pack_size_fn)dlsym(h, "cblas_gemm_bf16bf16f32_pack_get_size");
+  g_pack = (pack_fn)dlsym(h, "cblas_gemm_bf16bf16f32_pack");
+  g_compute = (compute_fn)dlsym(h, "cblas_gemm_bf16bf16f32_compute");
+  if (!threading || !interface || !version || !g_pack_size || !g_pack || !g_compute) {
+    snprintf(g_status, sizeof g_status, "MKL not used: %s lacks the bf16 GEMM", path);
+    fprintf(stderr, "warning: %s; bf16 products stay on oneDNN\n", g_status);
+    return 0; /* the handle stays open: harmless */
+  }
+  if (interface(INTERFACE_LP64) != INTERFACE_LP64 || threading(THREADING_GNU) != THREADING_GNU) {
+    snprintf(g_status, sizeof g_status, "MKL not used: %s would not take GNU OpenMP threading", path);
+    fprintf(stderr, "warning: %s; bf16 products stay on oneDNN\n", g_status);
+    return 0;
+  }
+  char v[200];
+  version(v, (int)sizeof v);
+  for (size_t n = strlen(v); n > 0 && v[n - 1] == ' '; n--) v[n - 1] = 0; /* MKL pads it */
+  snprintf(g_status, sizeof g_status, "%.*s", (int)sizeof g_status - 1, v);
+  g_ok = 1;
+  return 1;
+}
+
+const char *ds_mkl_bf16_status(void) { return g_status; }
+
+int64_t ds_mkl_bf16_min_elems(void) {
+  const char *e = getenv("DSPARK_MKL_BF16_MIN");
+  char *end = NULL;
+  long long v = e && *e ? strtoll(e, &end, 10) : DEFAULT_MIN_ELEMS;
+  return e && *e && (*end || v < 1) ? DEFAULT_MIN_ELEMS : (int64_t)v;
+}
+
+size_t ds_mkl_bf16_pack_size(int64_t m, int64_t n, int64_t k) {
+  return g_pack_size(B_MATRIX, (mkl_int)m, (mkl_int)n, (mkl_int)k);
+}
+
+void ds_mkl_bf16_pack(void *dst, const uint16_t *w, int64_t m, int64_t n, int64_t k) {
+  g_pack(ROW_MAJOR, B_MATRIX, TRANS, (mkl_int)m, (mkl_int)n, (mkl_int)k, w, (mkl_int)k, dst);
+}
+
+void ds_mkl_bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t lda, const void *packed, float beta,
+                      float *C, int64_t ldc) {
+  g_compute(ROW_MAJOR, NO_TRANS, PACKED, (mkl_int)m, (mkl_int)n, (mkl_int)k, 1.0f, A, (mkl_int)lda, packed,
+            (mkl_int)k, beta, C, (mkl_int)ldc);
+}

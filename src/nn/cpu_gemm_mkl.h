@@ -1,0 +1,31 @@
+/* Internal to the CPU backend: MKL's bf16 GEMM (cblas_gemm_bf16bf16f32 on a packed B) for the
+ * large frozen weights of a bf16-compute forward (cpu_gemm_mkl.c). MKL is loaded at run time
+ * from the libmkl_rt the build found (CMake DSPARK_MKL_RT; scripts/setup.sh installs PyPI's
+ * `mkl` into the venv) or from $DSPARK_MKL (a path, or "none"); without it every product stays
+ * on oneDNN. Why: over a Qwen3-1.7B's layers, whose weights stream from memory, MKL's kernels
+ * ran 1.42x oneDNN 2.6's; over a 100M model's, which stay in cache, oneDNN ran 1.2x MKL's
+ * (bench/gemm_bf16_libs.sh --layers; docs/benchmarks.md, issue 9). Not a public header. */
+#ifndef DSPARK_NN_CPU_GEMM_MKL_H
+#define DSPARK_NN_CPU_GEMM_MKL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* 1 when MKL is loaded (the first call tries, once; the caller serializes the calls). */
+int ds_mkl_bf16_available(void);
+/* "MKL <version>" or why it is not used. */
+const char *ds_mkl_bf16_status(void);
+/* Frozen weights of at least this many elements go to MKL (default 4 Mi, 8 MiB in bf16: a
+ * Qwen3-1.7B's smallest, none of a 100M model's; $DSPARK_MKL_BF16_MIN overrides, the tests
+ * use 1). */
+int64_t ds_mkl_bf16_min_elems(void);
+/* Bytes of the packed copy of B = W^T for W[n, k] (bf16, row-major). */
+size_t ds_mkl_bf16_pack_size(int64_t m, int64_t n, int64_t k);
+/* dst <- the packed W^T (dst holds ds_mkl_bf16_pack_size bytes). */
+void ds_mkl_bf16_pack(void *dst, const uint16_t *w, int64_t m, int64_t n, int64_t k);
+/* C[m, n] (row stride ldc) = A[m, k] (bf16, row stride lda) @ W^T (packed) + beta * C, fp32
+ * accumulation; beta 0 or 1. */
+void ds_mkl_bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t lda, const void *packed, float beta,
+                      float *C, int64_t ldc);
+
+#endif
