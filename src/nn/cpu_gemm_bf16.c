@@ -45,8 +45,9 @@ int ds_compute_parse(const char *s, ds_compute *out) {
   return 1;
 }
 
-/* ---------------------------------------------------------------- scratch and conversion */
+/* ---------------------------------------------------------------- scratch */
 
+#if defined(DSPARK_GEMM_ONEDNN)
 typedef struct {
   void *p;
   size_t bytes;
@@ -64,23 +65,7 @@ static void *scratch_get(scratch *s, size_t bytes) {
   s->bytes = want;
   return p;
 }
-
-
-/* dst[r, 0:c] (packed, row stride c) = src[r, 0:c] (row stride lds) rounded to bf16: as bits
- * (bits != 0) or as fp32 values. */
-static void round_rows(void *dst, int bits, const float *src, int64_t rows, int64_t cols, int64_t lds) {
-  DS_OMP(parallel for schedule(static) if (rows * cols > 65536))
-  for (int64_t r = 0; r < rows; r++) {
-    const float *s = src + r * lds;
-    if (bits) {
-      uint16_t *d = (uint16_t *)dst + r * cols;
-      for (int64_t j = 0; j < cols; j++) d[j] = ds_round_bf16(s[j]);
-    } else {
-      uint32_t *d = (uint32_t *)dst + r * cols;
-      for (int64_t j = 0; j < cols; j++) d[j] = (uint32_t)ds_round_bf16(s[j]) << 16;
-    }
-  }
-}
+#endif
 
 /* ---------------------------------------------------------------- held operands */
 
@@ -155,37 +140,15 @@ static const uint16_t *rounded(const float *src, int64_t rows, int64_t cols, int
       h->bits = b;
       h->cap = (need + 4095) & ~(size_t)4095;
     }
-    round_rows(h->bits, 1, src, rows, cols, ld);
+    ds_bf16_round_rows(h->bits, 1, src, rows, cols, ld);
     h->rows = rows, h->cols = cols, h->ld = ld;
     return h->bits;
   }
   uint16_t *a = scratch_get(s, need);
-  round_rows(a, 1, src, rows, cols, ld);
+  ds_bf16_round_rows(a, 1, src, rows, cols, ld);
   return a;
 }
 #endif
-
-static void widen_rows(float *dst, const uint16_t *src, int64_t rows, int64_t cols, int64_t lds) {
-  DS_OMP(parallel for schedule(static) if (rows * cols > 65536))
-  for (int64_t r = 0; r < rows; r++) {
-    uint32_t *d = (uint32_t *)(dst + r * cols);
-    for (int64_t j = 0; j < cols; j++) d[j] = (uint32_t)src[r * lds + j] << 16;
-  }
-}
-
-/* ---------------------------------------------------------------- portable path */
-
-static void gemm_portable(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
-                          const float *Bf, const uint16_t *Bh, int64_t ldb, float beta, float *C, int64_t ldc) {
-  /* stored shapes: A is [m, k] or [k, m]; B is [k, n] or [n, k] */
-  int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
-  float *a = scratch_get(&g_sa, (size_t)(ar * ac) * sizeof(float));
-  float *b = scratch_get(&g_sb, (size_t)(br * bc) * sizeof(float));
-  round_rows(a, 0, A, ar, ac, lda);
-  if (Bf) round_rows(b, 0, Bf, br, bc, ldb);
-  else widen_rows(b, Bh, br, bc, ldb);
-  ds_cpu_sgemm(ta, tb, m, n, k, a, ac, b, bc, beta, C, ldc);
-}
 
 /* ---------------------------------------------------------------- oneDNN path */
 
@@ -218,6 +181,28 @@ static int native_locked(void) {
   if (dnnl_stream_create(&g_stream, g_engine, dnnl_stream_default_flags) != dnnl_success) return 0;
   g_native = 1;
   return 1;
+}
+
+/* The route of the products that are not tiles (DSPARK_BF16_GEMM, cpu_gemm_bf16.h): 1 native
+ * bf16 kernels, 0 the sgemm route. Called with g_lock held. */
+static int g_route = -1;
+static const char *g_route_why = "";
+static int route_native_locked(void) {
+  if (g_route >= 0) return g_route;
+  const char *e = getenv("DSPARK_BF16_GEMM");
+  int want = -1; /* auto */
+  if (e && *e && !strcmp(e, "native")) want = 1;
+  else if (e && *e && !strcmp(e, "sgemm")) want = 0;
+  else if (e && *e && strcmp(e, "auto"))
+    fprintf(stderr, "warning: DSPARK_BF16_GEMM=%s is not auto, native or sgemm; using auto\n", e);
+  int native = native_locked();
+  g_route_why = want == 0 ? "DSPARK_BF16_GEMM=sgemm" : "";
+  if (want < 0) {
+    want = native && (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx;
+    g_route_why = "faster than the native matmul without AMX; DSPARK_BF16_GEMM=native for it";
+  }
+  g_route = native && want;
+  return g_route;
 }
 
 /* The primitive for this product, created on first use (NULL when oneDNN refuses it). */
@@ -449,7 +434,7 @@ static uint64_t cat_hash(const cat_src *cat) {
 static void concat_bf16(uint16_t *dst, const cat_src *cat, int f32, int64_t k) {
   int64_t row = 0;
   for (int s = 0; s < cat->n_seg; s++) {
-    if (f32) round_rows(dst + row * k, 1, cat->segs[s], cat->rows[s], k, k);
+    if (f32) ds_bf16_round_rows(dst + row * k, 1, cat->segs[s], cat->rows[s], k, k);
     else memcpy(dst + row * k, cat->segs[s], (size_t)(cat->rows[s] * k) * sizeof(uint16_t));
     row += cat->rows[s];
   }
@@ -507,7 +492,7 @@ static const void *packed_for(const cached_matmul *c, const void *data, int f32,
     src = s;
   } else if (f32) { /* rounded exactly as the unpacked path rounds it */
     uint16_t *s = scratch_get(&g_sb, (size_t)(n * k) * sizeof(uint16_t));
-    round_rows(s, 1, data, tb ? n : k, tb ? k : n, tb ? k : n); /* W as stored */
+    ds_bf16_round_rows(s, 1, data, tb ? n : k, tb ? k : n, tb ? k : n); /* W as stored */
     src = s;
   }
   if (mkl) {
@@ -682,24 +667,28 @@ void ds_cpu_gemm_bf16(ds_bf16_path path, int ta, int tb, int64_t m, int64_t n, i
   pthread_mutex_lock(&g_lock);
   int done = 0;
 #if defined(DSPARK_GEMM_ONEDNN)
-  if (path == DS_BF16_AUTO && native_locked()) done = gemm_onednn(ta, tb, m, n, k, A, lda, Bf, Bh, ldb, beta, C, ldc);
+  if (path == DS_BF16_AUTO && route_native_locked())
+    done = gemm_onednn(ta, tb, m, n, k, A, lda, Bf, Bh, ldb, beta, C, ldc);
 #endif
-  if (!done) gemm_portable(ta, tb, m, n, k, A, lda, Bf, Bh, ldb, beta, C, ldc);
   pthread_mutex_unlock(&g_lock);
+  if (!done) ds_bf16_sgemm(ta, tb, m, n, k, A, lda, Bf, Bh, ldb, beta, C, ldc);
 }
 
 void ds_cpu_gemm_bf16_frozen(int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
                              const uint16_t *Bh, float beta, float *C, int64_t ldc) {
   DS_CHECK((Bf != NULL) != (Bh != NULL));
-  int done = 0;
+  int done = 0, native = 0;
 #if defined(DSPARK_GEMM_ONEDNN)
   if (m > 0 && n > 0 && k > 0) {
     pthread_mutex_lock(&g_lock);
-    if (native_locked() && pack_limit() > 0) done = gemm_onednn_packed(tb, m, n, k, A, lda, Bf, Bh, beta, C, ldc);
+    native = route_native_locked();
+    if (native && pack_limit() > 0) done = gemm_onednn_packed(tb, m, n, k, A, lda, Bf, Bh, beta, C, ldc);
     pthread_mutex_unlock(&g_lock);
   }
 #endif
-  if (!done) ds_cpu_gemm_bf16(DS_BF16_AUTO, 0, tb, m, n, k, A, lda, Bf, Bh, tb ? k : n, beta, C, ldc);
+  if (done) return;
+  if (!native && m > 0 && n > 0 && k > 0) ds_bf16_sgemm_frozen(tb, m, n, k, A, lda, Bf, Bh, beta, C, ldc);
+  else ds_cpu_gemm_bf16(DS_BF16_AUTO, 0, tb, m, n, k, A, lda, Bf, Bh, tb ? k : n, beta, C, ldc);
 }
 
 void ds_cpu_gemm_bf16_frozen_cat(int64_t m, const void *const *segs, int f32, const int64_t *rows, int n_seg, int64_t k,
@@ -709,7 +698,7 @@ void ds_cpu_gemm_bf16_frozen_cat(int64_t m, const void *const *segs, int f32, co
   if (m > 0 && k > 0 && n_seg > 0) {
     cat_src cat = {segs, rows, n_seg};
     pthread_mutex_lock(&g_lock);
-    if (native_locked()) done = gemm_onednn_cat(m, &cat, f32, k, A, lda, beta, C, ldc);
+    if (route_native_locked()) done = gemm_onednn_cat(m, &cat, f32, k, A, lda, beta, C, ldc);
     pthread_mutex_unlock(&g_lock);
   }
 #endif
@@ -748,6 +737,17 @@ void ds_gemm_bf16(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *
 int ds_gemm_bf16_native(void) {
 #if defined(DSPARK_GEMM_ONEDNN)
   pthread_mutex_lock(&g_lock);
+  int r = route_native_locked();
+  pthread_mutex_unlock(&g_lock);
+  return r;
+#else
+  return 0;
+#endif
+}
+
+int ds_bf16_tiles_native(void) {
+#if defined(DSPARK_GEMM_ONEDNN)
+  pthread_mutex_lock(&g_lock);
   int r = native_locked();
   pthread_mutex_unlock(&g_lock);
   return r;
@@ -757,22 +757,31 @@ int ds_gemm_bf16_native(void) {
 }
 
 const char *ds_gemm_bf16_name(void) {
-  static char name[256];
+  static char name[384];
   pthread_mutex_lock(&g_lock);
   if (!name[0]) {
+    int at = 0;
 #if defined(DSPARK_GEMM_ONEDNN)
     /* the kernel oneDNN picks for a dense x @ W^T product, the shape of every linear */
     cached_matmul *c = native_locked() ? matmul_for(0, 1, 256, 256, 256, 256, 256, 256, 0, 0, 0) : NULL;
+    char onednn[96] = "";
     if (c) {
       const dnnl_version_t *v = dnnl_version();
-      int at = snprintf(name, sizeof name, "oneDNN %d.%d.%d matmul %s", v->major, v->minor, v->patch,
-                        c->impl[0] ? c->impl : "(kernel not reported)");
+      snprintf(onednn, sizeof onednn, "oneDNN %d.%d.%d matmul %s", v->major, v->minor, v->patch,
+               c->impl[0] ? c->impl : "(kernel not reported)");
+    }
+    if (c && route_native_locked()) {
+      at = snprintf(name, sizeof name, "%s", onednn);
       const char *ver = ds_mkl_bf16_available() ? strstr(ds_mkl_bf16_status(), "Version ") : NULL;
       if (ver && at > 0 && (size_t)at < sizeof name)
         snprintf(name + at, sizeof name - (size_t)at, "; frozen weights of %lld+ elements: MKL %.*s",
                  (long long)ds_mkl_bf16_min_elems(), (int)strcspn(ver + 8, "- "), ver + 8);
+    } else if (c) {
+      snprintf(name, sizeof name, "bf16-rounded inputs, fp32 GEMM (%s; %s); attention tiles: %s", ds_gemm_name(),
+               g_route_why, onednn);
     }
 #endif
+    (void)at;
     if (!name[0]) snprintf(name, sizeof name, "bf16-rounded inputs, fp32 GEMM (%s)", ds_gemm_name());
   }
   pthread_mutex_unlock(&g_lock);
@@ -780,7 +789,7 @@ const char *ds_gemm_bf16_name(void) {
 }
 
 const char *ds_gemm_bf16_warning(void) {
-  if (ds_gemm_bf16_native()) return NULL;
+  if (ds_bf16_tiles_native()) return NULL;
   return "warning: bf16 compute without native bf16 matmul kernels (a build without oneDNN, a CPU without "
          "AVX512_BF16 / AMX, or DNNL_MAX_CPU_ISA below them): inputs are rounded to bf16 and multiplied by the "
          "fp32 GEMM: bf16 numbers, no speedup";

@@ -20,10 +20,29 @@ static inline uint16_t ds_round_bf16(float f) {
 
 /* Which implementation runs the product. */
 typedef enum {
-  DS_BF16_AUTO = 0,  /* oneDNN's bf16 matmul when the build has it and the CPU runs bf16
-                      * natively (AVX512_BF16 or AMX), else the portable path */
-  DS_BF16_PORTABLE,  /* inputs rounded to bf16 values held in fp32, then ds_cpu_sgemm */
+  DS_BF16_AUTO = 0,  /* the route chosen for this CPU (below) */
+  DS_BF16_PORTABLE,  /* the sgemm route: inputs rounded to bf16 values held in fp32, then ds_cpu_sgemm */
 } ds_bf16_path;
+
+/* The route of DS_BF16_AUTO, decided once per process from $DSPARK_BF16_GEMM:
+ *   native  oneDNN's bf16 matmul (and MKL's for large frozen weights) wherever the build has
+ *           oneDNN and the CPU runs bf16 natively (AVX512_BF16 or AMX);
+ *   sgemm   the sgemm route (cpu_gemm_bf16_sgemm.c), the same numbers up to summation order;
+ *   auto    (default) native on a CPU with AMX, the sgemm route elsewhere: without AMX the native
+ *           bf16 kernels measured 1.5-1.8x slower than the fp32 GEMM (cpu_gemm_bf16_sgemm.c).
+ * The tile products of the bf16 attention (ds_bf16_tile_gemm_*) use the native kernels whenever
+ * they are there: small tiles in cache, where they measured faster than the fp32 attention. */
+
+/* dst[r, 0:c] (packed, row stride c) = src[r, 0:c] (row stride lds) rounded to bf16: as bits
+ * (bits != 0) or as fp32 values. */
+void ds_bf16_round_rows(void *dst, int bits, const float *src, int64_t rows, int64_t cols, int64_t lds);
+
+/* The sgemm route of ds_cpu_gemm_bf16 (same arguments) and of ds_cpu_gemm_bf16_frozen (same
+ * arguments; m, n, k > 0): W converted a band of rows at a time, no copy of it kept. */
+void ds_bf16_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
+                   const uint16_t *Bh, int64_t ldb, float beta, float *C, int64_t ldc);
+void ds_bf16_sgemm_frozen(int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
+                          const uint16_t *Bh, float beta, float *C, int64_t ldc);
 
 /* C[m, n] = bf16(op(A)) @ bf16(op(B)) + beta * C with fp32 accumulation and output; shapes and
  * flags as ds_cpu_sgemm (cpu_kernels.h), beta 0 or 1. Exactly one of Bf (fp32, rounded to
@@ -34,9 +53,9 @@ void ds_cpu_gemm_bf16(ds_bf16_path path, int ta, int tb, int64_t m, int64_t n, i
 
 /* C[m, n] = bf16(A[m, k]) @ B + beta * C for a frozen weight W (contiguous; exactly one of
  * Bf / Bh): B = bf16(W[n, k])^T when tb (a forward, x @ W^T), B = bf16(W[k, n]) otherwise (the
- * input gradient, dy @ W). W's packed bf16 copy for that use (ds_release_packed_weights in
- * include/dspark/backend.h) when there is room under the cap, else ds_cpu_gemm_bf16 in place.
- * The same bf16 values either way. */
+ * input gradient, dy @ W). On the native route, W's packed bf16 copy for that use (ds_release_packed_weights
+ * in include/dspark/backend.h) when there is room under the cap, else ds_cpu_gemm_bf16 in place;
+ * on the sgemm route ds_bf16_sgemm_frozen. The same bf16 values either way. */
 void ds_cpu_gemm_bf16_frozen(int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
                              const uint16_t *Bh, float beta, float *C, int64_t ldc);
 
@@ -65,8 +84,11 @@ const ds_bf16_tile_gemm *ds_bf16_tile_gemm_get(int tb, int64_t m, int64_t n, int
                                                int64_t ldc);
 void ds_bf16_tile_gemm_run(const ds_bf16_tile_gemm *g, const uint16_t *A, const uint16_t *B, float *C);
 
-/* 1 when DS_BF16_AUTO runs oneDNN's native bf16 kernels (not the portable path). */
+/* 1 when DS_BF16_AUTO runs oneDNN's native bf16 kernels (not the sgemm route). */
 int ds_gemm_bf16_native(void);
+
+/* 1 when ds_bf16_tile_gemm_get can hand out native products (oneDNN's bf16 kernels are there). */
+int ds_bf16_tiles_native(void);
 
 /* Rows at or above which the cpu backend's matmuls take the bf16 GEMM under DS_COMPUTE_BF16;
  * below, the fp32 paths run (the numbers then carry no bf16 rounding at all). Measured with

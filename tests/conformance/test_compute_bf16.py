@@ -83,13 +83,21 @@ def check_forward(args, ck):
     ck.check(len(line) == 1 and "bf16 compute" in out, f"info names no bf16 kernel:\n{out}")
     ck.check("(bf16 compute," in out, f"info does not report the bf16 setting:\n{out}")
     print(line[0] if line else "")
-    if "oneDNN" in (line[0] if line else ""):  # native bf16: the MKL choice is made (cpu_gemm_mkl.h)
+    # the two routes of the bf16 products (nn/cpu_gemm_bf16.h), named as they run
+    out_sg, _, _ = common.run([args.dspark, "info", mdir, "--compute", "bf16"],
+                              env=dict(os.environ, DSPARK_BF16_GEMM="sgemm"))
+    ck.check("bf16-rounded inputs, fp32 GEMM" in out_sg, f"DSPARK_BF16_GEMM=sgemm: info names another route:\n{out_sg}")
+    _, err, _ = common.run([args.dspark, "info", mdir, "--compute", "bf16"], env=dict(os.environ, DSPARK_BF16_GEMM="x"))
+    ck.check("DSPARK_BF16_GEMM=x is not auto, native or sgemm" in err, f"bad DSPARK_BF16_GEMM: no warning:\n{err}")
+    native = dict(os.environ, DSPARK_BF16_GEMM="native")
+    out_nat, _, _ = common.run([args.dspark, "info", mdir, "--compute", "bf16"], env=native)
+    if "fp32 GEMM" not in out_nat:  # native bf16 here: the MKL choice is made (cpu_gemm_mkl.h)
         _, err, _ = common.run([args.dspark, "info", mdir, "--compute", "bf16"],
-                               env=dict(os.environ, DSPARK_MKL="/nonexistent/libmkl_rt.so.3"))
+                               env=dict(native, DSPARK_MKL="/nonexistent/libmkl_rt.so.3"))
         ck.check("MKL not loaded" in err and "DSPARK_MKL" in err and "stay on oneDNN" in err,
                  f"DSPARK_MKL naming a missing library: no warning:\n{err}")
         out_none, err, _ = common.run([args.dspark, "info", mdir, "--compute", "bf16"],
-                                      env=dict(os.environ, DSPARK_MKL="none"))
+                                      env=dict(native, DSPARK_MKL="none"))
         ck.check("MKL" not in err and "MKL" not in out_none, f"DSPARK_MKL=none still names MKL:\n{out_none}{err}")
     _, err, _ = common.run([args.dspark, "forward", mdir, "--ids", "1,2", "--out", os.path.join(args.tmp, "x"),
                             "--compute", "fp16"], expect_rc=2)

@@ -1,0 +1,107 @@
+/* The sgemm route of the bf16 products (contract in nn/cpu_gemm_bf16.h): both operands rounded
+ * to bf16 values held in fp32 and multiplied by ds_cpu_sgemm. Every product of two bf16 values
+ * is exact in fp32 and the sums are fp32, so the numbers are those of the native bf16 kernels up
+ * to the order of summation.
+ *
+ * It runs every product in builds without oneDNN and on CPUs without native bf16, and the large
+ * products where the native bf16 kernels are slower than the fp32 GEMM: AVX512_BF16 without AMX,
+ * where one VDPBF16PS (port 0) does the multiply-adds of the two FMA ports' fp32 instructions
+ * and the libraries add conversions. Measured on an Intel Xeon (family 6 model 207, AMX not
+ * exposed), 2 threads, the model's shapes: oneDNN 2.6 bf16 matmul 148-159 GFLOP/s, MKL 2026.2
+ * 165-169, PyTorch's bundled oneDNN 167-207, against 256-302 for oneDNN's sgemm
+ * (bench/gemm_bf16_libs.sh, build/release/bench_sgemm; docs/benchmarks.md).
+ *
+ * A frozen weight is converted a band of rows at a time into a scratch that stays in cache, so
+ * a BF16 weight keeps no fp32 copy (it is read in place, as the checkpoint holds it). */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "nn/cpu_gemm_bf16.h"
+#include "nn/cpu_kernels.h"
+
+void ds_bf16_round_rows(void *dst, int bits, const float *src, int64_t rows, int64_t cols, int64_t lds) {
+  DS_OMP(parallel for schedule(static) if (rows * cols > 65536))
+  for (int64_t r = 0; r < rows; r++) {
+    const float *s = src + r * lds;
+    if (bits) {
+      uint16_t *d = (uint16_t *)dst + r * cols;
+      for (int64_t j = 0; j < cols; j++) d[j] = ds_round_bf16(s[j]);
+    } else {
+      uint32_t *d = (uint32_t *)dst + r * cols;
+      for (int64_t j = 0; j < cols; j++) d[j] = (uint32_t)ds_round_bf16(s[j]) << 16;
+    }
+  }
+}
+
+/* dst[r, 0:c] (row stride c) = the bf16 bits src[r, 0:c] (row stride lds) as fp32, exactly. */
+static void widen_rows(float *dst, const uint16_t *src, int64_t rows, int64_t cols, int64_t lds) {
+  DS_OMP(parallel for schedule(static) if (rows * cols > 65536))
+  for (int64_t r = 0; r < rows; r++) {
+    uint32_t *d = (uint32_t *)(dst + r * cols);
+    for (int64_t j = 0; j < cols; j++) d[j] = (uint32_t)src[r * lds + j] << 16;
+  }
+}
+
+/* Rows of B's fp32 values: Bf rounded or Bh widened, into dst (row stride cols). */
+static void b_rows(float *dst, const float *Bf, const uint16_t *Bh, int64_t rows, int64_t cols, int64_t ldb) {
+  if (Bf) ds_bf16_round_rows(dst, 0, Bf, rows, cols, ldb);
+  else widen_rows(dst, Bh, rows, cols, ldb);
+}
+
+/* One lock for the scratch: the callers are the main thread (the threads are inside the GEMM and
+ * the conversion loops), so it is never contended. */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static float *g_a, *g_b;
+static size_t g_a_cap, g_b_cap;
+
+static float *grow(float **p, size_t *cap, size_t floats) {
+  if (floats > *cap) {
+    size_t want = (floats + 1023) & ~(size_t)1023;
+    float *q = aligned_alloc(64, want * sizeof(float));
+    DS_CHECK(q != NULL); /* a matmul cannot report an error: as any allocation failure in a kernel */
+    free(*p);
+    *p = q;
+    *cap = want;
+  }
+  return *p;
+}
+
+void ds_bf16_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
+                   const uint16_t *Bh, int64_t ldb, float beta, float *C, int64_t ldc) {
+  /* stored shapes: A is [m, k] or [k, m]; B is [k, n] or [n, k] */
+  int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+  pthread_mutex_lock(&g_lock);
+  float *a = grow(&g_a, &g_a_cap, (size_t)(ar * ac)), *b = grow(&g_b, &g_b_cap, (size_t)(br * bc));
+  ds_bf16_round_rows(a, 0, A, ar, ac, lda);
+  b_rows(b, Bf, Bh, br, bc, ldb);
+  ds_cpu_sgemm(ta, tb, m, n, k, a, ac, b, bc, beta, C, ldc);
+  pthread_mutex_unlock(&g_lock);
+}
+
+/* Rows of W converted per band: 4 MiB of fp32, still in cache when the GEMM reads it, and at
+ * least 64 rows, so each product keeps the threads busy. A 512-token prefill of the 100M Qwen3
+ * (bf16 weights, 2 threads): 1 MiB bands 1284-1351 tokens/s, 2-8 MiB 1316-1414, whole weights
+ * (no band) 1359; the 256-token prefill of the Qwen3-1.7B shape, whose weights stream from
+ * memory, 4-16 MiB bands alike within the noise (62-77). */
+enum { BAND_BYTES = 4 << 20, BAND_MIN_ROWS = 64 };
+
+void ds_bf16_sgemm_frozen(int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
+                          const uint16_t *Bh, float beta, float *C, int64_t ldc) {
+  DS_CHECK(m > 0 && n > 0 && k > 0); /* the caller handles empty products */
+  /* W's stored rows: n of k (tb: C = A W^T, a band of C's columns per band of rows), else k of n
+   * (C = A W: a band of the summation per band of rows, beta only on the first) */
+  int64_t wr = tb ? n : k, wc = tb ? k : n;
+  int64_t band = (int64_t)(BAND_BYTES / sizeof(float)) / (wc > 0 ? wc : 1);
+  band = band < BAND_MIN_ROWS ? BAND_MIN_ROWS : band;
+  band = band > wr ? wr : band;
+  pthread_mutex_lock(&g_lock);
+  float *a = grow(&g_a, &g_a_cap, (size_t)(m * k)), *b = grow(&g_b, &g_b_cap, (size_t)(band * wc));
+  ds_bf16_round_rows(a, 0, A, m, k, lda);
+  for (int64_t r0 = 0; r0 < wr; r0 += band) {
+    int64_t c = wr - r0 < band ? wr - r0 : band;
+    b_rows(b, Bf ? Bf + r0 * wc : NULL, Bf ? NULL : Bh + r0 * wc, c, wc, wc);
+    if (tb) ds_cpu_sgemm(0, 1, m, c, k, a, k, b, k, beta, C + r0, ldc);
+    else ds_cpu_sgemm(0, 0, m, n, c, a + r0, k, b, n, r0 ? 1.0f : beta, C, ldc);
+  }
+  pthread_mutex_unlock(&g_lock);
+}
