@@ -79,11 +79,13 @@ void ds_bf16_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float 
 }
 
 /* Rows of W converted per band: 4 MiB of fp32, still in cache when the GEMM reads it, and at
- * least 64 rows, so each product keeps the threads busy. A 512-token prefill of the 100M Qwen3
+ * least 512 rows, so each product is wide enough for the GEMM's blocking (the 1.7B shape's down
+ * projection, 2048 x 6144, 256 rows, bench_gemm_bf16's w16pk, three runs each: 170-row bands
+ * 177-222 GFLOP/s, 512-row bands 209-281). A 512-token prefill of the 100M Qwen3
  * (bf16 weights, 2 threads): 1 MiB bands 1284-1351 tokens/s, 2-8 MiB 1316-1414, whole weights
  * (no band) 1359; the 256-token prefill of the Qwen3-1.7B shape, whose weights stream from
  * memory, 4-16 MiB bands alike within the noise (62-77). */
-enum { BAND_BYTES = 4 << 20, BAND_MIN_ROWS = 64 };
+enum { BAND_BYTES = 4 << 20, BAND_MIN_ROWS = 512 };
 
 void ds_bf16_sgemm_frozen(int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
                           const uint16_t *Bh, float beta, float *C, int64_t ldc) {

@@ -181,7 +181,7 @@ static void test_backend_under_bf16(void) {
  * release frees every copy. Shapes off the AMX blocks (k % 32, n % 64 != 0) check the padding. */
 static void test_packed_frozen(void) {
   /* m, n, k; the last in several bands of the sgemm route (BAND_BYTES in cpu_gemm_bf16_sgemm.c) */
-  static const int64_t shapes[][3] = {{24, 100, 40}, {16, 256, 64}, {9, 72, 96}, {9, 200, 4096}};
+  static const int64_t shapes[][3] = {{24, 100, 40}, {16, 256, 64}, {9, 72, 96}, {9, 1100, 2048}};
   int ev = 0;
   for (int s = 0; s < 4; s++)
     for (int tb = 1; tb >= 0; tb--) {
@@ -195,10 +195,11 @@ static void test_packed_frozen(void) {
         const float *Bf = bits ? NULL : W;
         const uint16_t *Bh = bits ? Wh : NULL;
         ds_release_packed_weights();
-        for (int use = 0; use < 3; use++) {
+        for (int use = 0; use < 4; use++) { /* the last with beta 0 */
+          float beta = use == 3 ? 0.0f : 1.0f;
           memcpy(C, C0, (size_t)(m * ldc) * sizeof(float));
-          ds_cpu_gemm_bf16_frozen(tb, m, n, k, A, k, Bf, Bh, 1.0f, C, ldc);
-          ev += check_gemm(0, tb, m, n, k, A, k, W, Bh, ldb, 1.0f, C0, C, ldc, bits ? "frozen bf16" : "frozen f32");
+          ds_cpu_gemm_bf16_frozen(tb, m, n, k, A, k, Bf, Bh, beta, C, ldc);
+          ev += check_gemm(0, tb, m, n, k, A, k, W, Bh, ldb, beta, C0, C, ldc, bits ? "frozen bf16" : "frozen f32");
           for (int64_t i = 0; i < m; i++) /* the padding columns of C are not touched */
             EXPECT(memcmp(C + i * ldc + n, C0 + i * ldc + n, 5 * sizeof(float)) == 0);
           if (use == 1) memcpy(first, C, (size_t)(m * ldc) * sizeof(float));
