@@ -29,7 +29,8 @@ typedef enum {
  *           oneDNN and the CPU runs bf16 natively (AVX512_BF16 or AMX);
  *   sgemm   the sgemm route (cpu_gemm_bf16_sgemm.c), the same numbers up to summation order;
  *   auto    (default) native on a CPU with AMX, the sgemm route elsewhere: without AMX the native
- *           bf16 kernels measured 1.5-1.8x slower than the fp32 GEMM (cpu_gemm_bf16_sgemm.c).
+ *           bf16 kernels measured slower than the fp32 GEMM (at most 220 against 210-305
+ *           GFLOP/s; cpu_gemm_bf16_sgemm.c).
  * The tile products of the bf16 attention (ds_bf16_tile_gemm_*) use the native kernels whenever
  * they are there: small tiles in cache, where they measured faster than the fp32 attention. */
 

@@ -7,9 +7,9 @@
  * products where the native bf16 kernels are slower than the fp32 GEMM: AVX512_BF16 without AMX,
  * where one VDPBF16PS (port 0) does the multiply-adds of the two FMA ports' fp32 instructions
  * and the libraries add conversions. Measured on an Intel Xeon (family 6 model 207, AMX not
- * exposed), 2 threads, the model's shapes: oneDNN 2.6 bf16 matmul 148-159 GFLOP/s, MKL 2026.2
- * 165-169, PyTorch's bundled oneDNN 167-207, against 256-302 for oneDNN's sgemm
- * (bench/gemm_bf16_libs.sh, build/release/bench_sgemm; docs/benchmarks.md).
+ * exposed), 2 threads, the models' shapes: the bf16 GEMMs of oneDNN 2.6 and 3.2, MKL 2026.2 and
+ * PyTorch 100-220 GFLOP/s, oneDNN's sgemm 210-305 in the same runs (bench/gemm_bf16_libs.sh,
+ * build/release/bench_sgemm; docs/benchmarks.md).
  *
  * A frozen weight is converted a band of rows at a time into a scratch that stays in cache, so
  * a BF16 weight keeps no fp32 copy (it is read in place, as the checkpoint holds it). */
