@@ -693,15 +693,22 @@ void ds_cpu_gemm_bf16_frozen(int tb, int64_t m, int64_t n, int64_t k, const floa
 
 void ds_cpu_gemm_bf16_frozen_cat(int64_t m, const void *const *segs, int f32, const int64_t *rows, int n_seg, int64_t k,
                                  const float *A, int64_t lda, float beta, float *C, int64_t ldc) {
-  int done = 0;
+  int done = 0, native = 0;
+  int64_t n = 0;
+  for (int s = 0; s < n_seg; s++) n += rows[s];
 #if defined(DSPARK_GEMM_ONEDNN)
   if (m > 0 && k > 0 && n_seg > 0) {
     cat_src cat = {segs, rows, n_seg};
     pthread_mutex_lock(&g_lock);
-    if (route_native_locked()) done = gemm_onednn_cat(m, &cat, f32, k, A, lda, beta, C, ldc);
+    native = route_native_locked();
+    if (native) done = gemm_onednn_cat(m, &cat, f32, k, A, lda, beta, C, ldc);
     pthread_mutex_unlock(&g_lock);
   }
 #endif
+  if (!done && !native && m > 0 && k > 0 && n > 0) {
+    ds_bf16_sgemm_frozen_cat(m, segs, f32, rows, n_seg, k, A, lda, beta, C, ldc);
+    return;
+  }
   int64_t col = 0;
   for (int s = 0; !done && s < n_seg; col += rows[s], s++)
     ds_cpu_gemm_bf16_frozen(1, m, rows[s], k, A, lda, f32 ? segs[s] : NULL, f32 ? NULL : segs[s], beta, C + col, ldc);

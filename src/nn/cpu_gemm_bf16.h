@@ -44,6 +44,10 @@ void ds_bf16_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float 
                    const uint16_t *Bh, int64_t ldb, float beta, float *C, int64_t ldc);
 void ds_bf16_sgemm_frozen(int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
                           const uint16_t *Bh, float beta, float *C, int64_t ldc);
+/* ... and of ds_cpu_gemm_bf16_frozen_cat (same arguments; m, k and the rows > 0): A rounded once,
+ * the bands filled across segments, so q, k and v run as one wide product. */
+void ds_bf16_sgemm_frozen_cat(int64_t m, const void *const *segs, int f32, const int64_t *rows, int n_seg, int64_t k,
+                              const float *A, int64_t lda, float beta, float *C, int64_t ldc);
 
 /* C[m, n] = bf16(op(A)) @ bf16(op(B)) + beta * C with fp32 accumulation and output; shapes and
  * flags as ds_cpu_sgemm (cpu_kernels.h), beta 0 or 1. Exactly one of Bf (fp32, rounded to

@@ -87,23 +87,60 @@ void ds_bf16_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float 
  * memory, 4-16 MiB bands alike within the noise (62-77). */
 enum { BAND_BYTES = 4 << 20, BAND_MIN_ROWS = 512 };
 
-void ds_bf16_sgemm_frozen(int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
-                          const uint16_t *Bh, float beta, float *C, int64_t ldc) {
-  DS_CHECK(m > 0 && n > 0 && k > 0); /* the caller handles empty products */
-  /* W's stored rows: n of k (tb: C = A W^T, a band of C's columns per band of rows), else k of n
-   * (C = A W: a band of the summation per band of rows, beta only on the first) */
-  int64_t wr = tb ? n : k, wc = tb ? k : n;
+static int64_t band_rows(int64_t wr, int64_t wc) {
   int64_t band = (int64_t)(BAND_BYTES / sizeof(float)) / (wc > 0 ? wc : 1);
   band = band < BAND_MIN_ROWS ? BAND_MIN_ROWS : band;
-  band = band > wr ? wr : band;
+  return band > wr ? wr : band;
+}
+
+/* Rows [r0, r0 + c) of the weight [segs[0]; segs[1]; ...] (rows[s] x k each, F32 when f32, else
+ * BF16 bits) as fp32 values into dst (row stride k): a band may span segments. */
+static void cat_rows(float *dst, const void *const *segs, int f32, const int64_t *rows, int n_seg, int64_t r0,
+                     int64_t c, int64_t k) {
+  int64_t first = 0; /* the first row of segment s */
+  for (int s = 0; s < n_seg && c > 0; first += rows[s], s++) {
+    if (r0 >= first + rows[s]) continue;
+    int64_t from = r0 - first, take = rows[s] - from < c ? rows[s] - from : c;
+    b_rows(dst, f32 ? (const float *)segs[s] + from * k : NULL, f32 ? NULL : (const uint16_t *)segs[s] + from * k,
+           take, k, k);
+    dst += take * k, r0 += take, c -= take;
+  }
+}
+
+void ds_bf16_sgemm_frozen_cat(int64_t m, const void *const *segs, int f32, const int64_t *rows, int n_seg, int64_t k,
+                              const float *A, int64_t lda, float beta, float *C, int64_t ldc) {
+  int64_t n = 0;
+  for (int s = 0; s < n_seg; s++) n += rows[s];
+  DS_CHECK(m > 0 && n > 0 && k > 0); /* the caller handles empty products */
+  int64_t band = band_rows(n, k);
   pthread_mutex_lock(&g_lock);
-  float *a = grow(&g_a, &g_a_cap, (size_t)(m * k)), *b = grow(&g_b, &g_b_cap, (size_t)(band * wc));
+  float *a = grow(&g_a, &g_a_cap, (size_t)(m * k)), *b = grow(&g_b, &g_b_cap, (size_t)(band * k));
+  ds_bf16_round_rows(a, 0, A, m, k, lda); /* once for every segment */
+  for (int64_t r0 = 0; r0 < n; r0 += band) { /* C's columns band by band, across segments */
+    int64_t c = n - r0 < band ? n - r0 : band;
+    cat_rows(b, segs, f32, rows, n_seg, r0, c, k);
+    ds_cpu_sgemm(0, 1, m, c, k, a, k, b, k, beta, C + r0, ldc);
+  }
+  pthread_mutex_unlock(&g_lock);
+}
+
+void ds_bf16_sgemm_frozen(int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
+                          const uint16_t *Bh, float beta, float *C, int64_t ldc) {
+  if (tb) { /* C = A W^T: a band of C's columns per band of W's rows */
+    const void *seg = Bf ? (const void *)Bf : (const void *)Bh;
+    ds_bf16_sgemm_frozen_cat(m, &seg, Bf != NULL, &n, 1, k, A, lda, beta, C, ldc);
+    return;
+  }
+  DS_CHECK(m > 0 && n > 0 && k > 0);
+  /* C = A W, W stored [k, n]: a band of the summation per band of W's rows, beta on the first */
+  int64_t band = band_rows(k, n);
+  pthread_mutex_lock(&g_lock);
+  float *a = grow(&g_a, &g_a_cap, (size_t)(m * k)), *b = grow(&g_b, &g_b_cap, (size_t)(band * n));
   ds_bf16_round_rows(a, 0, A, m, k, lda);
-  for (int64_t r0 = 0; r0 < wr; r0 += band) {
-    int64_t c = wr - r0 < band ? wr - r0 : band;
-    b_rows(b, Bf ? Bf + r0 * wc : NULL, Bf ? NULL : Bh + r0 * wc, c, wc, wc);
-    if (tb) ds_cpu_sgemm(0, 1, m, c, k, a, k, b, k, beta, C + r0, ldc);
-    else ds_cpu_sgemm(0, 0, m, n, c, a + r0, k, b, n, r0 ? 1.0f : beta, C, ldc);
+  for (int64_t r0 = 0; r0 < k; r0 += band) {
+    int64_t c = k - r0 < band ? k - r0 : band;
+    b_rows(b, Bf ? Bf + r0 * n : NULL, Bf ? NULL : Bh + r0 * n, c, n, n);
+    ds_cpu_sgemm(0, 0, m, n, c, a + r0, k, b, n, r0 ? 1.0f : beta, C, ldc);
   }
   pthread_mutex_unlock(&g_lock);
 }

@@ -286,6 +286,34 @@ static void test_mkl_frozen(void) {
   free(W), free(C0), free(C), free(A), free(Wh);
 }
 
+/* ds_cpu_gemm_bf16_frozen_cat on segments whose rows cross the sgemm route's bands (4 MiB of
+ * fp32 rows of k = 64: 16384 rows, so the first band holds segments 0 and 1 and part of 2), F32
+ * and BF16, beta 0 and 1, each use within the reference's bound on the concatenated weight (on
+ * the native route: in place, then packed). */
+static void test_frozen_cat_bands(void) {
+  const int64_t rows[3] = {7000, 6000, 5000}, n = 18000, k = 64, m = 5, ldc = n + 3;
+  float *W = rand_f32((size_t)(n * k)), *A = rand_f32((size_t)(m * k)), *C0 = rand_f32((size_t)(m * ldc));
+  float *C = malloc((size_t)(m * ldc) * sizeof(float));
+  uint16_t *Wh = malloc((size_t)(n * k) * sizeof(uint16_t));
+  for (int64_t i = 0; i < n * k; i++) Wh[i] = ds_f32_to_bf16(W[i]);
+  int ev = 0;
+  for (int bits = 0; bits < 2; bits++) {
+    const void *segs[3];
+    for (int s = 0, row = 0; s < 3; row += (int)rows[s], s++)
+      segs[s] = bits ? (const void *)(Wh + (int64_t)row * k) : (const void *)(W + (int64_t)row * k);
+    ds_release_packed_weights();
+    for (int use = 0; use < 3; use++) {
+      float beta = use == 1 ? 0.0f : 1.0f;
+      memcpy(C, C0, (size_t)(m * ldc) * sizeof(float));
+      ds_cpu_gemm_bf16_frozen_cat(m, segs, !bits, rows, 3, k, A, k, beta, C, ldc);
+      ev += check_gemm(0, 1, m, n, k, A, k, W, bits ? Wh : NULL, k, beta, C0, C, ldc, "frozen concatenation");
+    }
+  }
+  ds_release_packed_weights();
+  EXPECT(ev > 0);
+  free(W), free(A), free(C0), free(C), free(Wh);
+}
+
 /* attention_causal under DS_COMPUTE_BF16 (bf16 QK^T and PV, fp32 softmax) against the fp32
  * kernel: within 2^-6 * max|v| (measured: about 2^-10 on these inputs; a wrong mask, row or
  * head would be O(max|v|)), different from it (the products did run in bf16), the same bits on
@@ -472,6 +500,7 @@ int main(void) {
   TEST_RUN(test_mkl_frozen);
   TEST_RUN(test_held_operands);
   TEST_RUN(test_linear_w_cat);
+  TEST_RUN(test_frozen_cat_bands);
   TEST_RUN(test_attention_bf16);
   TEST_RUN(test_exp_row_bf16);
   TEST_RUN(test_compute_names);
