@@ -3,7 +3,8 @@
  *   onednn    oneDNN's dnnl_sgemm: JIT kernels chosen from the CPU's features at run time, the
  *             library PyTorch uses on CPU; the default, because it reaches the machine's fp32
  *             peak on every x86 CPU measured whatever the environment sets (bench/bench_gemm.c,
- *             docs/benchmarks.md);
+ *             docs/benchmarks.md); with MKL's cblas_sgemm, loaded at run time where the build
+ *             found it (nn/cpu_gemm_mkl.h), for the large products, where it measured faster;
  *   openblas  cblas_sgemm (+ sgemv for one row); its kernel follows its own CPU detection and
  *             OPENBLAS_CORETYPE, which falls back to a generic kernel on CPUs it does not know;
  *   none      the loops below (sanitizer builds, portability).
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include "dspark/backend.h"
+#include "nn/cpu_gemm_mkl.h"
 #include "nn/cpu_kernels.h"
 
 #if defined(DSPARK_GEMM_ONEDNN)
@@ -62,6 +64,10 @@ void ds_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *
     return;
   }
 #if defined(DSPARK_GEMM_ONEDNN)
+  if (m * n * k >= DS_MKL_SGEMM_MIN && ds_mkl_sgemm_available()) {
+    ds_mkl_sgemm(ta, tb, m, n, k, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
   /* row-major, as ours; a failure (bad arguments: a bug of ours) must not pass silently */
   dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, A, lda, B, ldb, beta, C, ldc);
   DS_CHECK(st == dnnl_success);
@@ -119,12 +125,16 @@ static const char *isa_name(dnnl_cpu_isa_t isa) {
 #endif
 
 const char *ds_gemm_name(void) {
-  static char name[96];
+  static char name[160];
   if (name[0]) return name;
 #if defined(DSPARK_GEMM_ONEDNN)
   const dnnl_version_t *v = dnnl_version();
-  snprintf(name, sizeof name, "oneDNN %d.%d.%d %s", v->major, v->minor, v->patch,
-           isa_name(dnnl_get_effective_cpu_isa()));
+  int at = snprintf(name, sizeof name, "oneDNN %d.%d.%d %s", v->major, v->minor, v->patch,
+                    isa_name(dnnl_get_effective_cpu_isa()));
+  const char *ver = ds_mkl_sgemm_available() ? strstr(ds_mkl_bf16_status(), "Version ") : NULL;
+  if (ver && at > 0 && (size_t)at < sizeof name)
+    snprintf(name + at, sizeof name - (size_t)at, "; products of %d+ multiply-adds: MKL %.*s", DS_MKL_SGEMM_MIN,
+             (int)strcspn(ver + 8, "- "), ver + 8);
 #elif defined(DSPARK_GEMM_OPENBLAS)
   snprintf(name, sizeof name, "OpenBLAS %s", openblas_get_corename());
 #else

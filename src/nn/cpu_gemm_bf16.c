@@ -66,7 +66,6 @@ static void *scratch_get(scratch *s, size_t bytes) {
   return p;
 }
 #endif
-
 /* ---------------------------------------------------------------- held operands */
 
 /* Operands the caller promised not to change (operand_hold): each keeps its bf16 copy, made by
@@ -767,7 +766,6 @@ const char *ds_gemm_bf16_name(void) {
   static char name[384];
   pthread_mutex_lock(&g_lock);
   if (!name[0]) {
-    int at = 0;
 #if defined(DSPARK_GEMM_ONEDNN)
     /* the kernel oneDNN picks for a dense x @ W^T product, the shape of every linear */
     cached_matmul *c = native_locked() ? matmul_for(0, 1, 256, 256, 256, 256, 256, 256, 0, 0, 0) : NULL;
@@ -778,7 +776,7 @@ const char *ds_gemm_bf16_name(void) {
                c->impl[0] ? c->impl : "(kernel not reported)");
     }
     if (c && route_native_locked()) {
-      at = snprintf(name, sizeof name, "%s", onednn);
+      int at = snprintf(name, sizeof name, "%s", onednn);
       const char *ver = ds_mkl_bf16_available() ? strstr(ds_mkl_bf16_status(), "Version ") : NULL;
       if (ver && at > 0 && (size_t)at < sizeof name)
         snprintf(name + at, sizeof name - (size_t)at, "; frozen weights of %lld+ elements: MKL %.*s",
@@ -788,7 +786,6 @@ const char *ds_gemm_bf16_name(void) {
                g_route_why, onednn);
     }
 #endif
-    (void)at;
     if (!name[0]) snprintf(name, sizeof name, "bf16-rounded inputs, fp32 GEMM (%s)", ds_gemm_name());
   }
   pthread_mutex_unlock(&g_lock);

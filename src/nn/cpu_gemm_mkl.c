@@ -6,6 +6,7 @@
 #include "nn/cpu_gemm_mkl.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,8 @@ typedef void (*pack_fn)(int layout, int id, int trans, mkl_int m, mkl_int n, mkl
 typedef void (*compute_fn)(int layout, mkl_int ta, mkl_int tb, mkl_int m, mkl_int n, mkl_int k, float alpha,
                            const uint16_t *a, mkl_int lda, const uint16_t *b, mkl_int ldb, float beta, float *c,
                            mkl_int ldc);
+typedef void (*sgemm_fn)(int layout, int ta, int tb, mkl_int m, mkl_int n, mkl_int k, float alpha, const float *a,
+                         mkl_int lda, const float *b, mkl_int ldb, float beta, float *c, mkl_int ldc);
 typedef int (*layer_fn)(int code);
 typedef void (*version_fn)(char *buf, int len);
 
@@ -30,6 +33,7 @@ static int g_tried, g_ok;
 static pack_size_fn g_pack_size;
 static pack_fn g_pack;
 static compute_fn g_compute;
+static sgemm_fn g_sgemm;
 static char g_status[256] = "MKL not tried";
 
 #ifndef DSPARK_MKL_RT
@@ -48,7 +52,7 @@ int ds_mkl_bf16_available(void) {
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) { /* a path was asked for: say once why the large products stay on oneDNN */
     snprintf(g_status, sizeof g_status, "MKL not loaded: %s", dlerror());
-    fprintf(stderr, "warning: %s (%s); bf16 products stay on oneDNN\n", g_status,
+    fprintf(stderr, "warning: %s (%s); the large products stay on oneDNN\n", g_status,
             getenv("DSPARK_MKL") && *getenv("DSPARK_MKL") ? "DSPARK_MKL" : "the build's DSPARK_MKL_RT");
     return 0;
   }
@@ -58,14 +62,15 @@ int ds_mkl_bf16_available(void) {
   g_pack_size = (pack_size_fn)dlsym(h, "cblas_gemm_bf16bf16f32_pack_get_size");
   g_pack = (pack_fn)dlsym(h, "cblas_gemm_bf16bf16f32_pack");
   g_compute = (compute_fn)dlsym(h, "cblas_gemm_bf16bf16f32_compute");
-  if (!threading || !interface || !version || !g_pack_size || !g_pack || !g_compute) {
+  g_sgemm = (sgemm_fn)dlsym(h, "cblas_sgemm");
+  if (!threading || !interface || !version || !g_pack_size || !g_pack || !g_compute || !g_sgemm) {
     snprintf(g_status, sizeof g_status, "MKL not used: %s lacks the bf16 GEMM", path);
-    fprintf(stderr, "warning: %s; bf16 products stay on oneDNN\n", g_status);
+    fprintf(stderr, "warning: %s; the large products stay on oneDNN\n", g_status);
     return 0; /* the handle stays open: harmless */
   }
   if (interface(INTERFACE_LP64) != INTERFACE_LP64 || threading(THREADING_GNU) != THREADING_GNU) {
     snprintf(g_status, sizeof g_status, "MKL not used: %s would not take GNU OpenMP threading", path);
-    fprintf(stderr, "warning: %s; bf16 products stay on oneDNN\n", g_status);
+    fprintf(stderr, "warning: %s; the large products stay on oneDNN\n", g_status);
     return 0;
   }
   char v[200];
@@ -97,4 +102,18 @@ void ds_mkl_bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_
                       float *C, int64_t ldc) {
   g_compute(ROW_MAJOR, NO_TRANS, PACKED, (mkl_int)m, (mkl_int)n, (mkl_int)k, 1.0f, A, (mkl_int)lda, packed,
             (mkl_int)k, beta, C, (mkl_int)ldc);
+}
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static void load_once(void) { (void)ds_mkl_bf16_available(); }
+
+int ds_mkl_sgemm_available(void) {
+  pthread_once(&g_once, load_once);
+  return g_ok;
+}
+
+void ds_mkl_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
+                  int64_t ldb, float beta, float *C, int64_t ldc) {
+  g_sgemm(ROW_MAJOR, ta ? TRANS : NO_TRANS, tb ? TRANS : NO_TRANS, (mkl_int)m, (mkl_int)n, (mkl_int)k, 1.0f, A,
+          (mkl_int)lda, B, (mkl_int)ldb, beta, C, (mkl_int)ldc);
 }

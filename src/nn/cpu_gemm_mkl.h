@@ -28,4 +28,14 @@ void ds_mkl_bf16_pack(void *dst, const uint16_t *w, int64_t m, int64_t n, int64_
 void ds_mkl_bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_t lda, const void *packed, float beta,
                       float *C, int64_t ldc);
 
+/* MKL's fp32 GEMM, which the fp32 GEMM (ds_cpu_sgemm) takes for products of at least
+ * DS_MKL_SGEMM_MIN multiply-adds: on the models' shapes it ran 278-311 GFLOP/s against 239-276 for
+ * oneDNN 2.6's dnnl_sgemm (Intel Xeon model 207, 2 threads; docs/benchmarks.md, issue 9). _available
+ * loads MKL on its first call (thread-safe; the same library and rules as the bf16 GEMM). Shapes
+ * and flags as ds_cpu_sgemm. */
+enum { DS_MKL_SGEMM_MIN = 1 << 22 };
+int ds_mkl_sgemm_available(void);
+void ds_mkl_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
+                  int64_t ldb, float beta, float *C, int64_t ldc);
+
 #endif
