@@ -740,27 +740,19 @@ void ds_gemm_bf16(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *
   ds_cpu_gemm_bf16(DS_BF16_AUTO, ta, tb, m, n, k, A, lda, B, NULL, ldb, beta, C, ldc);
 }
 
-int ds_gemm_bf16_native(void) {
 #if defined(DSPARK_GEMM_ONEDNN)
+static int under_lock(int (*query)(void)) {
   pthread_mutex_lock(&g_lock);
-  int r = route_native_locked();
+  int r = query();
   pthread_mutex_unlock(&g_lock);
   return r;
-#else
-  return 0;
-#endif
 }
-
-int ds_bf16_tiles_native(void) {
-#if defined(DSPARK_GEMM_ONEDNN)
-  pthread_mutex_lock(&g_lock);
-  int r = native_locked();
-  pthread_mutex_unlock(&g_lock);
-  return r;
+int ds_gemm_bf16_native(void) { return under_lock(route_native_locked); }
+int ds_bf16_tiles_native(void) { return under_lock(native_locked); }
 #else
-  return 0;
+int ds_gemm_bf16_native(void) { return 0; }
+int ds_bf16_tiles_native(void) { return 0; }
 #endif
-}
 
 const char *ds_gemm_bf16_name(void) {
   static char name[384];

@@ -29,7 +29,7 @@ typedef void (*sgemm_fn)(int layout, int ta, int tb, mkl_int m, mkl_int n, mkl_i
 typedef int (*layer_fn)(int code);
 typedef void (*version_fn)(char *buf, int len);
 
-static int g_tried, g_ok;
+static int g_ok;
 static pack_size_fn g_pack_size;
 static pack_fn g_pack;
 static compute_fn g_compute;
@@ -40,21 +40,20 @@ static char g_status[256] = "MKL not tried";
 #define DSPARK_MKL_RT ""
 #endif
 
-int ds_mkl_bf16_available(void) {
-  if (g_tried) return g_ok;
-  g_tried = 1;
+/* Loads MKL once (ds_mkl_bf16_available, from any thread). */
+static void load(void) {
   const char *path = getenv("DSPARK_MKL");
   if (!path || !*path) path = DSPARK_MKL_RT;
   if (!*path || !strcmp(path, "none")) {
     snprintf(g_status, sizeof g_status, "MKL not used (%s)", *path ? "DSPARK_MKL=none" : "the build found none");
-    return 0;
+    return;
   }
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) { /* a path was asked for: say once why the large products stay on oneDNN */
     snprintf(g_status, sizeof g_status, "MKL not loaded: %s", dlerror());
     fprintf(stderr, "warning: %s (%s); the large products stay on oneDNN\n", g_status,
             getenv("DSPARK_MKL") && *getenv("DSPARK_MKL") ? "DSPARK_MKL" : "the build's DSPARK_MKL_RT");
-    return 0;
+    return;
   }
   layer_fn threading = (layer_fn)dlsym(h, "MKL_Set_Threading_Layer");
   layer_fn interface = (layer_fn)dlsym(h, "MKL_Set_Interface_Layer");
@@ -66,19 +65,25 @@ int ds_mkl_bf16_available(void) {
   if (!threading || !interface || !version || !g_pack_size || !g_pack || !g_compute || !g_sgemm) {
     snprintf(g_status, sizeof g_status, "MKL not used: %s lacks the bf16 GEMM", path);
     fprintf(stderr, "warning: %s; the large products stay on oneDNN\n", g_status);
-    return 0; /* the handle stays open: harmless */
+    return; /* the handle stays open: harmless */
   }
   if (interface(INTERFACE_LP64) != INTERFACE_LP64 || threading(THREADING_GNU) != THREADING_GNU) {
     snprintf(g_status, sizeof g_status, "MKL not used: %s would not take GNU OpenMP threading", path);
     fprintf(stderr, "warning: %s; the large products stay on oneDNN\n", g_status);
-    return 0;
+    return;
   }
   char v[200];
   version(v, (int)sizeof v);
   for (size_t n = strlen(v); n > 0 && v[n - 1] == ' '; n--) v[n - 1] = 0; /* MKL pads it */
   snprintf(g_status, sizeof g_status, "%.*s", (int)sizeof g_status - 1, v);
   g_ok = 1;
-  return 1;
+}
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+int ds_mkl_bf16_available(void) {
+  pthread_once(&g_once, load);
+  return g_ok;
 }
 
 const char *ds_mkl_bf16_status(void) { return g_status; }
@@ -104,13 +109,7 @@ void ds_mkl_bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_
             (mkl_int)k, beta, C, (mkl_int)ldc);
 }
 
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static void load_once(void) { (void)ds_mkl_bf16_available(); }
-
-int ds_mkl_sgemm_available(void) {
-  pthread_once(&g_once, load_once);
-  return g_ok;
-}
+int ds_mkl_sgemm_available(void) { return ds_mkl_bf16_available(); }
 
 void ds_mkl_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
                   int64_t ldb, float beta, float *C, int64_t ldc) {

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* 1 when MKL is loaded (the first call tries, once; the caller serializes the calls). */
+/* 1 when MKL is loaded (the first call, from any thread, tries once). */
 int ds_mkl_bf16_available(void);
 /* "MKL <version>" or why it is not used. */
 const char *ds_mkl_bf16_status(void);
@@ -30,9 +30,9 @@ void ds_mkl_bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_
 
 /* MKL's fp32 GEMM, which the fp32 GEMM (ds_cpu_sgemm) takes for products of at least
  * DS_MKL_SGEMM_MIN multiply-adds: on the models' shapes it ran 278-311 GFLOP/s against 239-276 for
- * oneDNN 2.6's dnnl_sgemm (Intel Xeon model 207, 2 threads; docs/benchmarks.md, issue 9). _available
- * loads MKL on its first call (thread-safe; the same library and rules as the bf16 GEMM). Shapes
- * and flags as ds_cpu_sgemm. */
+ * oneDNN 2.6's dnnl_sgemm (Intel Xeon model 207, 2 threads; docs/benchmarks.md, issue 9).
+ * _available is ds_mkl_bf16_available (the same library and rules). Shapes and flags as
+ * ds_cpu_sgemm. */
 enum { DS_MKL_SGEMM_MIN = 1 << 22 };
 int ds_mkl_sgemm_available(void);
 void ds_mkl_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
