@@ -66,84 +66,13 @@ static void *scratch_get(scratch *s, size_t bytes) {
   return p;
 }
 #endif
-/* ---------------------------------------------------------------- held operands */
-
-/* Operands the caller promised not to change (operand_hold): each keeps its bf16 copy, made by
- * the first product that reads it with a given stored shape, until the last release. A full
- * table ignores a hold (the hint is optional); a release of an unknown pointer does nothing. */
-typedef struct {
-  const float *p; /* NULL: a free slot */
-  size_t n;
-  int depth;
-  int64_t rows, cols, ld; /* the stored shape of the copy; rows 0 while there is none */
-  uint16_t *bits;
-  size_t cap; /* bytes of bits, kept for the next hold of the slot unless over KEEP_BYTES */
-} held_operand;
-
-enum { HELD_SLOTS = 8 };
-static held_operand g_held[HELD_SLOTS];
-static const size_t KEEP_BYTES = (size_t)64 << 20;
-
-void ds_cpu_bf16_hold(const float *p, size_t n) {
-  if (!p || !n) return;
-  pthread_mutex_lock(&g_lock);
-  held_operand *slot = NULL;
-  for (int i = 0; i < HELD_SLOTS && !slot; i++)
-    if (g_held[i].p == p) slot = &g_held[i];
-  if (slot) {
-    slot->depth++;
-    if (n > slot->n) slot->n = n;
-  } else {
-    for (int i = 0; i < HELD_SLOTS && !slot; i++)
-      if (!g_held[i].p) slot = &g_held[i];
-    if (slot) {
-      slot->p = p;
-      slot->n = n;
-      slot->depth = 1;
-      slot->rows = 0;
-    }
-  }
-  pthread_mutex_unlock(&g_lock);
-}
-
-void ds_cpu_bf16_release(const float *p) {
-  pthread_mutex_lock(&g_lock);
-  for (int i = 0; i < HELD_SLOTS; i++) {
-    held_operand *h = &g_held[i];
-    if (!p || h->p != p || --h->depth > 0) continue;
-    h->p = NULL;
-    h->rows = 0;
-    if (h->cap > KEEP_BYTES) {
-      free(h->bits);
-      h->bits = NULL;
-      h->cap = 0;
-    }
-  }
-  pthread_mutex_unlock(&g_lock);
-}
-
 #if defined(DSPARK_GEMM_ONEDNN)
 /* The bf16 bits of the stored matrix src[rows, cols] (row stride ld), packed (row stride cols):
- * a held operand's copy (made now if it has none of this shape), else rounded into s. Called
- * with g_lock held. */
+ * a held operand's copy, else rounded into s. Called with g_lock held. */
 static const uint16_t *rounded(const float *src, int64_t rows, int64_t cols, int64_t ld, scratch *s) {
-  size_t need = (size_t)(rows * cols) * sizeof(uint16_t);
-  for (int i = 0; i < HELD_SLOTS; i++) {
-    held_operand *h = &g_held[i];
-    if (h->p != src || (size_t)((rows - 1) * ld + cols) > h->n) continue;
-    if (h->rows == rows && h->cols == cols && h->ld == ld) return h->bits;
-    if (need > h->cap) {
-      uint16_t *b = aligned_alloc(64, (need + 4095) & ~(size_t)4095);
-      if (!b) break; /* no copy: round into the scratch as without a hold */
-      free(h->bits);
-      h->bits = b;
-      h->cap = (need + 4095) & ~(size_t)4095;
-    }
-    ds_bf16_round_rows(h->bits, 1, src, rows, cols, ld);
-    h->rows = rows, h->cols = cols, h->ld = ld;
-    return h->bits;
-  }
-  uint16_t *a = scratch_get(s, need);
+  const uint16_t *h = ds_bf16_held_copy(src, rows, cols, ld, 0);
+  if (h) return h;
+  uint16_t *a = scratch_get(s, (size_t)(rows * cols) * sizeof(uint16_t));
   ds_bf16_round_rows(a, 1, src, rows, cols, ld);
   return a;
 }
@@ -335,8 +264,15 @@ typedef struct {
   dnnl_memory_desc_t md; /* oneDNN's layout; unused for MKL's */
   void *packed;
   size_t bytes;
-  int mkl; /* 1: MKL's packed layout (cpu_gemm_mkl.h), for a forward (tb) */
+  int kind; /* the layout: a pack_kind */
 } packed_weight;
+
+typedef enum {
+  PACK_ONEDNN,  /* the layout oneDNN's kernel chose (md) */
+  PACK_MKL,     /* MKL's packed bf16 layout (cpu_gemm_mkl.h), for a forward (tb) */
+  PACK_ROUNDED, /* the sgemm route's: an F32 W as stored, rounded to bf16 values held in fp32; one
+                 * copy serves the forward and the input gradient (keyed tb 1, n x k as stored) */
+} pack_kind;
 
 static packed_weight *g_packs;
 static int g_packs_used, g_packs_cap;
@@ -375,43 +311,6 @@ static void pack_drop(packed_weight *p) {
   *p = g_packs[--g_packs_used];
 }
 
-/* The logical B[k, n] of a product (bf16; from W[n, k] when tb, W[k, n] otherwise, both
- * contiguous) into dst in the layout md when it is one of the AMX weight layouts
- * BA16a{16,32,48,64}b2a (oneDNN's own reorder from the transposed plain layout runs at about
- * 1.3 GB/s here, as long as a product); 0 for any other layout (oneDNN's reorder then does it).
- * Blocks of 32 k x NB n, n-blocks outermost; inside a block, k pair (k % 32) / 2, then n, then
- * k % 2; padding zeros. */
-static int pack_amx(const dnnl_memory_desc_t *md, const uint16_t *w, int tb, int64_t n, int64_t k, uint16_t *dst,
-                    size_t bytes) {
-  static const dnnl_format_tag_t tags[] = {dnnl_BA16a64b2a, dnnl_BA16a48b2a, dnnl_BA16a32b2a, dnnl_BA16a16b2a};
-  static const int widths[] = {64, 48, 32, 16};
-  int nb = 0;
-  for (int i = 0; i < 4 && !nb; i++) {
-    dnnl_dims_t sh = {k, n};
-    dnnl_memory_desc_t t;
-    if (dnnl_memory_desc_init_by_tag(&t, 2, sh, dnnl_bf16, tags[i]) == dnnl_success && dnnl_memory_desc_equal(&t, md))
-      nb = widths[i];
-  }
-  int64_t ka = (k + 31) / 32, nbl = (n + nb - 1) / (nb ? nb : 1);
-  if (!nb || bytes != (size_t)(ka * nbl * 32 * nb) * sizeof(uint16_t)) return 0;
-  memset(dst, 0, bytes);
-#define AMX_AT(a, o) dst[((o) / nb * ka + (a) / 32) * 32 * nb + ((a) % 32 / 2 * nb + (o) % nb) * 2 + (a) % 2]
-  if (tb) { /* W[n, k]: walk each row of W */
-    DS_OMP(parallel for schedule(static) if (n * k > 65536))
-    for (int64_t o = 0; o < n; o++)
-      for (int64_t a = 0; a < k; a++) AMX_AT(a, o) = w[o * k + a];
-  } else { /* W[k, n]: each thread owns whole n-blocks, walked row by row */
-    DS_OMP(parallel for schedule(static) if (n * k > 65536))
-    for (int64_t bo = 0; bo < nbl; bo++) {
-      int64_t o1 = (bo + 1) * nb < n ? (bo + 1) * nb : n;
-      for (int64_t a = 0; a < k; a++)
-        for (int64_t o = bo * nb; o < o1; o++) AMX_AT(a, o) = w[a * n + o];
-    }
-  }
-#undef AMX_AT
-  return 1;
-}
-
 /* Frozen weights stored apart that one product reads as [segs[0]; segs[1]; ...] (each rows[s] x
  * k, contiguous, all F32 or all BF16): linear_w_cat's q, k, v or gate, up. */
 typedef struct {
@@ -440,11 +339,11 @@ static void concat_bf16(uint16_t *dst, const cat_src *cat, int f32, int64_t k) {
 }
 
 /* The packed copy of W (B of the product: W^T when tb, W otherwise; data F32 or BF16, or with
- * cat the concatenation of its segments, tb 1) for the primitive c, or with c NULL in MKL's
- * layout for an m-row forward (tb 1); NULL when it cannot be made or would pass the cap. */
-static const void *packed_for(const cached_matmul *c, const void *data, int f32, const cat_src *cat, int tb,
-                              int64_t m, int64_t n, int64_t k) {
-  int mkl = c == NULL;
+ * cat the concatenation of its segments, tb 1) for the primitive c (kind PACK_ONEDNN), or in
+ * MKL's layout for an m-row forward (PACK_MKL, tb 1), or rounded (PACK_ROUNDED); NULL when it
+ * cannot be made or would pass the cap. */
+static const void *packed_for(const cached_matmul *c, pack_kind kind, const void *data, int f32, const cat_src *cat,
+                              int tb, int64_t m, int64_t n, int64_t k) {
   uint64_t key = cat ? cat_hash(cat) : 0, print = 0;
   if (cat)
     for (int s = 0; s < cat->n_seg; s++) print = print * 31 + fingerprint(cat->segs[s], f32, cat->rows[s] * k);
@@ -453,7 +352,7 @@ static const void *packed_for(const cached_matmul *c, const void *data, int f32,
   packed_weight *seen = NULL;
   for (int i = 0; i < g_packs_used && !seen; i++) {
     packed_weight *p = &g_packs[i];
-    if (p->data != data || p->n != n || p->k != k || p->tb != tb || p->f32 != f32 || p->cat != key || p->mkl != mkl)
+    if (p->data != data || p->n != n || p->k != k || p->tb != tb || p->f32 != f32 || p->cat != key || p->kind != (int)kind)
       continue;
     if (p->print != print) { /* rewritten in place: stale */
       pack_drop(p);
@@ -461,7 +360,7 @@ static const void *packed_for(const cached_matmul *c, const void *data, int f32,
       continue;
     }
     if (!p->packed) seen = p;
-    else return mkl || dnnl_memory_desc_equal(&p->md, &c->bd) ? p->packed : NULL;
+    else return kind != PACK_ONEDNN || dnnl_memory_desc_equal(&p->md, &c->bd) ? p->packed : NULL;
   }
   if (!seen) {
     /* The first use runs in place: packing costs about one product (it reads the weight, the
@@ -474,16 +373,24 @@ static const void *packed_for(const cached_matmul *c, const void *data, int f32,
       g_packs = np;
       g_packs_cap = cap;
     }
-    g_packs[g_packs_used] = (packed_weight){data, n, k, tb, key, f32, print, {0}, NULL, 0, mkl};
+    g_packs[g_packs_used] = (packed_weight){data, n, k, tb, key, f32, print, {0}, NULL, 0, kind};
     if (c) g_packs[g_packs_used].md = c->bd;
     g_packs_used++;
     return NULL;
   }
-  size_t bytes = mkl ? ds_mkl_bf16_pack_size(m, n, k) : dnnl_memory_desc_get_size(&c->bd);
+  size_t bytes = kind == PACK_MKL      ? ds_mkl_bf16_pack_size(m, n, k)
+                 : kind == PACK_ROUNDED ? (size_t)(n * k) * sizeof(float)
+                                        : dnnl_memory_desc_get_size(&c->bd);
   if (g_pack_bytes + bytes > pack_limit()) return NULL;
   void *dst = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
   if (!dst) return NULL;
   /* the plain bf16 B as the matmul sees it: logical [k, n], strides {1, k} (W^T) or {n, 1} (W) */
+  if (kind == PACK_ROUNDED) { /* W[n, k] as stored: the values ds_bf16_sgemm would round */
+    ds_bf16_round_rows(dst, 0, data, n, k, k);
+    seen->packed = dst, seen->bytes = bytes;
+    g_pack_bytes += bytes;
+    return dst;
+  }
   const uint16_t *src = data;
   if (cat) {
     uint16_t *s = scratch_get(&g_sb, (size_t)(n * k) * sizeof(uint16_t));
@@ -494,14 +401,14 @@ static const void *packed_for(const cached_matmul *c, const void *data, int f32,
     ds_bf16_round_rows(s, 1, data, tb ? n : k, tb ? k : n, tb ? k : n); /* W as stored */
     src = s;
   }
-  if (mkl) {
+  if (kind == PACK_MKL) {
     ds_mkl_bf16_pack(dst, src, m, n, k);
     seen->packed = dst, seen->bytes = bytes;
     g_pack_bytes += bytes;
     return dst;
   }
-  if (getenv("DSPARK_BF16_PACK_ONEDNN") == NULL && pack_amx(&c->bd, src, tb, n, k, dst, bytes)) {
-    *seen = (packed_weight){data, n, k, tb, key, f32, print, c->bd, dst, bytes, 0};
+  if (getenv("DSPARK_BF16_PACK_ONEDNN") == NULL && ds_pack_amx(&c->bd, src, tb, n, k, dst, bytes)) {
+    *seen = (packed_weight){data, n, k, tb, key, f32, print, c->bd, dst, bytes, PACK_ONEDNN};
     g_pack_bytes += bytes;
     return dst;
   }
@@ -527,7 +434,7 @@ static const void *packed_for(const cached_matmul *c, const void *data, int f32,
     free(dst);
     return NULL;
   }
-  *seen = (packed_weight){data, n, k, tb, key, f32, print, c->bd, dst, bytes, 0};
+  *seen = (packed_weight){data, n, k, tb, key, f32, print, c->bd, dst, bytes, PACK_ONEDNN};
   g_pack_bytes += bytes;
   return dst;
 }
@@ -540,7 +447,7 @@ static int mkl_for(int64_t n, int64_t k) { return n * k >= ds_mkl_bf16_min_elems
  * 0 on the first use (the caller runs it in place) or past the cap. */
 static int gemm_mkl_packed(int64_t m, const void *data, int f32, const cat_src *cat, int64_t n, int64_t k,
                            const float *A, int64_t lda, float beta, float *C, int64_t ldc) {
-  const void *b = packed_for(NULL, data, f32, cat, 1, m, n, k);
+  const void *b = packed_for(NULL, PACK_MKL, data, f32, cat, 1, m, n, k);
   if (!b) return 0;
   ds_mkl_bf16_gemm(m, n, k, rounded(A, m, k, lda, &g_sa), k, b, beta, C, ldc);
   return 1;
@@ -553,7 +460,7 @@ static int gemm_onednn_packed(int tb, int64_t m, int64_t n, int64_t k, const flo
   if (tb && mkl_for(n, k)) return gemm_mkl_packed(m, w, Bf != NULL, NULL, n, k, A, lda, beta, C, ldc);
   cached_matmul *c = matmul_for(0, tb, m, n, k, k, tb ? k : n, n, beta != 0.0f, 1, 0);
   if (!c) return 0;
-  const void *b = packed_for(c, w, Bf != NULL, NULL, tb, m, n, k);
+  const void *b = packed_for(c, PACK_ONEDNN, w, Bf != NULL, NULL, tb, m, n, k);
   if (!b) return 0;
   return run_dense(c, rounded(A, m, k, lda, &g_sa), b, C, ldc, beta);
 }
@@ -570,7 +477,7 @@ static int gemm_onednn_cat(int64_t m, const cat_src *cat, int f32, int64_t k, co
   if (pack_limit() == 0) return 0;
   if (mkl_for(n, k)) return gemm_mkl_packed(m, cat->segs[0], f32, cat, n, k, A, lda, beta, C, ldc);
   cached_matmul *c = matmul_for(0, 1, m, n, k, k, k, n, beta != 0.0f, 1, 0);
-  const void *b = c ? packed_for(c, cat->segs[0], f32, cat, 1, m, n, k) : NULL;
+  const void *b = c ? packed_for(c, PACK_ONEDNN, cat->segs[0], f32, cat, 1, m, n, k) : NULL;
   return b ? run_dense(c, rounded(A, m, k, lda, &g_sa), b, C, ldc, beta) : 0;
 }
 
@@ -677,16 +584,19 @@ void ds_cpu_gemm_bf16_frozen(int tb, int64_t m, int64_t n, int64_t k, const floa
                              const uint16_t *Bh, float beta, float *C, int64_t ldc) {
   DS_CHECK((Bf != NULL) != (Bh != NULL));
   int done = 0, native = 0;
+  const float *rounded_w = NULL; /* the sgemm route's copy of an F32 W */
 #if defined(DSPARK_GEMM_ONEDNN)
   if (m > 0 && n > 0 && k > 0) {
     pthread_mutex_lock(&g_lock);
     native = route_native_locked();
     if (native && pack_limit() > 0) done = gemm_onednn_packed(tb, m, n, k, A, lda, Bf, Bh, beta, C, ldc);
+    else if (!native && Bf && pack_limit() > 0) rounded_w = packed_for(NULL, PACK_ROUNDED, Bf, 1, NULL, 1, m, tb ? n : k, tb ? k : n);
     pthread_mutex_unlock(&g_lock);
   }
 #endif
   if (done) return;
-  if (!native && m > 0 && n > 0 && k > 0) ds_bf16_sgemm_frozen(tb, m, n, k, A, lda, Bf, Bh, beta, C, ldc);
+  if (rounded_w) ds_bf16_sgemm_rounded_b(0, tb, m, n, k, A, lda, rounded_w, tb ? k : n, beta, C, ldc);
+  else if (!native && m > 0 && n > 0 && k > 0) ds_bf16_sgemm_frozen(tb, m, n, k, A, lda, Bf, Bh, beta, C, ldc);
   else ds_cpu_gemm_bf16(DS_BF16_AUTO, 0, tb, m, n, k, A, lda, Bf, Bh, tb ? k : n, beta, C, ldc);
 }
 

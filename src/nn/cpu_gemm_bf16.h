@@ -35,13 +35,17 @@ typedef enum {
  * they are there: small tiles in cache, where they measured faster than the fp32 attention. */
 
 /* dst[r, 0:c] (packed, row stride c) = src[r, 0:c] (row stride lds) rounded to bf16: as bits
- * (bits != 0) or as fp32 values. */
+ * (bits != 0) or as fp32 values (cpu_gemm_bf16_held.c, with the held operands' copies). */
 void ds_bf16_round_rows(void *dst, int bits, const float *src, int64_t rows, int64_t cols, int64_t lds);
 
 /* The sgemm route of ds_cpu_gemm_bf16 (same arguments) and of ds_cpu_gemm_bf16_frozen (same
  * arguments; m, n, k > 0): W converted a band of rows at a time, no copy of it kept. */
 void ds_bf16_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
                    const uint16_t *Bh, int64_t ldb, float beta, float *C, int64_t ldc);
+/* ... with B given already rounded to bf16 values held in fp32 (a frozen F32 weight's rounded
+ * copy): only A is rounded. */
+void ds_bf16_sgemm_rounded_b(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
+                             const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 void ds_bf16_sgemm_frozen(int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
                           const uint16_t *Bh, float beta, float *C, int64_t ldc);
 /* ... and of ds_cpu_gemm_bf16_frozen_cat (same arguments; m, k and the rows > 0): A rounded once,
@@ -60,7 +64,9 @@ void ds_cpu_gemm_bf16(ds_bf16_path path, int ta, int tb, int64_t m, int64_t n, i
  * Bf / Bh): B = bf16(W[n, k])^T when tb (a forward, x @ W^T), B = bf16(W[k, n]) otherwise (the
  * input gradient, dy @ W). On the native route, W's packed bf16 copy for that use (ds_release_packed_weights
  * in include/dspark/backend.h) when there is room under the cap, else ds_cpu_gemm_bf16 in place;
- * on the sgemm route ds_bf16_sgemm_frozen. The same bf16 values either way. */
+ * on the sgemm route an F32 W's rounded copy (one for both uses, from its second use, under the
+ * same cap), else ds_bf16_sgemm_frozen (a BF16 W keeps no fp32 copy). The same bf16 values
+ * either way. */
 void ds_cpu_gemm_bf16_frozen(int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
                              const uint16_t *Bh, float beta, float *C, int64_t ldc);
 
@@ -72,10 +78,14 @@ void ds_cpu_gemm_bf16_frozen_cat(int64_t m, const void *const *segs, int f32, co
                                  const float *A, int64_t lda, float beta, float *C, int64_t ldc);
 
 /* The cpu backend's operand_hold / operand_release (include/dspark/backend.h): a held fp32
- * operand (A, or an fp32 B) of the oneDNN path is rounded once into a copy kept until its
- * release, for each stored shape it is read with. */
+ * operand (A, or an fp32 B) is rounded once into a copy kept until its release, for each stored
+ * shape it is read with (bf16 bits for the native route, bf16 values in fp32 for the sgemm one). */
 void ds_cpu_bf16_hold(const float *p, size_t n);
 void ds_cpu_bf16_release(const float *p);
+/* A held operand's copy: the stored matrix src[rows, cols] (row stride ld) rounded to bf16,
+ * packed (row stride cols), as bits or (f32) as bf16 values held in fp32; made by the first
+ * product that reads it with this shape and kept; NULL when src is not held (or no memory). */
+const void *ds_bf16_held_copy(const float *src, int64_t rows, int64_t cols, int64_t ld, int f32);
 
 /* Products of operands already in bf16 for kernels that run their own tiles in an OpenMP
  * region (the attention under DS_COMPUTE_BF16): C[m, n] (row stride ldc, overwritten) =
@@ -103,5 +113,14 @@ int ds_bf16_tiles_native(void);
  * 8 rows (114-127 vs 85 for the direct 16-bit kernels; 4 rows: 63 vs 76); for the weight
  * gradient dW += dy^T x (k = rows) from 32 rows (126-231 vs 124-134; 16 rows: 65-69 vs 82-109). */
 enum { DS_BF16_MIN_ROWS_F32W = 16, DS_BF16_MIN_ROWS_BF16W = 8, DS_BF16_MIN_ROWS_DW = 32 };
+
+#if defined(DSPARK_GEMM_ONEDNN)
+#include <oneapi/dnnl/dnnl.h>
+/* The logical B[k, n] of a product (bf16; W[n, k] when tb, W[k, n] otherwise, contiguous) into
+ * dst (bytes) in the layout md when md is one of the AMX weight layouts; 0 for any other layout
+ * (cpu_gemm_bf16_amx.c). */
+int ds_pack_amx(const dnnl_memory_desc_t *md, const uint16_t *w, int tb, int64_t n, int64_t k, uint16_t *dst,
+                size_t bytes);
+#endif
 
 #endif

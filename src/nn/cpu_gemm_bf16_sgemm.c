@@ -11,27 +11,16 @@
  * PyTorch 100-220 GFLOP/s, oneDNN's sgemm 210-305 in the same runs (bench/gemm_bf16_libs.sh,
  * build/release/bench_sgemm; docs/benchmarks.md).
  *
- * A frozen weight is converted a band of rows at a time into a scratch that stays in cache, so
- * a BF16 weight keeps no fp32 copy (it is read in place, as the checkpoint holds it). */
+ * A frozen BF16 weight is converted a band of rows at a time into a scratch that stays in cache,
+ * so it keeps no fp32 copy (it is read in place, as the checkpoint holds it). A frozen F32 weight
+ * used again gets one rounded copy instead (cpu_gemm_bf16.c's packed copies, under their cap),
+ * and held operands theirs (cpu_gemm_bf16_held.c): the draft step's lm_head was rounded on every
+ * chunk's forward and input gradient, 16% of the step (bench_draft_step --compute bf16). */
 #include <pthread.h>
 #include <stdlib.h>
 
 #include "nn/cpu_gemm_bf16.h"
 #include "nn/cpu_kernels.h"
-
-void ds_bf16_round_rows(void *dst, int bits, const float *src, int64_t rows, int64_t cols, int64_t lds) {
-  DS_OMP(parallel for schedule(static) if (rows * cols > 65536))
-  for (int64_t r = 0; r < rows; r++) {
-    const float *s = src + r * lds;
-    if (bits) {
-      uint16_t *d = (uint16_t *)dst + r * cols;
-      for (int64_t j = 0; j < cols; j++) d[j] = ds_round_bf16(s[j]);
-    } else {
-      uint32_t *d = (uint32_t *)dst + r * cols;
-      for (int64_t j = 0; j < cols; j++) d[j] = (uint32_t)ds_round_bf16(s[j]) << 16;
-    }
-  }
-}
 
 /* dst[r, 0:c] (row stride c) = the bf16 bits src[r, 0:c] (row stride lds) as fp32, exactly. */
 static void widen_rows(float *dst, const uint16_t *src, int64_t rows, int64_t cols, int64_t lds) {
@@ -66,15 +55,40 @@ static float *grow(float **p, size_t *cap, size_t floats) {
   return *p;
 }
 
+/* The stored matrix src[rows, cols] (row stride ld) as bf16 values in fp32, packed (row stride
+ * cols): a held operand's copy (ds_bf16_held_copy), else rounded into the scratch *s. Called
+ * with g_lock held. */
+static const float *rounded(const float *src, int64_t rows, int64_t cols, int64_t ld, float **s, size_t *cap) {
+  const float *h = ds_bf16_held_copy(src, rows, cols, ld, 1);
+  if (h) return h;
+  float *d = grow(s, cap, (size_t)(rows * cols));
+  ds_bf16_round_rows(d, 0, src, rows, cols, ld);
+  return d;
+}
+
 void ds_bf16_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
                    const uint16_t *Bh, int64_t ldb, float beta, float *C, int64_t ldc) {
   /* stored shapes: A is [m, k] or [k, m]; B is [k, n] or [n, k] */
   int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
   pthread_mutex_lock(&g_lock);
-  float *a = grow(&g_a, &g_a_cap, (size_t)(ar * ac)), *b = grow(&g_b, &g_b_cap, (size_t)(br * bc));
-  ds_bf16_round_rows(a, 0, A, ar, ac, lda);
-  b_rows(b, Bf, Bh, br, bc, ldb);
+  const float *a = rounded(A, ar, ac, lda, &g_a, &g_a_cap), *b;
+  if (Bf) {
+    b = rounded(Bf, br, bc, ldb, &g_b, &g_b_cap);
+  } else {
+    float *w = grow(&g_b, &g_b_cap, (size_t)(br * bc));
+    widen_rows(w, Bh, br, bc, ldb);
+    b = w;
+  }
   ds_cpu_sgemm(ta, tb, m, n, k, a, ac, b, bc, beta, C, ldc);
+  pthread_mutex_unlock(&g_lock);
+}
+
+void ds_bf16_sgemm_rounded_b(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
+                             const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+  int64_t ar = ta ? k : m, ac = ta ? m : k;
+  pthread_mutex_lock(&g_lock);
+  const float *a = rounded(A, ar, ac, lda, &g_a, &g_a_cap);
+  ds_cpu_sgemm(ta, tb, m, n, k, a, ac, B, ldb, beta, C, ldc);
   pthread_mutex_unlock(&g_lock);
 }
 
@@ -114,8 +128,8 @@ void ds_bf16_sgemm_frozen_cat(int64_t m, const void *const *segs, int f32, const
   DS_CHECK(m > 0 && n > 0 && k > 0); /* the caller handles empty products */
   int64_t band = band_rows(n, k);
   pthread_mutex_lock(&g_lock);
-  float *a = grow(&g_a, &g_a_cap, (size_t)(m * k)), *b = grow(&g_b, &g_b_cap, (size_t)(band * k));
-  ds_bf16_round_rows(a, 0, A, m, k, lda); /* once for every segment */
+  const float *a = rounded(A, m, k, lda, &g_a, &g_a_cap); /* once for every segment */
+  float *b = grow(&g_b, &g_b_cap, (size_t)(band * k));
   for (int64_t r0 = 0; r0 < n; r0 += band) { /* C's columns band by band, across segments */
     int64_t c = n - r0 < band ? n - r0 : band;
     cat_rows(b, segs, f32, rows, n_seg, r0, c, k);
@@ -135,8 +149,8 @@ void ds_bf16_sgemm_frozen(int tb, int64_t m, int64_t n, int64_t k, const float *
   /* C = A W, W stored [k, n]: a band of the summation per band of W's rows, beta on the first */
   int64_t band = band_rows(k, n);
   pthread_mutex_lock(&g_lock);
-  float *a = grow(&g_a, &g_a_cap, (size_t)(m * k)), *b = grow(&g_b, &g_b_cap, (size_t)(band * n));
-  ds_bf16_round_rows(a, 0, A, m, k, lda);
+  const float *a = rounded(A, m, k, lda, &g_a, &g_a_cap);
+  float *b = grow(&g_b, &g_b_cap, (size_t)(band * n));
   for (int64_t r0 = 0; r0 < k; r0 += band) {
     int64_t c = k - r0 < band ? k - r0 : band;
     b_rows(b, Bf ? Bf + r0 * n : NULL, Bf ? NULL : Bh + r0 * n, c, n, n);

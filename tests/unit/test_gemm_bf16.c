@@ -173,12 +173,20 @@ static void test_backend_under_bf16(void) {
   free(zeros), free(yb0);
 }
 
+#if defined(DSPARK_GEMM_ONEDNN)
+enum { ONEDNN_BUILD = 1 }; /* the packed-copy cache is in oneDNN builds only */
+#else
+enum { ONEDNN_BUILD = 0 };
+#endif
+
 /* Frozen weights through their packed copies (ds_cpu_gemm_bf16_frozen), in both uses: the
- * forward (B = W[n, k]^T) and the input gradient (B = W[k, n]), each its own copy. The first
- * use runs in place, the second packs, the third reuses the copy; every result within the bound
- * of the reference, a padded C (ldc > n) with beta = 1 included. Our own AMX packer equals
- * oneDNN's reorder bit for bit; a weight rewritten in place is repacked (not served stale);
- * release frees every copy. Shapes off the AMX blocks (k % 32, n % 64 != 0) check the padding. */
+ * forward (B = W[n, k]^T) and the input gradient (B = W[k, n]), each its own copy on the native
+ * route, one rounded copy of an F32 W for both on the sgemm route. The first use runs in place,
+ * the second packs, the third reuses the copy; every result within the bound of the reference, a
+ * padded C (ldc > n) with beta = 1 included. Our own AMX packer equals oneDNN's reorder bit for
+ * bit; a weight rewritten in place is repacked (not served stale); release frees every copy.
+ * Shapes off the AMX blocks (k % 32, n % 64 != 0) check the padding. */
+
 static void test_packed_frozen(void) {
   /* m, n, k; the last in several bands of the sgemm route (BAND_BYTES in cpu_gemm_bf16_sgemm.c) */
   static const int64_t shapes[][3] = {{24, 100, 40}, {16, 256, 64}, {9, 72, 96}, {9, 1100, 2048}};
@@ -205,15 +213,19 @@ static void test_packed_frozen(void) {
           if (use == 1) memcpy(first, C, (size_t)(m * ldc) * sizeof(float));
           if (use == 2) EXPECT(memcmp(first, C, (size_t)(m * ldc) * sizeof(float)) == 0);
         }
-        EXPECT((ds_packed_weight_bytes() > 0) == ds_gemm_bf16_native());
-        if (tb == 0 && ds_gemm_bf16_native()) {
-          /* the same weight in the other use: a second copy, not the first one misread */
+        /* copies kept: the native route's packed ones; the sgemm route's rounded copy of an F32 W */
+        int kept = ds_gemm_bf16_native() || (!bits && ONEDNN_BUILD);
+        EXPECT((ds_packed_weight_bytes() > 0) == kept);
+        if (tb == 0 && kept) {
+          /* the same weight in the other use: on the native route a second copy (its own layout),
+           * on the sgemm route the same rounded copy; not the first one misread either way */
           size_t one = ds_packed_weight_bytes();
           float *X = rand_f32((size_t)(m * n)), *Y = calloc((size_t)(m * k), sizeof(float));
           for (int use = 0; use < 2; use++) ds_cpu_gemm_bf16_frozen(1, m, k, n, X, n, Bf, Bh, 0.0f, Y, k);
           ev += check_gemm(0, 1, m, k, n, X, n, W, Bh, n, 0.0f, Y, Y, k, "frozen, both uses");
-          if (ds_packed_weight_bytes() <= one) fprintf(stderr, "%s: no second packed copy\n", use_name);
-          EXPECT(ds_packed_weight_bytes() > one);
+          if (ds_gemm_bf16_native() && ds_packed_weight_bytes() <= one)
+            fprintf(stderr, "%s: no second packed copy\n", use_name);
+          EXPECT(ds_gemm_bf16_native() ? ds_packed_weight_bytes() > one : ds_packed_weight_bytes() == one);
           free(X), free(Y);
         }
         /* oneDNN's reorder instead of ours: the same packed bits, the same product */
@@ -227,12 +239,15 @@ static void test_packed_frozen(void) {
         unsetenv("DSPARK_BF16_PACK_ONEDNN");
         EXPECT(memcmp(first, C, (size_t)(m * ldc) * sizeof(float)) == 0);
       }
-      /* rewritten in place after packing: the new values are used */
+      /* rewritten in place after packing (both dtypes): the new values are used */
+      for (int use = 0; use < 2; use++) ds_cpu_gemm_bf16_frozen(tb, m, n, k, A, k, W, NULL, 1.0f, C, ldc);
       for (int64_t i = 0; i < n * k; i++) Wh[i] = ds_f32_to_bf16(-W[i] * 0.5f);
       for (int64_t i = 0; i < n * k; i++) W[i] = ds_bf16_to_f32(Wh[i]);
-      memcpy(C, C0, (size_t)(m * ldc) * sizeof(float));
-      ds_cpu_gemm_bf16_frozen(tb, m, n, k, A, k, NULL, Wh, 1.0f, C, ldc);
-      ev += check_gemm(0, tb, m, n, k, A, k, W, Wh, ldb, 1.0f, C0, C, ldc, "frozen bf16 rewritten");
+      for (int bits = 0; bits < 2; bits++) {
+        memcpy(C, C0, (size_t)(m * ldc) * sizeof(float));
+        ds_cpu_gemm_bf16_frozen(tb, m, n, k, A, k, bits ? NULL : W, bits ? Wh : NULL, 1.0f, C, ldc);
+        ev += check_gemm(0, tb, m, n, k, A, k, W, Wh, ldb, 1.0f, C0, C, ldc, "frozen rewritten");
+      }
       ds_release_packed_weights();
       EXPECT(ds_packed_weight_bytes() == 0);
       free(A), free(W), free(C0), free(C), free(first), free(Wh);
@@ -401,9 +416,10 @@ static void test_compute_names(void) {
 }
 
 /* Held operands (the cpu backend's operand_hold / operand_release): while A and B are held,
- * products read their kept bf16 copies, one per stored shape (a plain and a transposed use of
- * the same memory, as a chunk's dlogits is read by dx and dW), with the same bits as without the
- * hold; nested holds keep the copy until the last release; after it, new values are read. */
+ * products read their kept copies (bf16 bits; bf16 values in fp32 on the sgemm route), one per
+ * stored shape (a plain and a transposed use of the same memory, as a chunk's dlogits is read by
+ * dx and dW), with the same bits as without the hold; nested holds keep the copy until the last
+ * release; after it, new values are read. */
 static void test_held_operands(void) {
   const ds_backend *be = ds_backend_cpu();
   enum { M = 40, N = 72, K = 96 };
@@ -422,8 +438,7 @@ static void test_held_operands(void) {
     EXPECT(memcmp(gotT, wantT, sizeof(float) * K * N) == 0);
   }
   be->operand_release(A); /* still held once */
-  if (ds_gemm_bf16_native()) {
-    /* the kept copy is what is read: a change the caller promised not to make goes unseen */
+  { /* the kept copy is what is read (on either route): a change the caller promised not to make goes unseen */
     float a0 = A[0];
     A[0] += 1.0f;
     ds_cpu_gemm_bf16(DS_BF16_AUTO, 0, 1, M, N, K, A, K, B, NULL, K, 0.0f, got, N);
