@@ -272,6 +272,8 @@ typedef enum {
   PACK_MKL,     /* MKL's packed bf16 layout (cpu_gemm_mkl.h), for a forward (tb) */
   PACK_ROUNDED, /* the sgemm route's: an F32 W as stored, rounded to bf16 values held in fp32; one
                  * copy serves the forward and the input gradient (keyed tb 1, n x k as stored) */
+  PACK_MKL_F32, /* the sgemm route's forward of an F32 W on MKL: those values in MKL's packed
+                 * fp32 layout (cpu_gemm_mkl.h) */
 } pack_kind;
 
 static packed_weight *g_packs;
@@ -340,8 +342,8 @@ static void concat_bf16(uint16_t *dst, const cat_src *cat, int f32, int64_t k) {
 
 /* The packed copy of W (B of the product: W^T when tb, W otherwise; data F32 or BF16, or with
  * cat the concatenation of its segments, tb 1) for the primitive c (kind PACK_ONEDNN), or in
- * MKL's layout for an m-row forward (PACK_MKL, tb 1), or rounded (PACK_ROUNDED); NULL when it
- * cannot be made or would pass the cap. */
+ * MKL's layout for an m-row forward (PACK_MKL, tb 1), or rounded (PACK_ROUNDED; for an m-row
+ * forward on MKL, PACK_MKL_F32); NULL when it cannot be made or would pass the cap. */
 static const void *packed_for(const cached_matmul *c, pack_kind kind, const void *data, int f32, const cat_src *cat,
                               int tb, int64_t m, int64_t n, int64_t k) {
   uint64_t key = cat ? cat_hash(cat) : 0, print = 0;
@@ -379,14 +381,21 @@ static const void *packed_for(const cached_matmul *c, pack_kind kind, const void
     return NULL;
   }
   size_t bytes = kind == PACK_MKL      ? ds_mkl_bf16_pack_size(m, n, k)
+                 : kind == PACK_MKL_F32 ? ds_mkl_sgemm_pack_size(m, n, k)
                  : kind == PACK_ROUNDED ? (size_t)(n * k) * sizeof(float)
                                         : dnnl_memory_desc_get_size(&c->bd);
   if (g_pack_bytes + bytes > pack_limit()) return NULL;
   void *dst = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
   if (!dst) return NULL;
   /* the plain bf16 B as the matmul sees it: logical [k, n], strides {1, k} (W^T) or {n, 1} (W) */
-  if (kind == PACK_ROUNDED) { /* W[n, k] as stored: the values ds_bf16_sgemm would round */
-    ds_bf16_round_rows(dst, 0, data, n, k, k);
+  if (kind == PACK_ROUNDED || kind == PACK_MKL_F32) { /* W[n, k]: the values ds_bf16_sgemm would round */
+    float *r = kind == PACK_ROUNDED ? dst : malloc((size_t)(n * k) * sizeof(float)); /* not kept */
+    if (!r) {
+      free(dst);
+      return NULL;
+    }
+    ds_bf16_round_rows(r, 0, data, n, k, k);
+    if (kind == PACK_MKL_F32) ds_mkl_sgemm_pack(dst, r, m, n, k), free(r);
     seen->packed = dst, seen->bytes = bytes;
     g_pack_bytes += bytes;
     return dst;
@@ -584,18 +593,22 @@ void ds_cpu_gemm_bf16_frozen(int tb, int64_t m, int64_t n, int64_t k, const floa
                              const uint16_t *Bh, float beta, float *C, int64_t ldc) {
   DS_CHECK((Bf != NULL) != (Bh != NULL));
   int done = 0, native = 0;
-  const float *rounded_w = NULL; /* the sgemm route's copy of an F32 W */
+  const float *rounded_w = NULL, *mkl_w = NULL; /* the sgemm route's copies of an F32 W */
 #if defined(DSPARK_GEMM_ONEDNN)
   if (m > 0 && n > 0 && k > 0) {
     pthread_mutex_lock(&g_lock);
     native = route_native_locked();
     if (native && pack_limit() > 0) done = gemm_onednn_packed(tb, m, n, k, A, lda, Bf, Bh, beta, C, ldc);
-    else if (!native && Bf && pack_limit() > 0) rounded_w = packed_for(NULL, PACK_ROUNDED, Bf, 1, NULL, 1, m, tb ? n : k, tb ? k : n);
+    else if (!native && Bf && pack_limit() > 0 && tb && m * n * k >= DS_MKL_SGEMM_MIN && ds_mkl_sgemm_available())
+      mkl_w = packed_for(NULL, PACK_MKL_F32, Bf, 1, NULL, 1, m, n, k); /* a forward MKL runs */
+    else if (!native && Bf && pack_limit() > 0)
+      rounded_w = packed_for(NULL, PACK_ROUNDED, Bf, 1, NULL, 1, m, tb ? n : k, tb ? k : n);
     pthread_mutex_unlock(&g_lock);
   }
 #endif
   if (done) return;
-  if (rounded_w) ds_bf16_sgemm_rounded_b(0, tb, m, n, k, A, lda, rounded_w, tb ? k : n, beta, C, ldc);
+  if (mkl_w) ds_bf16_sgemm_mkl_packed(m, n, k, A, lda, mkl_w, beta, C, ldc);
+  else if (rounded_w) ds_bf16_sgemm_rounded_b(0, tb, m, n, k, A, lda, rounded_w, tb ? k : n, beta, C, ldc);
   else if (!native && m > 0 && n > 0 && k > 0) ds_bf16_sgemm_frozen(tb, m, n, k, A, lda, Bf, Bh, beta, C, ldc);
   else ds_cpu_gemm_bf16(DS_BF16_AUTO, 0, tb, m, n, k, A, lda, Bf, Bh, tb ? k : n, beta, C, ldc);
 }

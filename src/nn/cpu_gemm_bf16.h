@@ -46,6 +46,10 @@ void ds_bf16_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float 
  * copy): only A is rounded. */
 void ds_bf16_sgemm_rounded_b(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
                              const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+/* C[m, n] = bf16(A[m, k]) @ W^T + beta * C on W's MKL-packed copy of bf16 values in fp32
+ * (cpu_gemm_mkl.h: ds_mkl_sgemm_pack of the rounded W). */
+void ds_bf16_sgemm_mkl_packed(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *packed,
+                              float beta, float *C, int64_t ldc);
 void ds_bf16_sgemm_frozen(int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *Bf,
                           const uint16_t *Bh, float beta, float *C, int64_t ldc);
 /* ... and of ds_cpu_gemm_bf16_frozen_cat (same arguments; m, k and the rows > 0): A rounded once,

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 
 #include "nn/cpu_gemm_bf16.h"
+#include "nn/cpu_gemm_mkl.h"
 #include "nn/cpu_kernels.h"
 
 /* dst[r, 0:c] (row stride c) = the bf16 bits src[r, 0:c] (row stride lds) as fp32, exactly. */
@@ -80,6 +81,13 @@ void ds_bf16_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float 
     b = w;
   }
   ds_cpu_sgemm(ta, tb, m, n, k, a, ac, b, bc, beta, C, ldc);
+  pthread_mutex_unlock(&g_lock);
+}
+
+void ds_bf16_sgemm_mkl_packed(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *packed,
+                              float beta, float *C, int64_t ldc) {
+  pthread_mutex_lock(&g_lock);
+  ds_mkl_sgemm_packed(m, n, k, rounded(A, m, k, lda, &g_a, &g_a_cap), k, packed, beta, C, ldc);
   pthread_mutex_unlock(&g_lock);
 }
 

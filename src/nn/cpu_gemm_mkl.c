@@ -26,6 +26,11 @@ typedef void (*compute_fn)(int layout, mkl_int ta, mkl_int tb, mkl_int m, mkl_in
                            mkl_int ldc);
 typedef void (*sgemm_fn)(int layout, int ta, int tb, mkl_int m, mkl_int n, mkl_int k, float alpha, const float *a,
                          mkl_int lda, const float *b, mkl_int ldb, float beta, float *c, mkl_int ldc);
+typedef size_t (*spack_size_fn)(int id, mkl_int m, mkl_int n, mkl_int k);
+typedef void (*spack_fn)(int layout, int id, int trans, mkl_int m, mkl_int n, mkl_int k, float alpha, const float *src,
+                         mkl_int ld, float *dst);
+typedef void (*scompute_fn)(int layout, mkl_int ta, mkl_int tb, mkl_int m, mkl_int n, mkl_int k, const float *a,
+                            mkl_int lda, const float *b, mkl_int ldb, float beta, float *c, mkl_int ldc);
 typedef int (*layer_fn)(int code);
 typedef void (*version_fn)(char *buf, int len);
 
@@ -34,6 +39,9 @@ static pack_size_fn g_pack_size;
 static pack_fn g_pack;
 static compute_fn g_compute;
 static sgemm_fn g_sgemm;
+static spack_size_fn g_spack_size;
+static spack_fn g_spack;
+static scompute_fn g_scompute;
 static char g_status[256] = "MKL not tried";
 
 #ifndef DSPARK_MKL_RT
@@ -62,8 +70,12 @@ static void load(void) {
   g_pack = (pack_fn)dlsym(h, "cblas_gemm_bf16bf16f32_pack");
   g_compute = (compute_fn)dlsym(h, "cblas_gemm_bf16bf16f32_compute");
   g_sgemm = (sgemm_fn)dlsym(h, "cblas_sgemm");
-  if (!threading || !interface || !version || !g_pack_size || !g_pack || !g_compute || !g_sgemm) {
-    snprintf(g_status, sizeof g_status, "MKL not used: %s lacks the bf16 GEMM", path);
+  g_spack_size = (spack_size_fn)dlsym(h, "cblas_sgemm_pack_get_size");
+  g_spack = (spack_fn)dlsym(h, "cblas_sgemm_pack");
+  g_scompute = (scompute_fn)dlsym(h, "cblas_sgemm_compute");
+  if (!threading || !interface || !version || !g_pack_size || !g_pack || !g_compute || !g_sgemm || !g_spack_size ||
+      !g_spack || !g_scompute) {
+    snprintf(g_status, sizeof g_status, "MKL not used: %s lacks the bf16 or packed fp32 GEMM", path);
     fprintf(stderr, "warning: %s; the large products stay on oneDNN\n", g_status);
     return; /* the handle stays open: harmless */
   }
@@ -115,4 +127,18 @@ void ds_mkl_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *
                   int64_t ldb, float beta, float *C, int64_t ldc) {
   g_sgemm(ROW_MAJOR, ta ? TRANS : NO_TRANS, tb ? TRANS : NO_TRANS, (mkl_int)m, (mkl_int)n, (mkl_int)k, 1.0f, A,
           (mkl_int)lda, B, (mkl_int)ldb, beta, C, (mkl_int)ldc);
+}
+
+size_t ds_mkl_sgemm_pack_size(int64_t m, int64_t n, int64_t k) {
+  return g_spack_size(B_MATRIX, (mkl_int)m, (mkl_int)n, (mkl_int)k);
+}
+
+void ds_mkl_sgemm_pack(float *dst, const float *w, int64_t m, int64_t n, int64_t k) {
+  g_spack(ROW_MAJOR, B_MATRIX, TRANS, (mkl_int)m, (mkl_int)n, (mkl_int)k, 1.0f, w, (mkl_int)k, dst);
+}
+
+void ds_mkl_sgemm_packed(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *packed, float beta,
+                         float *C, int64_t ldc) {
+  g_scompute(ROW_MAJOR, NO_TRANS, PACKED, (mkl_int)m, (mkl_int)n, (mkl_int)k, A, (mkl_int)lda, packed, (mkl_int)k,
+             beta, C, (mkl_int)ldc);
 }
