@@ -8,7 +8,7 @@
  *                    [--kv-heads H (2)] [--head-dim HD (64)] [--layers N (2)] [--captured M (5)]
  *                    [--block G (7)] [--anchors N (64)] [--seq-len T (512)] [--rank R (256)]
  *                    [--chunk-rows N (128)] [--rope-theta X (1e6)]
- *                    [--dump FILE] [--profile]
+ *                    [--dump FILE] [--profile] [--compute fp32|bf16] [--tables f32|bf16]
  *
  * Draft: ds_draft_new's random init (normal(0, 0.02) matrices, unit norms) over random frozen
  * embed / lm_head tables (uniform, amplitude 0.5 and 0.1); vanilla Markov head of rank R and
@@ -27,6 +27,8 @@
  * HF export name (ds_draft_tensor_at), with the config in the "config" metadata key, so a
  * peer can run the same step on the same numbers. The dump costs memory: time and measure
  * RSS in a run without it (the same seed gives the same numbers).
+ * --tables bf16 holds the frozen embed / lm_head in BF16 (rounded from the same random values),
+ * as a draft of a bf16 target does; not with --dump (the peer reads F32 tables).
  * --profile wraps the cpu backend in the profiling backend and prints, on stderr, the time
  * per kernel over the timed steps (loss_seq only; the rest is loss rows, copies and heads). */
 #include <math.h>
@@ -38,6 +40,7 @@
 #include "dspark/backend.h"
 #include "dspark/draft.h"
 #include "dspark/draft_loss.h"
+#include "dspark/dtype.h"
 #include "dspark/dspark_loss.h"
 #include "dspark/optim.h"
 #include "dspark/profile.h"
@@ -45,7 +48,7 @@
 #include "dspark/safetensors.h"
 
 typedef struct {
-  int threads, steps, profile;
+  int threads, steps, profile, tables_bf16;
   uint64_t seed;
   int64_t V, D, I, H, KV, HD, layers, M, G, anchors, T, rank, chunk;
   double rope_theta;
@@ -57,12 +60,12 @@ static void usage(void) {
           "usage: bench_draft_step [--threads N] [--steps N] [--seed S] [--vocab V] [--hidden D] [--inter I]\n"
           "       [--heads H] [--kv-heads H] [--head-dim HD] [--layers N] [--captured M] [--block G]\n"
           "       [--anchors N] [--seq-len T] [--rank R] [--chunk-rows N] [--rope-theta X] [--dump FILE] [--profile]\n"
-          "       [--compute fp32|bf16]\n");
+          "       [--compute fp32|bf16] [--tables f32|bf16]\n");
   exit(2);
 }
 
 static void parse(int argc, char **argv, options *o) {
-  *o = (options){2, 5, 0, 1, 32000, 512, 1536, 8, 2, 64, 2, 5, 7, 64, 512, 256, 128, 1e6, NULL};
+  *o = (options){2, 5, 0, 0, 1, 32000, 512, 1536, 8, 2, 64, 2, 5, 7, 64, 512, 256, 128, 1e6, NULL};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--profile")) { o->profile = 1; continue; }
@@ -70,6 +73,11 @@ static void parse(int argc, char **argv, options *o) {
     const char *v = argv[++i];
     char *end;
     if (!strcmp(a, "--dump")) { o->dump = v; continue; }
+    if (!strcmp(a, "--tables")) {
+      if (strcmp(v, "f32") && strcmp(v, "bf16")) usage();
+      o->tables_bf16 = !strcmp(v, "bf16");
+      continue;
+    }
     if (!strcmp(a, "--compute")) { /* the matmul precision (include/dspark/backend.h) */
       ds_compute c;
       if (!ds_compute_parse(v, &c)) usage();
@@ -250,6 +258,7 @@ static void dump(const options *o, const ds_draft_config *c, ds_draft *d, const 
 int main(int argc, char **argv) {
   options o;
   parse(argc, argv, &o);
+  if (o.tables_bf16 && o.dump) usage();
   ds_set_num_threads(o.threads);
 
   ds_draft_config c;
@@ -284,10 +293,20 @@ int main(int argc, char **argv) {
   memset(&prof, 0, sizeof prof);
   const ds_backend *be = o.profile ? ds_backend_profiled(ds_backend_cpu(), &prof) : ds_backend_cpu();
   ds_draft *d;
-  ds_status st = ds_draft_new(&c, (ds_weight){embed, DS_F32}, (ds_weight){lm_head, DS_F32}, o.seed + 1, be, &d);
+  ds_weight we = {embed, DS_F32}, wl = {lm_head, DS_F32};
+  uint16_t *embed16 = NULL, *lm_head16 = NULL;
+  if (o.tables_bf16) { /* as a bf16 target's draft holds them */
+    embed16 = xmalloc(table * sizeof(uint16_t));
+    lm_head16 = xmalloc(table * sizeof(uint16_t));
+    for (size_t i = 0; i < table; i++) embed16[i] = ds_f32_to_bf16(embed[i]), lm_head16[i] = ds_f32_to_bf16(lm_head[i]);
+    we = (ds_weight){embed16, DS_BF16}, wl = (ds_weight){lm_head16, DS_BF16};
+  }
+  ds_status st = ds_draft_new(&c, we, wl, o.seed + 1, be, &d);
   if (st) die(st, "ds_draft_new");
   free(embed); /* the draft holds its own copies */
   free(lm_head);
+  free(embed16);
+  free(lm_head16);
   inputs in;
   make_inputs(&o, &rng, &in);
   double rss_init = status_mib("VmRSS:");
@@ -355,7 +374,8 @@ int main(int argc, char **argv) {
   }
 
   int bf16 = ds_matmul_compute() == DS_COMPUTE_BF16;
-  printf("{\"bench\": \"draft_step\", \"compute\": \"%s\", \"gemm_bf16\": \"%s\",", ds_compute_name(ds_matmul_compute()),
+  printf("{\"bench\": \"draft_step\", \"compute\": \"%s\", \"tables\": \"%s\", \"gemm_bf16\": \"%s\",",
+         ds_compute_name(ds_matmul_compute()), o.tables_bf16 ? "bf16" : "f32",
          bf16 ? ds_gemm_bf16_name() : "");
   printf(" \"threads\": %d, \"gemm\": \"%s\", \"steps\": %d, \"best_s\": %.6f, "
          "\"median_s\": %.6f, \"median_loss_seq_s\": %.6f, \"median_optimizer_s\": %.6f, \"warmup_s\": %.6f, \"times_s\": [",
