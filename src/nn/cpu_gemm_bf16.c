@@ -10,9 +10,10 @@
  * dense copy. beta = 1 is a sum post-op. Creating a primitive costs 0.2-0.7 ms, so they are
  * cached by shape, strides, transposes and beta. Frozen weights used again get a packed copy
  * in the kernel's own layout (ds_cpu_gemm_bf16_frozen); kernels with their own parallel tiles
- * (the bf16 attention) run primitives from many threads (ds_bf16_tile_gemm_*). Portable path (other builds, other CPUs, or DNNL_MAX_CPU_ISA below bf16): the operands
+ * (the bf16 attention) run primitives from many threads (ds_bf16_tile_gemm_*). The sgemm route
+ * (other builds, CPUs without AMX or without native bf16; cpu_gemm_bf16_sgemm.c): the operands
  * rounded to bf16 values held in fp32, multiplied by ds_cpu_sgemm: the same numbers up to fp32
- * summation order, without the speed.
+ * summation order; its frozen F32 weights' rounded copies live in the same packed-copy cache.
  *
  * One mutex guards the setting's scratch and the caches: the callers are the main thread (the
  * threads are inside oneDNN and the conversion loops), so it is never contended; the tile
@@ -246,6 +247,16 @@ static int gemm_onednn(int ta, int tb, int64_t m, int64_t n, int64_t k, const fl
 
 /* ---------------------------------------------------------------- packed frozen weights */
 
+/* The layouts of the packed copies below. */
+typedef enum {
+  PACK_ONEDNN,  /* the layout oneDNN's kernel chose (md) */
+  PACK_MKL,     /* MKL's packed bf16 layout (cpu_gemm_mkl.h), for a forward (tb) */
+  PACK_ROUNDED, /* the sgemm route's: an F32 W as stored, rounded to bf16 values held in fp32; one
+                 * copy serves the forward and the input gradient (keyed tb 1, n x k as stored) */
+  PACK_MKL_F32, /* the sgemm route's forward of an F32 W on MKL: those values in MKL's packed
+                 * fp32 layout (cpu_gemm_mkl.h) */
+} pack_kind;
+
 /* A frozen weight W[n, k] (x @ W^T, the shape of every linear) reordered once, as bf16, into
  * the layout oneDNN's kernel wants (AMX: blocked, pairs of k interleaved), so a call neither
  * rounds W (F32) nor re-lays it out (the brgemm kernels copy a plain B into that layout on every
@@ -264,17 +275,9 @@ typedef struct {
   dnnl_memory_desc_t md; /* oneDNN's layout; unused for MKL's */
   void *packed;
   size_t bytes;
-  int kind; /* the layout: a pack_kind */
+  pack_kind kind; /* the layout */
 } packed_weight;
 
-typedef enum {
-  PACK_ONEDNN,  /* the layout oneDNN's kernel chose (md) */
-  PACK_MKL,     /* MKL's packed bf16 layout (cpu_gemm_mkl.h), for a forward (tb) */
-  PACK_ROUNDED, /* the sgemm route's: an F32 W as stored, rounded to bf16 values held in fp32; one
-                 * copy serves the forward and the input gradient (keyed tb 1, n x k as stored) */
-  PACK_MKL_F32, /* the sgemm route's forward of an F32 W on MKL: those values in MKL's packed
-                 * fp32 layout (cpu_gemm_mkl.h) */
-} pack_kind;
 
 static packed_weight *g_packs;
 static int g_packs_used, g_packs_cap;
@@ -354,7 +357,8 @@ static const void *packed_for(const cached_matmul *c, pack_kind kind, const void
   packed_weight *seen = NULL;
   for (int i = 0; i < g_packs_used && !seen; i++) {
     packed_weight *p = &g_packs[i];
-    if (p->data != data || p->n != n || p->k != k || p->tb != tb || p->f32 != f32 || p->cat != key || p->kind != (int)kind)
+    if (p->data != data || p->n != n || p->k != k || p->tb != tb || p->f32 != f32 || p->cat != key ||
+        p->kind != kind)
       continue;
     if (p->print != print) { /* rewritten in place: stale */
       pack_drop(p);
