@@ -14,6 +14,7 @@
 
 #include "dspark/backend.h"
 #include "nn/cpu_gemm_mkl.h"
+#include "nn/cpu_isa.h"
 #include "nn/cpu_kernels.h"
 
 #if defined(DSPARK_GEMM_ONEDNN)
@@ -145,12 +146,8 @@ const char *ds_gemm_name(void) {
 
 const char *ds_gemm_warning(void) {
   static char msg[400];
-  int avx512 = 0, avx2 = 0;
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  avx512 = __builtin_cpu_supports("avx512f");
-  avx2 = __builtin_cpu_supports("avx2");
-#endif
+  /* the CPU as the kernels see it (a DSPARK_MAX_ISA cap included: a CPU without AVX-512) */
+  int avx512 = ds_isa_best() == DS_ISA_AVX512, avx2 = ds_isa_best() >= DS_ISA_AVX2;
 #if defined(DSPARK_GEMM_ONEDNN)
   dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
   int slow = (avx512 && (isa & dnnl_cpu_isa_avx512_core) != dnnl_cpu_isa_avx512_core) ||

@@ -79,6 +79,20 @@ static const uint16_t *rounded(const float *src, int64_t rows, int64_t cols, int
 }
 #endif
 
+/* $DSPARK_BF16_GEMM read once, on every build and CPU (a bad value is reported even where the
+ * native route does not exist): -1 auto, 1 native, 0 sgemm. Called with g_lock held. */
+static int g_route_asked = -2; /* -2 not read yet */
+static int route_asked_locked(void) {
+  if (g_route_asked != -2) return g_route_asked;
+  const char *e = getenv("DSPARK_BF16_GEMM");
+  g_route_asked = -1;
+  if (e && *e && !strcmp(e, "native")) g_route_asked = 1;
+  else if (e && *e && !strcmp(e, "sgemm")) g_route_asked = 0;
+  else if (e && *e && strcmp(e, "auto"))
+    fprintf(stderr, "warning: DSPARK_BF16_GEMM=%s is not auto, native or sgemm; using auto\n", e);
+  return g_route_asked;
+}
+
 /* ---------------------------------------------------------------- oneDNN path */
 
 #if defined(DSPARK_GEMM_ONEDNN)
@@ -118,18 +132,16 @@ static int g_route = -1;
 static const char *g_route_why = "";
 static int route_native_locked(void) {
   if (g_route >= 0) return g_route;
-  const char *e = getenv("DSPARK_BF16_GEMM");
-  int want = -1; /* auto */
-  if (e && *e && !strcmp(e, "native")) want = 1;
-  else if (e && *e && !strcmp(e, "sgemm")) want = 0;
-  else if (e && *e && strcmp(e, "auto"))
-    fprintf(stderr, "warning: DSPARK_BF16_GEMM=%s is not auto, native or sgemm; using auto\n", e);
+  int want = route_asked_locked();
   int native = native_locked();
   g_route_why = want == 0 ? "DSPARK_BF16_GEMM=sgemm" : "";
   if (want < 0) {
     want = native && (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx;
     g_route_why = "faster than the native matmul without AMX; DSPARK_BF16_GEMM=native for it";
   }
+  if (want == 1 && !native)
+    fprintf(stderr, "warning: DSPARK_BF16_GEMM=native, but this CPU or oneDNN has no native bf16 matmul: "
+                    "using the sgemm route\n");
   g_route = native && want;
   return g_route;
 }
@@ -585,6 +597,7 @@ void ds_cpu_gemm_bf16(ds_bf16_path path, int ta, int tb, int64_t m, int64_t n, i
   }
   pthread_mutex_lock(&g_lock);
   int done = 0;
+  (void)route_asked_locked();
 #if defined(DSPARK_GEMM_ONEDNN)
   if (path == DS_BF16_AUTO && route_native_locked())
     done = gemm_onednn(ta, tb, m, n, k, A, lda, Bf, Bh, ldb, beta, C, ldc);
@@ -684,6 +697,7 @@ int ds_bf16_tiles_native(void) { return 0; }
 const char *ds_gemm_bf16_name(void) {
   static char name[384];
   pthread_mutex_lock(&g_lock);
+  (void)route_asked_locked();
   if (!name[0]) {
 #if defined(DSPARK_GEMM_ONEDNN)
     /* the kernel oneDNN picks for a dense x @ W^T product, the shape of every linear */
@@ -712,6 +726,9 @@ const char *ds_gemm_bf16_name(void) {
 }
 
 const char *ds_gemm_bf16_warning(void) {
+  pthread_mutex_lock(&g_lock);
+  (void)route_asked_locked(); /* a bad DSPARK_BF16_GEMM is reported wherever bf16 compute runs */
+  pthread_mutex_unlock(&g_lock);
   if (ds_bf16_tiles_native()) return NULL;
   return "warning: bf16 compute without native bf16 matmul kernels (a build without oneDNN, a CPU without "
          "AVX512_BF16 / AMX, or DNNL_MAX_CPU_ISA below them): inputs are rounded to bf16 and multiplied by the "

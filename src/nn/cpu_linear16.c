@@ -19,7 +19,6 @@
 #if defined(__x86_64__) || defined(__i386__)
 #define DS_X86 1
 #include <immintrin.h>
-#include <cpuid.h>
 #endif
 
 /* ---------------------------------------------------------------- scalar conversion */
@@ -53,27 +52,6 @@ static void convert_portable(float *dst, const uint16_t *src, int64_t count, int
     for (int64_t i = 0; i < count; i++) dst[i] = bf16_f32(src[i]);
 }
 
-/* ---------------------------------------------------------------- instruction sets */
-
-#ifdef DS_X86
-/* F16C from cpuid leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports does not know "f16c" */
-static int cpu_has_f16c(void) {
-  unsigned a, b, c, d;
-  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
-}
-#endif
-
-ds_isa ds_isa_best(void) {
-#ifdef DS_X86
-  if (__builtin_cpu_supports("avx512f")) return DS_ISA_AVX512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()) return DS_ISA_AVX2;
-#endif
-  return DS_ISA_PORTABLE;
-}
-
-const char *ds_isa_name(ds_isa isa) {
-  return isa == DS_ISA_AVX512 ? "AVX-512" : isa == DS_ISA_AVX2 ? "AVX2" : "portable";
-}
 
 const char *ds_weight16_kernel_name(void) { return ds_isa_name(ds_isa_best()); }
 

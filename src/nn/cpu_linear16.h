@@ -15,13 +15,8 @@
 #define DSPARK_NN_CPU_LINEAR16_H
 
 #include "dspark/backend.h"
+#include "nn/cpu_isa.h"
 
-typedef enum { DS_ISA_PORTABLE = 0, DS_ISA_AVX2, DS_ISA_AVX512 } ds_isa;
-
-/* The best instruction set this CPU (and OS) supports for these kernels: AVX-512F, or AVX2
- * with FMA and F16C, else portable C. */
-ds_isa ds_isa_best(void);
-const char *ds_isa_name(ds_isa isa);
 
 /* The forward takes the direct path for at most DS_LINEAR16_DIRECT_MAX_ROWS rows of x (decode,
  * speculative verification), and for more while x stays within DS_LINEAR16_DIRECT_MAX_X_BYTES

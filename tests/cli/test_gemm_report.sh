@@ -12,6 +12,8 @@ name="$("$dspark" --help | sed -n 's/^matmuls: \(.*\), [0-9]* threads$/\1/p')"
 echo "GEMM: $name"
 avx512=0; grep -qw avx512f /proc/cpuinfo && avx512=1
 avx2=0; grep -qw avx2 /proc/cpuinfo && avx2=1
+# the CPU as the program sees it: DSPARK_MAX_ISA caps it (a run as on a CPU without AVX-512)
+case "${DSPARK_MAX_ISA:-}" in avx2) avx512=0 ;; portable) avx512=0; avx2=0 ;; esac
 plain="$("$dspark" info --help 2>&1 >/dev/null || true)"
 case "$name" in
   oneDNN*)

@@ -1,0 +1,15 @@
+/* The instruction set the CPU backend's own kernels run (cpu_isa.c): chosen once per process from
+ * cpuid, capped by $DSPARK_MAX_ISA. Not a public header. */
+#ifndef DSPARK_NN_CPU_ISA_H
+#define DSPARK_NN_CPU_ISA_H
+
+typedef enum { DS_ISA_PORTABLE = 0, DS_ISA_AVX2, DS_ISA_AVX512 } ds_isa;
+
+/* The best instruction set this CPU (and OS) supports for these kernels: AVX-512F, or AVX2
+ * with FMA and F16C, else portable C; never above $DSPARK_MAX_ISA (avx512 | avx2 | portable),
+ * which lets a test run an AVX-512 machine as a CPU without AVX-512 runs (with oneDNN's
+ * DNNL_MAX_CPU_ISA and MKL's MKL_ENABLE_INSTRUCTIONS for the libraries). */
+ds_isa ds_isa_best(void);
+const char *ds_isa_name(ds_isa isa);
+
+#endif
