@@ -7,6 +7,8 @@
 
 #include <stdint.h>
 
+#include "dspark/common.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -17,6 +19,19 @@ extern "C" {
  * Returns the number of entries kept. */
 int64_t ds_kd_select(const float *x, int64_t V, double temperature, int64_t K, double top_p, int64_t min_k,
                      float *scratch, int32_t *ids, float *lp);
+
+/* The teacher's logits are computed this many rows at a time, from row 0 of a sequence, by
+ * ds_kd_teacher_select: a product's bits depend on its row count (the GEMM library and blocking
+ * it picks), so the capture and a live teacher, both going through it, give the same targets. */
+enum { DS_KD_TEACHER_ROWS = 32 };
+
+/* The sparse KD targets of n rows: logits = hidden[n, d] @ head[V, d]^T, DS_KD_TEACHER_ROWS rows
+ * at a time, each row through ds_kd_select (rows in parallel: same bits) into ids[n, K] and
+ * lp[n, K]. logits, scratch: [DS_KD_TEACHER_ROWS, V]. ids == NULL: the products only (a timing of
+ * the forward). t_product / t_select (may be NULL): seconds added to them. */
+void ds_kd_teacher_select(const float *hidden, int64_t n, int64_t d, ds_weight head, int64_t V, double temperature,
+                          int64_t K, double top_p, int64_t min_k, float *logits, float *scratch, int32_t *ids,
+                          float *lp, double *t_product, double *t_select);
 
 /* The top-p rule with its min_k floor on n entries lp[0 .. n-1] (full-vocabulary log-probs, in
  * the order given: descending as captured): entry i is kept iff

@@ -29,7 +29,6 @@
 #include "dspark/target.h"
 #include "dspark/tokenizer.h"
 
-enum { KD_CHUNK_ROWS = 32 };
 
 void ds_capture_options_default(ds_capture_options *o) {
   memset(o, 0, sizeof *o);
@@ -54,7 +53,7 @@ typedef struct {
   ds_kv_cache *kv;
   int64_t S, d, md, K, V, n_shards_total;
   float *ctx, *last;          /* (S, m*d), (S, d): one sample, fp32 */
-  float *logits, *scratch;    /* (KD_CHUNK_ROWS, V) each */
+  float *logits, *scratch;    /* (DS_KD_TEACHER_ROWS, V) each */
   int32_t *kd_ids;            /* (S, K) */
   float *kd_lp;               /* (S, K) */
   ds_shard_buf buf[2];        /* shard k fills buf[k % 2] while shard k - 1 is written */
@@ -161,8 +160,8 @@ static ds_status alloc_buffers(capture *c) {
   c->last = ds_malloc_aligned((size_t)(S * c->d) * sizeof(float), "captured features");
   if (!c->ctx || !c->last) return DS_ERR_NOMEM;
   if (c->K) {
-    c->logits = ds_malloc_aligned((size_t)(KD_CHUNK_ROWS * c->V) * sizeof(float), "KD logits");
-    c->scratch = ds_malloc_aligned((size_t)(KD_CHUNK_ROWS * c->V) * sizeof(float), "KD scratch");
+    c->logits = ds_malloc_aligned((size_t)(DS_KD_TEACHER_ROWS * c->V) * sizeof(float), "KD logits");
+    c->scratch = ds_malloc_aligned((size_t)(DS_KD_TEACHER_ROWS * c->V) * sizeof(float), "KD scratch");
     c->kd_ids = ds_malloc((size_t)(S * c->K) * sizeof(int32_t), "KD ids");
     c->kd_lp = ds_malloc((size_t)(S * c->K) * sizeof(float), "KD log-probs");
     if (!c->logits || !c->scratch || !c->kd_ids || !c->kd_lp) return DS_ERR_NOMEM;
@@ -204,22 +203,10 @@ static ds_status run_sample(capture *c, int64_t i) {
   if (st == DS_OK) st = ds_target_check_finite(c->target, &out, len); /* never write a NaN into the cache */
   if (st != DS_OK) return ds_error_wrap(st, "%s: sample %lld", c->o->data_path, (long long)i);
   c->t_forward += ds_time_sec() - t0;
-  for (int64_t r = 0; c->K && r < len; r += KD_CHUNK_ROWS) {
-    int64_t rows = len - r < KD_CHUNK_ROWS ? len - r : KD_CHUNK_ROWS;
-    double t1 = ds_time_sec();
-    ds_backend_cpu()->linear_w(c->logits, c->V, c->last + r * c->d, ds_target_lm_head(c->target), NULL, rows, c->d,
-                               c->V);
-    double t2 = ds_time_sec();
-    c->t_forward += t2 - t1; /* the teacher's logits are part of its forward */
-    if (c->o->forward_only) continue;
-    /* Rows are independent (each has its own scratch), so the selection is parallel and
-     * still deterministic. */
-#pragma omp parallel for schedule(static)
-    for (int64_t k = 0; k < rows; k++)
-      ds_kd_select(c->logits + k * c->V, c->V, c->m.kd_temperature, c->K, c->m.kd_top_p, c->m.kd_min_k,
-                   c->scratch + k * c->V, c->kd_ids + (r + k) * c->K, c->kd_lp + (r + k) * c->K);
-    c->t_select += ds_time_sec() - t2;
-  }
+  if (c->K) /* the teacher's logits in the products a live teacher computes too (kd_select.h) */
+    ds_kd_teacher_select(c->last, len, c->d, ds_target_lm_head(c->target), c->V, c->m.kd_temperature, c->K,
+                         c->m.kd_top_p, c->m.kd_min_k, c->logits, c->scratch, c->o->forward_only ? NULL : c->kd_ids,
+                         c->kd_lp, &c->t_forward, &c->t_select); /* the teacher's logits count as its forward */
   return DS_OK;
 }
 

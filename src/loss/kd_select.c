@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "dspark/backend.h"
 #include "dspark/kd_select.h"
 #include "nn/fast_exp.h"
 
@@ -126,4 +127,22 @@ int64_t ds_kd_top_p_count(const float *lp, int64_t n, double top_p, int64_t min_
     cum += exp((double)lp[i]);
   }
   return n;
+}
+
+void ds_kd_teacher_select(const float *hidden, int64_t n, int64_t d, ds_weight head, int64_t V, double temperature,
+                          int64_t K, double top_p, int64_t min_k, float *logits, float *scratch, int32_t *ids,
+                          float *lp, double *t_product, double *t_select) {
+  for (int64_t r = 0; r < n; r += DS_KD_TEACHER_ROWS) {
+    int64_t rows = n - r < DS_KD_TEACHER_ROWS ? n - r : DS_KD_TEACHER_ROWS;
+    double t0 = ds_time_sec();
+    ds_backend_cpu()->linear_w(logits, V, hidden + r * d, head, NULL, rows, d, V);
+    double t1 = ds_time_sec();
+    if (t_product) *t_product += t1 - t0;
+    if (!ids) continue;
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < rows; k++)
+      ds_kd_select(logits + k * V, V, temperature, K, top_p, min_k, scratch + k * V, ids + (r + k) * K,
+                   lp + (r + k) * K);
+    if (t_select) *t_select += ds_time_sec() - t1;
+  }
 }

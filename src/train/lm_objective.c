@@ -68,20 +68,16 @@ static ds_status teacher_rows(lm_run *t, int64_t r0, int64_t c, ds_kd_rows_in *i
     in->k_stride = t->k_stride;
     return DS_OK;
   }
-  int64_t V = t->V, d = ds_target_config(t->teacher)->hidden_size;
-  ds_backend_cpu()->linear_w(t->tlogits, V, t->thidden + r0 * d, ds_target_lm_head(t->teacher), NULL, c, d, V);
-  if (kd->top_k == 0) { /* dense KL against the full distribution */
-    in->teacher = t->tlogits;
+  if (kd->top_k > 0) { /* selected with the sample's forward (teacher_features) */
+    in->topk_ids = t->topk_ids + r0 * kd->top_k;
+    in->topk_lp = t->topk_lp + r0 * kd->top_k;
+    in->k_stride = kd->top_k;
     return DS_OK;
   }
-  /* the capture's selection, row by row, at the loss temperature (what a capture with the same
-   * options would have stored) */
-  for (int64_t i = 0; i < c; i++)
-    ds_kd_select(t->tlogits + i * V, V, kd->temperature, kd->top_k, 1.0, 1, t->select_scratch,
-                 t->topk_ids + i * kd->top_k, t->topk_lp + i * kd->top_k);
-  in->topk_ids = t->topk_ids;
-  in->topk_lp = t->topk_lp;
-  in->k_stride = kd->top_k;
+  /* dense KL against the full distribution */
+  int64_t V = t->V, d = ds_target_config(t->teacher)->hidden_size;
+  ds_backend_cpu()->linear_w(t->tlogits, V, t->thidden + r0 * d, ds_target_lm_head(t->teacher), NULL, c, d, V);
+  in->teacher = t->tlogits;
   return DS_OK;
 }
 
@@ -96,7 +92,15 @@ static ds_status teacher_features(lm_run *t, int64_t idx) {
   DS_TRY(ds_target_forward(t->teacher, &seq, 1, &out));
   t->cur_tfeat = t->tcaptured;
   ds_status st = ds_target_check_finite(t->teacher, &out, seq.n);
-  return st == DS_OK ? DS_OK : ds_error_wrap(st, "%s: data sequence %lld", t->data_label, (long long)idx);
+  if (st != DS_OK) return ds_error_wrap(st, "%s: data sequence %lld", t->data_label, (long long)idx);
+  const ds_kd_loss_config *kd = &t->cfg;
+  /* the capture's selection in the capture's products (kd_select.h), at the loss temperature:
+   * what a cache captured with the same options holds, to the bit */
+  if (kd->kd_loss_alpha > 0 && kd->top_k > 0)
+    ds_kd_teacher_select(t->thidden, seq.n, ds_target_config(t->teacher)->hidden_size, ds_target_lm_head(t->teacher),
+                         t->V, kd->temperature, kd->top_k, 1.0, 1, t->tlogits, t->select_scratch, t->topk_ids,
+                         t->topk_lp, NULL, NULL);
+  return DS_OK;
 }
 
 /* Forward, the loss over row chunks, the intermediate pairs, and (with scale > 0) the backward

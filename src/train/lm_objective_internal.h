@@ -37,9 +37,9 @@ typedef struct {
   ds_target *teacher;
   ds_kv_cache *kv;
   float *thidden;               /* [S, d_teacher] its final-normed hidden rows */
-  float *tlogits;               /* [chunk, V] a chunk of its logits */
-  int32_t *topk_ids;            /* [chunk, K] */
-  float *topk_lp, *select_scratch; /* [chunk, K], [V] */
+  float *tlogits;               /* [DS_KD_TEACHER_ROWS, V] (top-K) or [chunk, V] (dense KL) of its logits */
+  int32_t *topk_ids;            /* [S, K] the current sample's targets (top-K) */
+  float *topk_lp, *select_scratch; /* [S, K], [DS_KD_TEACHER_ROWS, V] */
   /* the offline cache */
   ds_cache *fc;
   ds_cache_stream *stream;

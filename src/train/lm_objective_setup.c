@@ -10,6 +10,7 @@
 
 #include "core/json_util.h"
 #include "dspark/fileio.h"
+#include "dspark/kd_select.h"
 #include "train/lm_objective_internal.h"
 
 static ds_status read_text(const char *path, char **text, size_t *len) { return ds_read_file(path, text, len); }
@@ -229,10 +230,12 @@ ds_status ds_lm_buffers(lm_run *t) {
   if (t->teacher) {
     int64_t dt = ds_target_config(t->teacher)->hidden_size;
     t->thidden = ds_malloc_aligned((size_t)(S * dt) * sizeof(float), "teacher rows");
-    t->tlogits = ds_malloc_aligned((size_t)(c * V) * sizeof(float), "teacher logits");
-    t->topk_ids = ds_malloc((size_t)(c * (K ? K : 1)) * sizeof(int32_t), "teacher top-K");
-    t->topk_lp = ds_malloc((size_t)(c * (K ? K : 1)) * sizeof(float), "teacher top-K");
-    t->select_scratch = ds_malloc((size_t)V * sizeof(float), "top-K scratch");
+    /* sparse: the capture's products (DS_KD_TEACHER_ROWS rows) and every row's top-K; dense: a chunk */
+    int64_t tr = K ? DS_KD_TEACHER_ROWS : c;
+    t->tlogits = ds_malloc_aligned((size_t)(tr * V) * sizeof(float), "teacher logits");
+    t->topk_ids = ds_malloc((size_t)(S * (K ? K : 1)) * sizeof(int32_t), "teacher top-K");
+    t->topk_lp = ds_malloc((size_t)(S * (K ? K : 1)) * sizeof(float), "teacher top-K");
+    t->select_scratch = ds_malloc_aligned((size_t)((K ? tr : 1) * V) * sizeof(float), "top-K scratch");
     if (!t->thidden || !t->tlogits || !t->topk_ids || !t->topk_lp || !t->select_scratch) return DS_ERR_NOMEM;
   }
   DS_TRY(ds_lm_inter_buffers(t));
@@ -294,5 +297,5 @@ void ds_lm_free(lm_run *t) {
   free(t->mask);
   free(t->topk_ids);
   free(t->topk_lp);
-  free(t->select_scratch);
+  ds_free_aligned(t->select_scratch);
 }
