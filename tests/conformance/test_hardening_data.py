@@ -190,6 +190,12 @@ def main():
             _, err, rc = common.run(cmd, expect_rc=None)
             refused(f"item 3: {name} --max-line-bytes {bad}", rc, err, ["--max-line-bytes"], expect=2)
 
+    for name in ("train", "pretrain", "distill", "capture", "regenerate", "generate", "speculate", "calibrate",
+                 "tokenize"):
+        out, _, rc = common.run([D, name, "--help"], expect_rc=None)
+        ck.check(rc == 0 and "--max-line-bytes" in out and "64M" in out,
+                 f"item 3: {name} --help does not document --max-line-bytes and its default")
+
     # a JSONL line is refused at its first byte when that byte starts no JSON object: a pipe
     # with an endless line is left at once (a pipe buffer or two read, not the limit's 64 MiB)
     for name in ("tokenize --chat", "generate"):
