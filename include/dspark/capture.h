@@ -31,6 +31,7 @@ typedef struct {
   int no_space_check;            /* skip the refusal when the free disk space is smaller than that */
   ds_data_format data_format;    /* how data_path is read (DS_DATA_AUTO: by suffix, then content) */
   int skip_bad_lines;            /* skip (and count, in the summary) malformed data lines instead of stopping */
+  size_t max_line_bytes;         /* the longest data line read (0: DS_DATA_MAX_LINE_DEFAULT; ds_data_options) */
   /* Several ranks (NULL: one process): shard k is computed and written by rank k mod world
    * (counting from the first shard still to write), rank 0 writes everything else; the cache is
    * the same, file for file, as one process writes. The output directory must be shared. */

@@ -41,12 +41,19 @@ const char *ds_data_format_name(ds_data_format f);
  * For readers of prompts (`dspark regenerate`): text_lines: a plain-text file gives one
  * document per non-blank line (its line number, a trailing CR dropped; invalid UTF-8 is then a
  * bad line) instead of one per file; prompt_field: a JSONL line with none of text / messages /
- * conversations may hold {"prompt": TEXT}, a document. */
+ * conversations may hold {"prompt": TEXT}, a document.
+ * max_line_bytes (0: DS_DATA_MAX_LINE_DEFAULT): the most bytes of one line, or of a plain-text
+ * file read whole as one document, that the reader holds; a longer one stops the read (never
+ * skipped) with an error naming the file, the line and the limit, after reading no more than
+ * the limit. A JSONL line whose first byte after blanks is not '{' is refused at that byte,
+ * the rest of it unread (skipped, never kept, with skip_bad_lines). */
+#define DS_DATA_MAX_LINE_DEFAULT ((size_t)64 << 20)
 typedef struct {
   ds_data_format format;
   int skip_bad_lines;
   int text_lines;
   int prompt_field;
+  size_t max_line_bytes;
 } ds_data_options;
 
 /* One item of the data: a document (text != NULL: a plain-text file, line 0 (or one of its
@@ -85,7 +92,10 @@ typedef struct ds_data_reader ds_data_reader;
  * ds_data_format says. */
 ds_status ds_data_reader_open(const char *inputs, const ds_data_options *opt, ds_data_reader **out);
 /* The next record: *got = 1, or 0 at the end. A bad line is an error naming file:line and
- * the field (or skipped, with skip_bad_lines). */
+ * the field (or skipped, with skip_bad_lines); so is a key that occurs twice in one object of
+ * a line. Data without a single record (empty files, blank lines only, every line skipped or
+ * rejected) is an error naming the input at the end. An empty plain-text file holds no
+ * document. */
 ds_status ds_data_reader_next(ds_data_reader *r, ds_data_record *rec, int *got);
 /* The caller could not use the last record (st: its error, e.g. the chat template's): with
  * skip_bad_lines and an error about the line's content (DS_ERR_FORMAT, or DS_ERR_ARG as

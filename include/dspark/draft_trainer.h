@@ -31,6 +31,7 @@ typedef struct {
   const char *data_path;    /* optional with cache_dir: then its hash is checked */
   ds_data_format data_format; /* how data_path is read (DS_DATA_AUTO: by suffix, then content) */
   int skip_bad_lines;       /* skip (and count) malformed data lines instead of stopping */
+  size_t max_line_bytes;    /* the longest data line read (0: DS_DATA_MAX_LINE_DEFAULT; ds_data_options) */
   /* offline cache */
   const char *cache_dir;    /* NULL: online */
   int cache_preload;        /* convert the whole cache to fp32 in memory before training (benchmarks) */

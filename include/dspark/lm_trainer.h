@@ -36,6 +36,7 @@ typedef struct {
                                  * template beside the tokenizer (chat_template.jinja / tokenizer_config.json) */
   int enable_thinking;          /* passed to the template as enable_thinking: 0 / 1; -1: not passed */
   int skip_bad_lines;           /* skip (and count) malformed data lines instead of stopping */
+  size_t max_line_bytes;        /* the longest data line read (0: DS_DATA_MAX_LINE_DEFAULT; ds_data_options) */
   int64_t seq_len;              /* 512 */
   int64_t eval_seqs;            /* 8 */
   /* distillation: none of the two for pretraining */

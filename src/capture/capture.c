@@ -112,7 +112,8 @@ static ds_status load_inputs(capture *c) {
   ds_chat_template *tmpl = NULL;
   DS_TRY(ds_chat_template_load(o->target_dir, o->chat_template, &tmpl));
   int thinking = o->enable_thinking ? o->enable_thinking > 0 : -1;
-  ds_data_options dopt = {.format = o->data_format, .skip_bad_lines = o->skip_bad_lines};
+  ds_data_options dopt = {.format = o->data_format, .skip_bad_lines = o->skip_bad_lines,
+                          .max_line_bytes = o->max_line_bytes};
   st = ds_dataset_read(o->data_path, &dopt, c->tok, tmpl, thinking, o->seq_len, (int32_t)m->eos_token_id,
                        m->min_length, &c->data);
   /* the manifest names the template the sequences were rendered with (and enable_thinking) */

@@ -92,3 +92,22 @@ int cli_layer_ids(const char *opt, const char *s, int32_t *dst, int *n, int max)
   free(ids);
   return 1;
 }
+
+int cli_max_line_option(int argc, char **argv, int *i, size_t *out) {
+  if (strcmp(argv[*i], "--max-line-bytes")) return 0;
+  const char *v = cli_value(argc, argv, i);
+  if (!v) return -1;
+  char *end;
+  errno = 0;
+  unsigned long long n = strtoull(v, &end, 10);
+  int shift = *end == 'K' || *end == 'k' ? 10 : *end == 'M' || *end == 'm' ? 20 : *end == 'G' || *end == 'g' ? 30 : 0;
+  if (shift) end++;
+  const unsigned long long most = 1ull << 40; /* a terabyte line is a mistake, not data */
+  if (errno || end == v || *end || v[0] == '-' || n == 0 || n > most >> shift) {
+    fprintf(stderr, "dspark: --max-line-bytes expects a byte count from 1 to 1024G (K, M, G: KiB, MiB, GiB), "
+                    "got '%s'\n", v);
+    return -1;
+  }
+  *out = (size_t)(n << shift);
+  return 1;
+}

@@ -3,6 +3,7 @@
 #ifndef DSPARK_CLI_ARGS_H
 #define DSPARK_CLI_ARGS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "dspark/draft.h"
@@ -19,6 +20,15 @@ int cli_is_help(const char *arg);
 int cli_markov_type(const char *opt, const char *s, ds_markov_type *out);
 /* "L1,L2,.." -> dst[0..*n) with 1 <= *n <= max; 0 (after a message naming opt) otherwise. */
 int cli_layer_ids(const char *opt, const char *s, int32_t *dst, int *n, int max);
+
+/* --max-line-bytes N at argv[*i], the data readers' bound on a line (ds_data_options; N in bytes,
+ * or with a K, M or G suffix: KiB, MiB, GiB): 1 when taken (*out set, *i advanced), 0 when
+ * argv[*i] is another option, -1 after a usage message. One parser for every command that
+ * reads --data (and tokenize --chat); CLI_MAX_LINE_HELP is its --help line. */
+int cli_max_line_option(int argc, char **argv, int *i, size_t *out);
+#define CLI_MAX_LINE_HELP                                                                                   \
+  "  --max-line-bytes N      the longest data line read whole, in bytes (K, M, G suffixes: KiB, MiB, GiB;\n" \
+  "                          default 64M); a plain-text file read as one document counts as one line\n"
 
 /* Option-loop helpers for the subcommands with many options. They expect locals
  * `int i`, `const char *a` (= argv[i]), `const char *v`, `int64_t n`, `double x` and return 2

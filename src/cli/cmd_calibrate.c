@@ -27,7 +27,8 @@ static void usage(FILE *f) {
           "`dspark speculate --calibration FILE.json` applies the temperatures.\n"
           "  --max-new-tokens N (64)  --draft-len L (the block size)  --temperature T (0)  --top-p P  --seed S\n"
           "  --chat  --chat-template FILE  --enable-thinking on|off  --ignore-eos  --threads N   as for\n"
-          "                           `dspark speculate`\n",
+          "                           `dspark speculate`\n"
+          CLI_MAX_LINE_HELP,
           DS_STS_GRID);
 }
 
@@ -73,6 +74,7 @@ int cmd_calibrate(int argc, char **argv) {
   ds_spec_options_default(&o);
   int chat = 0, R = 0, thinking = -1, taken;
   const char *chat_template = NULL;
+  size_t max_line = 0;
   int64_t threads = 0, n = 0;
   double x = 0;
   for (int i = 1; i < argc; i++) {
@@ -81,6 +83,7 @@ int cmd_calibrate(int argc, char **argv) {
     else if (!strcmp(a, "--target")) { CLI_VALUE(); target_dir = v; }
     else if (!strcmp(a, "--draft")) { CLI_VALUE(); draft_dir = v; }
     else if (!strcmp(a, "--data")) { CLI_VALUE(); data = v; }
+    else if (!strcmp(a, "--max-line-bytes")) { if (cli_max_line_option(argc, argv, &i, &max_line) < 0) return 2; }
     else if (!strcmp(a, "--out")) { CLI_VALUE(); out_path = v; }
     else if (!strcmp(a, "--chat")) chat = 1;
     else if ((taken = cli_chat_option("calibrate", argc, argv, &i, &chat_template, &thinking)) != 0) {
@@ -119,7 +122,7 @@ int cmd_calibrate(int argc, char **argv) {
   char *tok_path = ds_path_join(target_dir, "tokenizer.json");
   if (!tok_path || ds_tokenizer_load(tok_path, &tok) != DS_OK) goto report;
   if (cli_load_chat_template(tok_path, chat_template, &cc) != DS_OK) goto report;
-  if (cli_read_prompts(tok, &cc, data, chat, &batch) != DS_OK) goto report;
+  if (cli_read_prompts(tok, &cc, data, chat, max_line, &batch) != DS_OK) goto report;
   if (ds_target_load(target_dir, ds_backend_cpu(), &t) != DS_OK || ds_draft_open(draft_dir, ds_backend_cpu(), &d) != DS_OK)
     goto report;
   const ds_draft_config *dc = ds_draft_get_config(d);

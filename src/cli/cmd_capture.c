@@ -25,6 +25,7 @@ static void usage(FILE *f) {
     "  --data-format F          auto (default), text or jsonl: how --data is read, as `dspark train`\n"
     "  --skip-bad-lines         skip a malformed line (named on stderr, counted in the summary's\n"
     "                           data_bad_lines_skipped) instead of stopping at it, as `dspark train`\n"
+    CLI_MAX_LINE_HELP
     "  --chat-template FILE     Jinja template for chat lines instead of the target's own, as `dspark train`\n"
     "  --enable-thinking on|off pass enable_thinking to the chat template, as `dspark train`\n"
     "  --target-layers N        captured layers spread over [1, L-2] (5), as `dspark train`\n"
@@ -102,6 +103,7 @@ int cmd_capture(int argc, char **argv) {
     else if (!strcmp(a, "--shard-size")) CLI_INT(1, 1 << 24, o.shard_size);
     else if (!strcmp(a, "--no-features")) o.features = 0;
     else if (!strcmp(a, "--skip-bad-lines")) o.skip_bad_lines = 1;
+    else if (!strcmp(a, "--max-line-bytes")) { if (cli_max_line_option(argc, argv, &i, &o.max_line_bytes) < 0) return 2; }
     else if (!strcmp(a, "--topk")) CLI_INT(1, INT32_MAX, o.topk);
     else if (!strcmp(a, "--top-p")) { CLI_NUM(1e-12, 1, o.top_p); kd_flags = 1; }
     else if (!strcmp(a, "--min-k")) { CLI_INT(0, INT32_MAX, o.min_k); kd_flags = 1; }

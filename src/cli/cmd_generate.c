@@ -26,6 +26,7 @@ static void usage(FILE *f) {
           "  --data FILE           a batch: one prompt per line (or JSONL {\"prompt\"} / {\"messages\"}), decoded\n"
           "                        together (one forward per step over every request); one output line per\n"
           "                        request: its generated text as a JSON string, or its ids with --print-ids\n"
+          CLI_MAX_LINE_HELP
           "  --max-new-tokens N    tokens to generate (default 64)\n"
           "  --temperature T       0 = greedy (default 0)\n"
           "  --top-p P             nucleus sampling mass (default 1.0 = off)\n"
@@ -85,12 +86,14 @@ int cmd_generate(int argc, char **argv) {
   double temperature = 0.0, top_p = 1.0;
   int chat = 0, print_ids = 0, ignore_eos = 0, thinking = -1, taken;
   const char *chat_template = NULL;
+  size_t max_line = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v;
     if (cli_is_help(a)) { usage(stdout); return 0; }
     if (!strcmp(a, "--prompt")) { if (!(prompt = cli_value(argc, argv, &i))) return 2; }
     else if (!strcmp(a, "--prompt-ids")) { if (!(prompt_ids = cli_value(argc, argv, &i))) return 2; }
     else if (!strcmp(a, "--data")) { if (!(data = cli_value(argc, argv, &i))) return 2; }
+    else if (!strcmp(a, "--max-line-bytes")) { if (cli_max_line_option(argc, argv, &i, &max_line) < 0) return 2; }
     else if (!strcmp(a, "--chat")) chat = 1;
     else if ((taken = cli_chat_option("generate", argc, argv, &i, &chat_template, &thinking)) != 0) {
       if (taken < 0) return 2;
@@ -133,7 +136,7 @@ int cmd_generate(int argc, char **argv) {
   }
   if ((chat || data) && tok && cli_load_chat_template(tok_path, chat_template, &cc) != DS_OK) goto report;
   if (data) {
-    if (cli_read_prompts(tok, &cc, data, chat, &batch) != DS_OK) goto report;
+    if (cli_read_prompts(tok, &cc, data, chat, max_line, &batch) != DS_OK) goto report;
     if (batch.n == 0) { fprintf(stderr, "dspark generate: %s holds no prompt\n", data); rc = 2; goto done; }
     for (int i = 0; i < batch.n; i++)
       if (batch.v[i].len > ids.len) ids.len = batch.v[i].len; /* the longest, for the position check */

@@ -35,7 +35,8 @@ static void usage(FILE *f, int distill) {
       "                        teacher's after layer T (-1 = embeddings), through a learned projection when the\n"
       "                        sizes differ; averaged and rescaled to the logits KD's magnitude (kd.md section 3).\n"
       "                        With --cache, the cache needs features with T in its --target-layer-ids\n"
-      "  --chunk-rows N        rows per logits/loss chunk (128)\n");
+      "  --chunk-rows N        rows per logits/loss chunk (128)\n"
+      CLI_MAX_LINE_HELP);
   else
     fprintf(f,
       "usage: dspark pretrain (--config config.json | --student DIR) --tokenizer tokenizer.json --data FILE --out RUN [options]\n"
@@ -50,7 +51,8 @@ static void usage(FILE *f, int distill) {
       "  --chat-template FILE  chat data rendered by this Jinja template (default: the tokenizer's, from\n"
       "                        chat_template.jinja or tokenizer_config.json beside it; ChatML if none)\n"
       "  --enable-thinking on|off  pass enable_thinking to the chat template (Qwen3; default: not passed)\n"
-      "  --chunk-rows N        rows per logits/loss chunk (128)\n");
+      "  --chunk-rows N        rows per logits/loss chunk (128)\n"
+      CLI_MAX_LINE_HELP);
   fputs(cli_loop_usage, f);
 }
 
@@ -81,6 +83,7 @@ static int lm_command(int argc, char **argv, int distill) {
       }
     }
     else if (!strcmp(a, "--skip-bad-lines")) o.skip_bad_lines = 1;
+    else if (!strcmp(a, "--max-line-bytes")) { if (cli_max_line_option(argc, argv, &i, &o.max_line_bytes) < 0) return 2; }
     else if (!strcmp(a, "--seq-len")) CLI_INT(2, 1 << 20, o.seq_len);
     else if (!strcmp(a, "--eval-seqs")) CLI_INT(0, 1 << 20, o.eval_seqs);
     else if (!strcmp(a, "--chunk-rows")) CLI_INT(1, 1 << 20, o.kd.chunk_rows);

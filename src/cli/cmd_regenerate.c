@@ -62,6 +62,7 @@ static void usage(FILE *f) {
           "  --ignore-eos          generate --max-new-tokens every time\n"
           "  --skip-bad-lines      a malformed line, or a conversation the chat template refuses, is skipped\n"
           "                        (named on stderr, counted in the summary) instead of ending the run\n"
+          CLI_MAX_LINE_HELP
           "  --draft DIR           decode speculatively with this DSpark draft (greedy: the same output)\n"
           "  --batch N             conversations decoded together (default 16)\n"
           "  --summary FILE        the run's summary (JSON) there instead of stdout\n"
@@ -80,6 +81,7 @@ typedef struct {
   double temperature, top_p;
   int64_t max_new, seed, batch, threads;
   int thinking, completion, ignore_eos, skip_bad;
+  size_t max_line_bytes;
 } regen_options;
 
 typedef struct {
@@ -447,6 +449,7 @@ static int parse_options(int argc, char **argv, regen_options *o) {
     else if (!strcmp(a, "--completion")) o->completion = 1;
     else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = 1;
     else if (!strcmp(a, "--skip-bad-lines")) o->skip_bad = 1;
+    else if (!strcmp(a, "--max-line-bytes")) { if (cli_max_line_option(argc, argv, &i, &o->max_line_bytes) < 0) return 2; }
     else if (!strcmp(a, "--max-new-tokens")) CLI_INT(1, 1 << 24, o->max_new);
     else if (!strcmp(a, "--seed")) CLI_INT(0, INT64_MAX, o->seed);
     else if (!strcmp(a, "--batch")) CLI_INT(1, 4096, o->batch);
@@ -502,7 +505,7 @@ int cmd_regenerate(int argc, char **argv) {
   if (ds_config_load(cfg_path, &pre) != DS_OK || ds_target_check_tokenizer(&pre, g.tok, cfg_path, tok_path) != DS_OK)
     goto report;
   g.max_pos = pre.max_position_embeddings;
-  if (regen_input_read(o.data, o.completion, o.skip_bad, &in) != DS_OK) goto report;
+  if (regen_input_read(o.data, o.completion, o.skip_bad, o.max_line_bytes, &in) != DS_OK) goto report;
   settings_hash(&g);
   g.split_reasoning = renders_reasoning(g.cc.tmpl);
   /* one writer per output: the lock is taken before the file is checked or cut */

@@ -28,6 +28,7 @@ static void usage(FILE *f) {
           "                        every request's candidates; one output line per request (ids, or the text as\n"
           "                        a JSON string); request i samples with seed S + i. Chat prompts (--chat,\n"
           "                        {\"messages\"}) use the target's chat template, as `dspark generate --chat`\n"
+          CLI_MAX_LINE_HELP
           "  --one-at-a-time       with --data: decode the requests one after another, each alone (the\n"
           "                        single-request serving case; --baseline likewise), into one report\n"
           "  --top-p P  --seed S  --ignore-eos  --print-ids  --chat-template FILE  --enable-thinking on|off\n"
@@ -182,6 +183,7 @@ int cmd_speculate(int argc, char **argv) {
   ds_spec_options_default(&o);
   int chat = 0, print_ids = 0, baseline = 0, one_at_a_time = 0, thinking = -1, taken;
   const char *chat_template = NULL;
+  size_t max_line = 0;
   int64_t repeat = 1, threads = 0, n = 0;
   double x = 0;
   for (int i = 1; i < argc; i++) {
@@ -192,6 +194,7 @@ int cmd_speculate(int argc, char **argv) {
     else if (!strcmp(a, "--prompt")) { CLI_VALUE(); prompt = v; }
     else if (!strcmp(a, "--prompt-ids")) { CLI_VALUE(); prompt_ids = v; }
     else if (!strcmp(a, "--data")) { CLI_VALUE(); data = v; }
+    else if (!strcmp(a, "--max-line-bytes")) { if (cli_max_line_option(argc, argv, &i, &max_line) < 0) return 2; }
     else if (!strcmp(a, "--chat")) chat = 1;
     else if ((taken = cli_chat_option("speculate", argc, argv, &i, &chat_template, &thinking)) != 0) {
       if (taken < 0) return 2;
@@ -262,7 +265,7 @@ int cmd_speculate(int argc, char **argv) {
   if ((prompt || data || !print_ids) && ds_tokenizer_load(tok_path, &tok) != DS_OK) goto report;
   if ((chat || data) && tok && cli_load_chat_template(tok_path, chat_template, &cc) != DS_OK) goto report;
   if (data) {
-    if (cli_read_prompts(tok, &cc, data, chat, &batch) != DS_OK) goto report;
+    if (cli_read_prompts(tok, &cc, data, chat, max_line, &batch) != DS_OK) goto report;
   } else {
     if (cli_prompt_ids(tok, &cc, prompt, given, n_given, chat, &ids) != DS_OK) goto report;
     if (ids.len == 0) { fprintf(stderr, "dspark speculate: the prompt has no tokens\n"); rc = 2; goto done; }

@@ -22,6 +22,7 @@ static const char k_usage[] =
     "       dspark tokenize TOKENIZER_JSON --decode IDS.bin [--skip-special]\n"
     "       dspark tokenize TOKENIZER_JSON|MODEL_DIR --chat INPUT [--add-generation-prompt]\n"
     "                [--enable-thinking on|off] [--chat-template FILE.jinja] [--show-text] [--skip-bad-lines]\n"
+    "                [--max-line-bytes N]\n"
     "       dspark tokenize TOKENIZER_JSON --bench FILE [--split-nul] [--add-special]\n";
 
 static void help(void) {
@@ -51,6 +52,7 @@ static void help(void) {
          "  --chat-template FILE  with --chat: this Jinja template instead of the model's\n"
          "  --show-text       with --chat: also print the rendered conversation as \"text\"\n"
          "  --skip-bad-lines  with --chat: skip (and count) a malformed line instead of stopping\n"
+         "  --max-line-bytes N  with --chat: the longest line read (bytes; K, M, G suffixes; default 64M)\n"
          "  --bench FILE      encode FILE three times; prints the best time and MB/s (1 MB = 1e6 bytes)\n"
          "  --split-nul       with --bench: FILE holds documents separated by NUL bytes, one encode\n"
          "                    call each\n"
@@ -156,13 +158,13 @@ static ds_status chat_record(const ds_tokenizer *tok, const ds_chat_template *tm
 }
 
 static int do_chat(const ds_tokenizer *tok, const char *tok_path, const char *template_path, const char *path,
-                   const ds_chat_options *opt, int show_text, int skip_bad_lines) {
+                   const ds_chat_options *opt, int show_text, int skip_bad_lines, size_t max_line) {
   ds_chat_template *tmpl = NULL;
   if (ds_chat_template_load(tok_path, template_path, &tmpl) != DS_OK) return cli_report_error("tokenize");
   if (!tmpl)
     fprintf(stderr, "dspark tokenize: no chat template beside %s (chat_template.jinja or tokenizer_config.json's "
             "chat_template): rendering ChatML\n", tok_path);
-  ds_data_options dopt = {.format = DS_DATA_JSONL, .skip_bad_lines = skip_bad_lines};
+  ds_data_options dopt = {.format = DS_DATA_JSONL, .skip_bad_lines = skip_bad_lines, .max_line_bytes = max_line};
   ds_data_reader *r;
   if (ds_data_reader_open(path, &dopt, &r) != DS_OK) {
     ds_chat_template_free(tmpl);
@@ -240,6 +242,7 @@ int cmd_tokenize(int argc, char **argv) {
   const char *tok_path = NULL, *text = NULL, *input = NULL, *ids_out = NULL, *decode = NULL, *chat = NULL,
              *bench = NULL, *chat_template = NULL, *thinking = NULL;
   int add_special = 0, skip_special = 0, gen_prompt = 0, split_nul = 0, show_text = 0, skip_bad = 0;
+  size_t max_line = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char **dst = !strcmp(a, "--text") ? &text : !strcmp(a, "--input") ? &input
@@ -261,6 +264,8 @@ int cmd_tokenize(int argc, char **argv) {
       show_text = 1;
     } else if (!strcmp(a, "--skip-bad-lines")) {
       skip_bad = 1;
+    } else if (!strcmp(a, "--max-line-bytes")) {
+      if (cli_max_line_option(argc, argv, &i, &max_line) < 0) return 2;
     } else if (!strcmp(a, "--split-nul")) {
       split_nul = 1;
     } else if (a[0] == '-' || tok_path) {
@@ -281,6 +286,7 @@ int cmd_tokenize(int argc, char **argv) {
                     : gen_prompt && !chat ? "--add-generation-prompt (only with --chat)"
                     : show_text && !chat ? "--show-text (only with --chat)"
                     : skip_bad && !chat ? "--skip-bad-lines (only with --chat)"
+                    : max_line && !chat ? "--max-line-bytes (only with --chat)"
                     : chat_template && !chat ? "--chat-template (only with --chat)"
                     : thinking && !chat ? "--enable-thinking (only with --chat)"
                     : split_nul && !bench ? "--split-nul (only with --bench)"
@@ -309,7 +315,7 @@ int cmd_tokenize(int argc, char **argv) {
   if (decode) {
     rc = do_decode(tok, decode, skip_special);
   } else if (chat) {
-    rc = do_chat(tok, tok_path, chat_template, chat, &opt, show_text, skip_bad);
+    rc = do_chat(tok, tok_path, chat_template, chat, &opt, show_text, skip_bad, max_line);
   } else if (bench) {
     rc = do_bench(tok, bench, add_special, split_nul, load_s);
   } else {

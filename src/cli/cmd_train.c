@@ -28,6 +28,7 @@ static void usage(FILE *f) {
     "                          plain text, or JSONL ({\"text\"}, {\"messages\"} or ShareGPT {\"conversations\"}\n"
     "                          per line), each file optionally .gz / .zst; README: Training data\n"
     "  --skip-bad-lines        skip a malformed line (counted and reported) instead of stopping at it\n"
+    CLI_MAX_LINE_HELP
     "  --data-format F         auto (default: .jsonl/.ndjson/.json are JSONL and .txt is text, any case;\n"
     "                          other names by content: a first line that is a JSON object means JSONL),\n"
     "                          text or jsonl\n"
@@ -88,6 +89,7 @@ int cmd_train(int argc, char **argv) {
       }
     }
     else if (!strcmp(a, "--skip-bad-lines")) o.skip_bad_lines = 1;
+    else if (!strcmp(a, "--max-line-bytes")) { if (cli_max_line_option(argc, argv, &i, &o.max_line_bytes) < 0) return 2; }
     else if (!strcmp(a, "--cache")) { CLI_VALUE(); o.cache_dir = v; }
     else if (!strcmp(a, "--cache-prefetch")) CLI_INT(2, 1024, o.cache_prefetch);
     else if (!strcmp(a, "--cache-preload")) o.cache_preload = 1;

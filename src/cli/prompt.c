@@ -1,15 +1,14 @@
 /* See prompt.h. */
 #include "cli/prompt.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>
 
-#include "dspark/fileio.h"
-#include "text/chat_json.h"
-#include "text/json_text.h"
+#include "dspark/dataset.h"
 
 ds_status cli_prompt_ids(const ds_tokenizer *tok, const cli_chat *cc, const char *prompt, const int32_t *given,
                          int64_t n_given, int chat, ds_ids *ids) {
@@ -51,78 +50,57 @@ void cli_stream_token(void *user, const int32_t *ids, int64_t n) {
   fflush(stdout);
 }
 
-static int has_suffix_ci(const char *s, const char *suffix) {
-  size_t a = strlen(s), b = strlen(suffix);
-  if (a < b) return 0;
-  for (size_t i = 0; i < b; i++) {
-    char c = s[a - b + i];
-    if ((c >= 'A' && c <= 'Z' ? c + 32 : c) != suffix[i]) return 0;
-  }
-  return 1;
-}
-
-/* One JSONL line: messages (the assistant prompt appended) or a prompt text. */
-static ds_status json_prompt(const ds_tokenizer *tok, const cli_chat *cc, const char *line, size_t len,
-                             const char *path, int lineno, int chat, ds_ids *ids) {
-  char label[600];
-  snprintf(label, sizeof label, "%s:%d", path, lineno);
-  ds_status st = DS_OK;
-  cJSON *j = tk_json_parse_text(line, len, label, &st);
-  if (!j) return st;
-  const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
-  const cJSON *conv = cJSON_GetObjectItemCaseSensitive(j, "conversations");
-  const cJSON *text = cJSON_GetObjectItemCaseSensitive(j, "prompt");
-  if (cJSON_IsArray(msgs) || cJSON_IsArray(conv)) { /* OpenAI messages or ShareGPT, as the training data */
-    ds_chat_message *m = NULL;
-    size_t k = 0;
-    st = cJSON_IsArray(msgs) ? tk_chat_messages(msgs, label, &m, &k)
-                             : tk_chat_sharegpt(conv, cJSON_GetObjectItemCaseSensitive(j, "system"), label, &m, &k);
-    if (st == DS_OK && k > 0 && !strcmp(m[k - 1].role, "assistant")) k--; /* the answer is what gets generated */
-    ds_ids mask = {0};
-    ds_chat_options opt = {1, cc ? cc->enable_thinking : -1};
-    if (st == DS_OK) st = ds_chat_encode(tok, cc ? cc->tmpl : NULL, m, k, &opt, ids, &mask);
-    ds_ids_free(&mask);
-    free(m);
-  } else if (cJSON_IsString(text)) {
-    st = cli_prompt_ids(tok, cc, text->valuestring, NULL, 0, chat, ids);
-  } else {
-    st = DS_FAIL(DS_ERR_FORMAT, "%s:%d: expected {\"messages\": [...]}, {\"conversations\": [...]} or {\"prompt\": TEXT}",
-                 path, lineno);
-  }
-  cJSON_Delete(j);
+/* A text prompt: tokenized as --prompt (special tokens), or with chat as a user turn followed
+ * by the assistant prompt. text may hold NULs (a JSON "\u0000"), hence its length. */
+static ds_status text_prompt(const ds_tokenizer *tok, const cli_chat *cc, const char *text, size_t len, int chat,
+                             ds_ids *ids) {
+  if (!chat) return ds_tokenizer_encode(tok, text, len, 1, ids);
+  ds_ids mask = {0};
+  ds_chat_message msg = {.role = "user", .content = text, .content_len = len};
+  ds_chat_options opt = {1, cc ? cc->enable_thinking : -1};
+  ds_status st = ds_chat_encode(tok, cc ? cc->tmpl : NULL, &msg, 1, &opt, ids, &mask);
+  ds_ids_free(&mask);
   return st;
 }
 
-ds_status cli_read_prompts(const ds_tokenizer *tok, const cli_chat *cc, const char *path, int chat, cli_prompts *out) {
+/* One record of the data: a conversation (a final assistant turn left out, since the answer is
+ * what gets generated, and the assistant prompt added) or a text. */
+static ds_status record_prompt(const ds_tokenizer *tok, const cli_chat *cc, const ds_data_record *rec, int chat,
+                               ds_ids *ids) {
+  if (!rec->messages) return text_prompt(tok, cc, rec->text, rec->text_len, chat, ids);
+  size_t k = rec->n_messages;
+  if (k > 0 && !strcmp(rec->messages[k - 1].role, "assistant")) k--;
+  ds_ids mask = {0};
+  ds_chat_options opt = {1, cc ? cc->enable_thinking : -1};
+  ds_status st = ds_chat_encode(tok, cc ? cc->tmpl : NULL, rec->messages, k, &opt, ids, &mask);
+  ds_ids_free(&mask);
+  return st;
+}
+
+ds_status cli_read_prompts(const ds_tokenizer *tok, const cli_chat *cc, const char *path, int chat,
+                           size_t max_line_bytes, cli_prompts *out) {
   memset(out, 0, sizeof *out);
-  char *text;
-  size_t len;
-  DS_TRY(ds_read_file(path, &text, &len));
-  int jsonl = has_suffix_ci(path, ".jsonl") || has_suffix_ci(path, ".ndjson");
-  ds_status st = DS_OK;
-  int lineno = 0;
-  for (char *line = text; st == DS_OK && line < text + len;) {
-    char *nl = memchr(line, '\n', (size_t)(text + len - line));
-    size_t full = nl ? (size_t)(nl - line) : (size_t)(text + len - line), l = full;
-    lineno++;
-    if (l > 0 && line[l - 1] == '\r') l--;
-    if (l > 0) {
-      ds_ids *v = realloc(out->v, (size_t)(out->n + 1) * sizeof *v);
-      if (!v) { st = DS_FAIL(DS_ERR_NOMEM, "out of memory"); break; }
-      out->v = v;
-      memset(&out->v[out->n], 0, sizeof *out->v);
-      char save = line[l];
-      line[l] = 0;
-      st = jsonl ? json_prompt(tok, cc, line, l, path, lineno, chat, &out->v[out->n])
-                 : cli_prompt_ids(tok, cc, line, NULL, 0, chat, &out->v[out->n]);
-      line[l] = save;
-      if (st == DS_OK && out->v[out->n].len == 0) st = DS_FAIL(DS_ERR_FORMAT, "%s:%d: the prompt has no tokens", path, lineno);
-      out->n++;
+  /* the training data's reader: files, directories, globs, .gz / .zst, its bounds and errors */
+  ds_data_options opt = {.format = DS_DATA_AUTO, .text_lines = 1, .prompt_field = 1, .max_line_bytes = max_line_bytes};
+  ds_data_reader *r;
+  DS_TRY(ds_data_reader_open(path, &opt, &r));
+  ds_status st;
+  ds_data_record rec;
+  int got;
+  while ((st = ds_data_reader_next(r, &rec, &got)) == DS_OK && got) {
+    ds_ids *v = out->n < INT_MAX ? realloc(out->v, (size_t)(out->n + 1) * sizeof *v) : NULL;
+    if (!v) {
+      st = DS_FAIL(DS_ERR_NOMEM, "out of memory for %d prompts", out->n);
+      break;
     }
-    line += full + (nl ? 1 : 0);
+    out->v = v;
+    memset(&out->v[out->n], 0, sizeof *out->v);
+    ds_ids *ids = &out->v[out->n++];
+    st = record_prompt(tok, cc, &rec, chat, ids);
+    if (st == DS_OK && ids->len == 0) st = DS_FAIL(DS_ERR_FORMAT, "the prompt has no tokens");
+    if ((st = ds_data_reader_reject(r, st)) != DS_OK) break; /* "FILE:LINE: " before the error */
   }
-  free(text);
-  if (st == DS_OK && out->n == 0) st = DS_FAIL(DS_ERR_FORMAT, "%s: no prompt in the file", path);
+  ds_data_reader_close(r);
   if (st != DS_OK) cli_prompts_free(out);
   return st;
 }

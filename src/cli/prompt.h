@@ -18,16 +18,19 @@ typedef struct {
 
 ds_status cli_prompt_ids(const ds_tokenizer *tok, const cli_chat *cc, const char *prompt, const int32_t *given,
                          int64_t n_given, int chat, ds_ids *ids);
-/* Prompts of a batch from FILE: a .jsonl file holds one JSON object per line, either
- * {"messages": [{"role", "content"}, ...]} (rendered with cc; a final assistant turn is
- * left out and the assistant prompt added) or {"prompt": TEXT}; any other file holds one
- * plain-text prompt per line (tokenized like --prompt, or as a user turn with chat).
- * Empty lines are skipped. Errors name the file and the line. */
+/* Prompts of a batch from FILE, read by the training data's reader (ds_data_reader: a file,
+ * directory or glob, plain / .gz / .zst, lines bounded by max_line_bytes, 0: the default): a
+ * JSONL line holds {"messages": [...]} or ShareGPT {"conversations": [...]} (rendered with cc;
+ * a final assistant turn is left out and the assistant prompt added) or {"text": TEXT} /
+ * {"prompt": TEXT}; a plain-text file holds one prompt per non-blank line. A text is tokenized
+ * like --prompt, or as a user turn with chat. Errors name the file and the line; data without
+ * a prompt is an error. */
 typedef struct {
   ds_ids *v;
   int n;
 } cli_prompts;
-ds_status cli_read_prompts(const ds_tokenizer *tok, const cli_chat *cc, const char *path, int chat, cli_prompts *out);
+ds_status cli_read_prompts(const ds_tokenizer *tok, const cli_chat *cc, const char *path, int chat,
+                           size_t max_line_bytes, cli_prompts *out);
 void cli_prompts_free(cli_prompts *p);
 
 /* cc->tmpl: override_path, else the chat template beside the tokenizer at tok_path (see

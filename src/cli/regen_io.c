@@ -131,11 +131,12 @@ static ds_status push_record(regen_input *in, int64_t *cap, const ds_data_record
   return DS_OK;
 }
 
-ds_status regen_input_read(const char *data, int completion, int skip_bad, regen_input *in) {
+ds_status regen_input_read(const char *data, int completion, int skip_bad, size_t max_line_bytes, regen_input *in) {
   memset(in, 0, sizeof *in);
   in->data = data;
   in->completion = completion;
-  ds_data_options opt = {.format = DS_DATA_AUTO, .skip_bad_lines = skip_bad, .text_lines = 1, .prompt_field = 1};
+  ds_data_options opt = {.format = DS_DATA_AUTO, .skip_bad_lines = skip_bad, .text_lines = 1, .prompt_field = 1,
+                         .max_line_bytes = max_line_bytes};
   ds_data_reader *r = NULL;
   DS_TRY(ds_data_reader_open(data, &opt, &r));
   ds_status st = DS_OK;

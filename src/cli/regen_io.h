@@ -40,7 +40,7 @@ typedef struct {
  * (see the top of this file), so a bad line is reported (file, line, field) before any
  * decoding; with skip_bad it is skipped and counted as the trainers do. The conversations are
  * held in memory (about the size of the decompressed data). */
-ds_status regen_input_read(const char *data, int completion, int skip_bad, regen_input *in);
+ds_status regen_input_read(const char *data, int completion, int skip_bad, size_t max_line_bytes, regen_input *in);
 void regen_input_free(regen_input *in);
 
 /* Conversation k as the object to write; *out is the caller's. */

@@ -167,6 +167,11 @@ struct tk_stream {
   uint64_t bytes;
   char *line;         /* the current line */
   size_t line_cap;
+  size_t max_bytes;   /* tk_stream_limit's bound on a line / the rest (0: none) */
+  int json_object;    /* a line is cut at a first byte other than '{' */
+  uint64_t lines;     /* lines returned so far */
+  int skip_rest;      /* the last line was cut: its rest is still unread */
+  size_t cut_len;     /* bytes of that line read so far */
 };
 
 const char *tk_codec_name(tk_codec c) { return c == TK_CODEC_GZIP ? "gzip" : c == TK_CODEC_ZSTD ? "zstd" : "plain"; }
@@ -309,10 +314,30 @@ void tk_stream_close(tk_stream *s) {
   free(s);
 }
 
+void tk_stream_limit(tk_stream *s, size_t max_bytes, int json_object) {
+  s->max_bytes = max_bytes;
+  s->json_object = json_object;
+}
+
+/* "67108864 bytes (64 MiB)": the limit as the option takes it, and readable. */
+static const char *limit_text(size_t n, char buf[64]) {
+  if (n >= (1u << 20) && n % (1u << 20) == 0) snprintf(buf, 64, "%zu bytes (%zu MiB)", n, n >> 20);
+  else if (n >= 1024 && n % 1024 == 0) snprintf(buf, 64, "%zu bytes (%zu KiB)", n, n >> 10);
+  else snprintf(buf, 64, "%zu bytes", n);
+  return buf;
+}
+
+static ds_status line_too_long(const tk_stream *s, uint64_t line) {
+  char lim[64];
+  return DS_FAIL(DS_ERR_FORMAT, "%s:%llu: the line is longer than the limit of %s; --max-line-bytes N raises it",
+                 s->path, (unsigned long long)line, limit_text(s->max_bytes, lim));
+}
+
 static ds_status line_reserve(tk_stream *s, size_t need) {
   if (need <= s->line_cap) return DS_OK;
   size_t cap = s->line_cap ? s->line_cap : 4096;
   while (cap < need) cap *= 2;
+  if (s->max_bytes && cap > s->max_bytes + 1 && need <= s->max_bytes + 1) cap = s->max_bytes + 1; /* no more than the bound */
   char *p = realloc(s->line, cap);
   if (!p) return DS_FAIL(DS_ERR_NOMEM, "%s: out of memory for a line of %zu bytes", s->path, need);
   s->line = p;
@@ -320,11 +345,34 @@ static ds_status line_reserve(tk_stream *s, size_t need) {
   return DS_OK;
 }
 
+/* Reads past the rest of a line cut at its first byte, keeping nothing, bounded as a line. */
+static ds_status skip_cut_rest(tk_stream *s) {
+  size_t n = s->cut_len;
+  for (;;) {
+    if (s->out_pos == s->out_len) {
+      DS_TRY(fill(s));
+      if (s->done && !s->out_len) break;
+    }
+    const unsigned char *start = s->out + s->out_pos;
+    const unsigned char *nl = memchr(start, '\n', s->out_len - s->out_pos);
+    size_t take = nl ? (size_t)(nl - start) : s->out_len - s->out_pos;
+    if (s->max_bytes && n + take > s->max_bytes) return line_too_long(s, s->lines);
+    n += take;
+    s->out_pos += take + (nl ? 1 : 0);
+    if (nl) break;
+  }
+  s->skip_rest = 0;
+  return DS_OK;
+}
+
+static int is_line_blank(char c) { return c == ' ' || c == '\t' || c == '\r'; }
+
 ds_status tk_stream_line(tk_stream *s, char **line, size_t *len) {
   *line = NULL;
   *len = 0;
-  size_t n = 0;
-  int any = 0;
+  if (s->skip_rest) DS_TRY(skip_cut_rest(s));
+  size_t n = 0, scan = 0; /* scan: where the search for the first non-blank byte goes on */
+  int any = 0, first_seen = !s->json_object;
   for (;;) {
     if (s->out_pos == s->out_len) {
       DS_TRY(fill(s));
@@ -334,15 +382,35 @@ ds_status tk_stream_line(tk_stream *s, char **line, size_t *len) {
     const unsigned char *start = s->out + s->out_pos;
     const unsigned char *nl = memchr(start, '\n', s->out_len - s->out_pos);
     size_t take = nl ? (size_t)(nl - start) : s->out_len - s->out_pos;
+    if (s->max_bytes && n + take > s->max_bytes) return line_too_long(s, s->lines + 1);
     DS_TRY(line_reserve(s, n + take + 1));
     memcpy(s->line + n, start, take);
     n += take;
     s->out_pos += take + (nl ? 1 : 0);
+    if (!first_seen) {
+      if (scan == 0 && s->lines == 0) { /* a UTF-8 BOM may open the file */
+        if (n < 3 && !nl && !memcmp(s->line, "\xEF\xBB\xBF", n)) continue;
+        if (n >= 3 && !memcmp(s->line, "\xEF\xBB\xBF", 3)) scan = 3;
+      }
+      while (scan < n && is_line_blank(s->line[scan])) scan++;
+      if (scan < n) {
+        first_seen = 1;
+        if (s->line[scan] != '{') { /* no JSON object: the line ends at that byte for the caller */
+          if (!nl) {
+            s->skip_rest = 1;
+            s->cut_len = n;
+          }
+          n = scan + 1;
+          break;
+        }
+      }
+    }
     if (nl) break;
   }
   if (!any) return DS_OK;
   DS_TRY(line_reserve(s, n + 1));
   s->line[n] = 0;
+  s->lines++;
   *line = s->line;
   *len = n;
   return DS_OK;
@@ -357,6 +425,7 @@ ds_status tk_stream_drain(tk_stream *s) {
 ds_status tk_stream_rest(tk_stream *s, char **out, size_t *len) {
   *out = NULL;
   *len = 0;
+  if (s->skip_rest) DS_TRY(skip_cut_rest(s));
   size_t n = 0, cap = 1 << 16;
   char *buf = malloc(cap);
   if (!buf) return DS_FAIL(DS_ERR_NOMEM, "%s: out of memory", s->path);
@@ -364,8 +433,15 @@ ds_status tk_stream_rest(tk_stream *s, char **out, size_t *len) {
   for (;;) {
     if (s->out_pos == s->out_len && ((st = fill(s)) != DS_OK || (s->done && !s->out_len))) break;
     size_t take = s->out_len - s->out_pos;
+    if (s->max_bytes && n + take > s->max_bytes) {
+      char lim[64];
+      st = DS_FAIL(DS_ERR_FORMAT, "%s: the file, read whole as one plain-text document, is longer than the limit of %s; "
+                   "--max-line-bytes N raises it", s->path, limit_text(s->max_bytes, lim));
+      break;
+    }
     if (n + take + 1 > cap) {
       while (n + take + 1 > cap) cap *= 2;
+      if (s->max_bytes && cap > s->max_bytes + 1) cap = s->max_bytes + 1;
       char *p = realloc(buf, cap);
       if (!p) {
         st = DS_FAIL(DS_ERR_NOMEM, "%s: out of memory reading %zu bytes", s->path, n + take);

@@ -1,7 +1,8 @@
 /* Where training data comes from: an input spec (a file, a directory, or a glob pattern)
  * expanded to a sorted list of files, and each file read as a stream of decompressed bytes
  * and lines (plain, gzip or zstd, told by its suffix and checked by its magic bytes), so that
- * a JSONL file is never held whole in memory and a line may have any length. */
+ * a JSONL file is never held whole in memory and a line costs at most its bound
+ * (tk_stream_limit). */
 #ifndef DSPARK_TEXT_DATA_INPUT_H
 #define DSPARK_TEXT_DATA_INPUT_H
 
@@ -39,6 +40,14 @@ ds_status tk_stream_open(const char *path, tk_stream **out);
 void tk_stream_close(tk_stream *s);
 tk_codec tk_stream_codec(const tk_stream *s);
 const char *tk_codec_name(tk_codec c);
+/* Bounds what the stream holds whole. max_bytes (0: none): a line, or the rest of the stream
+ * read by tk_stream_rest, longer than that is an error naming the file, the line and the limit
+ * before more is kept, so that a huge or endless line (a small .gz of one long line, /dev/zero)
+ * costs at most the limit. json_object: a line whose first byte after blanks (space, tab, CR,
+ * and a UTF-8 BOM on line 1) is not '{' is returned as soon as that byte is read, ending with
+ * it, and the rest of it is skipped (never kept, still bounded) only when the next line is
+ * asked for, so a caller that stops at the error reads no further. */
+void tk_stream_limit(tk_stream *s, size_t max_bytes, int json_object);
 /* The next line without its '\n' (a '\r' before it is kept), NUL-terminated; *line is NULL at
  * the end. Valid until the next call. A last line without '\n' is still a line. */
 ds_status tk_stream_line(tk_stream *s, char **line, size_t *len);

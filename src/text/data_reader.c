@@ -81,23 +81,30 @@ static int name_has(const char *path, const char *suffix) {
   return n >= b && !strncasecmp(path + n - b, suffix, b);
 }
 
+static size_t max_line(const ds_data_reader *r) {
+  return r->opt.max_line_bytes ? r->opt.max_line_bytes : DS_DATA_MAX_LINE_DEFAULT;
+}
+
+/* Opens path with the bounds of its format (data_input.h). */
+static ds_status open_stream(ds_data_reader *r, const char *path, int json_object) {
+  DS_TRY(tk_stream_open(path, &r->s));
+  tk_stream_limit(r->s, max_line(r), json_object);
+  return DS_OK;
+}
+
 /* Opens files.paths[next_file] and decides its format (AUTO: by name, else by its first
  * non-blank line, read and then reopened so the hash covers the file once). */
 static ds_status open_next(ds_data_reader *r) {
   const char *path = r->files.paths[r->next_file++];
   r->file = path;
   r->line = 0;
-  DS_TRY(tk_stream_open(path, &r->s));
   r->fmt = r->opt.format;
+  if (r->fmt == DS_DATA_AUTO) {
+    if (name_has(path, ".jsonl") || name_has(path, ".ndjson") || name_has(path, ".json")) r->fmt = DS_DATA_JSONL;
+    else if (name_has(path, ".txt")) r->fmt = DS_DATA_TEXT; /* warned about in next_document when it holds JSON */
+  }
+  DS_TRY(open_stream(r, path, r->fmt != DS_DATA_TEXT)); /* AUTO: a first line without '{' is text, seen at once */
   if (r->fmt != DS_DATA_AUTO) return DS_OK;
-  if (name_has(path, ".jsonl") || name_has(path, ".ndjson") || name_has(path, ".json")) {
-    r->fmt = DS_DATA_JSONL;
-    return DS_OK;
-  }
-  if (name_has(path, ".txt")) { /* warned about in next_document when it holds JSON */
-    r->fmt = DS_DATA_TEXT;
-    return DS_OK;
-  }
   char *line;
   size_t n;
   int jsonl = 0;
@@ -111,7 +118,7 @@ static ds_status open_next(ds_data_reader *r) {
                   "--data-format text|jsonl decides otherwise\n",
           path, jsonl ? "JSONL" : "plain text", jsonl ? "is a JSON object" : "is not a JSON object");
   r->fmt = jsonl ? DS_DATA_JSONL : DS_DATA_TEXT;
-  return tk_stream_open(path, &r->s);
+  return open_stream(r, path, jsonl);
 }
 
 static ds_status finish_file(ds_data_reader *r) {
@@ -181,10 +188,13 @@ ds_status ds_data_reader_open(const char *inputs, const ds_data_options *opt, ds
   return DS_OK;
 }
 
-/* The whole open file as one document. */
-static ds_status next_document(ds_data_reader *r, ds_data_record *rec) {
+/* The whole open file as one document (*got 0 for an empty file, which holds none). */
+static ds_status next_document(ds_data_reader *r, ds_data_record *rec, int *got) {
   size_t len;
+  *got = 0;
   DS_TRY(tk_stream_rest(r->s, &r->doc, &len));
+  if (!len) return finish_file(r);
+  *got = 1;
   DS_TRY(check_utf8(r->file, r->doc, len, 1));
   if (r->opt.format == DS_DATA_AUTO && doc_starts_with_json(r->doc, len))
     fprintf(stderr,
@@ -224,6 +234,30 @@ static ds_status line_fields(const ds_data_reader *r, const cJSON *obj, const ch
   return DS_OK;
 }
 
+/* A JSONL line must hold an object: its first byte after blanks is '{' (the stream cut a
+ * line at any other byte, data_input.h). */
+static ds_status check_object_start(const char *label, const char *p, size_t n) {
+  size_t k = 0;
+  while (k < n && (p[k] == ' ' || p[k] == '\t' || p[k] == '\r')) k++;
+  if (k == n || p[k] == '{') return DS_OK;
+  unsigned char c = (unsigned char)p[k];
+  char shown[16];
+  if (c >= 0x20 && c < 0x7F) snprintf(shown, sizeof shown, "'%c'", c);
+  else snprintf(shown, sizeof shown, "byte 0x%02X", c);
+  return DS_FAIL(DS_ERR_FORMAT, "%s:%zu: a JSONL line holds a JSON object, which starts with '{', not %s "
+                 "(the rest of the line is not read)", label, k + 1, shown);
+}
+
+/* A key twice in one object of the line: refused, as readers disagree on which value counts. */
+static ds_status check_unique_keys(const char *label, const cJSON *obj) {
+  char where[256];
+  const char *key = tk_json_duplicate_key(obj, where, sizeof where);
+  if (!key) return DS_OK;
+  return DS_FAIL(DS_ERR_FORMAT, "%s: key '%.80s' appears twice in %s%s (JSON readers differ on which value "
+                 "counts: Python's json takes the last, cJSON the first)", label, key, where[0] ? "" : "the line's object",
+                 where);
+}
+
 /* The next record of the open JSONL file, or (text_lines) line of its plain-text file: *got 0
  * at its end. */
 static ds_status next_line(ds_data_reader *r, ds_data_record *rec, int *got) {
@@ -235,9 +269,10 @@ static ds_status next_line(ds_data_reader *r, ds_data_record *rec, int *got) {
     if (!p) return finish_file(r);
     if (++r->line == 1 && n >= 3 && !memcmp(p, "\xEF\xBB\xBF", 3)) p += 3, n -= 3; /* a UTF-8 BOM */
     if (is_blank(p, n)) continue;
-    ds_status st = check_utf8(r->file, p, n, r->line);
     char label[1100];
     snprintf(label, sizeof label, "%s:%zu", r->file, r->line);
+    ds_status st = r->fmt == DS_DATA_TEXT ? DS_OK : check_object_start(label, p, n);
+    if (st == DS_OK) st = check_utf8(r->file, p, n, r->line);
     const char *text = NULL, *field = NULL;
     size_t text_len = 0, n_msgs = 0;
     if (r->fmt == DS_DATA_TEXT) { /* text_lines: the line is the document */
@@ -245,6 +280,7 @@ static ds_status next_line(ds_data_reader *r, ds_data_record *rec, int *got) {
       text_len = n > 0 && p[n - 1] == '\r' ? n - 1 : n;
     } else {
       if (st == DS_OK && !(r->obj = tk_json_parse_text(p, n, label, &st)) && st == DS_OK) st = DS_ERR_FORMAT;
+      if (st == DS_OK) st = check_unique_keys(label, r->obj);
       if (st == DS_OK) st = line_fields(r, r->obj, label, &text, &text_len, &r->msgs, &n_msgs, &field);
     }
     if (st != DS_OK) {
@@ -274,12 +310,20 @@ ds_status ds_data_reader_next(ds_data_reader *r, ds_data_record *rec, int *got) 
   r->rec_line = 0;
   for (;;) {
     if (!r->s) {
-      if (r->next_file == r->files.n) return DS_OK;
-      DS_TRY(open_next(r));
+      if (r->next_file < r->files.n) {
+        DS_TRY(open_next(r));
+        continue;
+      }
+      if (r->stats.records > 0) return DS_OK;
+      if (r->stats.bad_lines > 0)
+        return DS_FAIL(DS_ERR_FORMAT, "%s: no record in the data: all %lld non-blank lines were bad and skipped "
+                       "(--skip-bad-lines)", r->spec, (long long)r->stats.bad_lines);
+      return DS_FAIL(DS_ERR_FORMAT, "%s: no record in the data (%s)", r->spec,
+                     r->files.n > 1 ? "its files are empty or hold blank lines only"
+                                    : "the file is empty or holds blank lines only");
     }
     if (r->fmt == DS_DATA_TEXT && !r->opt.text_lines) {
-      DS_TRY(next_document(r, rec));
-      *got = 1;
+      DS_TRY(next_document(r, rec, got));
     } else {
       DS_TRY(next_line(r, rec, got));
     }

@@ -10,6 +10,7 @@
 #include "text/json_text.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -158,6 +159,56 @@ cJSON *tk_json_parse_text(const char *buf, size_t len, const char *label, ds_sta
   }
   *st = fail_at(buf, len, at, label, "malformed JSON");
   return NULL;
+}
+
+static int cmp_key_ptrs(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+enum { FEW_KEYS = 16 }; /* up to this many keys an object is checked pairwise, without a sort */
+
+/* A key that occurs twice among obj's members, or NULL. */
+static const char *twice_in(const cJSON *obj) {
+  size_t k = 0;
+  for (const cJSON *c = obj->child; c; c = c->next) k++;
+  const char **keys = k > FEW_KEYS ? malloc(k * sizeof *keys) : NULL;
+  if (!keys) { /* few keys, or no memory for the sort: pairwise */
+    for (const cJSON *a = obj->child; a; a = a->next)
+      for (const cJSON *b = a->next; b; b = b->next)
+        if (a->string && b->string && !strcmp(a->string, b->string)) return a->string;
+    return NULL;
+  }
+  size_t n = 0;
+  for (const cJSON *c = obj->child; c; c = c->next)
+    if (c->string) keys[n++] = c->string;
+  qsort(keys, n, sizeof *keys, cmp_key_ptrs);
+  const char *dup = NULL;
+  for (size_t i = 1; i < n && !dup; i++)
+    if (!strcmp(keys[i - 1], keys[i])) dup = keys[i];
+  free(keys);
+  return dup;
+}
+
+static const char *duplicate_below(const cJSON *node, char *where, size_t cap, size_t len) {
+  if (cJSON_IsObject(node)) {
+    const char *dup = twice_in(node);
+    if (dup) return dup;
+  }
+  size_t i = 0;
+  for (const cJSON *c = node->child; c; c = c->next, i++) {
+    if (!cJSON_IsObject(c) && !cJSON_IsArray(c)) continue;
+    int w = cJSON_IsArray(node) ? snprintf(where + len, cap - len, "[%zu]", i)
+                                : snprintf(where + len, cap - len, "%s%s", len ? "." : "", c->string ? c->string : "");
+    size_t l = w < 0 ? len : len + (size_t)w < cap ? len + (size_t)w : cap - 1; /* a long path is cut, not overrun */
+    const char *dup = duplicate_below(c, where, cap, l);
+    if (dup) return dup;
+    where[len] = 0;
+  }
+  return NULL;
+}
+
+const char *tk_json_duplicate_key(const cJSON *root, char *where, size_t cap) {
+  if (!cap) return NULL;
+  where[0] = 0;
+  return root ? duplicate_below(root, where, cap, 0) : NULL;
 }
 
 const char *tk_json_str(const cJSON *v, size_t *len) {

@@ -25,6 +25,12 @@ const char *tk_json_str(const cJSON *v, size_t *len);
  * start one), or len when there is none. */
 size_t tk_json_find_nul(const char *buf, size_t len);
 
+/* The first object key, root's own or nested, that occurs twice in one object (cJSON keeps
+ * both and finds the first, Python's json the last: readers would disagree on the record),
+ * or NULL. where (cap bytes) receives the object's place: "" for root, else a path such as
+ * messages[1] or a.b. O(k log k) in an object's k keys. */
+const char *tk_json_duplicate_key(const cJSON *root, char *where, size_t cap);
+
 /* 1-based line and column (in bytes) of buf[at]. */
 void tk_text_line_col(const char *buf, size_t at, size_t *line, size_t *col);
 

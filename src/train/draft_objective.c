@@ -237,7 +237,8 @@ static ds_status setup_online(draft_run *t) {
   ds_chat_template *tmpl = NULL;
   DS_TRY(ds_chat_template_load(o->target_dir, o->chat_template, &tmpl));
   int thinking = o->enable_thinking ? o->enable_thinking > 0 : -1;
-  ds_data_options dopt = {.format = o->data_format, .skip_bad_lines = o->skip_bad_lines};
+  ds_data_options dopt = {.format = o->data_format, .skip_bad_lines = o->skip_bad_lines,
+                          .max_line_bytes = o->max_line_bytes};
   st = ds_dataset_read(o->data_path, &dopt, t->tok, tmpl, thinking, o->seq_len, eos, 2, &t->data);
   if (tmpl)
     snprintf(t->chat_template, sizeof t->chat_template, "%s (xxh64 %016llx)%s", ds_chat_template_label(tmpl),

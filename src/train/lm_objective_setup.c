@@ -198,7 +198,8 @@ ds_status ds_lm_setup(lm_run *t) {
     if (!o->data_path) return DS_FAIL(DS_ERR_ARG, "training needs --data (or --cache)");
     DS_TRY(ds_config_check_positions(&sc, o->student_dir ? o->student_dir : o->student_config, o->seq_len, "--seq-len"));
     int32_t eos = sc.n_eos ? (int32_t)sc.eos_token_ids[0] : -1;
-    ds_data_options dopt = {.format = o->data_format, .skip_bad_lines = o->skip_bad_lines};
+    ds_data_options dopt = {.format = o->data_format, .skip_bad_lines = o->skip_bad_lines,
+                            .max_line_bytes = o->max_line_bytes};
     DS_TRY(ds_dataset_read(o->data_path, &dopt, t->tok, t->chat, o->enable_thinking, o->seq_len, eos, 2, &t->data));
     t->data_label = o->data_path;
   }

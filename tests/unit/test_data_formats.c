@@ -250,7 +250,7 @@ static void test_bad_lines(void) {
       {"{\"text\": \"bad \xff byte\"}", "one.jsonl:1:15: invalid UTF-8 (byte 0xFF)"},
       {"{\"conversations\": [{\"value\": \"v\"}]}", "one.jsonl:1: conversations[0].from must be a string (it is missing)"},
       {"{\"text\": 5}", "one.jsonl:1: 'text' must be a string (it is a number)"},
-      {"[1, 2]", "one.jsonl:1: a line must be a JSON object (it is an array)"},
+      {"[1, 2]", "one.jsonl:1:1: a JSONL line holds a JSON object, which starts with '{', not '['"},
       {"{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\", \"thinking\": 1}]}",
        "one.jsonl:1: messages[0].thinking must be a string"},
       {"{\"system\": 2, \"conversations\": []}", "one.jsonl:1: 'system' must be a string (it is a number)"},
@@ -361,6 +361,75 @@ static void test_long_lines(void) {
     ds_data_reader_close(r);
   }
   free(data);
+}
+
+/* The line bound holds exactly at max_line_bytes, across decompressed chunks too; a JSONL line
+ * with another first byte is cut there (and skipped with skip_bad_lines); duplicate keys are
+ * refused in small and large objects; data without a record is refused. */
+static void test_line_bound(void) {
+  size_t n = (1u << 20) - 9; /* {"text": " + n + "} + \n: the first line is 1 MiB exactly */
+  char *data = malloc(n + 64);
+  strcpy(data, "{\"text\": \"");
+  size_t k = strlen(data);
+  for (size_t i = 0; i < n - 3; i++) data[k++] = (char)('a' + i % 26);
+  strcpy(data + k, "\"}\n{\"text\": \"short\"}\n");
+  EXPECT(strchr(data, '\n') - data == 1 << 20);
+  write_gzip("bound.jsonl.gz", data, 300000);
+  free(data);
+  ds_data_options opt = {.format = DS_DATA_AUTO, .max_line_bytes = 1u << 20};
+  ds_data_reader *r;
+  ds_data_record rec;
+  int n_got;
+  EXPECT_OK(ds_data_reader_open(path_of("bound.jsonl.gz"), &opt, &r));
+  EXPECT_OK(ds_data_reader_next(r, &rec, &n_got));
+  EXPECT(n_got && rec.text_len == n - 3);
+  EXPECT_OK(ds_data_reader_next(r, &rec, &n_got));
+  EXPECT(n_got && rec.line == 2 && rec.text_len == 5);
+  ds_data_reader_close(r);
+  opt.max_line_bytes = (1u << 20) - 1;
+  EXPECT_OK(ds_data_reader_open(path_of("bound.jsonl.gz"), &opt, &r));
+  EXPECT(ds_data_reader_next(r, &rec, &n_got) == DS_ERR_FORMAT);
+  EXPECT(strstr(ds_last_error(), "bound.jsonl.gz:1: the line is longer than the limit of 1048575 bytes") &&
+         strstr(ds_last_error(), "--max-line-bytes"));
+  ds_data_reader_close(r);
+  char *got;
+  /* a plain-text file read whole is one line for the bound */
+  write_text("doc.txt", "0123456789");
+  opt.max_line_bytes = 10;
+  EXPECT((got = records_with(path_of("doc.txt"), &opt, NULL)) != NULL);
+  free(got);
+  opt.max_line_bytes = 9;
+  EXPECT(records_with(path_of("doc.txt"), &opt, NULL) == NULL && strstr(ds_last_error(), "limit of 9 bytes"));
+  /* a BOM and blanks before '{' are fine; any other first byte is refused at its column */
+  write_text("start.jsonl", "\xEF\xBB\xBF \t{\"text\": \"a\"}\n  xyz and more\n\r\n{\"text\": \"b\"}\n");
+  expect_refused(path_of("start.jsonl"), 0, "start.jsonl:2:3: a JSONL line holds a JSON object", "not 'x'");
+  ds_data_stats st;
+  got = records(path_of("start.jsonl"), 1, &st);
+  EXPECT(got && !strcmp(got, "start.jsonl:1 T:a\nstart.jsonl:4 T:b\n") && st.bad_lines == 1);
+  free(got);
+  /* the skipped rest of a cut line still counts against the bound */
+  write_text("cut.jsonl", "xyzxyzxyzxyzxyzxyz\n{\"text\": \"b\"}\n");
+  opt = (ds_data_options){.format = DS_DATA_JSONL, .skip_bad_lines = 1, .max_line_bytes = 10};
+  EXPECT(records_with(path_of("cut.jsonl"), &opt, NULL) == NULL && strstr(ds_last_error(), "cut.jsonl:1: the line is"));
+  /* duplicate keys: pairwise for a few keys, sorted for many; nested places named */
+  char big[4096] = "{\"text\": \"t\"";
+  for (int i = 0; i < 40; i++) snprintf(big + strlen(big), sizeof big - strlen(big), ", \"k%d\": %d", i, i);
+  char line[4200];
+  snprintf(line, sizeof line, "%s}\n", big);
+  write_text("keys.jsonl", line);
+  EXPECT_RECORDS(path_of("keys.jsonl"), 0, "keys.jsonl:1 T:t\n");
+  snprintf(line, sizeof line, "%s, \"k17\": 0}\n", big);
+  write_text("keys.jsonl", line);
+  expect_refused(path_of("keys.jsonl"), 0, "keys.jsonl:1: key 'k17' appears twice in the line's object", NULL);
+  write_text("keys.jsonl", "{\"text\": \"t\", \"meta\": {\"a\": [1, {\"x\": 1, \"y\": 2, \"x\": 3}]}}\n");
+  expect_refused(path_of("keys.jsonl"), 0, "key 'x' appears twice in meta.a[1]", NULL);
+  write_text("keys.jsonl", "{\"text\": \"t\", \"a\\u0000\": 1, \"a\": 2}\n"); /* a NUL makes another key */
+  EXPECT_RECORDS(path_of("keys.jsonl"), 0, "keys.jsonl:1 T:t\n");
+  /* no record at all */
+  write_text("none.jsonl", "\n \n");
+  expect_refused(path_of("none.jsonl"), 0, "none.jsonl: no record in the data", NULL);
+  write_text("none.jsonl", "[1]\n");
+  expect_refused(path_of("none.jsonl"), 1, "none.jsonl: no record in the data: all 1 non-blank lines were bad", NULL);
 }
 
 /* Directories (recursive, sorted by path, hidden and non-data names skipped) and globs
@@ -502,6 +571,7 @@ int main(void) {
   TEST_RUN(test_prompt_options);
   TEST_RUN(test_compression);
   TEST_RUN(test_long_lines);
+  TEST_RUN(test_line_bound);
   TEST_RUN(test_dirs_and_globs);
   TEST_RUN(test_dataset);
   return TEST_RESULT();
