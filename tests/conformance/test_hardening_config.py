@@ -66,6 +66,103 @@ def edit_json(path, fn):
     json.dump(j, open(path, "w"), indent=1)
 
 
+# ------------------------------------------------------------------ 4: calibration and profile files
+
+def train_draft(args, target, data, name, block, seed):
+    run_dir = os.path.join(args.tmp, name)
+    if not os.path.exists(os.path.join(run_dir, "checkpoint.safetensors")):
+        run([args.dspark, "train", "--target", target, "--data", data, "--out", run_dir, "--overwrite", "--seq-len", "32",
+             "--num-anchors", "4", "--block-size", str(block), "--markov-rank", "8", "--steps", "2", "--batch-seqs", "2",
+             "--eval-every", "0", "--eval-seqs", "1", "--save-every", "2", "--quiet", "--threads", "2", "--seed",
+             str(seed)], expect_rc=0)
+    return run_dir
+
+
+def test_calibration_files(ck, args, target):
+    data = os.path.join(args.tmp, "draft-data.txt")
+    common.stdlib_text(data, 0, 3)
+    a = train_draft(args, target, data, "draft-a", 4, 1)
+    b = train_draft(args, target, data, "draft-b8", 8, 1)
+    c = train_draft(args, target, data, "draft-c", 4, 2)
+    prompts = os.path.join(args.tmp, "prompts.txt")
+    with open(prompts, "w") as f:
+        f.write("def main(\nimport os\nclass Foo:\nx = [\n")
+    cal = os.path.join(args.tmp, "cal.json")
+    run([args.dspark, "calibrate", "--target", target, "--draft", a, "--data", prompts, "--out", cal,
+         "--max-new-tokens", "8", "--ignore-eos", "--threads", "2"], expect_rc=0)
+    j = json.load(open(cal))
+    ck.check(j.get("block_size") == 4 and j.get("draft_len") == 4 and len(j.get("temperatures", [])) == 4
+             and re.fullmatch(r"[0-9a-f]{16}", str(j.get("draft_identity"))),
+             f"4 calibrate: the file records the draft: {dict((k, j.get(k)) for k in ('draft_identity', 'block_size'))}")
+
+    def spec(draft, extra):
+        return [args.dspark, "speculate", "--target", target, "--draft", draft, "--prompt-ids", "5,6,7",
+                "--max-new-tokens", "4", "--print-ids", "--threads", "2"] + extra
+    _, err, rc = run(spec(a, ["--calibration", cal]))
+    ck.check(rc == 0, f"4 the draft's own calibration refused: {err.strip()[-600:]}")
+    # the same weights exported: the same draft
+    exported = os.path.join(args.tmp, "draft-a-export")
+    run([args.dspark, "export", a, "--out", exported, "--overwrite"], expect_rc=0)
+    _, err, rc = run(spec(exported, ["--calibration", cal]))
+    ck.check(rc == 0, f"4 the run's calibration refused for its export: {err.strip()[-600:]}")
+    expect(ck, "4 a block-4 calibration on a block-8 draft", spec(b, ["--calibration", cal]), None,
+           [cal, '"block_size" is 4', "block size 8", b, "dspark calibrate"])
+    expect(ck, "4 another draft's calibration (same block size)", spec(c, ["--calibration", cal]), None,
+           [cal, '"draft_identity"', c, "another draft"])
+
+    def variant(name, fn):
+        path = os.path.join(args.tmp, name)
+        v = json.load(open(cal))
+        fn(v)
+        json.dump(v, open(path, "w"))
+        return path
+    p = variant("cal-1000.json", lambda v: v.update(temperatures=[1.0] * 1000))
+    expect(ck, "4 1000 temperatures", spec(a, ["--calibration", p]), None, [p, '"temperatures" holds 1000', '"draft_len"'])
+    p = variant("cal-len8.json", lambda v: v.update(temperatures=[1.0] * 8, draft_len=8))
+    expect(ck, "4 draft_len 8 on a block-4 draft", spec(a, ["--calibration", p]), None, [p, "'draft_len'", "8"])
+    for bad in (-1.0, 0.0):
+        p = variant("cal-neg.json", lambda v: v["temperatures"].__setitem__(2, bad))
+        expect(ck, f"4 a temperature {bad}", spec(a, ["--calibration", p]), None, [p, '"temperatures"[2]', "> 0"])
+    p = variant("cal-old.json", lambda v: v.pop("draft_identity", None))
+    expect(ck, "4 a file without the draft's identity", spec(a, ["--calibration", p]), None,
+           [p, '"draft_identity"', "dspark calibrate --draft"])
+    # fewer positions fitted than drafted: refused, unless --draft-len says so
+    cal2 = os.path.join(args.tmp, "cal-2.json")
+    run([args.dspark, "calibrate", "--target", target, "--draft", a, "--data", prompts, "--out", cal2,
+         "--max-new-tokens", "8", "--ignore-eos", "--draft-len", "2", "--threads", "2"], expect_rc=0)
+    expect(ck, "4 two positions fitted, four drafted", spec(a, ["--calibration", cal2]), None,
+           [cal2, '"draft_len"', "--draft-len 2"])
+    _, err, rc = run(spec(a, ["--calibration", cal2, "--draft-len", "2"]))
+    ck.check(rc == 0, f"4 two positions fitted and drafted: refused: {err.strip()[-600:]}")
+
+    # profile: the target and the draft it measured
+    prof = os.path.join(args.tmp, "profile.json")
+    run([args.dspark, "profile", "--target", target, "--draft", a, "--out", prof, "--max-tokens", "4", "--context", "8",
+         "--reps", "1", "--threads", "2"], expect_rc=0)
+    sched = ["--policy", "scheduler", "--profile"]
+    _, err, rc = run(spec(a, sched + [prof]))
+    ck.check(rc == 0, f"4 the draft's own profile refused: {err.strip()[-600:]}")
+    expect(ck, "4 a block-4 draft's profile on a block-8 draft", spec(b, sched + [prof]), None,
+           [prof, '"block_size" is 4', "dspark profile"])
+    expect(ck, "4 another draft's profile", spec(c, sched + [prof]), None, [prof, '"draft_identity"'])
+    other = fresh_copy(target, os.path.join(args.tmp, "target-other"))
+    edit_json(os.path.join(other, "config.json"), lambda cfg: cfg.update(rms_norm_eps=1e-5))
+    p = os.path.join(args.tmp, "profile-other.json")
+    run([args.dspark, "profile", "--target", other, "--out", p, "--max-tokens", "4", "--context", "8", "--reps", "1",
+         "--threads", "2"], expect_rc=0)
+    expect(ck, "4 another target's profile", spec(a, sched + [p]), None, [p, '"target_config_xxh64"', target])
+    p = variant("prof-len.json", lambda v: None)
+    v = json.load(open(prof))
+    v["draft_block_seconds"] = v["draft_block_seconds"] + [1e-3] * 996
+    json.dump(v, open(p, "w"))
+    expect(ck, "4 a profile with 1000 draft costs", spec(a, sched + [p]), None, [p, '"draft_block_seconds" holds 1000'])
+    # a cost table written by hand (no record) is taken as given, with a note
+    p = os.path.join(args.tmp, "prof-hand.json")
+    json.dump({"verify_seconds": [1e-3] * 8, "draft_block_seconds": [1e-6] * 4}, open(p, "w"))
+    _, err, rc = run(spec(a, sched + [p]))
+    ck.check(rc == 0 and "taken as given" in err, f"4 a hand-written profile: exit {rc}: {err.strip()[-600:]}")
+
+
 # ------------------------------------------------------------------ 5: config.json domains
 
 def test_config_domains(ck, args):
@@ -248,6 +345,7 @@ def main():
     args = common.parse_args(__doc__)
     ck = common.Checker()
     target = common.build_bpe_target(args.tmp, n_files=8, vocab_size=300, seed=22, name="target", layers=3)
+    test_calibration_files(ck, args, target)
     test_config_domains(ck, args)
     test_kd_selection(ck, args, target)
     test_special_tokens(ck, args, target)
