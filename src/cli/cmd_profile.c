@@ -72,7 +72,7 @@ int cmd_profile(int argc, char **argv) {
   cJSON_AddStringToObject(j, "format", "dspark-profile-1");
   cJSON_AddStringToObject(j, "target", target_dir);
   if (draft_dir) cJSON_AddStringToObject(j, "draft", draft_dir);
-  /* speculate --profile refuses the file for another target or, with draft costs, another draft */
+  /* speculate --profile refuses the file for another target and drops another draft's costs */
   if (cli_add_target_identity(j, target_dir) != DS_OK) {
     cJSON_Delete(j);
     goto report;

@@ -194,8 +194,11 @@ ds_status cli_read_calibration(const char *path, const ds_draft *d, const char *
   return st;
 }
 
+/* The profile's target against target_dir (refused when another); its draft costs against d:
+ * *drop when they were measured on another draft. */
 static ds_status check_profile(const cJSON *j, const char *path, const char *target_dir, const ds_draft *d,
-                               const char *draft_dir, int64_t n_draft) {
+                               const char *draft_dir, int64_t n_draft, int *drop) {
+  *drop = 0;
   const cJSON *th = cJSON_GetObjectItemCaseSensitive(j, "target_config_xxh64");
   if (th && !cJSON_IsString(th))
     return DS_FAIL(DS_ERR_FORMAT, "%s: field \"target_config_xxh64\" must be a string", path);
@@ -210,14 +213,27 @@ static ds_status check_profile(const cJSON *j, const char *path, const char *tar
                      th->valuestring, target_dir, mine, target_dir);
   }
   if (n_draft == 0) return DS_OK;
-  if (!cJSON_GetObjectItemCaseSensitive(j, "draft_identity")) {
+  const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "draft_identity");
+  if (!id) {
     ds_note("%s records no draft (\"draft_identity\"): its draft costs are taken as given", path);
     return DS_OK;
   }
-  DS_TRY(check_draft(j, path, d, draft_dir, "dspark profile"));
-  if (n_draft != ds_draft_get_config(d)->block_size)
+  int64_t bs = 0, g = ds_draft_get_config(d)->block_size;
+  if (!cJSON_IsString(id)) return DS_FAIL(DS_ERR_FORMAT, "%s: field \"draft_identity\" must be a string", path);
+  DS_TRY(ds_json_int(j, "block_size", 1, 0, 1, 1 << 20, path, &bs));
+  if (n_draft != bs)
     return DS_FAIL(DS_ERR_FORMAT, "%s: \"draft_block_seconds\" holds %lld values, but field \"block_size\" is %lld (one "
-                   "per block length)", path, (long long)n_draft, (long long)ds_draft_get_config(d)->block_size);
+                   "per block length)", path, (long long)n_draft, (long long)bs);
+  char mine[24];
+  snprintf(mine, sizeof mine, "%016llx", (unsigned long long)ds_draft_identity(d));
+  /* The draft costs are the file's optional part: another draft's are replaced by the cost measured
+   * during decoding (as without them), the target's verification costs still apply. */
+  if (bs != g || strcmp(id->valuestring, mine) != 0) {
+    ds_note("%s: its draft costs were measured on another draft (field \"draft_identity\" %.40s, \"block_size\" %lld; "
+            "the draft %s is %s, block size %lld): not used, the draft cost is measured during decoding", path,
+            id->valuestring, (long long)bs, draft_dir, mine, (long long)g);
+    *drop = 1;
+  }
   return DS_OK;
 }
 
@@ -229,7 +245,9 @@ ds_status cli_read_profile(const char *path, const char *target_dir, const ds_dr
   DS_TRY(read_json(path, &j));
   ds_status st = positive_array(j, path, "verify_seconds", 0, verify_s, n_verify);
   if (st == DS_OK) st = positive_array(j, path, "draft_block_seconds", 1, draft_s, n_draft);
-  if (st == DS_OK) st = check_profile(j, path, target_dir, d, draft_dir, *n_draft);
+  int drop = 0;
+  if (st == DS_OK) st = check_profile(j, path, target_dir, d, draft_dir, *n_draft, &drop);
+  if (st == DS_OK && drop) free(*draft_s), *draft_s = NULL, *n_draft = 0;
   if (st != DS_OK) {
     free(*verify_s), *verify_s = NULL;
     free(*draft_s), *draft_s = NULL;

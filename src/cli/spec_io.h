@@ -45,9 +45,10 @@ ds_status cli_read_calibration(const char *path, const ds_draft *d, const char *
                                int64_t *n);
 /* Reads "verify_seconds" (required, B = 1 .. n_verify) and "draft_block_seconds" (optional:
  * *n_draft = 0 without it) of a `dspark profile` file; arrays malloc'd, entries finite and > 0.
- * A file recording another target (target_config_xxh64) or, with draft costs, another draft is
- * refused naming the field and both values; a file recording neither (written by hand, or by an
- * older profile) is taken as given, with a note. */
+ * A file recording another target (target_config_xxh64) is refused naming the field and both
+ * values; draft costs recorded for another draft (identity or block size) are dropped with a note
+ * (*n_draft = 0: measured during decoding, as without them); a file recording neither (written by
+ * hand, or by an older profile) is taken as given, with a note. */
 ds_status cli_read_profile(const char *path, const char *target_dir, const ds_draft *d, const char *draft_dir,
                            double **verify_s, int64_t *n_verify, double **draft_s, int64_t *n_draft);
 
