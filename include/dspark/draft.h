@@ -86,6 +86,12 @@ typedef struct {
 } ds_draft_tensor;
 size_t ds_draft_tensor_count(const ds_draft *d);
 const ds_draft_tensor *ds_draft_tensor_at(const ds_draft *d, size_t i);
+/* What tells one trained draft from another, for files fitted or measured on it (a calibration):
+ * xxh64 of its block size, mask token, target layers, head types and every trainable tensor
+ * (name, dtype, shape, bytes). The frozen embedding / lm_head copies, the target's, are left out:
+ * hashing them would cost a pass over the vocabulary tables for nothing the trained weights do
+ * not already tell. The same weights give the same value from a run directory or its export. */
+uint64_t ds_draft_identity(const ds_draft *d);
 
 /* One training sequence with its anchors. Rows of the block batch are b*g + k. */
 typedef struct {

@@ -40,6 +40,15 @@ void ds_kd_teacher_select(const float *hidden, int64_t n, int64_t d, ds_weight h
  * capture, the KD loss (dspark/kd_loss.h) again at training time on what the capture kept. */
 int64_t ds_kd_top_p_count(const float *lp, int64_t n, double top_p, int64_t min_k);
 
+/* The selection options as commands take them, one check for capture, distill and kd-loss (each
+ * refusal, DS_ERR_ARG, names the option as the CLI spells it): --temperature finite and > 0;
+ * --top-p in (0, 1], below 1 only with a top-K (top_k >= 1); --min-k >= 1 and, where K is the
+ * user's --topk (k_is_option: capture, distill), at most K: kd-loss reads K from its input's
+ * width, where a floor above K keeps all K; --topk in [0, vocab] (vocab <= 0: not known yet).
+ * NaN is outside every range. */
+ds_status ds_kd_select_check(int64_t top_k, int k_is_option, double top_p, int64_t min_k, double temperature,
+                             int64_t vocab);
+
 #ifdef __cplusplus
 }
 #endif

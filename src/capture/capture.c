@@ -101,11 +101,7 @@ static ds_status load_inputs(capture *c) {
     memcpy(m->target_layer_ids, dc.target_layer_ids, sizeof(int32_t) * (size_t)dc.n_target_layers);
   }
   DS_TRY(ds_target_check_capture_layers(c->target, m->target_layer_ids, m->n_layers));
-  if (o->topk > tc->vocab_size)
-    return DS_FAIL(DS_ERR_ARG, "--topk %lld exceeds the vocabulary size %lld", (long long)o->topk,
-                   (long long)tc->vocab_size);
-  if (o->min_k > o->topk && o->topk)
-    return DS_FAIL(DS_ERR_ARG, "--min-k %lld exceeds --topk %lld", (long long)o->min_k, (long long)o->topk);
+  DS_TRY(ds_kd_select_check(o->topk, 1, o->top_p, o->min_k, o->temperature, tc->vocab_size));
 
   m->eos_token_id = tc->n_eos ? tc->eos_token_ids[0] : -1;
   m->min_length = 2;
@@ -627,10 +623,9 @@ ds_status ds_capture_run(const ds_capture_options *o) {
   if (o->dtype == DS_I8 && !o->features)
     return DS_FAIL(DS_ERR_ARG, "capture: --dtype int8 quantizes the features; a cache without features (--no-features) "
                    "keeps its KD log-probs in bf16, f16 or f32: give one of those");
-  if (o->seq_len < 2 || o->shard_size < 1 || o->topk < 0 || !(o->top_p > 0 && o->top_p <= 1) ||
-      !(o->temperature > 0) || o->min_k < 0 || o->seed > (UINT64_C(1) << 53))
-    return DS_FAIL(DS_ERR_ARG, "capture: invalid option (seq_len >= 2, shard_size >= 1, top_p in (0, 1], "
-                   "temperature > 0, min_k >= 0, seed <= 2^53)");
+  if (o->seq_len < 2 || o->shard_size < 1 || o->seed > (UINT64_C(1) << 53))
+    return DS_FAIL(DS_ERR_ARG, "capture: invalid option (seq_len >= 2, shard_size >= 1, seed <= 2^53)");
+  DS_TRY(ds_kd_select_check(o->topk, 1, o->top_p, o->min_k, o->temperature, 0));
   if (o->threads > 0) ds_set_num_threads(o->threads);
   capture c;
   memset(&c, 0, sizeof c);

@@ -24,7 +24,8 @@ static void usage(FILE *f) {
           "minimizing the ECE of the cumulative acceptance prod sigmoid(z_i / T_i) with the earlier ones\n"
           "frozen) and prints that ECE per position before and after. Every 4th request (index 3, 7, ..) is\n"
           "held out of the fit and scored separately (with fewer than 4 requests, every 4th round).\n"
-          "`dspark speculate --calibration FILE.json` applies the temperatures.\n"
+          "`dspark speculate --calibration FILE.json` applies the temperatures, to this draft only (the file\n"
+          "records its identity and block size) and for at most the positions fitted (--draft-len).\n"
           "  --max-new-tokens N (64)  --draft-len L (the block size)  --temperature T (0)  --top-p P  --seed S\n"
           "  --chat  --chat-template FILE  --enable-thinking on|off  --ignore-eos  --threads N   as for\n"
           "                           `dspark speculate`\n"
@@ -160,10 +161,11 @@ int cmd_calibrate(int argc, char **argv) {
   ds_sts_fit(&fit_set, T);
   double fb, fa, hb, ha;
   cJSON *j = cJSON_CreateObject();
-  cJSON_AddStringToObject(j, "format", "dspark-calibration-1");
+  cJSON_AddStringToObject(j, "format", "dspark-calibration-2");
   cJSON_AddStringToObject(j, "method", "sequential temperature scaling: confidence_k = sigmoid(logit_k / T_k), "
                                        "T_k fitted left to right minimizing the ECE of the cumulative acceptance");
   cJSON_AddStringToObject(j, "draft", draft_dir);
+  cli_add_draft_identity(j, d); /* speculate --calibration refuses the file for another draft */
   cJSON_AddStringToObject(j, "target", target_dir);
   cJSON_AddNumberToObject(j, "draft_len", (double)K);
   cJSON_AddNumberToObject(j, "temperature", o.temperature);

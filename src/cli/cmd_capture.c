@@ -9,6 +9,7 @@
 #include "dspark/capture.h"
 #include "dspark/comm.h"
 #include "dspark/hfconfig.h"
+#include "dspark/kd_select.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -105,9 +106,10 @@ int cmd_capture(int argc, char **argv) {
     else if (!strcmp(a, "--skip-bad-lines")) o.skip_bad_lines = 1;
     else if (!strcmp(a, "--max-line-bytes")) { if (cli_max_line_option(argc, argv, &i, &o.max_line_bytes) < 0) return 2; }
     else if (!strcmp(a, "--topk")) CLI_INT(1, INT32_MAX, o.topk);
-    else if (!strcmp(a, "--top-p")) { CLI_NUM(1e-12, 1, o.top_p); kd_flags = 1; }
-    else if (!strcmp(a, "--min-k")) { CLI_INT(0, INT32_MAX, o.min_k); kd_flags = 1; }
-    else if (!strcmp(a, "--temperature")) { CLI_NUM(1e-6, 1e6, o.temperature); kd_flags = 1; }
+    /* their ranges are ds_kd_select_check's, the one check distill makes too */
+    else if (!strcmp(a, "--top-p")) { CLI_NUM(-1e30, 1e30, o.top_p); kd_flags = 1; }
+    else if (!strcmp(a, "--min-k")) { CLI_INT(INT32_MIN, INT32_MAX, o.min_k); kd_flags = 1; }
+    else if (!strcmp(a, "--temperature")) { CLI_NUM(-1e30, 1e30, o.temperature); kd_flags = 1; }
     else if (!strcmp(a, "--seed")) { CLI_INT(0, INT64_C(1) << 53, n); o.seed = (uint64_t)n; }
     else if (!strcmp(a, "--threads")) CLI_INT(1, 1024, o.threads);
     else if (!strcmp(a, "--quiet")) o.quiet = 1;
@@ -132,8 +134,8 @@ int cmd_capture(int argc, char **argv) {
     fprintf(stderr, "dspark capture: give --target-layers or --target-layer-ids, not both\n");
     return 2;
   }
-  if (o.topk && o.min_k > o.topk) {
-    fprintf(stderr, "dspark capture: --min-k %lld exceeds --topk %lld\n", (long long)o.min_k, (long long)o.topk);
+  if (ds_kd_select_check(o.topk, 1, o.top_p, o.min_k, o.temperature, 0) != DS_OK) {
+    fprintf(stderr, "dspark capture: %s\n", ds_last_error());
     return 2;
   }
   if (o.dtype == DS_I8 && !o.features) {

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/loop_args.h"
 #include "cli/prompt.h"
+#include "dspark/kd_select.h"
 #include "dspark/lm_trainer.h"
 
 static void usage(FILE *f, int distill) {
@@ -118,7 +119,8 @@ static int lm_command(int argc, char **argv, int distill) {
   }
   if (!cli_loop_check(name, &o.loop)) return 2;
   /* the loss options' ranges are checked by the library, naming each (spec/kd.md section 3) */
-  if (ds_kd_loss_config_check(&o.kd, INT32_MAX) != DS_OK) {
+  if (ds_kd_select_check(o.kd.top_k, 1, o.kd.top_p, o.kd.min_k, o.kd.temperature, INT32_MAX) != DS_OK ||
+      ds_kd_loss_config_check(&o.kd, INT32_MAX) != DS_OK) {
     fprintf(stderr, "dspark %s: %s\n", name, ds_last_error());
     return 2;
   }

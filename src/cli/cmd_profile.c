@@ -72,6 +72,12 @@ int cmd_profile(int argc, char **argv) {
   cJSON_AddStringToObject(j, "format", "dspark-profile-1");
   cJSON_AddStringToObject(j, "target", target_dir);
   if (draft_dir) cJSON_AddStringToObject(j, "draft", draft_dir);
+  /* speculate --profile refuses the file for another target and drops another draft's costs */
+  if (cli_add_target_identity(j, target_dir) != DS_OK) {
+    cJSON_Delete(j);
+    goto report;
+  }
+  if (d) cli_add_draft_identity(j, d);
   cJSON_AddNumberToObject(j, "context", (double)context);
   cJSON_AddNumberToObject(j, "reps", (double)reps);
   cJSON_AddStringToObject(j, "gemm", ds_gemm_name());

@@ -71,7 +71,7 @@ static void usage(FILE *f) {
           "generate`), or after --max-new-tokens. Each line gets \"regenerated\": {\"index\", \"source\":\n"
           "\"FILE:LINE\", \"settings\", \"tokens\": [per turn], \"finish\": [\"eos\" | \"length\" per turn]}.\n"
           "A conversation whose prompt plus --max-new-tokens exceeds max_position_embeddings is skipped\n"
-          "(named on stderr, counted).\n");
+          "(named on stderr, counted); a run that skips every conversation fails.\n");
 }
 
 enum { THINK_DEFAULT, THINK_ON, THINK_OFF, THINK_KEEP };
@@ -505,6 +505,13 @@ int cmd_regenerate(int argc, char **argv) {
   if (ds_config_load(cfg_path, &pre) != DS_OK || ds_target_check_tokenizer(&pre, g.tok, cfg_path, tok_path) != DS_OK)
     goto report;
   g.max_pos = pre.max_position_embeddings;
+  if (o.max_new >= g.max_pos) { /* every prompt needs a position: each conversation would be skipped */
+    fprintf(stderr, "dspark regenerate: %s: max_position_embeddings is %lld, so --max-new-tokens %lld leaves no "
+            "position for a prompt; give at most %lld (and fewer than that minus the longest prompt)\n",
+            cfg_path, (long long)g.max_pos, (long long)o.max_new, (long long)g.max_pos - 1);
+    rc = 2;
+    goto done;
+  }
   if (regen_input_read(o.data, o.completion, o.skip_bad, o.max_line_bytes, &in) != DS_OK) goto report;
   settings_hash(&g);
   g.split_reasoning = renders_reasoning(g.cc.tmpl);
@@ -555,6 +562,17 @@ int cmd_regenerate(int argc, char **argv) {
   }
   f = NULL;
   if (summary(&g, kept_lines, next, ds_time_sec() - t0) != DS_OK) goto report;
+  int64_t passed = g.skipped + g.bad + in.bad; /* each was named in a note above */
+  if (passed > 0 && g.written + kept_lines == 0) {
+    DS_FAIL(DS_ERR_ARG, "nothing was regenerated: all %lld conversations of %s were skipped (%lld too long for "
+            "max_position_embeddings %lld with --max-new-tokens %lld, or empty; %lld bad); %s holds no line",
+            (long long)(in.n + in.bad), o.data, (long long)g.skipped, (long long)g.max_pos, (long long)o.max_new,
+            (long long)(g.bad + in.bad), o.out);
+    goto report;
+  }
+  if (passed > 0)
+    ds_note("regenerate: %lld of %lld conversations skipped (%lld too long or empty, %lld bad): see the notes above",
+            (long long)passed, (long long)(in.n + in.bad), (long long)g.skipped, (long long)(g.bad + in.bad));
   rc = 0;
   goto done;
 report:

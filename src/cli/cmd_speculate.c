@@ -39,7 +39,8 @@ static void usage(FILE *f) {
           "                        maximize expected tokens per second from the (calibrated) confidences and\n"
           "                        the profiled costs, and switches speculation off for a request (plain\n"
           "                        decoding, same output) while it does not pay\n"
-          "  --calibration FILE.json  temperatures from `dspark calibrate` applied to the confidences\n"
+          "  --calibration FILE.json  temperatures `dspark calibrate` fitted for this draft, applied to the\n"
+          "                        confidences (another draft's file is refused)\n"
           "  --profile FILE.json   costs from `dspark profile` for the scheduler (without it: the verification\n"
           "                        table is measured in-process before decoding, the draft cost during it)\n"
           "  --draft-len L         tokens proposed per round (default: the draft's block size; at most it)\n"
@@ -287,7 +288,10 @@ int cmd_speculate(int argc, char **argv) {
   const ds_draft_config *dc = ds_draft_get_config(d);
   int64_t g = dc->block_size, drafted = o.draft_len > 0 && o.draft_len < g ? o.draft_len : g;
   if (calibration) {
-    if (cli_read_calibration(calibration, &temps, &n_temps) != DS_OK) { free(pv), free(pn); goto report; }
+    if (cli_read_calibration(calibration, d, draft_dir, drafted, &temps, &n_temps) != DS_OK) {
+      free(pv), free(pn);
+      goto report;
+    }
     if (!dc->enable_confidence_head)
       fprintf(stderr, "speculate: the draft has no confidence head: --calibration changes nothing\n");
     o.calibration = temps;
@@ -298,7 +302,10 @@ int cmd_speculate(int argc, char **argv) {
   for (int64_t k = 0; k < g; k++) T[k] = k < n_temps ? temps[k] : 1.0;
   if (o.policy == DS_SPEC_SCHEDULER) {
     if (profile) {
-      if (cli_read_profile(profile, &verify, &n_verify, &draft_cost, &n_draft_cost) != DS_OK) { free(pv), free(pn); goto report; }
+      if (cli_read_profile(profile, target_dir, d, draft_dir, &verify, &n_verify, &draft_cost, &n_draft_cost) != DS_OK) {
+        free(pv), free(pn);
+        goto report;
+      }
       snprintf(profile_source, sizeof profile_source, "file %s", profile);
       if (n_draft_cost >= drafted) o.draft_block_s = draft_cost[drafted - 1];
       else snprintf(profile_source + strlen(profile_source), sizeof profile_source - strlen(profile_source),

@@ -3,10 +3,14 @@
 #include "cli/spec_io.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json_util.h"
+#include "dspark/cache.h"
 #include "dspark/fileio.h"
+#include "dspark/progress.h"
 
 void cli_rounds_init(cli_rounds *r, int64_t K) {
   memset(r, 0, sizeof *r);
@@ -123,20 +127,132 @@ static ds_status read_json(const char *path, cJSON **out) {
   return DS_OK;
 }
 
-ds_status cli_read_calibration(const char *path, double **T, int64_t *n) {
+void cli_add_draft_identity(cJSON *j, const ds_draft *d) {
+  char id[24];
+  snprintf(id, sizeof id, "%016llx", (unsigned long long)ds_draft_identity(d));
+  cJSON_AddStringToObject(j, "draft_identity", id);
+  cJSON_AddNumberToObject(j, "block_size", (double)ds_draft_get_config(d)->block_size);
+}
+
+static ds_status target_config_hash(const char *target_dir, char out[24]) {
+  char *cfg = ds_path_join(target_dir, "config.json");
+  uint64_t h = 0;
+  ds_status st = cfg ? ds_cache_hash_file(cfg, &h) : DS_ERR_NOMEM;
+  free(cfg);
+  snprintf(out, 24, "%016llx", (unsigned long long)h);
+  return st;
+}
+
+ds_status cli_add_target_identity(cJSON *j, const char *target_dir) {
+  char h[24];
+  DS_TRY(target_config_hash(target_dir, h));
+  cJSON_AddStringToObject(j, "target_config_xxh64", h);
+  return DS_OK;
+}
+
+/* The file's "draft_identity" and "block_size" against the draft's. */
+static ds_status check_draft(const cJSON *j, const char *path, const ds_draft *d, const char *draft_dir,
+                             const char *redo) {
+  const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "draft_identity");
+  if (!cJSON_IsString(id))
+    return DS_FAIL(DS_ERR_FORMAT, "%s: no \"draft_identity\" string: the draft it was made for is not recorded "
+                   "(an older dspark or a file written by hand); re-run `%s --draft %s`", path, redo, draft_dir);
+  int64_t bs = 0, g = ds_draft_get_config(d)->block_size;
+  DS_TRY(ds_json_int(j, "block_size", 1, 0, 1, 1 << 20, path, &bs));
+  if (bs != g)
+    return DS_FAIL(DS_ERR_ARG, "%s: field \"block_size\" is %lld, but the draft %s has block size %lld: the file was "
+                   "made for another draft; re-run `%s --draft %s`", path, (long long)bs, draft_dir, (long long)g, redo,
+                   draft_dir);
+  char mine[24];
+  snprintf(mine, sizeof mine, "%016llx", (unsigned long long)ds_draft_identity(d));
+  if (strcmp(id->valuestring, mine) != 0)
+    return DS_FAIL(DS_ERR_ARG, "%s: field \"draft_identity\" is %.40s, but the draft %s is %s (other weights): the "
+                   "file was made for another draft; re-run `%s --draft %s`", path, id->valuestring, draft_dir, mine,
+                   redo, draft_dir);
+  return DS_OK;
+}
+
+ds_status cli_read_calibration(const char *path, const ds_draft *d, const char *draft_dir, int64_t drafted, double **T,
+                               int64_t *n) {
+  *T = NULL;
+  *n = 0;
   cJSON *j = NULL;
   DS_TRY(read_json(path, &j));
-  ds_status st = positive_array(j, path, "temperatures", 0, T, n);
+  int64_t fitted = 0;
+  ds_status st = check_draft(j, path, d, draft_dir, "dspark calibrate");
+  if (st == DS_OK) st = ds_json_int(j, "draft_len", 1, 0, 1, ds_draft_get_config(d)->block_size, path, &fitted);
+  if (st == DS_OK) st = positive_array(j, path, "temperatures", 0, T, n);
+  if (st == DS_OK && *n != fitted)
+    st = DS_FAIL(DS_ERR_FORMAT, "%s: \"temperatures\" holds %lld values, but field \"draft_len\" is %lld (one "
+                 "temperature per fitted position)", path, (long long)*n, (long long)fitted);
+  if (st == DS_OK && drafted > fitted)
+    st = DS_FAIL(DS_ERR_ARG, "%s: fitted %lld positions (field \"draft_len\"), but %lld are drafted here: pass "
+                 "--draft-len %lld, or re-run `dspark calibrate --draft-len %lld`", path, (long long)fitted,
+                 (long long)drafted, (long long)fitted, (long long)drafted);
+  if (st != DS_OK) free(*T), *T = NULL, *n = 0;
   cJSON_Delete(j);
   return st;
 }
 
-ds_status cli_read_profile(const char *path, double **verify_s, int64_t *n_verify, double **draft_s, int64_t *n_draft) {
+/* The profile's target against target_dir (refused when another); its draft costs against d:
+ * *drop when they were measured on another draft. */
+static ds_status check_profile(const cJSON *j, const char *path, const char *target_dir, const ds_draft *d,
+                               const char *draft_dir, int64_t n_draft, int *drop) {
+  *drop = 0;
+  const cJSON *th = cJSON_GetObjectItemCaseSensitive(j, "target_config_xxh64");
+  if (th && !cJSON_IsString(th))
+    return DS_FAIL(DS_ERR_FORMAT, "%s: field \"target_config_xxh64\" must be a string", path);
+  if (!th) {
+    ds_note("%s records no target (\"target_config_xxh64\"): its costs are taken as given", path);
+  } else {
+    char mine[24];
+    DS_TRY(target_config_hash(target_dir, mine));
+    if (strcmp(th->valuestring, mine) != 0)
+      return DS_FAIL(DS_ERR_ARG, "%s: field \"target_config_xxh64\" is %.40s, but %s/config.json hashes to %s: the "
+                     "costs were measured for another target; re-run `dspark profile --target %s`", path,
+                     th->valuestring, target_dir, mine, target_dir);
+  }
+  if (n_draft == 0) return DS_OK;
+  const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "draft_identity");
+  if (!id) {
+    ds_note("%s records no draft (\"draft_identity\"): its draft costs are taken as given", path);
+    return DS_OK;
+  }
+  int64_t bs = 0, g = ds_draft_get_config(d)->block_size;
+  if (!cJSON_IsString(id)) return DS_FAIL(DS_ERR_FORMAT, "%s: field \"draft_identity\" must be a string", path);
+  DS_TRY(ds_json_int(j, "block_size", 1, 0, 1, 1 << 20, path, &bs));
+  if (n_draft != bs)
+    return DS_FAIL(DS_ERR_FORMAT, "%s: \"draft_block_seconds\" holds %lld values, but field \"block_size\" is %lld (one "
+                   "per block length)", path, (long long)n_draft, (long long)bs);
+  char mine[24];
+  snprintf(mine, sizeof mine, "%016llx", (unsigned long long)ds_draft_identity(d));
+  /* The draft costs are the file's optional part: another draft's are replaced by the cost measured
+   * during decoding (as without them), the target's verification costs still apply. */
+  if (bs != g || strcmp(id->valuestring, mine) != 0) {
+    ds_note("%s: its draft costs were measured on another draft (field \"draft_identity\" %.40s, \"block_size\" %lld; "
+            "the draft %s is %s, block size %lld): not used, the draft cost is measured during decoding", path,
+            id->valuestring, (long long)bs, draft_dir, mine, (long long)g);
+    *drop = 1;
+  }
+  return DS_OK;
+}
+
+ds_status cli_read_profile(const char *path, const char *target_dir, const ds_draft *d, const char *draft_dir,
+                           double **verify_s, int64_t *n_verify, double **draft_s, int64_t *n_draft) {
   cJSON *j = NULL;
+  *draft_s = NULL;
+  *n_draft = 0;
   DS_TRY(read_json(path, &j));
   ds_status st = positive_array(j, path, "verify_seconds", 0, verify_s, n_verify);
   if (st == DS_OK) st = positive_array(j, path, "draft_block_seconds", 1, draft_s, n_draft);
-  if (st != DS_OK) free(*verify_s), *verify_s = NULL;
+  int drop = 0;
+  if (st == DS_OK) st = check_profile(j, path, target_dir, d, draft_dir, *n_draft, &drop);
+  if (st == DS_OK && drop) free(*draft_s), *draft_s = NULL, *n_draft = 0;
+  if (st != DS_OK) {
+    free(*verify_s), *verify_s = NULL;
+    free(*draft_s), *draft_s = NULL;
+    *n_draft = 0;
+  }
   cJSON_Delete(j);
   return st;
 }

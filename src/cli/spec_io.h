@@ -6,6 +6,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "dspark/draft.h"
 #include "dspark/spec_schedule.h"
 
 /* Rounds collected through ds_spec_options.on_round (K = the draft's block size). */
@@ -29,11 +30,27 @@ cJSON *cli_ece_array(const ds_round_set *s, const double *T);
 /* Rounds counted per position. */
 cJSON *cli_ece_counts(const ds_round_set *s);
 
-/* Reads "temperatures" (every one finite and > 0) of a `dspark calibrate` file; T malloc'd. */
-ds_status cli_read_calibration(const char *path, double **T, int64_t *n);
+/* What a calibration or profile file records of what it was made on: "draft_identity"
+ * (ds_draft_identity as 16 hex digits) and "block_size"; "target_config_xxh64" (xxh64 of the
+ * target's config.json: the verification costs depend on its shapes, not on its weights). */
+void cli_add_draft_identity(cJSON *j, const ds_draft *d);
+ds_status cli_add_target_identity(cJSON *j, const char *target_dir);
+
+/* Reads "temperatures" of a `dspark calibrate` file for the draft d (in draft_dir) proposing
+ * `drafted` positions; T malloc'd. Refused, naming the file, the field and both values: a file
+ * without the draft's record (an older calibrate's: re-run it), another draft's (identity or
+ * block size), temperatures that are not one finite value > 0 per fitted position ("draft_len"),
+ * and fewer fitted positions than drafted. */
+ds_status cli_read_calibration(const char *path, const ds_draft *d, const char *draft_dir, int64_t drafted, double **T,
+                               int64_t *n);
 /* Reads "verify_seconds" (required, B = 1 .. n_verify) and "draft_block_seconds" (optional:
- * *n_draft = 0 without it) of a `dspark profile` file; arrays malloc'd, entries finite and > 0. */
-ds_status cli_read_profile(const char *path, double **verify_s, int64_t *n_verify, double **draft_s, int64_t *n_draft);
+ * *n_draft = 0 without it) of a `dspark profile` file; arrays malloc'd, entries finite and > 0.
+ * A file recording another target (target_config_xxh64) is refused naming the field and both
+ * values; draft costs recorded for another draft (identity or block size) are dropped with a note
+ * (*n_draft = 0: measured during decoding, as without them); a file recording neither (written by
+ * hand, or by an older profile) is taken as given, with a note. */
+ds_status cli_read_profile(const char *path, const char *target_dir, const ds_draft *d, const char *draft_dir,
+                           double **verify_s, int64_t *n_verify, double **draft_s, int64_t *n_draft);
 
 /* Writes j (pretty-printed) to path atomically and deletes j. */
 ds_status cli_write_json(const char *path, cJSON *j);

@@ -66,6 +66,15 @@ ds_status ds_json_num(const cJSON *obj, const char *key, int required, double df
   return DS_OK;
 }
 
+ds_status ds_json_positive(const cJSON *obj, const char *key, int required, double dflt, const char *label,
+                           double *out) {
+  DS_TRY(ds_json_num(obj, key, required, dflt, label, out));
+  const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+  if (it && !cJSON_IsNull(it) && !(*out > 0))
+    return DS_FAIL(DS_ERR_FORMAT, "%s: field '%s' = %g must be > 0", label, key, *out);
+  return DS_OK;
+}
+
 ds_status ds_json_bool(const cJSON *obj, const char *key, int required, int dflt, const char *label, int *out) {
   const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
   if (!it || cJSON_IsNull(it)) {

@@ -18,6 +18,10 @@ cJSON *ds_json_parse(const char *buf, size_t len, const char *label, ds_status *
 ds_status ds_json_int(const cJSON *obj, const char *key, int required, int64_t dflt, int64_t lo, int64_t hi,
                       const char *label, int64_t *out);
 ds_status ds_json_num(const cJSON *obj, const char *key, int required, double dflt, const char *label, double *out);
+/* ds_json_num whose value must also be > 0 (a scale, an epsilon, a base): the error names label,
+ * key and the value. The default is not checked. */
+ds_status ds_json_positive(const cJSON *obj, const char *key, int required, double dflt, const char *label,
+                           double *out);
 ds_status ds_json_bool(const cJSON *obj, const char *key, int required, int dflt, const char *label, int *out);
 
 #endif

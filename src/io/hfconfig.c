@@ -71,26 +71,37 @@ static ds_status int_field(const cJSON *root, const char *key, int64_t dflt, int
   return ds_json_int(root, key, 0, dflt, lo, hi, label, out);
 }
 
-static ds_status parse_rope(const cJSON *root, const char *label, ds_model_config *c) {
-  /* 5.x: rope_parameters {rope_theta, rope_type, ...}; 4.x: rope_theta + rope_scaling {type|rope_type}. */
-  const cJSON *params = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
-  const char *params_key = "rope_parameters";
-  if (!params || cJSON_IsNull(params)) {
-    params = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
-    params_key = "rope_scaling";
+/* The rope object transformers 5.x uses (RotaryEmbeddingConfigMixin.convert_rope_params_to_dict):
+ * a non-empty rope_scaling (4.x's spelling) replaces rope_parameters, so a config holding both is
+ * read as transformers reads it. NULL: none (default rope). */
+static ds_status rope_object(const cJSON *root, const char *label, const cJSON **obj, const char **key) {
+  static const char *const keys[] = {"rope_scaling", "rope_parameters"};
+  *obj = NULL;
+  *key = NULL;
+  for (int i = 0; i < 2; i++) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, keys[i]);
+    if (it && !cJSON_IsNull(it) && !cJSON_IsObject(it))
+      return DS_FAIL(DS_ERR_FORMAT, "%s: field '%s' must be an object or null", label, keys[i]);
+    if (!*obj && cJSON_IsObject(it) && it->child) *obj = it, *key = keys[i];
   }
-  if (params && !cJSON_IsNull(params) && !cJSON_IsObject(params))
-    return DS_FAIL(DS_ERR_FORMAT, "%s: field '%s' must be an object or null", label, params_key);
+  return DS_OK;
+}
+
+/* rope_theta (> 0) and the scaling: its type must be one ds_rope_inv_freq computes and each of
+ * its fields inside its domain, named in the error. */
+static ds_status parse_rope(const cJSON *root, const char *label, ds_model_config *c) {
+  const cJSON *params;
+  const char *params_key;
+  DS_TRY(rope_object(root, label, &params, &params_key));
   DS_TRY(refuse_null(root, "rope_theta", label, c));
-  DS_TRY(ds_json_num(root, "rope_theta", 0, 10000.0, label, &c->rope_theta));
+  DS_TRY(ds_json_positive(root, "rope_theta", 0, 10000.0, label, &c->rope_theta));
   c->rope_type = DS_ROPE_DEFAULT;
-  if (!params || cJSON_IsNull(params)) return DS_OK;
+  if (!params) return DS_OK;
 
   char sub[160];
   snprintf(sub, sizeof sub, "%s: %s", label, params_key);
   if (cJSON_GetObjectItemCaseSensitive(params, "rope_theta"))
-    DS_TRY(ds_json_num(params, "rope_theta", 1, 0, sub, &c->rope_theta));
-  if (!(c->rope_theta > 0)) return DS_FAIL(DS_ERR_FORMAT, "%s: rope_theta must be > 0", label);
+    DS_TRY(ds_json_positive(params, "rope_theta", 1, 0, sub, &c->rope_theta));
   const cJSON *type = cJSON_GetObjectItemCaseSensitive(params, "rope_type");
   if (!type) type = cJSON_GetObjectItemCaseSensitive(params, "type");
   const char *t = cJSON_IsString(type) ? type->valuestring : (type ? NULL : "default");
@@ -102,22 +113,21 @@ static ds_status parse_rope(const cJSON *root, const char *label, ds_model_confi
     c->rope_type = DS_ROPE_DEFAULT;
   } else if (!strcmp(t, "linear")) {
     c->rope_type = DS_ROPE_LINEAR;
-    DS_TRY(ds_json_num(params, "factor", 1, 1.0, sub, &c->rope_factor));
+    DS_TRY(ds_json_positive(params, "factor", 1, 1.0, sub, &c->rope_factor));
   } else if (!strcmp(t, "llama3")) {
     c->rope_type = DS_ROPE_LLAMA3;
-    DS_TRY(ds_json_num(params, "factor", 1, 1.0, sub, &c->rope_factor));
-    DS_TRY(ds_json_num(params, "low_freq_factor", 1, 1.0, sub, &c->rope_low_freq_factor));
-    DS_TRY(ds_json_num(params, "high_freq_factor", 1, 4.0, sub, &c->rope_high_freq_factor));
+    DS_TRY(ds_json_positive(params, "factor", 1, 1.0, sub, &c->rope_factor));
+    DS_TRY(ds_json_positive(params, "low_freq_factor", 1, 1.0, sub, &c->rope_low_freq_factor));
+    DS_TRY(ds_json_positive(params, "high_freq_factor", 1, 4.0, sub, &c->rope_high_freq_factor));
     DS_TRY(ds_json_int(params, "original_max_position_embeddings", 0, c->max_position_embeddings, 1,
                        INT64_C(1) << 40, sub, &c->rope_original_max_position_embeddings));
     if (!(c->rope_high_freq_factor > c->rope_low_freq_factor))
-      return DS_FAIL(DS_ERR_FORMAT, "%s: high_freq_factor must exceed low_freq_factor", sub);
+      return DS_FAIL(DS_ERR_FORMAT, "%s: high_freq_factor (%g) must exceed low_freq_factor (%g)", sub,
+                     c->rope_high_freq_factor, c->rope_low_freq_factor);
   } else {
     return DS_FAIL(DS_ERR_UNSUPPORTED,
                    "%s.rope_type '%s' is not supported (supported: default, linear, llama3)", sub, t);
   }
-  if (c->rope_type != DS_ROPE_DEFAULT && !(c->rope_factor > 0))
-    return DS_FAIL(DS_ERR_FORMAT, "%s.factor must be > 0", sub);
   return DS_OK;
 }
 
@@ -136,10 +146,11 @@ static ds_status parse_id_list(const cJSON *root, const char *key, const char *l
     return DS_FAIL(DS_ERR_FORMAT, "%s: %s must be an integer or a non-empty list of integers", label, key);
   const cJSON *it;
   cJSON_ArrayForEach(it, v) {
-    if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) || it->valuedouble < (double)lo ||
-        it->valuedouble > (double)hi)
-      return DS_FAIL(DS_ERR_FORMAT, "%s: %s entries must be integers in [%lld, %lld]", label, key, (long long)lo,
-                     (long long)hi);
+    if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble))
+      return DS_FAIL(DS_ERR_FORMAT, "%s: field '%s'[%d] must be an integer", label, key, *n);
+    if (it->valuedouble < (double)lo || it->valuedouble > (double)hi)
+      return DS_FAIL(DS_ERR_FORMAT, "%s: field '%s'[%d] = %.0f is outside [%lld, %lld]", label, key, *n,
+                     it->valuedouble, (long long)lo, (long long)hi);
     if (*n == DS_MAX_EOS) return DS_FAIL(DS_ERR_UNSUPPORTED, "%s: more than %d %s entries", label, DS_MAX_EOS, key);
     ids[(*n)++] = (int64_t)it->valuedouble;
   }
@@ -155,9 +166,9 @@ static ds_status parse_special_ids(const cJSON *root, const char *label, ds_mode
     snprintf(v, sizeof v, "%lld", (long long)f->bos_token_id);
     if (f->bos_token_id >= 0) note_default(c, "bos_token_id", v);
   } else {
-    DS_TRY(ds_json_int(root, "bos_token_id", 0, -1, 0, INT32_MAX, label, &c->bos_token_id));
+    DS_TRY(ds_json_int(root, "bos_token_id", 0, -1, 0, c->vocab_size - 1, label, &c->bos_token_id));
   }
-  DS_TRY(parse_id_list(root, "eos_token_id", label, 0, INT32_MAX, c->eos_token_ids, &c->n_eos));
+  DS_TRY(parse_id_list(root, "eos_token_id", label, 0, c->vocab_size - 1, c->eos_token_ids, &c->n_eos));
   /* generate()'s stop set without generation_config.json: config.json's value as written. */
   memcpy(c->stop_token_ids, c->eos_token_ids, sizeof c->stop_token_ids);
   c->n_stop = c->n_eos;
@@ -250,8 +261,7 @@ static ds_status parse_root(const cJSON *root, const char *label, ds_model_confi
   DS_TRY(int_field(root, "max_position_embeddings", f->max_position_embeddings, 1, INT64_C(1) << 40, label, c,
                    &c->max_position_embeddings));
   DS_TRY(refuse_null(root, "rms_norm_eps", label, c));
-  DS_TRY(ds_json_num(root, "rms_norm_eps", 0, 1e-6, label, &c->rms_norm_eps));
-  if (!(c->rms_norm_eps > 0)) return DS_FAIL(DS_ERR_FORMAT, "%s: rms_norm_eps must be > 0", label);
+  DS_TRY(ds_json_positive(root, "rms_norm_eps", 0, 1e-6, label, &c->rms_norm_eps));
   DS_TRY(parse_rope(root, label, c));
   DS_TRY(refuse_null(root, "tie_word_embeddings", label, c));
   DS_TRY(ds_json_bool(root, "tie_word_embeddings", 0, 0 /* False for all three families */, label, &c->tie_word_embeddings));

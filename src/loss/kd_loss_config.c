@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "dspark/kd_loss.h"
+#include "dspark/kd_select.h"
 
 ds_kd_loss_config ds_kd_loss_config_default(void) {
   ds_kd_loss_config c;
@@ -25,17 +26,8 @@ ds_status ds_kd_loss_config_check(const ds_kd_loss_config *cfg, int64_t vocab) {
   if (!(cfg->kd_loss_alpha >= 0.0 && cfg->kd_loss_alpha <= 1.0))
     return DS_FAIL(DS_ERR_ARG, "--kd-loss-alpha %g is outside [0, 1] (total = (1 - alpha) lm + alpha kd)",
                    cfg->kd_loss_alpha);
-  if (!(cfg->temperature > 0.0) || isinf(cfg->temperature))
-    return DS_FAIL(DS_ERR_ARG, "--temperature %g must be finite and > 0", cfg->temperature);
-  if (!(cfg->top_p > 0.0 && cfg->top_p <= 1.0))
-    return DS_FAIL(DS_ERR_ARG, "--top-p %g is outside (0, 1] (1 keeps every entry)", cfg->top_p);
-  if (cfg->min_k < 1) return DS_FAIL(DS_ERR_ARG, "--min-k %lld must be >= 1", (long long)cfg->min_k);
-  if (cfg->top_k < 0) return DS_FAIL(DS_ERR_ARG, "--topk %lld must be >= 1 (or absent: dense KL)", (long long)cfg->top_k);
-  if (vocab > 0 && cfg->top_k > vocab)
-    return DS_FAIL(DS_ERR_ARG, "--topk %lld exceeds the vocabulary size %lld", (long long)cfg->top_k, (long long)vocab);
-  if (cfg->top_k == 0 && cfg->top_p < 1.0)
-    return DS_FAIL(DS_ERR_ARG, "--top-p %g needs --topk: top-p truncates the teacher's top-K entries, and the "
-                   "dense KL (no top-K) has none", cfg->top_p);
+  /* top_k here may be a file's width (kd-loss): a --min-k above it keeps all K */
+  DS_TRY(ds_kd_select_check(cfg->top_k, 0, cfg->top_p, cfg->min_k, cfg->temperature, vocab));
   if (cfg->no_ghost && cfg->top_k == 0)
     return DS_FAIL(DS_ERR_ARG, "--no-ghost needs --topk: it renormalizes over the teacher's kept entries");
   if (cfg->chunk_rows < 1)

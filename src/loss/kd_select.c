@@ -146,3 +146,22 @@ void ds_kd_teacher_select(const float *hidden, int64_t n, int64_t d, ds_weight h
     if (t_select) *t_select += ds_time_sec() - t1;
   }
 }
+
+ds_status ds_kd_select_check(int64_t top_k, int k_is_option, double top_p, int64_t min_k, double temperature,
+                             int64_t vocab) {
+  if (!(temperature > 0.0) || isinf(temperature))
+    return DS_FAIL(DS_ERR_ARG, "--temperature %g must be finite and > 0", temperature);
+  if (!(top_p > 0.0 && top_p <= 1.0))
+    return DS_FAIL(DS_ERR_ARG, "--top-p %g is outside (0, 1] (1 keeps every entry)", top_p);
+  if (top_k < 0) return DS_FAIL(DS_ERR_ARG, "--topk %lld must be >= 1 (or absent: dense KL)", (long long)top_k);
+  if (vocab > 0 && top_k > vocab)
+    return DS_FAIL(DS_ERR_ARG, "--topk %lld exceeds the vocabulary size %lld", (long long)top_k, (long long)vocab);
+  if (top_k == 0 && top_p < 1.0)
+    return DS_FAIL(DS_ERR_ARG, "--top-p %g needs --topk: top-p truncates the teacher's top-K entries, and the "
+                   "dense KL (no top-K) has none", top_p);
+  if (min_k < 1) return DS_FAIL(DS_ERR_ARG, "--min-k %lld must be >= 1", (long long)min_k);
+  if (k_is_option && top_k > 0 && min_k > top_k)
+    return DS_FAIL(DS_ERR_ARG, "--min-k %lld exceeds --topk %lld (the floor of the entries kept out of the top K)",
+                   (long long)min_k, (long long)top_k);
+  return DS_OK;
+}

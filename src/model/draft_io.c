@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "dspark/fileio.h"
 #include "core/json_util.h"
@@ -289,4 +290,30 @@ ds_status ds_draft_load_hf(const char *dir, const ds_backend *backend, ds_draft 
   if (s != DS_OK) return s;
   *out = d;
   return DS_OK;
+}
+
+/* Chained: each piece hashed with the previous digest as its seed (no streaming state to allocate). */
+static uint64_t hash_i64(uint64_t h, int64_t v) {
+  unsigned char b[8];
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)v >> (8 * i));
+  return XXH64(b, 8, h);
+}
+
+uint64_t ds_draft_identity(const ds_draft *d) {
+  const ds_draft_config *c = &d->cfg;
+  const int64_t fields[] = {c->block_size, c->mask_token_id, c->markov_type, c->markov_rank,
+                            c->enable_confidence_head, c->confidence_head_with_markov, c->n_target_layers};
+  uint64_t h = 0;
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) h = hash_i64(h, fields[i]);
+  for (int i = 0; i < c->n_target_layers; i++) h = hash_i64(h, c->target_layer_ids[i]);
+  for (size_t i = 0; i < d->n_specs; i++) {
+    const ds_draft_tensor *t = &d->tensors[i];
+    if (!t->grad) continue; /* a frozen table of the target's */
+    h = XXH64(t->name, strlen(t->name) + 1, h);
+    h = hash_i64(hash_i64(h, t->dtype), t->ndim);
+    int64_t n = 1;
+    for (int k = 0; k < t->ndim; k++) h = hash_i64(h, t->shape[k]), n *= t->shape[k];
+    h = XXH64(t->data, (size_t)n * ds_dtype_size(t->dtype), h);
+  }
+  return h;
 }

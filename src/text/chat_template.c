@@ -98,6 +98,22 @@ static const char *token_text(const cJSON *v) {
   return cJSON_IsString(c) ? c->valuestring : NULL;
 }
 
+/* transformers' special-token attributes: a value that is no token (a number, a list, an object
+ * without a string "content") makes transformers refuse the tokenizer; rendered here it would be
+ * an empty string. null is "not set", as there. Other "*_token" keys (add_bos_token, ...) are not
+ * tokens to transformers and are passed to the template only when they hold text. */
+static ds_status check_special_token(const cJSON *it, const char *cfg_path) {
+  static const char *const attrs[] = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                      "pad_token", "cls_token", "mask_token"};
+  for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; i++)
+    if (!strcmp(it->string, attrs[i]) && !cJSON_IsNull(it) && !token_text(it))
+      return DS_FAIL(DS_ERR_FORMAT, "%s: \"%s\" must be a string, an object with a string \"content\", or null "
+                     "(got %s)", cfg_path, it->string,
+                     cJSON_IsObject(it) ? "an object without a string \"content\"" : cJSON_IsArray(it) ? "a list"
+                     : cJSON_IsNumber(it) ? "a number" : cJSON_IsBool(it) ? "a boolean" : "another type");
+  return DS_OK;
+}
+
 static ds_status template_from_config(const cJSON *cfg, const char *cfg_path, const char **text) {
   const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template"), *it;
   *text = NULL;
@@ -165,6 +181,7 @@ ds_status ds_chat_template_load(const char *tokenizer_path, const char *override
     cJSON_ArrayForEach(it, cfg) {
       size_t kl = strlen(it->string);
       const char *v = token_text(it);
+      if ((st = check_special_token(it, cfg_path)) != DS_OK) break;
       if (kl > 6 && !strcmp(it->string + kl - 6, "_token") && v && (st = ds_chat_template_set_var(*out, it->string, v)) != DS_OK)
         break;
     }

@@ -168,6 +168,8 @@ ds_status ds_lm_setup(lm_run *t) {
   DS_TRY(student_shapes(t, &sc, &student_hash));
   t->V = sc.vocab_size;
   t->d = sc.hidden_size;
+  /* --topk is the user's here (the cache's or the teacher's K is checked against it below) */
+  DS_TRY(ds_kd_select_check(t->cfg.top_k, 1, t->cfg.top_p, t->cfg.min_k, t->cfg.temperature, t->V));
   DS_TRY(ds_kd_loss_config_check(&t->cfg, t->V));
   if (o->distill && !o->teacher_dir && !o->cache_dir)
     return DS_FAIL(DS_ERR_ARG, "distill needs the teacher: --teacher DIR or --cache CACHE");

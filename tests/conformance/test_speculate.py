@@ -173,9 +173,11 @@ def main():
         plain[prompt] = out.split()
     taus = {}
     for head, run in drafts.items():
+        # the calibration was fitted for the vanilla draft: speculate refuses it for the others
+        own = ["--calibration", sched["calibration"]] if head == "vanilla" else []
         for policy in (["--draft-len", "1"], ["--draft-len", "3"], [], ["--policy", "threshold", "--threshold", "0.3"],
                        ["--policy", "scheduler", "--profile", sched["measured"]], ["--policy", "scheduler"],
-                       ["--policy", "scheduler", "--profile", sched["flat"], "--calibration", sched["calibration"]]):
+                       ["--policy", "scheduler", "--profile", sched["flat"]] + own):
             for prompt in PROMPTS:
                 rep = os.path.join(tmp, "report.json")
                 out, err, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", run, "--prompt",
@@ -201,9 +203,10 @@ def main():
     for prompt, line in zip(PROMPTS, lines):
         ck.check(line.split() == flat[prompt], f"generate --data '{prompt}': {line.split()} != {flat[prompt]}")
     for head in ("vanilla", "rnn"):
+        own = ["--calibration", sched["calibration"]] if head == "vanilla" else []
         for policy in ([], ["--one-at-a-time", "--baseline"], ["--draft-len", "2"], ["--policy", "threshold", "--threshold", "0.3"],
                        ["--policy", "scheduler", "--profile", sched["measured"]], ["--policy", "scheduler"],
-                       ["--policy", "scheduler", "--calibration", sched["calibration"]]):
+                       ["--policy", "scheduler"] + own):
             out, _, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", drafts[head], "--data",
                                     batch_file, "--max-new-tokens", "24", "--print-ids", "--ignore-eos"] + policy)
             lines = out.strip().split("\n")

@@ -90,6 +90,10 @@ static void test_config(void) {
   EXPECT_OK(parse("{\"model_type\": \"llama\", " BASE ", \"rope_theta\": 10000, \"rope_scaling\": {\"type\": \"linear\", "
                   "\"factor\": 2.0}}", &c));
   EXPECT(c.rope_type == DS_ROPE_LINEAR && c.rope_factor == 2.0);
+  /* transformers 5: a non-empty rope_scaling replaces rope_parameters (its rope_theta too) */
+  EXPECT_OK(parse("{\"model_type\": \"llama\", " BASE ", \"rope_parameters\": {\"rope_type\": \"default\", "
+                  "\"rope_theta\": 500.0}, \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}}", &c));
+  EXPECT(c.rope_type == DS_ROPE_LINEAR && c.rope_factor == 2.0 && c.rope_theta == 10000.0);
 
   /* Refusals, each naming the field. */
   struct { const char *json; const char *needle; ds_status st; } bad[] = {
@@ -114,6 +118,21 @@ static void test_config(void) {
       {"{\"model_type\": \"llama\", " BASE ", \"rms_norm_eps\": \"x\"}", "rms_norm_eps", DS_ERR_FORMAT},
       {"{\"model_type\": \"llama\", " BASE, "malformed JSON", DS_ERR_FORMAT},
       {"[1, 2]", "object", DS_ERR_FORMAT},
+      /* domains: each numeric field, also where rope_parameters sits beside rope_scaling */
+      {"{\"model_type\": \"llama\", " BASE ", \"rope_parameters\": {\"rope_type\": \"default\"}, "
+       "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}", "yarn", DS_ERR_UNSUPPORTED},
+      {"{\"model_type\": \"llama\", " BASE ", \"rope_theta\": -5}", "'rope_theta' = -5", DS_ERR_FORMAT},
+      {"{\"model_type\": \"llama\", " BASE ", \"rope_theta\": 0}", "'rope_theta' = 0", DS_ERR_FORMAT},
+      {"{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 0, "
+       "\"low_freq_factor\": 1, \"high_freq_factor\": 4}}", "'factor' = 0", DS_ERR_FORMAT},
+      {"{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, "
+       "\"low_freq_factor\": 1, \"high_freq_factor\": 4, \"original_max_position_embeddings\": 0}}",
+       "original_max_position_embeddings", DS_ERR_FORMAT},
+      {"{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, "
+       "\"low_freq_factor\": 0, \"high_freq_factor\": 4}}", "'low_freq_factor' = 0", DS_ERR_FORMAT},
+      {"{\"model_type\": \"llama\", " BASE ", \"rms_norm_eps\": 0}", "'rms_norm_eps' = 0", DS_ERR_FORMAT},
+      {"{\"model_type\": \"llama\", " BASE ", \"bos_token_id\": 100}", "'bos_token_id' = 100", DS_ERR_FORMAT},
+      {"{\"model_type\": \"llama\", " BASE ", \"eos_token_id\": [5, 100]}", "'eos_token_id'[1] = 100", DS_ERR_FORMAT},
       {"{" BASE "}", "architectures", DS_ERR_FORMAT},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

@@ -248,6 +248,16 @@ static void export_roundtrip(ds_dtype table_dtype) {
     EXPECT(!memcmp(l1, l2, sizeof l1) && !memcmp(c1, c2, sizeof c1));
     EXPECT(e->cfg.markov_type == DS_MARKOV_RNN && e->cfg.markov_rank == 5 && e->cfg.block_size == G);
     EXPECT(ds_draft_embed(e).dtype == table_dtype && ds_draft_lm_head(e).dtype == table_dtype);
+    /* the export is the same draft; one changed weight or another block size is another */
+    uint64_t id = ds_draft_identity(d);
+    EXPECT(ds_draft_identity(e) == id);
+    float *w = &ds_draft_params(e)[ds_draft_num_params(e) / 2], kept = *w;
+    *w += 1e-3f;
+    EXPECT(ds_draft_identity(e) != id);
+    *w = kept;
+    EXPECT(ds_draft_identity(e) == id);
+    e->cfg.block_size++;
+    EXPECT(ds_draft_identity(e) != id);
     ds_draft_free(e);
   }
   ds_draft_free(d);

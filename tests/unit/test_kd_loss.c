@@ -62,6 +62,15 @@ static void test_config(void) {
   EXPECT(ds_kd_loss_config_check(&b, 100) == DS_ERR_ARG && has("--chunk-rows"));
   b = c, b.top_k = 100, b.top_p = 0.5, b.min_k = 3, b.reverse = 1, b.kd_loss_alpha = 0;
   EXPECT_OK(ds_kd_loss_config_check(&b, 100));
+  /* the selection options as capture and distill take them: --min-k at most --topk; kd-loss's K is
+   * its input's width, where a floor above K keeps all K */
+  EXPECT(ds_kd_select_check(8, 1, 1.0, 9, 1.0, 100) == DS_ERR_ARG && has("--min-k 9") && has("--topk 8"));
+  EXPECT_OK(ds_kd_select_check(8, 1, 1.0, 8, 1.0, 100));
+  EXPECT_OK(ds_kd_select_check(8, 0, 1.0, 9, 1.0, 100));
+  b = c, b.top_k = 1, b.top_p = 0.5, b.min_k = 3;
+  EXPECT_OK(ds_kd_loss_config_check(&b, 100));
+  EXPECT(ds_kd_select_check(8, 1, NAN, 1, 1.0, 100) == DS_ERR_ARG && has("--top-p"));
+  EXPECT(ds_kd_select_check(8, 1, 1.0, 1, INFINITY, 100) == DS_ERR_ARG && has("--temperature"));
   EXPECT(!strcmp(ds_kd_pair_name(DS_KD_PAIR_LOSS), "loss") && !strcmp(ds_kd_pair_name(DS_KD_PAIR_KD), "kd"));
   EXPECT(!strcmp(ds_kd_pair_name(DS_KD_PAIR_LM), "lm") && ds_kd_pair_name(DS_KD_PAIR_COUNT) == NULL);
 }
