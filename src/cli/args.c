@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/commands.h"
 #include "dspark/draft.h"
 
 const char *cli_value(int argc, char **argv, int *i) {
@@ -91,4 +92,11 @@ int cli_layer_ids(const char *opt, const char *s, int32_t *dst, int *n, int max)
   *n = (int)cnt;
   free(ids);
   return 1;
+}
+
+int cli_output_ok(const char *cmd, const char *option, const char *path, ds_output_kind kind,
+                  const ds_input_path *inputs, size_t n_inputs) {
+  if (ds_output_check(option, path, kind, inputs, n_inputs) == DS_OK) return 1;
+  cli_report_error(cmd);
+  return 0;
 }

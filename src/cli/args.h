@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "dspark/draft.h"
+#include "dspark/fileio.h"
 
 /* argv[*i] is an option that takes a value: returns argv[*i + 1] and advances *i, or NULL. */
 const char *cli_value(int argc, char **argv, int *i);
@@ -19,6 +20,12 @@ int cli_is_help(const char *arg);
 int cli_markov_type(const char *opt, const char *s, ds_markov_type *out);
 /* "L1,L2,.." -> dst[0..*n) with 1 <= *n <= max; 0 (after a message naming opt) otherwise. */
 int cli_layer_ids(const char *opt, const char *s, int32_t *dst, int *n, int max);
+
+/* ds_output_check for command cmd: 1 when the output may be written, 0 after an error that
+ * names the option and the input (the command then exits 2, having written nothing). */
+int cli_output_ok(const char *cmd, const char *option, const char *path, ds_output_kind kind,
+                  const ds_input_path *inputs, size_t n_inputs);
+#define CLI_N_INPUTS(in) (sizeof(in) / sizeof((in)[0]))
 
 /* Option-loop helpers for the subcommands with many options. They expect locals
  * `int i`, `const char *a` (= argv[i]), `const char *v`, `int64_t n`, `double x` and return 2

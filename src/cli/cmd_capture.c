@@ -142,6 +142,9 @@ int cmd_capture(int argc, char **argv) {
     fprintf(stderr, "dspark capture: --no-features needs --topk (otherwise nothing is captured)\n");
     return 2;
   }
+  const ds_input_path inputs[] = {{"--target", o.target_dir}, {"--data", o.data_path},
+                                  {"--chat-template", o.chat_template}};
+  if (o.out_dir && !cli_output_ok("capture", "--out", o.out_dir, DS_OUTPUT_DIR, inputs, CLI_N_INPUTS(inputs))) return 2;
   o.comm = cli_comm(); /* under mpirun the ranks split the shards; rank 0 reports */
   if (ds_comm_rank(o.comm) != 0) o.quiet = 1;
   if (!o.out_dir) o.out_dir = "";

@@ -419,7 +419,7 @@ static ds_status summary(const regen *g, int64_t resumed_lines, int64_t next, do
   cJSON_AddNumberToObject(j, "tokens_per_s", seconds > 0 ? (double)g->tokens / seconds : 0);
   cJSON_AddStringToObject(j, "decoder", g->draft ? "speculative" : "plain");
   cJSON_AddStringToObject(j, "settings", g->settings);
-  if (g->o->summary) return cli_write_json(g->o->summary, j);
+  if (g->o->summary) return cli_write_json("--summary", g->o->summary, j);
   char *s = cJSON_Print(j);
   cJSON_Delete(j);
   if (!s) return DS_FAIL(DS_ERR_NOMEM, "out of memory");
@@ -476,6 +476,12 @@ static int parse_options(int argc, char **argv, regen_options *o) {
     fprintf(stderr, "dspark regenerate: --target, --data and --out are required (see --help)\n");
     return 2;
   }
+  /* --out is read back on a resume by design: it is an output here, and an input of --summary */
+  const ds_input_path inputs[] = {{"--target", o->target_dir}, {"--draft", o->draft_dir}, {"--data", o->data},
+                                  {"--chat-template", o->chat_template}, {"--out", o->out}};
+  if (!cli_output_ok("regenerate", "--out", o->out, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs) - 1)) return 2;
+  if (o->summary && !cli_output_ok("regenerate", "--summary", o->summary, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs)))
+    return 2;
   if (o->completion && (o->thinking != THINK_DEFAULT || o->chat_template)) {
     fprintf(stderr, "dspark regenerate: --completion uses no chat template: --thinking / --chat-template do not apply\n");
     return 2;

@@ -35,8 +35,8 @@ ds_status cli_read_calibration(const char *path, double **T, int64_t *n);
  * *n_draft = 0 without it) of a `dspark profile` file; arrays malloc'd, entries finite and > 0. */
 ds_status cli_read_profile(const char *path, double **verify_s, int64_t *n_verify, double **draft_s, int64_t *n_draft);
 
-/* Writes j (pretty-printed) to path atomically and deletes j. */
-ds_status cli_write_json(const char *path, cJSON *j);
+/* Writes j (pretty-printed) to path atomically and deletes j; a failure names option and path. */
+ds_status cli_write_json(const char *option, const char *path, cJSON *j);
 /* An array of n numbers. */
 cJSON *cli_number_array(const double *v, int64_t n);
 
