@@ -94,9 +94,10 @@ int cli_layer_ids(const char *opt, const char *s, int32_t *dst, int *n, int max)
   return 1;
 }
 
-int cli_output_ok(const char *cmd, const char *option, const char *path, ds_output_kind kind,
-                  const ds_input_path *inputs, size_t n_inputs) {
-  if (ds_output_check(option, path, kind, inputs, n_inputs) == DS_OK) return 1;
+int cli_output_refused(const char *cmd, const char *option, const char *path, ds_output_kind kind,
+                       const ds_input_path *inputs, size_t n_inputs) {
+  ds_status st = ds_output_check(option, path, kind, inputs, n_inputs);
+  if (st == DS_OK) return 0;
   cli_report_error(cmd);
-  return 0;
+  return st == DS_ERR_ARG ? 2 : 1;
 }

@@ -21,10 +21,12 @@ int cli_markov_type(const char *opt, const char *s, ds_markov_type *out);
 /* "L1,L2,.." -> dst[0..*n) with 1 <= *n <= max; 0 (after a message naming opt) otherwise. */
 int cli_layer_ids(const char *opt, const char *s, int32_t *dst, int *n, int max);
 
-/* ds_output_check for command cmd: 1 when the output may be written, 0 after an error that
- * names the option and the input (the command then exits 2, having written nothing). */
-int cli_output_ok(const char *cmd, const char *option, const char *path, ds_output_kind kind,
-                  const ds_input_path *inputs, size_t n_inputs);
+/* ds_output_check for command cmd, before any work: 0 when the output may be written; else,
+ * after the error (naming the option and the input), the command's exit status: 2 for an
+ * output over an input (a usage error), 1 for a path that cannot be used (a file where a
+ * directory goes, a symlink loop). */
+int cli_output_refused(const char *cmd, const char *option, const char *path, ds_output_kind kind,
+                       const ds_input_path *inputs, size_t n_inputs);
 #define CLI_N_INPUTS(in) (sizeof(in) / sizeof((in)[0]))
 
 /* Option-loop helpers for the subcommands with many options. They expect locals

@@ -104,7 +104,8 @@ int cmd_calibrate(int argc, char **argv) {
   }
   const ds_input_path inputs[] = {{"--target", target_dir}, {"--draft", draft_dir}, {"--data", data},
                                   {"--chat-template", chat_template}};
-  if (!cli_output_ok("calibrate", "--out", out_path, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs))) return 2;
+  int refused = cli_output_refused("calibrate", "--out", out_path, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs));
+  if (refused) return refused;
   ds_set_num_threads((int)threads);
   int rc = 1;
   ds_target *t = NULL;

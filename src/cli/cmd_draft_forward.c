@@ -218,7 +218,8 @@ int cmd_draft_forward(int argc, char **argv) {
     return 2;
   }
   const ds_input_path inputs[] = {{"DRAFT", dir}, {"--inputs", in_path}};
-  if (!cli_output_ok("draft-forward", "--out", out_path, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs))) return 2;
+  int refused = cli_output_refused("draft-forward", "--out", out_path, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs));
+  if (refused) return refused;
 
   int rc = 1;
   ds_draft *d = NULL;

@@ -111,7 +111,8 @@ int cmd_forward(int argc, char **argv) {
     return 2;
   }
   const ds_input_path inputs[] = {{"MODEL_DIR", dir}};
-  if (!cli_output_ok("forward", "--out", out_path, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs))) return 2;
+  int refused = cli_output_refused("forward", "--out", out_path, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs));
+  if (refused) return refused;
   int want_all = !strcmp(logits_mode, "all"), want_last = !strcmp(logits_mode, "last");
   if (!want_all && !want_last && strcmp(logits_mode, "none") != 0) {
     fprintf(stderr, "dspark forward: --logits must be all, last or none (got '%s')\n", logits_mode);

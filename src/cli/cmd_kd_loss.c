@@ -120,7 +120,8 @@ static int parse_args(int argc, char **argv, kd_args *a) {
     return 2;
   }
   const ds_input_path inputs[] = {{"IN", a->in_path}};
-  if (!cli_output_ok("kd-loss", "--out", a->out_path, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs))) return 2;
+  int refused = cli_output_refused("kd-loss", "--out", a->out_path, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs));
+  if (refused) return refused;
   a->cfg.top_k = 1; /* the ranges alone here; the mode comes from the input's tensors */
   if (ds_kd_loss_config_check(&a->cfg, 0) != DS_OK) {
     fprintf(stderr, "dspark kd-loss: %s\n", ds_last_error());

@@ -117,7 +117,8 @@ static int lm_command(int argc, char **argv, int distill) {
   const ds_input_path inputs[] = {{"--student", o.student_dir}, {distill ? "--student-config" : "--config", o.student_config},
                                   {"--tokenizer", o.tokenizer_path}, {"--data", o.data_path}, {"--teacher", o.teacher_dir},
                                   {"--cache", o.cache_dir}, {"--chat-template", o.chat_template}};
-  if (!cli_output_ok(name, "--out", o.loop.out_dir, DS_OUTPUT_DIR, inputs, CLI_N_INPUTS(inputs))) return 2;
+  int refused = cli_output_refused(name, "--out", o.loop.out_dir, DS_OUTPUT_DIR, inputs, CLI_N_INPUTS(inputs));
+  if (refused) return refused;
   /* the loss options' ranges are checked by the library, naming each (spec/kd.md section 3) */
   if (ds_kd_loss_config_check(&o.kd, INT32_MAX) != DS_OK) {
     fprintf(stderr, "dspark %s: %s\n", name, ds_last_error());

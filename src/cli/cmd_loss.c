@@ -180,7 +180,8 @@ static int parse_args(int argc, char **argv, loss_args *a) {
     return 2;
   }
   const ds_input_path inputs[] = {{"IN", a->in_path}};
-  if (!cli_output_ok("loss", "--out", a->out_path, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs))) return 2;
+  int refused = cli_output_refused("loss", "--out", a->out_path, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs));
+  if (refused) return refused;
   return -1; /* go on */
 }
 

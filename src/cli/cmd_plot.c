@@ -142,9 +142,10 @@ int cmd_plot(int argc, char **argv) {
     if (!strcmp(argv[i], "--out")) i++;
     else if (!is_dir(argv[i])) files[in.n++] = (ds_input_path){"PATH", argv[i]};
   }
-  if (out && !cli_output_ok("plot", "--out", out, DS_OUTPUT_DIR, NULL, 0)) {
+  int refused = out ? cli_output_refused("plot", "--out", out, DS_OUTPUT_DIR, NULL, 0) : 0;
+  if (refused) {
     free(files);
-    return 2;
+    return refused;
   }
   int rc = 0;
   for (int i = 1; i < argc && rc == 0; i++) {

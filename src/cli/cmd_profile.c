@@ -46,7 +46,8 @@ int cmd_profile(int argc, char **argv) {
     return 2;
   }
   const ds_input_path inputs[] = {{"--target", target_dir}, {"--draft", draft_dir}};
-  if (!cli_output_ok("profile", "--out", out_path, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs))) return 2;
+  int refused = cli_output_refused("profile", "--out", out_path, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs));
+  if (refused) return refused;
   ds_set_num_threads((int)threads);
   int rc = 1;
   ds_target *t = NULL;

@@ -479,9 +479,10 @@ static int parse_options(int argc, char **argv, regen_options *o) {
   /* --out is read back on a resume by design: it is an output here, and an input of --summary */
   const ds_input_path inputs[] = {{"--target", o->target_dir}, {"--draft", o->draft_dir}, {"--data", o->data},
                                   {"--chat-template", o->chat_template}, {"--out", o->out}};
-  if (!cli_output_ok("regenerate", "--out", o->out, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs) - 1)) return 2;
-  if (o->summary && !cli_output_ok("regenerate", "--summary", o->summary, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs)))
-    return 2;
+  int refused = cli_output_refused("regenerate", "--out", o->out, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs) - 1);
+  if (!refused && o->summary)
+    refused = cli_output_refused("regenerate", "--summary", o->summary, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs));
+  if (refused) return refused;
   if (o->completion && (o->thinking != THINK_DEFAULT || o->chat_template)) {
     fprintf(stderr, "dspark regenerate: --completion uses no chat template: --thinking / --chat-template do not apply\n");
     return 2;

@@ -237,7 +237,9 @@ int cmd_speculate(int argc, char **argv) {
   const ds_input_path inputs[] = {{"--target", target_dir}, {"--draft", draft_dir}, {"--data", data},
                                   {"--calibration", calibration}, {"--profile", profile},
                                   {"--chat-template", chat_template}};
-  if (report && !cli_output_ok("speculate", "--report", report, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs))) return 2;
+  int refused =
+      report ? cli_output_refused("speculate", "--report", report, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs)) : 0;
+  if (refused) return refused;
   int32_t *given = NULL;
   int64_t n_given = 0;
   if (prompt_ids && (!cli_int_list("--prompt-ids", prompt_ids, &given, &n_given) || n_given == 0)) {

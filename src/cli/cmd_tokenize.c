@@ -292,7 +292,9 @@ int cmd_tokenize(int argc, char **argv) {
     return 2;
   }
   const ds_input_path inputs[] = {{"TOKENIZER", tok_path}, {"--input", input}};
-  if (ids_out && !cli_output_ok("tokenize", "--ids-out", ids_out, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs))) return 2;
+  int refused =
+      ids_out ? cli_output_refused("tokenize", "--ids-out", ids_out, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs)) : 0;
+  if (refused) return refused;
   ds_chat_options opt = {gen_prompt, -1};
   if (thinking && strcmp(thinking, "on") && strcmp(thinking, "off")) {
     fprintf(stderr, "dspark tokenize: --enable-thinking takes on or off, not '%s'\n", thinking);

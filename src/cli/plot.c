@@ -18,8 +18,9 @@ FILE *plot_open(const char *dir, const char *name, const plot_inputs *in) {
   char *path = ds_path_join(dir, name);
   if (!path) { DS_FAIL(DS_ERR_NOMEM, "out of memory"); return NULL; }
   /* the figure: NAME with .png for the script's .gp */
-  char *png = strlen(name) > 3 && !strcmp(name + strlen(name) - 3, ".gp") ? strdup(path) : NULL;
-  if (png) strcpy(png + strlen(png) - 2, "png");
+  size_t n = strlen(path);
+  char *png = n > 3 && !strcmp(path + n - 3, ".gp") ? malloc(n + 2) : NULL;
+  if (png) snprintf(png, n + 2, "%.*s.png", (int)(n - 3), path);
   if (ds_output_check(in->option, path, DS_OUTPUT_FILE, in->files, in->n) != DS_OK ||
       (png && ds_output_check(in->option, png, DS_OUTPUT_FILE, in->files, in->n) != DS_OK)) {
     free(png);

@@ -37,7 +37,7 @@ static ds_status resolve_path(const char *path, char *out) {
   if (!todo) return DS_ERR_NOMEM;
   if (strlen(path) >= PATH_MAX) {
     free(todo);
-    return DS_FAIL(DS_ERR_ARG, "%s: path too long", path);
+    return DS_FAIL(DS_ERR_IO, "%s: path too long", path);
   }
   strcpy(todo, path);
   if (path[0] == '/') strcpy(out, "/");
@@ -59,7 +59,7 @@ static ds_status resolve_path(const char *path, char *out) {
       continue;
     }
     if (!push_component(out, name, n)) {
-      st = DS_FAIL(DS_ERR_ARG, "%s: path too long", path);
+      st = DS_FAIL(DS_ERR_IO, "%s: path too long", path);
       break;
     }
     struct stat sb;
@@ -78,7 +78,7 @@ static ds_status resolve_path(const char *path, char *out) {
     target[tn] = 0;
     size_t rest = strlen(todo + at);
     if ((size_t)tn + 1 + rest >= PATH_MAX * 2) {
-      st = DS_FAIL(DS_ERR_ARG, "%s: path too long", path);
+      st = DS_FAIL(DS_ERR_IO, "%s: path too long", path);
       break;
     }
     /* the link's target, then what followed it */
@@ -106,16 +106,20 @@ ds_status ds_output_check(const char *option, const char *path, ds_output_kind k
   struct stat out_sb;
   int out_exists = stat(path, &out_sb) == 0;
   if (out_exists && kind == DS_OUTPUT_FILE && S_ISDIR(out_sb.st_mode))
-    return DS_FAIL(DS_ERR_ARG, "%s %s is a directory: give the path of a file to write", opt, path);
+    return DS_FAIL(DS_ERR_IO, "%s %s is a directory: give the path of a file to write", opt, path);
   if (out_exists && kind == DS_OUTPUT_DIR && !S_ISDIR(out_sb.st_mode))
-    return DS_FAIL(DS_ERR_ARG, "%s %s exists and is not a directory", opt, path);
+    return DS_FAIL(DS_ERR_IO, "%s %s exists and is not a directory", opt, path);
   char *out_res = ds_malloc(PATH_MAX, "path"), *in_res = ds_malloc(PATH_MAX, "path");
   ds_status st = out_res && in_res ? resolve_path(path, out_res) : DS_ERR_NOMEM;
+  if (st != DS_OK && st != DS_ERR_NOMEM) ds_error_wrap(st, "%s", opt);
   for (size_t i = 0; st == DS_OK && i < n_inputs; i++) {
     const ds_input_path *in = &inputs[i];
     struct stat in_sb;
     if (!in->path || stat(in->path, &in_sb) != 0) continue; /* absent: the command reports it */
-    if ((st = resolve_path(in->path, in_res)) != DS_OK) break;
+    if ((st = resolve_path(in->path, in_res)) != DS_OK) {
+      if (st != DS_ERR_NOMEM) ds_error_wrap(st, "%s", in->option);
+      break;
+    }
     int in_dir = S_ISDIR(in_sb.st_mode);
     const char *what = in_dir ? "directory" : "input file";
     int same = !strcmp(out_res, in_res) ||
