@@ -515,7 +515,7 @@ int cmd_regenerate(int argc, char **argv) {
   /* one writer per output: the lock is taken before the file is checked or cut */
   fd = open(o.out, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) {
-    DS_FAIL(DS_ERR_IO, "%s: cannot open for appending: %s", o.out, strerror(errno));
+    DS_FAIL(DS_ERR_IO, "--out %s: cannot open for appending: %s", o.out, strerror(errno));
     goto report;
   }
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {

@@ -258,6 +258,9 @@ def output_cases(ck, dspark, tmp):
     rc, err = sh([dspark, "profile", "--target", target, "--max-tokens", "2", "--reps", "1", "--context", "4",
                   "--out", missing])
     ck.check(rc != 0 and f"--out {missing}" in err, f"profile --out in a missing folder: exit {rc}, {err[-600:]!r}")
+    rc, err = sh([dspark, "regenerate", "--target", target, "--data", prompts, "--completion", "--max-new-tokens", "2",
+                  "--out", missing])
+    ck.check(rc != 0 and f"--out {missing}" in err, f"regenerate --out in a missing folder: exit {rc}, {err[-600:]!r}")
 
 
 def main():
