@@ -48,6 +48,27 @@ ds_status ds_path_probe(const char *path, int *exists);
 /* mkdir -p: creates path and its missing parents (0755); an existing directory is fine. */
 ds_status ds_mkdir_p(const char *path);
 
+/* An input of a command for ds_output_check: a file or a directory, named by the option that
+ * gave it ("--target", or a positional argument's name such as "RUN_DIR"). */
+typedef struct {
+  const char *option;
+  const char *path; /* NULL (not given) is skipped, as is a path that does not exist */
+} ds_input_path;
+
+typedef enum {
+  DS_OUTPUT_FILE, /* a file written or replaced at the path */
+  DS_OUTPUT_DIR,  /* a directory the command creates or fills (a run, a cache, an export) */
+} ds_output_kind;
+
+/* Refuses (DS_ERR_ARG, the message naming the option and the input) an output that would
+ * overwrite an input: one that resolves to an input file or directory, lies inside an input
+ * directory, or, for a directory output, holds an input. Paths are compared resolved: symlinks
+ * followed (dangling ones too), "." and ".." applied, a missing tail taken as written; a hard
+ * link to an input file counts as the file. A file output that is an existing directory, or a
+ * directory output that is an existing file, is refused too. option may be NULL ("the output"). */
+ds_status ds_output_check(const char *option, const char *path, ds_output_kind kind, const ds_input_path *inputs,
+                          size_t n_inputs);
+
 /* One writer per directory: an exclusive flock on DIR/.lock, held until ds_dir_unlock or the
  * process ends (a killed writer releases it at once). The holder's pid is written into the
  * file, so a second writer is refused with "DIR: the WHAT is in use by another dspark process

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/commands.h"
 #include "dspark/draft.h"
 
 const char *cli_value(int argc, char **argv, int *i) {
@@ -110,4 +111,12 @@ int cli_max_line_option(int argc, char **argv, int *i, size_t *out) {
   }
   *out = (size_t)(n << shift);
   return 1;
+}
+
+int cli_output_refused(const char *cmd, const char *option, const char *path, ds_output_kind kind,
+                       const ds_input_path *inputs, size_t n_inputs) {
+  ds_status st = ds_output_check(option, path, kind, inputs, n_inputs);
+  if (st == DS_OK) return 0;
+  cli_report_error(cmd);
+  return st == DS_ERR_ARG ? 2 : 1;
 }

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "dspark/draft.h"
+#include "dspark/fileio.h"
 
 /* argv[*i] is an option that takes a value: returns argv[*i + 1] and advances *i, or NULL. */
 const char *cli_value(int argc, char **argv, int *i);
@@ -29,6 +30,14 @@ int cli_max_line_option(int argc, char **argv, int *i, size_t *out);
 #define CLI_MAX_LINE_HELP                                                                                   \
   "  --max-line-bytes N      the longest data line read whole, in bytes (K, M, G suffixes: KiB, MiB, GiB;\n" \
   "                          default 64M); a plain-text file read as one document counts as one line\n"
+
+/* ds_output_check for command cmd, before any work: 0 when the output may be written; else,
+ * after the error (naming the option and the input), the command's exit status: 2 for an
+ * output over an input (a usage error), 1 for a path that cannot be used (a file where a
+ * directory goes, a symlink loop). */
+int cli_output_refused(const char *cmd, const char *option, const char *path, ds_output_kind kind,
+                       const ds_input_path *inputs, size_t n_inputs);
+#define CLI_N_INPUTS(in) (sizeof(in) / sizeof((in)[0]))
 
 /* Option-loop helpers for the subcommands with many options. They expect locals
  * `int i`, `const char *a` (= argv[i]), `const char *v`, `int64_t n`, `double x` and return 2

@@ -106,6 +106,10 @@ int cmd_calibrate(int argc, char **argv) {
     fprintf(stderr, "dspark calibrate: --target, --draft, --data and --out are required (see --help)\n");
     return 2;
   }
+  const ds_input_path inputs[] = {{"--target", target_dir}, {"--draft", draft_dir}, {"--data", data},
+                                  {"--chat-template", chat_template}};
+  int refused = cli_output_refused("calibrate", "--out", out_path, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs));
+  if (refused) return refused;
   ds_set_num_threads((int)threads);
   int rc = 1;
   ds_target *t = NULL;
@@ -194,7 +198,7 @@ int cmd_calibrate(int argc, char **argv) {
             ds_cumulative_ece(&fit_set, k, NULL, NULL), ds_cumulative_ece(&fit_set, k, T, NULL),
             ds_cumulative_ece(&held_set, k, NULL, NULL), ds_cumulative_ece(&held_set, k, T, NULL));
   fprintf(stderr, "mean      %11s  %10.4f -> %.4f  %15.4f -> %.4f\n", "", fb, fa, hb, ha);
-  if (cli_write_json(out_path, j) != DS_OK) goto report;
+  if (cli_write_json("--out", out_path, j) != DS_OK) goto report;
   rc = 0;
   goto done;
 report:

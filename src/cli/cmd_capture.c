@@ -146,6 +146,11 @@ int cmd_capture(int argc, char **argv) {
     fprintf(stderr, "dspark capture: --no-features needs --topk (otherwise nothing is captured)\n");
     return 2;
   }
+  const ds_input_path inputs[] = {{"--target", o.target_dir}, {"--data", o.data_path},
+                                  {"--chat-template", o.chat_template}};
+  int refused =
+      o.out_dir ? cli_output_refused("capture", "--out", o.out_dir, DS_OUTPUT_DIR, inputs, CLI_N_INPUTS(inputs)) : 0;
+  if (refused) return refused;
   o.comm = cli_comm(); /* under mpirun the ranks split the shards; rank 0 reports */
   if (ds_comm_rank(o.comm) != 0) o.quiet = 1;
   if (!o.out_dir) o.out_dir = "";

@@ -217,6 +217,9 @@ int cmd_draft_forward(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  const ds_input_path inputs[] = {{"DRAFT", dir}, {"--inputs", in_path}};
+  int refused = cli_output_refused("draft-forward", "--out", out_path, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs));
+  if (refused) return refused;
 
   int rc = 1;
   ds_draft *d = NULL;
@@ -277,7 +280,10 @@ int cmd_draft_forward(int argc, char **argv) {
       if (ds_st_writer_add(w, name, DS_F32, t->ndim, shape, t->grad) != DS_OK) goto report;
     }
   }
-  if (ds_st_writer_write(w, out_path) != DS_OK) goto report;
+  if (ds_st_writer_write(w, out_path) != DS_OK) {
+    ds_error_wrap(DS_ERR_IO, "--out %s", out_path);
+    goto report;
+  }
   rc = 0;
   goto done;
 report:

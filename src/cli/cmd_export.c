@@ -95,6 +95,9 @@ int cmd_export(int argc, char **argv) {
     fprintf(stderr, "usage: dspark export RUN_DIR --out DIR [--overwrite]\n");
     return 2;
   }
+  const ds_input_path inputs[] = {{"RUN_DIR", run}};
+  int refused = cli_output_refused("export", "--out", out, DS_OUTPUT_DIR, inputs, CLI_N_INPUTS(inputs));
+  if (refused) return refused;
   char *ckpt = ds_path_join(run, "checkpoint.safetensors"), *format = NULL;
   if (ckpt && ds_checkpoint_format(ckpt, &format) == DS_OK && !strcmp(format, DS_STUDENT_CHECKPOINT_FORMAT)) {
     int rc = export_student(run, ckpt, out, overwrite);

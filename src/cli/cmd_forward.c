@@ -110,6 +110,9 @@ int cmd_forward(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  const ds_input_path inputs[] = {{"MODEL_DIR", dir}};
+  int refused = cli_output_refused("forward", "--out", out_path, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs));
+  if (refused) return refused;
   int want_all = !strcmp(logits_mode, "all"), want_last = !strcmp(logits_mode, "last");
   if (!want_all && !want_last && strcmp(logits_mode, "none") != 0) {
     fprintf(stderr, "dspark forward: --logits must be all, last or none (got '%s')\n", logits_mode);
@@ -237,7 +240,10 @@ int cmd_forward(int argc, char **argv) {
     }
     if (st != DS_OK) goto report;
   }
-  if (ds_st_writer_write(w, out_path) != DS_OK) goto report;
+  if (ds_st_writer_write(w, out_path) != DS_OK) {
+    ds_error_wrap(DS_ERR_IO, "--out %s", out_path);
+    goto report;
+  }
   rc = 0;
   goto done;
 report:

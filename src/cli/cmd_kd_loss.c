@@ -119,6 +119,9 @@ static int parse_args(int argc, char **argv, kd_args *a) {
     usage(stderr);
     return 2;
   }
+  const ds_input_path inputs[] = {{"IN", a->in_path}};
+  int refused = cli_output_refused("kd-loss", "--out", a->out_path, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs));
+  if (refused) return refused;
   a->cfg.top_k = 1; /* the ranges alone here; the mode comes from the input's tensors */
   if (ds_kd_loss_config_check(&a->cfg, 0) != DS_OK) {
     fprintf(stderr, "dspark kd-loss: %s\n", ds_last_error());
@@ -345,7 +348,7 @@ int cmd_kd_loss(int argc, char **argv) {
       sst = add_f32(wr, name, 1, &two, pairs[i]); /* the writer keeps the pointer until it writes */
     }
   if (sst == DS_OK) sst = add_f32(wr, "grad.student_logits", 2, rv, grad);
-  if (sst == DS_OK) sst = ds_st_writer_write(wr, a.out_path);
+  if (sst == DS_OK && (sst = ds_st_writer_write(wr, a.out_path)) != DS_OK) ds_error_wrap(sst, "--out %s", a.out_path);
   if (sst != DS_OK) goto report;
   rc = 0;
   goto done;

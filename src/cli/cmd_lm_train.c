@@ -118,6 +118,11 @@ static int lm_command(int argc, char **argv, int distill) {
     }
   }
   if (!cli_loop_check(name, &o.loop)) return 2;
+  const ds_input_path inputs[] = {{"--student", o.student_dir}, {distill ? "--student-config" : "--config", o.student_config},
+                                  {"--tokenizer", o.tokenizer_path}, {"--data", o.data_path}, {"--teacher", o.teacher_dir},
+                                  {"--cache", o.cache_dir}, {"--chat-template", o.chat_template}};
+  int refused = cli_output_refused(name, "--out", o.loop.out_dir, DS_OUTPUT_DIR, inputs, CLI_N_INPUTS(inputs));
+  if (refused) return refused;
   /* the loss options' ranges are checked by the library, naming each (spec/kd.md section 3) */
   if (ds_kd_select_check(o.kd.top_k, 1, o.kd.top_p, o.kd.min_k, o.kd.temperature, INT32_MAX) != DS_OK ||
       ds_kd_loss_config_check(&o.kd, INT32_MAX) != DS_OK) {

@@ -179,6 +179,9 @@ static int parse_args(int argc, char **argv, loss_args *a) {
     usage(stderr);
     return 2;
   }
+  const ds_input_path inputs[] = {{"IN", a->in_path}};
+  int refused = cli_output_refused("loss", "--out", a->out_path, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs));
+  if (refused) return refused;
   return -1; /* go on */
 }
 
@@ -394,7 +397,7 @@ int cmd_loss(int argc, char **argv) {
   for (int i = 0; i < 4 && s == DS_OK; i++) s = add_f64(wr, row_names[i], 1, R, rowv + (size_t)i * nR);
   if (s == DS_OK && grad) s = ds_st_writer_add(wr, "grad.draft_logits", DS_F32, td->ndim, td->shape, grad);
   if (s == DS_OK && grad && tc) s = ds_st_writer_add(wr, "grad.conf_logits", DS_F32, tc->ndim, tc->shape, gconf);
-  if (s == DS_OK) s = ds_st_writer_write(wr, a.out_path);
+  if (s == DS_OK && (s = ds_st_writer_write(wr, a.out_path)) != DS_OK) ds_error_wrap(s, "--out %s", a.out_path);
   if (s != DS_OK) goto report;
   rc = 0;
   goto done;

@@ -38,12 +38,12 @@ static int has_metrics(const char *dir) {
 }
 
 /* out: --out (with the run's name below it when several runs are drawn) or RUN/plots. */
-static int plot_run_dir(const char *run, const char *out, int many) {
+static int plot_run_dir(const char *run, const char *out, const plot_inputs *in, int many) {
   char *dst = out ? (many ? ds_path_join(out, strrchr(run, '/') ? strrchr(run, '/') + 1 : run) : strdup(out))
                   : ds_path_join(run, "plots");
   if (!dst) return cli_report_error("plot");
   int n = 0;
-  ds_status st = plot_metrics(run, dst, &n);
+  ds_status st = plot_metrics(run, dst, in, &n);
   if (st == DS_OK) fprintf(stderr, "plot: %s: %d figure%s in %s\n", run, n, n == 1 ? "" : "s", dst);
   free(dst);
   return st == DS_OK ? 0 : cli_report_error("plot");
@@ -54,9 +54,9 @@ static int ends_with(const char *s, const char *suffix) {
   return n >= m && !strcmp(s + n - m, suffix);
 }
 
-/* A report's figures go beside it unless --out says otherwise. skip_other: a JSON that is
- * not a report is passed over (in a folder) rather than an error. */
-static int plot_report_file(const char *path, const char *out, int skip_other) {
+/* A report's figures go beside it unless --out says otherwise. skipped (NULL: not allowed):
+ * a JSON that is not a report is passed over (in a folder) rather than an error, and counted. */
+static int plot_report_file(const char *path, const char *out, const plot_inputs *in, int *skipped) {
   char *dir = NULL;
   if (out) dir = strdup(out);
   else {
@@ -65,17 +65,20 @@ static int plot_report_file(const char *path, const char *out, int skip_other) {
   }
   if (!dir) return cli_report_error("plot");
   int n = 0;
-  ds_status st = plot_report(path, dir, &n);
+  ds_status st = plot_report(path, dir, in, &n);
   if (st == DS_OK) fprintf(stderr, "plot: %s: %d figure%s in %s\n", path, n, n == 1 ? "" : "s", dir);
   free(dir);
-  if (st == DS_ERR_NOT_FOUND && skip_other) return 0;
+  if (st == DS_ERR_NOT_FOUND && skipped) {
+    (*skipped)++;
+    return 0;
+  }
   return st == DS_OK ? 0 : cli_report_error("plot");
 }
 
 /* The run directories and reports directly inside dir, sorted by name. */
-static int plot_folder(const char *dir, const char *out) {
+static int plot_folder(const char *dir, const char *out, const plot_inputs *in) {
   struct dirent **names = NULL;
-  int n = scandir(dir, &names, NULL, alphasort), found = 0, rc = 0;
+  int n = scandir(dir, &names, NULL, alphasort), found = 0, skipped = 0, rc = 0;
   if (n < 0) {
     fprintf(stderr, "dspark plot: %s: cannot list the folder\n", dir);
     return 1;
@@ -86,10 +89,11 @@ static int plot_folder(const char *dir, const char *out) {
       if (!sub) rc = cli_report_error("plot");
       else if (is_dir(sub) && has_metrics(sub)) {
         found++;
-        rc = plot_run_dir(sub, out, 1);
+        rc = plot_run_dir(sub, out, in, 1);
       } else if (!is_dir(sub) && ends_with(sub, ".json")) {
-        found++;
-        rc = plot_report_file(sub, out, 1);
+        int before = skipped;
+        rc = plot_report_file(sub, out, in, &skipped);
+        found += skipped == before;
       }
       free(sub);
     }
@@ -97,7 +101,11 @@ static int plot_folder(const char *dir, const char *out) {
   }
   free(names);
   if (rc == 0 && !found) {
-    fprintf(stderr, "dspark plot: %s: neither a run directory (no metrics.jsonl) nor a folder of runs or reports\n", dir);
+    fprintf(stderr, "dspark plot: %s: nothing to draw: not a run directory (no metrics.jsonl in it), and no run directory "
+            "(a folder with a metrics.jsonl) or speculation report (a `dspark speculate --report` .json) inside it", dir);
+    if (skipped) fprintf(stderr, " (%d .json file%s that %s not such a report)", skipped, skipped == 1 ? "" : "s",
+                         skipped == 1 ? "is" : "are");
+    fprintf(stderr, "\n");
     return 1;
   }
   return rc;
@@ -125,6 +133,20 @@ int cmd_plot(int argc, char **argv) {
     plot_usage(stderr);
     return 2;
   }
+  /* The files given are inputs (a report, a metrics file): no figure or data file may replace
+   * one. A run directory is not one: its figures go inside it by default. */
+  ds_input_path *files = calloc((size_t)n_paths, sizeof *files);
+  if (!files) return cli_report_error("plot");
+  plot_inputs in = {files, 0, out ? "--out" : NULL};
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--out")) i++;
+    else if (!is_dir(argv[i])) files[in.n++] = (ds_input_path){"PATH", argv[i]};
+  }
+  int refused = out ? cli_output_refused("plot", "--out", out, DS_OUTPUT_DIR, NULL, 0) : 0;
+  if (refused) {
+    free(files);
+    return refused;
+  }
   int rc = 0;
   for (int i = 1; i < argc && rc == 0; i++) {
     const char *a = argv[i];
@@ -133,10 +155,11 @@ int cmd_plot(int argc, char **argv) {
       continue;
     }
     if (!is_dir(a)) {
-      rc = plot_report_file(a, out, 0);
+      rc = plot_report_file(a, out, &in, NULL);
     } else {
-      rc = has_metrics(a) ? plot_run_dir(a, out, n_paths > 1) : plot_folder(a, out);
+      rc = has_metrics(a) ? plot_run_dir(a, out, &in, n_paths > 1) : plot_folder(a, out, &in);
     }
   }
+  free(files);
   return rc;
 }

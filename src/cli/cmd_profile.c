@@ -45,6 +45,9 @@ int cmd_profile(int argc, char **argv) {
     fprintf(stderr, "dspark profile: --target and --out are required (see --help)\n");
     return 2;
   }
+  const ds_input_path inputs[] = {{"--target", target_dir}, {"--draft", draft_dir}};
+  int refused = cli_output_refused("profile", "--out", out_path, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs));
+  if (refused) return refused;
   ds_set_num_threads((int)threads);
   int rc = 1;
   ds_target *t = NULL;
@@ -87,7 +90,7 @@ int cmd_profile(int argc, char **argv) {
   cJSON_AddItemToObject(j, "verify_seconds", cli_number_array(verify, max_tokens));
   cJSON_AddItemToObject(j, "verify_steps_per_s", cli_number_array(sps, max_tokens));
   if (d) cJSON_AddItemToObject(j, "draft_block_seconds", cli_number_array(draft, g));
-  if (cli_write_json(out_path, j) != DS_OK) goto report;
+  if (cli_write_json("--out", out_path, j) != DS_OK) goto report;
   fprintf(stderr, "profile: verifying 1 token %.3f ms, %lld tokens %.3f ms (%.2fx the cost for %lldx the tokens)",
           verify[0] * 1e3, (long long)max_tokens, verify[max_tokens - 1] * 1e3, verify[max_tokens - 1] / verify[0],
           (long long)max_tokens);

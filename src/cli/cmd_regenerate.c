@@ -421,7 +421,7 @@ static ds_status summary(const regen *g, int64_t resumed_lines, int64_t next, do
   cJSON_AddNumberToObject(j, "tokens_per_s", seconds > 0 ? (double)g->tokens / seconds : 0);
   cJSON_AddStringToObject(j, "decoder", g->draft ? "speculative" : "plain");
   cJSON_AddStringToObject(j, "settings", g->settings);
-  if (g->o->summary) return cli_write_json(g->o->summary, j);
+  if (g->o->summary) return cli_write_json("--summary", g->o->summary, j);
   char *s = cJSON_Print(j);
   cJSON_Delete(j);
   if (!s) return DS_FAIL(DS_ERR_NOMEM, "out of memory");
@@ -479,6 +479,13 @@ static int parse_options(int argc, char **argv, regen_options *o) {
     fprintf(stderr, "dspark regenerate: --target, --data and --out are required (see --help)\n");
     return 2;
   }
+  /* --out is read back on a resume by design: it is an output here, and an input of --summary */
+  const ds_input_path inputs[] = {{"--target", o->target_dir}, {"--draft", o->draft_dir}, {"--data", o->data},
+                                  {"--chat-template", o->chat_template}, {"--out", o->out}};
+  int refused = cli_output_refused("regenerate", "--out", o->out, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs) - 1);
+  if (!refused && o->summary)
+    refused = cli_output_refused("regenerate", "--summary", o->summary, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs));
+  if (refused) return refused;
   if (o->completion && (o->thinking != THINK_DEFAULT || o->chat_template)) {
     fprintf(stderr, "dspark regenerate: --completion uses no chat template: --thinking / --chat-template do not apply\n");
     return 2;
@@ -518,7 +525,7 @@ int cmd_regenerate(int argc, char **argv) {
   /* one writer per output: the lock is taken before the file is checked or cut */
   fd = open(o.out, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) {
-    DS_FAIL(DS_ERR_IO, "%s: cannot open for appending: %s", o.out, strerror(errno));
+    DS_FAIL(DS_ERR_IO, "--out %s: cannot open for appending: %s", o.out, strerror(errno));
     goto report;
   }
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {

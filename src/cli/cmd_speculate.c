@@ -174,7 +174,7 @@ static ds_status write_report(const char *path, const ds_spec_options *o, int64_
   cJSON_AddStringToObject(j, "compute", ds_compute_name(ds_matmul_compute()));
   if (ds_matmul_compute() == DS_COMPUTE_BF16) cJSON_AddStringToObject(j, "gemm_bf16", ds_gemm_bf16_name());
   cJSON_AddNumberToObject(j, "threads", ds_get_num_threads());
-  return cli_write_json(path, j);
+  return cli_write_json("--report", path, j);
 }
 
 int cmd_speculate(int argc, char **argv) {
@@ -238,6 +238,12 @@ int cmd_speculate(int argc, char **argv) {
     fprintf(stderr, "dspark speculate: --one-at-a-time needs --data\n");
     return 2;
   }
+  const ds_input_path inputs[] = {{"--target", target_dir}, {"--draft", draft_dir}, {"--data", data},
+                                  {"--calibration", calibration}, {"--profile", profile},
+                                  {"--chat-template", chat_template}};
+  int refused =
+      report ? cli_output_refused("speculate", "--report", report, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs)) : 0;
+  if (refused) return refused;
   int32_t *given = NULL;
   int64_t n_given = 0;
   if (prompt_ids && (!cli_int_list("--prompt-ids", prompt_ids, &given, &n_given) || n_given == 0)) {

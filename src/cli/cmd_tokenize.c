@@ -73,6 +73,7 @@ static int write_ids(const char *path, const ds_ids *ids) {
   }
   ds_status st = ds_write_file_atomic(path, buf, ids->len * 4);
   free(buf);
+  if (st != DS_OK) ds_error_wrap(st, "--ids-out %s", path);
   return st == DS_OK ? 0 : cli_report_error("tokenize");
 }
 
@@ -296,6 +297,10 @@ int cmd_tokenize(int argc, char **argv) {
     fprintf(stderr, "dspark tokenize: %s does not apply here (see --help)\n", stray);
     return 2;
   }
+  const ds_input_path inputs[] = {{"TOKENIZER", tok_path}, {"--input", input}};
+  int refused =
+      ids_out ? cli_output_refused("tokenize", "--ids-out", ids_out, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs)) : 0;
+  if (refused) return refused;
   ds_chat_options opt = {gen_prompt, -1};
   if (thinking && strcmp(thinking, "on") && strcmp(thinking, "off")) {
     fprintf(stderr, "dspark tokenize: --enable-thinking takes on or off, not '%s'\n", thinking);

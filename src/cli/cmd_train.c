@@ -135,6 +135,11 @@ int cmd_train(int argc, char **argv) {
     fprintf(stderr, "dspark train: --out and either --cache or both --target and --data are required (see --help)\n");
     return 2;
   }
+  /* a resume reads the run directory back by design: it is an output, never one of these */
+  const ds_input_path inputs[] = {{"--target", o.target_dir}, {"--data", o.data_path}, {"--cache", o.cache_dir},
+                                  {"--chat-template", o.chat_template}};
+  int refused = cli_output_refused("train", "--out", l->out_dir, DS_OUTPUT_DIR, inputs, CLI_N_INPUTS(inputs));
+  if (refused) return refused;
   if (o.cache_dir) { /* unset: the cache's */
     if (!seq_len_given) o.seq_len = 0;
     if (!layers_given) o.n_target_layers = 0;

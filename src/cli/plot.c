@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -13,9 +14,20 @@
 #include "core/json_util.h"
 #include "dspark/fileio.h"
 
-FILE *plot_open(const char *dir, const char *name) {
+FILE *plot_open(const char *dir, const char *name, const plot_inputs *in) {
   char *path = ds_path_join(dir, name);
   if (!path) { DS_FAIL(DS_ERR_NOMEM, "out of memory"); return NULL; }
+  /* the figure: NAME with .png for the script's .gp */
+  size_t n = strlen(path);
+  char *png = n > 3 && !strcmp(path + n - 3, ".gp") ? malloc(n + 2) : NULL;
+  if (png) snprintf(png, n + 2, "%.*s.png", (int)(n - 3), path);
+  if (ds_output_check(in->option, path, DS_OUTPUT_FILE, in->files, in->n) != DS_OK ||
+      (png && ds_output_check(in->option, png, DS_OUTPUT_FILE, in->files, in->n) != DS_OK)) {
+    free(png);
+    free(path);
+    return NULL;
+  }
+  free(png);
   FILE *f = fopen(path, "w");
   if (!f) DS_FAIL(DS_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
   free(path);
@@ -29,13 +41,37 @@ ds_status plot_close(FILE *f, const char *dir, const char *name) {
   return DS_OK;
 }
 
+/* s with its control characters written as visible escapes; in_quotes: quotes doubled too. */
+static void write_escaped(FILE *f, const char *s, int in_quotes) {
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (*p < 0x20 || *p == 0x7f) {
+      if (*p == '\n') fputs("\\n", f);
+      else if (*p == '\r') fputs("\\r", f);
+      else if (*p == '\t') fputs("\\t", f);
+      else fprintf(f, "\\x%02x", *p);
+      continue;
+    }
+    if (in_quotes && *p == '\'') fputc('\'', f);
+    fputc(*p, f);
+  }
+}
+
+/* A newline (or a carriage return) inside a string would end the command and run the rest as
+ * gnuplot commands: control characters become visible escapes, which a single-quoted string
+ * keeps as they are (it expands neither backslashes nor backquotes). */
 void plot_quote(FILE *f, const char *s) {
   fputc('\'', f);
-  for (; *s; s++) {
-    if (*s == '\'') fputc('\'', f);
-    fputc(*s, f);
-  }
+  write_escaped(f, s, 1);
   fputc('\'', f);
+}
+
+void plot_quotef(FILE *f, const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  plot_quote(f, buf);
 }
 
 ds_status plot_run(const char *dir, const char *script) {
@@ -45,7 +81,10 @@ ds_status plot_run(const char *dir, const char *script) {
   if (pid == 0) {
     /* The scripts name their files relative to the figure folder. */
     if (chdir(dir) != 0) _exit(126);
-    execlp("gnuplot", "gnuplot", script, (char *)NULL);
+    /* "./NAME": a script named after a report that begins with '-' is not read as an option */
+    char arg[4096];
+    if (snprintf(arg, sizeof arg, "./%s", script) >= (int)sizeof arg) _exit(126);
+    execlp("gnuplot", "gnuplot", arg, (char *)NULL);
     _exit(errno == ENOENT ? 127 : 126);
   }
   int status = 0;
@@ -201,20 +240,22 @@ static void quote_run_name(FILE *f, const char *run_dir, const char *what) {
   plot_quote(f, buf);
 }
 
-static ds_status plot_series(const series *s, const char *run_dir, const char *out_dir) {
-  char stem[64], dat[80], gp[80];
-  file_stem(s->name, stem, sizeof stem);
+static ds_status plot_series(const series *s, const char *stem, const char *run_dir, const char *out_dir,
+                             const plot_inputs *in) {
+  char dat[80], gp[80];
   snprintf(dat, sizeof dat, "%s.dat", stem);
   snprintf(gp, sizeof gp, "%s.gp", stem);
   int n_train = 0, n_eval = 0;
-  FILE *f = plot_open(out_dir, dat);
+  FILE *f = plot_open(out_dir, dat, in);
   if (!f) return DS_ERR_IO;
   for (int i = 0; i < s->n; i++) {
     n_eval += s->is_eval[i];
     n_train += !s->is_eval[i];
   }
   /* Only blocks that hold points: gnuplot does not count an empty leading block. */
-  fprintf(f, "# %s: step value; %s\n", s->name,
+  fprintf(f, "# ");
+  write_escaped(f, s->name, 0); /* a newline would start a data line or split the blocks */
+  fprintf(f, ": step value; %s\n",
           n_train && n_eval ? "block 0 training steps, block 1 evaluations" : n_eval ? "evaluations" : "training steps");
   for (int pass = 0, blocks = 0; pass < 2; pass++) {
     if (!(pass ? n_eval : n_train)) continue;
@@ -223,53 +264,67 @@ static ds_status plot_series(const series *s, const char *run_dir, const char *o
       if (s->is_eval[i] == pass) fprintf(f, "%.17g %.9g\n", s->step[i], s->value[i]);
   }
   DS_TRY(plot_close(f, out_dir, dat));
-  if (!(f = plot_open(out_dir, gp))) return DS_ERR_IO;
-  fprintf(f, "set terminal pngcairo size 800,480 noenhanced font ',10'\nset output '%s.png'\n", stem);
-  fprintf(f, "set title ");
+  if (!(f = plot_open(out_dir, gp, in))) return DS_ERR_IO;
+  fprintf(f, "set terminal pngcairo size 800,480 noenhanced font ',10'\nset output ");
+  plot_quotef(f, "%s.png", stem);
+  fprintf(f, "\nset title ");
   quote_run_name(f, run_dir, s->name);
-  fprintf(f, "\nset xlabel 'step'\nset ylabel '%s'\nset grid\nset key top right\n", stem);
+  fprintf(f, "\nset xlabel 'step'\nset ylabel ");
+  plot_quote(f, stem);
+  fprintf(f, "\nset grid\nset key top right\n");
   int positive = 1;
   for (int i = 0; i < s->n; i++) positive &= s->value[i] > 0;
   if (positive && (!strcmp(s->name, "ppl") || !strcmp(s->name, "lr"))) fprintf(f, "set logscale y\n");
   fprintf(f, "plot ");
-  if (n_train)
-    fprintf(f, "'%s' index 0 using 1:2 with %s lw 1.5 lc rgb '#1f77b4' title 'train'%s", dat,
+  if (n_train) {
+    plot_quote(f, dat);
+    fprintf(f, " index 0 using 1:2 with %s lw 1.5 lc rgb '#1f77b4' title 'train'%s",
             n_train > 1 ? "lines" : "points pt 7", n_eval ? ", \\\n     " : "");
-  if (n_eval)
-    fprintf(f, "'%s' index %d using 1:2 with linespoints pt 7 ps 0.8 lw 2 lc rgb '#d62728' title 'held-out'", dat,
-            n_train ? 1 : 0);
+  }
+  if (n_eval) {
+    plot_quote(f, dat);
+    fprintf(f, " index %d using 1:2 with linespoints pt 7 ps 0.8 lw 2 lc rgb '#d62728' title 'held-out'", n_train ? 1 : 0);
+  }
   fprintf(f, "\n");
   DS_TRY(plot_close(f, out_dir, gp));
   return plot_run(out_dir, gp);
 }
 
-static ds_status plot_vectors(const curves *c, const char *run_dir, const char *out_dir) {
-  char stem[64], dat[80], gp[80];
-  file_stem(c->vec_name, stem, sizeof stem);
+static ds_status plot_vectors(const curves *c, const char *stem, const char *run_dir, const char *out_dir,
+                              const plot_inputs *in) {
+  char dat[80], gp[80];
   snprintf(dat, sizeof dat, "%s.dat", stem);
   snprintf(gp, sizeof gp, "%s.gp", stem);
-  FILE *f = plot_open(out_dir, dat);
+  FILE *f = plot_open(out_dir, dat, in);
   if (!f) return DS_ERR_IO;
-  fprintf(f, "# %s at the last evaluations: position value; one block per evaluation step\n", c->vec_name);
+  fprintf(f, "# ");
+  write_escaped(f, c->vec_name, 0);
+  fprintf(f, " at the last evaluations: position value; one block per evaluation step\n");
   for (int k = 0; k < c->n_vec; k++) {
     if (k) fprintf(f, "\n\n");
     for (int i = 0; i < c->vec_len[k]; i++) fprintf(f, "%d %.9g\n", i + 1, c->vec[k][i]);
   }
   DS_TRY(plot_close(f, out_dir, dat));
-  if (!(f = plot_open(out_dir, gp))) return DS_ERR_IO;
-  fprintf(f, "set terminal pngcairo size 800,480 noenhanced font ',10'\nset output '%s.png'\nset title ", stem);
+  if (!(f = plot_open(out_dir, gp, in))) return DS_ERR_IO;
+  fprintf(f, "set terminal pngcairo size 800,480 noenhanced font ',10'\nset output ");
+  plot_quotef(f, "%s.png", stem);
+  fprintf(f, "\nset title ");
   quote_run_name(f, run_dir, c->vec_name);
-  fprintf(f, "\nset xlabel 'position in the block'\nset ylabel '%s'\nset grid\nset yrange [0:*]\n"
-             "set xtics 1\nset key top right\nplot ", stem);
-  for (int k = 0; k < c->n_vec; k++)
-    fprintf(f, "%s'%s' index %d using 1:2 with linespoints pt 7 lw %s title 'step %d'", k ? ", \\\n     " : "", dat,
-            k, k == c->n_vec - 1 ? "2.5" : "1", c->vec_step[k]);
+  fprintf(f, "\nset xlabel 'position in the block'\nset ylabel ");
+  plot_quote(f, stem);
+  fprintf(f, "\nset grid\nset yrange [0:*]\nset xtics 1\nset key top right\nplot ");
+  for (int k = 0; k < c->n_vec; k++) {
+    fprintf(f, "%s", k ? ", \\\n     " : "");
+    plot_quote(f, dat);
+    fprintf(f, " index %d using 1:2 with linespoints pt 7 lw %s title ", k, k == c->n_vec - 1 ? "2.5" : "1");
+    plot_quotef(f, "step %d", c->vec_step[k]);
+  }
   fprintf(f, "\n");
   DS_TRY(plot_close(f, out_dir, gp));
   return plot_run(out_dir, gp);
 }
 
-ds_status plot_metrics(const char *run_dir, const char *out_dir, int *n_png) {
+ds_status plot_metrics(const char *run_dir, const char *out_dir, const plot_inputs *in, int *n_png) {
   *n_png = 0;
   char *path = ds_path_join(run_dir, "metrics.jsonl");
   if (!path) return DS_FAIL(DS_ERR_NOMEM, "out of memory");
@@ -287,13 +342,23 @@ ds_status plot_metrics(const char *run_dir, const char *out_dir, int *n_png) {
     at = end + 1;
   }
   if (st == DS_OK && c.n == 0) st = DS_FAIL(DS_ERR_FORMAT, "%s: no metrics records to plot", path);
-  if (st == DS_OK) st = ds_mkdir_p(out_dir);
+  if (st == DS_OK && (st = ds_mkdir_p(out_dir)) != DS_OK && in->option) ds_error_wrap(st, "%s", in->option);
+  /* the file names: keys that differ only in characters a name cannot hold get a suffix */
+  char stems[MAX_METRICS + 1][64];
+  for (int k = 0; k <= c.n; k++) {
+    file_stem(k < c.n ? c.m[k].name : c.vec_name, stems[k], sizeof stems[k] - 8);
+    for (int e = 0; e < k; e++)
+      if (!strcmp(stems[e], stems[k])) {
+        snprintf(stems[k] + strlen(stems[k]), 8, "-%d", (k + 1) % 1000);
+        break;
+      }
+  }
   for (int k = 0; st == DS_OK && k < c.n; k++) {
-    st = plot_series(&c.m[k], run_dir, out_dir);
+    st = plot_series(&c.m[k], stems[k], run_dir, out_dir, in);
     if (st == DS_OK) (*n_png)++;
   }
   if (st == DS_OK && c.n_vec) {
-    st = plot_vectors(&c, run_dir, out_dir);
+    st = plot_vectors(&c, stems[c.n], run_dir, out_dir, in);
     if (st == DS_OK) (*n_png)++;
   }
   curves_free(&c);

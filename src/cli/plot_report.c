@@ -31,6 +31,7 @@ static int write_columns(FILE *f, const cJSON *const *cols, int n_cols, int firs
 
 typedef struct {
   const char *out_dir, *stem, *title; /* stem: the report's file name without .json */
+  const plot_inputs *in;
 } figure_ctx;
 
 /* Writes STEM-NAME.dat with the columns, STEM-NAME.gp with `head` then `plot` and draws it. */
@@ -39,12 +40,12 @@ static ds_status draw(const figure_ctx *x, const char *name, const cJSON *const 
   char dat[320], gp[320];
   snprintf(dat, sizeof dat, "%s-%s.dat", x->stem, name);
   snprintf(gp, sizeof gp, "%s-%s.gp", x->stem, name);
-  FILE *f = plot_open(x->out_dir, dat);
+  FILE *f = plot_open(x->out_dir, dat, x->in);
   if (!f) return DS_ERR_IO;
   int rows = write_columns(f, cols, n_cols, first);
   DS_TRY(plot_close(f, x->out_dir, dat));
   if (!rows) return DS_OK; /* nothing to draw (e.g. no calibration in this report) */
-  if (!(f = plot_open(x->out_dir, gp))) return DS_ERR_IO;
+  if (!(f = plot_open(x->out_dir, gp, x->in))) return DS_ERR_IO;
   fprintf(f, "set terminal pngcairo size 800,480 noenhanced font ',10'\nset output ");
   char png[320];
   snprintf(png, sizeof png, "%s-%s.png", x->stem, name);
@@ -62,7 +63,7 @@ static ds_status draw(const figure_ctx *x, const char *name, const cJSON *const 
   return DS_OK;
 }
 
-ds_status plot_report(const char *json_path, const char *out_dir, int *n_png) {
+ds_status plot_report(const char *json_path, const char *out_dir, const plot_inputs *in, int *n_png) {
   *n_png = 0;
   char *buf = NULL;
   size_t len = 0;
@@ -86,8 +87,12 @@ ds_status plot_report(const char *json_path, const char *out_dir, int *n_png) {
   const cJSON *policy = field(j, "policy");
   snprintf(title, sizeof title, "%s (%s, tau %.3f)", stem, cJSON_IsString(policy) ? policy->valuestring : "?",
            tau->valuedouble);
-  figure_ctx x = {out_dir, stem, title};
-  st = ds_mkdir_p(out_dir);
+  /* The figures' file names: a control character, which no gnuplot string can hold as it is,
+   * becomes '_' (the title keeps it, escaped). */
+  for (char *p = stem; *p; p++)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '_';
+  figure_ctx x = {out_dir, stem, title, in};
+  if ((st = ds_mkdir_p(out_dir)) != DS_OK && in->option) ds_error_wrap(st, "%s", in->option);
   if (st == DS_OK) {
     const cJSON *cols[2] = {cond, uncond};
     st = draw(&x, "acceptance", cols, 2, 1,

@@ -78,13 +78,13 @@ cJSON *cli_number_array(const double *v, int64_t n) {
   return a;
 }
 
-ds_status cli_write_json(const char *path, cJSON *j) {
+ds_status cli_write_json(const char *option, const char *path, cJSON *j) {
   char *text = cJSON_Print(j);
   cJSON_Delete(j);
-  if (!text) return DS_FAIL(DS_ERR_NOMEM, "out of memory writing %s", path);
+  if (!text) return DS_FAIL(DS_ERR_NOMEM, "out of memory writing %s %s", option, path);
   ds_status st = ds_write_file_atomic(path, text, strlen(text));
   free(text);
-  return st;
+  return st == DS_OK ? st : ds_error_wrap(st, "%s %s", option, path);
 }
 
 /* The positive finite numbers of array `key` of j; *out malloc'd. A missing key gives n = 0

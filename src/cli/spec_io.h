@@ -52,8 +52,8 @@ ds_status cli_read_calibration(const char *path, const ds_draft *d, const char *
 ds_status cli_read_profile(const char *path, const char *target_dir, const ds_draft *d, const char *draft_dir,
                            double **verify_s, int64_t *n_verify, double **draft_s, int64_t *n_draft);
 
-/* Writes j (pretty-printed) to path atomically and deletes j. */
-ds_status cli_write_json(const char *path, cJSON *j);
+/* Writes j (pretty-printed) to path atomically and deletes j; a failure names option and path. */
+ds_status cli_write_json(const char *option, const char *path, cJSON *j);
 /* An array of n numbers. */
 cJSON *cli_number_array(const double *v, int64_t n);
 

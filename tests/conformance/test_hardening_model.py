@@ -328,7 +328,7 @@ def test_symlinks(ck, args):
     os.makedirs(rundir)
     os.symlink("checkpoint.safetensors", os.path.join(rundir, "checkpoint.safetensors"))
     _, err, rc = run([args.dspark, "draft-forward", rundir, "--inputs", os.path.join(rundir, "x"),
-                     "--out", os.path.join(rundir, "y")], expect_rc=None)
+                     "--out", os.path.join(args.tmp, "link-run-y")], expect_rc=None)
     ck.check(rc == 1 and "checkpoint.safetensors" in err and "symbolic link" in err,
              f"24 draft-forward with a looping checkpoint symlink: rc {rc}: {err}")
 
