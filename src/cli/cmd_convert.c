@@ -6,6 +6,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "dspark/fileio.h"
 #include "dspark/gguf_model.h"
 
 static void usage(FILE *f) {
@@ -54,6 +55,9 @@ int cmd_convert(int argc, char **argv) {
     fprintf(stderr, "usage: dspark convert MODEL.gguf --out DIR [--dtype bf16|f32] [--overwrite]\n");
     return 2;
   }
+  const ds_input_path inputs[] = {{"MODEL.gguf", in}};
+  int refused = cli_output_refused("convert", "--out", out, DS_OUTPUT_DIR, inputs, CLI_N_INPUTS(inputs));
+  if (refused) return refused;
   int empty = 1;
   DIR *dir = opendir(out);
   for (struct dirent *e; dir && (e = readdir(dir)) != NULL;)

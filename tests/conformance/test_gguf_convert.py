@@ -242,6 +242,10 @@ def check_refusals(args, ck, tmp, tokens, merges):
         ck.check(r.returncode == 1 and all(w in r.stderr for w in words), f"{label}: rc {r.returncode}, {r.stderr!r}")
     r = run(args, ["convert", base, "--out", os.path.join(tmp, "converted-llama")], expect_rc=None)
     ck.check(r.returncode == 2 and "not empty" in r.stderr, f"a non-empty --out: rc {r.returncode} {r.stderr!r}")
+    before = open(base, "rb").read()
+    r = run(args, ["convert", base, "--out", os.path.join(base, "..", "llama.gguf")], expect_rc=None)
+    ck.check(r.returncode == 2 and "refusing" in r.stderr and open(base, "rb").read() == before,
+             f"--out over the input file: rc {r.returncode} {r.stderr!r}")
     print(f"{len(cases)} files it cannot reproduce refused by name")
 
 
