@@ -27,6 +27,11 @@ case "$name" in
   loops*)
     if ((avx2)) && ! grep -q 'no GEMM library' <<<"$plain"; then echo "FAIL: no warning for the loops: $plain"; fail=1; fi ;;
 esac
+# a bad DSPARK_BF16_GEMM is reported on every build and CPU (it once went unread where the CPU or
+# the build had no native bf16 kernels)
+bad="$(DSPARK_BF16_GEMM=x "$dspark" --help 2>&1 >/dev/null || true)"
+grep -q 'DSPARK_BF16_GEMM=x is not auto, native or sgemm' <<<"$bad" ||
+  { echo "FAIL: DSPARK_BF16_GEMM=x: no warning: $bad"; fail=1; }
 # commands that run no matmul stay quiet
 if "$dspark" export --help 2>&1 | grep -q 'warning: matmuls'; then echo "FAIL: export warns"; fail=1; fi
 ((fail)) && exit 1
