@@ -106,8 +106,10 @@ void ds_data_reader_stats(const ds_data_reader *r, ds_data_stats *out);
 void ds_data_reader_close(ds_data_reader *r);
 /* The data's xxh64, without parsing: one file, the xxh64 of its (decompressed) bytes, which
  * is the plain file hash of earlier versions; several, the xxh64 of their (xxh64, byte count)
- * pairs as little-endian u64s, in reading order. */
-ds_status ds_data_hash(const char *inputs, uint64_t *out);
+ * pairs as little-endian u64s, in reading order. A run of more than max_line_bytes (0: the
+ * default) without a line break is refused, as the reader refuses it: an endless stream such as
+ * /dev/zero is not data. */
+ds_status ds_data_hash(const char *inputs, size_t max_line_bytes, uint64_t *out);
 
 /* Loads and packs the data of inputs (as ds_data_reader_open). eos_id < 0: plain-text documents are joined without a
  * separator. min_len: sequences shorter than this are dropped (at least 2: a draft needs a

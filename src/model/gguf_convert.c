@@ -243,14 +243,6 @@ static ds_status write_weights(const ds_gguf *g, const hparams *h, const char *o
 
 /* ---------------------------------------------------------------- config */
 
-static ds_status write_json(const char *out_dir, const char *name, cJSON *j) {
-  char *text = cJSON_Print(j), *file = ds_path_join(out_dir, name);
-  ds_status st = text && file ? ds_write_file_atomic(file, text, strlen(text)) : DS_FAIL(DS_ERR_NOMEM, "%s", name);
-  free(text);
-  free(file);
-  return st;
-}
-
 static ds_status write_config(const ds_gguf *g, const hparams *h, const ds_gguf_special *sp, const char *out_dir,
                               ds_dtype dtype) {
   cJSON *c = cJSON_CreateObject();
@@ -280,14 +272,14 @@ static ds_status write_config(const ds_gguf *g, const hparams *h, const ds_gguf_
   if (sp->eos >= 0) cJSON_AddNumberToObject(c, "eos_token_id", (double)sp->eos);
   if (sp->pad >= 0) cJSON_AddNumberToObject(c, "pad_token_id", (double)sp->pad);
   cJSON_AddStringToObject(c, "torch_dtype", dtype == DS_BF16 ? "bfloat16" : "float32");
-  ds_status st = write_json(out_dir, "config.json", c);
+  ds_status st = ds_gguf_write_json(out_dir, "config.json", c);
   cJSON_Delete(c);
   if (st != DS_OK) return st;
   cJSON *gen = cJSON_CreateObject();
   if (sp->bos >= 0) cJSON_AddNumberToObject(gen, "bos_token_id", (double)sp->bos);
   if (sp->eos >= 0) cJSON_AddNumberToObject(gen, "eos_token_id", (double)sp->eos);
   if (sp->pad >= 0) cJSON_AddNumberToObject(gen, "pad_token_id", (double)sp->pad);
-  st = write_json(out_dir, "generation_config.json", gen);
+  st = ds_gguf_write_json(out_dir, "generation_config.json", gen);
   cJSON_Delete(gen);
   return st;
 }

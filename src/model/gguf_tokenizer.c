@@ -150,8 +150,8 @@ static cJSON *added_token(int64_t id, const char *content, int special) {
   return a;
 }
 
-static ds_status write_json(const char *out_dir, const char *name, cJSON *j) {
-  char *text = j ? cJSON_PrintUnformatted(j) : NULL, *file = ds_path_join(out_dir, name);
+ds_status ds_gguf_write_json(const char *out_dir, const char *name, const cJSON *j) {
+  char *text = j ? cJSON_Print(j) : NULL, *file = ds_path_join(out_dir, name);
   ds_status st = text && file ? ds_write_file_atomic(file, text, strlen(text)) : DS_FAIL(DS_ERR_NOMEM, "%s", name);
   free(text);
   free(file);
@@ -215,7 +215,7 @@ static ds_status tokenizer_json(const ds_gguf *g, const ds_gguf_kv *tokens, cons
     else cJSON_AddItemToArray(m, cJSON_CreateString(t));
     free(t);
   }
-  if (st == DS_OK) st = write_json(out_dir, "tokenizer.json", root);
+  if (st == DS_OK) st = ds_gguf_write_json(out_dir, "tokenizer.json", root);
   cJSON_Delete(root);
   return st;
 }
@@ -249,7 +249,7 @@ static ds_status tokenizer_config(const ds_gguf *g, const ds_gguf_kv *tokens, co
       cJSON_AddStringToObject(c, "chat_template", t);
     free(t);
   }
-  if (st == DS_OK) st = write_json(out_dir, "tokenizer_config.json", c);
+  if (st == DS_OK) st = ds_gguf_write_json(out_dir, "tokenizer_config.json", c);
   cJSON_Delete(c);
   return st;
 }

@@ -416,8 +416,22 @@ ds_status tk_stream_line(tk_stream *s, char **line, size_t *len) {
   return DS_OK;
 }
 
-ds_status tk_stream_drain(tk_stream *s) {
-  while (!s->done) DS_TRY(fill(s));
+ds_status tk_stream_drain(tk_stream *s, size_t max_line) {
+  size_t run = 0; /* bytes since the last line break: an endless line (/dev/zero) is not data */
+  while (!s->done) {
+    DS_TRY(fill(s));
+    for (const unsigned char *p = s->out, *e = s->out + s->out_len; max_line && p < e;) {
+      const unsigned char *nl = memchr(p, '\n', (size_t)(e - p));
+      size_t seg = (size_t)((nl ? nl : e) - p);
+      if (seg > max_line - run) {
+        char lim[64];
+        return DS_FAIL(DS_ERR_FORMAT, "%s: more than %s without a line break (the data's line limit); "
+                       "--max-line-bytes N raises it", s->path, limit_text(max_line, lim));
+      }
+      run = nl ? 0 : run + seg;
+      p = nl ? nl + 1 : e;
+    }
+  }
   s->out_pos = s->out_len;
   return DS_OK;
 }

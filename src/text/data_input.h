@@ -54,7 +54,7 @@ ds_status tk_stream_line(tk_stream *s, char **line, size_t *len);
 /* The rest of the stream, whole (for plain-text documents): malloc'd, NUL-terminated. */
 ds_status tk_stream_rest(tk_stream *s, char **out, size_t *len);
 /* Reads (and hashes) the rest without keeping it. */
-ds_status tk_stream_drain(tk_stream *s);
+ds_status tk_stream_drain(tk_stream *s, size_t max_line);
 /* xxh64 and count of the decompressed bytes produced so far (all of them once at the end). */
 uint64_t tk_stream_hash(const tk_stream *s);
 uint64_t tk_stream_bytes(const tk_stream *s);

@@ -347,7 +347,7 @@ void ds_data_reader_close(ds_data_reader *r) {
   free(r);
 }
 
-ds_status ds_data_hash(const char *inputs, uint64_t *out) {
+ds_status ds_data_hash(const char *inputs, size_t max_line_bytes, uint64_t *out) {
   tk_input_list files;
   DS_TRY(tk_inputs_expand(inputs, &files));
   uint64_t *h = calloc(files.n, sizeof *h), *z = calloc(files.n, sizeof *z);
@@ -355,7 +355,7 @@ ds_status ds_data_hash(const char *inputs, uint64_t *out) {
   for (size_t i = 0; st == DS_OK && i < files.n; i++) {
     tk_stream *s;
     if ((st = tk_stream_open(files.paths[i], &s)) != DS_OK) break;
-    st = tk_stream_drain(s);
+    st = tk_stream_drain(s, max_line_bytes ? max_line_bytes : DS_DATA_MAX_LINE_DEFAULT);
     h[i] = tk_stream_hash(s);
     z[i] = tk_stream_bytes(s);
     tk_stream_close(s);

@@ -41,7 +41,7 @@ ds_status ds_draft_cache_setup(draft_run *t) {
     e.check_tokenizer = 1;
   }
   if (o->data_path) {
-    DS_TRY(ds_data_hash(o->data_path, &e.data_xxh64));
+    DS_TRY(ds_data_hash(o->data_path, o->max_line_bytes, &e.data_xxh64));
     e.check_data = 1;
   }
   ds_status st = ds_cache_open(o->cache_dir, &e, &t->fc);

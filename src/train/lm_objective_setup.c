@@ -84,7 +84,7 @@ static ds_status open_cache(lm_run *t, const ds_model_config *sc) {
     e.check_weights = 1;
   }
   if (o->data_path) {
-    DS_TRY(ds_data_hash(o->data_path, &e.data_xxh64));
+    DS_TRY(ds_data_hash(o->data_path, o->max_line_bytes, &e.data_xxh64));
     e.check_data = 1;
   }
   DS_TRY(ds_cache_open(o->cache_dir, &e, &t->fc));

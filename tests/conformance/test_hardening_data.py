@@ -172,6 +172,17 @@ def main():
         refused(f"item 3: {name} --data /dev/zero", rc, err, ["/dev/zero"])
         ck.check(rss < 256 * MiB, f"item 3: {name} --data /dev/zero: peak RSS {rss / MiB:.0f} MiB")
 
+    # with --cache, --data is only hashed (to check the cache was made from it): the hash is
+    # bounded the same way (it read /dev/zero forever); the cache is not opened before the hash
+    empty_cache = os.path.join(tmp, "empty-cache")
+    os.makedirs(empty_cache, exist_ok=True)
+    for name, cmd in {"train --cache": [D, "train", "--cache", empty_cache, "--data", "/dev/zero", "--out",
+                                        out_path("trc"), *small],
+                      "distill --cache": [D, "distill", "--cache", empty_cache, "--student", target, "--data",
+                                          "/dev/zero", "--out", out_path("kdc"), *small]}.items():
+        rc, err, rss, secs = run_measured(cmd, 120)
+        refused(f"item 3: {name} --data /dev/zero", rc, err, ["/dev/zero", "without a line break", "--max-line-bytes"])
+
     # a line over a lowered limit is refused; the option raised, the same data passes
     pad = "x" * (3 * MiB // 2)
     lines = [conv(i) for i in range(8)]

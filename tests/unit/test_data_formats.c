@@ -305,7 +305,7 @@ static void test_compression(void) {
     snprintf(want + strlen(want), sizeof want - strlen(want), want_tail, names[i], names[i]);
     EXPECT_RECORDS(path_of(names[i]), 0, want);
     uint64_t h = 0;
-    EXPECT_OK(ds_data_hash(path_of(names[i]), &h));
+    EXPECT_OK(ds_data_hash(path_of(names[i]), 0, &h));
     EXPECT(h == plain_hash);
   }
   /* misnamed, truncated and corrupt files are refused, naming the file */
@@ -456,12 +456,12 @@ static void test_dirs_and_globs(void) {
   EXPECT(got && st.files == 4 && st.records == 4);
   free(got);
   uint64_t h;
-  EXPECT_OK(ds_data_hash(path_of("tree"), &h));
+  EXPECT_OK(ds_data_hash(path_of("tree"), 0, &h));
   EXPECT(h == st.hash);
   /* several files: the xxh64 of their (hash, size) pairs, so a moved line changes it */
   uint64_t hashes[2] = {XXH64("{\"text\": \"a1\"}\n", 15, 0), XXH64("{\"text\": \"b2\"}\n", 15, 0)};
   uint64_t sizes[2] = {15, 15};
-  EXPECT_OK(ds_data_hash(path_of("tree/{a/1.jsonl.gz,b/2.jsonl}"), &h));
+  EXPECT_OK(ds_data_hash(path_of("tree/{a/1.jsonl.gz,b/2.jsonl}"), 0, &h));
   EXPECT(h == tk_data_hash_combine(hashes, sizes, 2));
   expect_refused(path_of("tree/*.parquet"), 0, "no file matches the pattern", NULL);
   snprintf(cmd, sizeof cmd, "mkdir -p '%s/empty'", g_dir);
