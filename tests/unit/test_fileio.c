@@ -61,6 +61,40 @@ static void test_read_reasons(void) {
   EXPECT(text == NULL);
 }
 
+/* ds_output_check: an output that is an input, lies inside an input directory, or (a directory
+ * output) holds an input is refused naming the option and the input, whatever the spelling. */
+static void test_output_check(void) {
+  EXPECT_OK(ds_mkdir_p(at("model/sub")));
+  FILE *f = fopen(at("model/config.json"), "w");
+  EXPECT(f != NULL);
+  if (f) fclose(f);
+  f = fopen(at("data.jsonl"), "w");
+  EXPECT(f != NULL);
+  if (f) fclose(f);
+  EXPECT(symlink("model", at("model-link")) == 0);
+  EXPECT(link(at("data.jsonl"), at("data-hard.jsonl")) == 0);
+  char *model = strdup(at("model")), *data = strdup(at("data.jsonl")), *missing = strdup(at("no-such-file"));
+  const ds_input_path in[] = {{"--target", model}, {"--data", data}, {"--absent", NULL}, {"--missing", missing}};
+  size_t n = sizeof in / sizeof in[0];
+  EXPECT_FAIL_WITH(ds_output_check("--out", at("model/config.json"), DS_OUTPUT_FILE, in, n), "--target");
+  EXPECT(ds_last_error() && strstr(ds_last_error(), "--out"));
+  EXPECT_FAIL_WITH(ds_output_check("--out", at("model/sub/../new.json"), DS_OUTPUT_FILE, in, n), "inside");
+  EXPECT_FAIL_WITH(ds_output_check("--out", at("model-link/x/y.json"), DS_OUTPUT_FILE, in, n), "inside");
+  EXPECT_FAIL_WITH(ds_output_check("--out", at("./data.jsonl"), DS_OUTPUT_FILE, in, n), "--data");
+  EXPECT_FAIL_WITH(ds_output_check("--out", at("data-hard.jsonl"), DS_OUTPUT_FILE, in, n), "--data");
+  EXPECT_FAIL_WITH(ds_output_check("--out", at("model"), DS_OUTPUT_DIR, in, n), "--target");
+  EXPECT_FAIL_WITH(ds_output_check("--out", g_dir, DS_OUTPUT_DIR, in, n), "holds");
+  EXPECT_FAIL_WITH(ds_output_check("--out", at("model"), DS_OUTPUT_FILE, in, n), "is a directory");
+  EXPECT_FAIL_WITH(ds_output_check("--out", at("data.jsonl"), DS_OUTPUT_DIR, in, n), "not a directory");
+  EXPECT_FAIL_WITH(ds_output_check("--out", at("loop/x.json"), DS_OUTPUT_FILE, in, n), "--out");
+  EXPECT_OK(ds_output_check("--out", at("run/new/out.json"), DS_OUTPUT_FILE, in, n)); /* beside the inputs */
+  EXPECT_OK(ds_output_check("--out", at("run2"), DS_OUTPUT_DIR, in, n));
+  EXPECT_OK(ds_output_check("--out", at("modelx/out.json"), DS_OUTPUT_FILE, in, n)); /* a prefix is not a parent */
+  free(model);
+  free(data);
+  free(missing);
+}
+
 int main(void) {
   const char *base = getenv("DSPARK_TEST_TMP");
   snprintf(g_dir, sizeof g_dir, "%s/test_fileio.%ld", base && base[0] ? base : "/tmp", (long)getpid());
@@ -70,5 +104,6 @@ int main(void) {
   }
   TEST_RUN(test_mkdir_reasons);
   TEST_RUN(test_read_reasons);
+  TEST_RUN(test_output_check);
   return TEST_RESULT();
 }
