@@ -16,7 +16,7 @@
 #   9. `dspark plot` draws the training curves and the reports' figures.
 # Environment: DSPARK_DEMO_DIR (default ~/.cache/dspark/demo), DEMO_TARGET_STEPS (240),
 # DEMO_DRAFT_STEPS (300), DEMO_NEW_TOKENS (128 per held-out prompt), DEMO_COMPUTE (fp32, or
-# bf16: every model command with --compute bf16, README "bf16 compute"). Reruns reuse what is done
+# bf16: every model command with --compute bf16, docs/compute.md "bf16 compute"). Reruns reuse what is done
 # (delete the folder to start over).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -89,7 +89,7 @@ dsc calibrate --target "$demo/target" --draft "$demo/dspark" --data "$demo/data/
 
 stamp "speculative decoding of the held-out prompts, one request at a time (dspark speculate)"
 # One request at a time: a verification pass of L+1 tokens then costs little more than one
-# decoding step; a batch of requests already fills the cores (README "Speculative decoding").
+# decoding step; a batch of requests already fills the cores (docs/speculative-decoding.md "Speculative decoding").
 spec() { # NAME DRAFT extra options...
   local name=$1 draft=$2; shift 2
   dsc speculate --target "$demo/target" --draft "$demo/$draft" --data "$demo/data/prompts.txt" --one-at-a-time \

@@ -14,7 +14,7 @@ for arg in "$@"; do
   esac
 done
 
-# What each package is for is in README.md (Dependencies).
+# What each package is for is in docs/dependencies.md.
 apt_packages=(
   build-essential cmake pkg-config
   libdnnl-dev              # oneDNN: the default fp32 GEMM (kernels chosen from the CPU's features)

@@ -20,7 +20,7 @@
  * A stop token inside the committed tokens ends generation there. The output distribution is
  * the target's own (greedy: token-for-token what plain decoding gives).
  *
- * Reporting convention (README "Speculative decoding"): tau = tokens committed per target
+ * Reporting convention (docs/speculative-decoding.md "Speculative decoding"): tau = tokens committed per target
  * verification pass, the bonus / replacement token counted; acceptance per draft position is
  * given conditional (accepted / proposed at that position, i.e. given the earlier ones were)
  * and unconditional (accepted / rounds). */

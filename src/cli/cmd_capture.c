@@ -16,7 +16,7 @@ static void usage(FILE *f) {
     "usage: dspark capture --target DIR --data INPUT --out CACHE [options]\n"
     "Runs the target once over the training sequences (packed exactly as `dspark train` packs them)\n"
     "and writes CACHE/{manifest.json, shard-%%06d.safetensors, target_weights.safetensors,\n"
-    "target_config.json, tokenizer.json} (format: README \"File formats\"). Rerunning the same\n"
+    "target_config.json, tokenizer.json} (format: docs/file-formats.md, \"File formats\"). Rerunning the same\n"
     "command after an interruption (kill, full disk) resumes from the last complete shard; the\n"
     "finished cache is byte-identical to an uninterrupted capture; rerunning a finished capture checks\n"
     "every file and rewrites a missing or changed one. One capture per directory at a time: CACHE/.lock\n"

@@ -25,7 +25,7 @@ static void usage(FILE *f) {
           "  --chunk N          feed N tokens per sequence per forward through the KV cache\n"
           "                     (default: the whole sequence in one prefill)\n"
           "  --threads N        threads for BLAS and kernels\n"
-          "  --compute fp32|bf16  matmul precision (default fp32; bf16: README, \"bf16 compute\")\n"
+          "  --compute fp32|bf16  matmul precision (default fp32; bf16: docs/compute.md, \"bf16 compute\")\n"
           "  --profile          print time and GFLOP/s per kernel to stderr\n"
           "  --repeat N         run the whole forward N times in this process (the KV caches\n"
           "                     emptied between runs) and report each time and the best: the warm\n"

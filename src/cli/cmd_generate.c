@@ -34,7 +34,7 @@ static void usage(FILE *f) {
           "  --ignore-eos          keep generating past a stop token\n"
           "  --print-ids           print the generated ids (one line) instead of text\n"
           "  --threads N           threads for BLAS and kernels\n"
-          "  --compute fp32|bf16   matmul precision (default fp32; bf16: README, \"bf16 compute\")\n"
+          "  --compute fp32|bf16   matmul precision (default fp32; bf16: docs/compute.md, \"bf16 compute\")\n"
           "Generation stops where transformers' generate() stops: on any eos_token_id of\n"
           "MODEL_DIR/generation_config.json when that file exists (none listed there: no stop token),\n"
           "else of config.json. The prompt plus --max-new-tokens must fit in the model's\n"

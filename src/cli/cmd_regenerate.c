@@ -1,5 +1,5 @@
 /* dspark regenerate: replaces each conversation's assistant turns by the target's own answers
- * (README "Regenerating answers with the target"), so a draft trains on what its target says.
+ * (docs/speculative-decoding.md "Regenerating answers with the target"), so a draft trains on what its target says.
  *
  * Conversations are taken in fixed groups of --batch (conversations [g*B, (g+1)*B) of the
  * input): round r decodes the r-th assistant turn of every conversation of the group that has

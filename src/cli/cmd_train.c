@@ -26,7 +26,7 @@ static void usage(FILE *f) {
     "data:\n"
     "  --data INPUT            a file, a directory (its data files, recursively) or a glob ('data/*.jsonl.gz'):\n"
     "                          plain text, or JSONL ({\"text\"}, {\"messages\"} or ShareGPT {\"conversations\"}\n"
-    "                          per line), each file optionally .gz / .zst; README: Training data\n"
+    "                          per line), each file optionally .gz / .zst; docs/data.md\n"
     "  --skip-bad-lines        skip a malformed line (counted and reported) instead of stopping at it\n"
     CLI_MAX_LINE_HELP
     "  --data-format F         auto (default: .jsonl/.ndjson/.json are JSONL and .txt is text, any case;\n"

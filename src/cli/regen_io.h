@@ -1,6 +1,6 @@
 /* The files of `dspark regenerate`: the conversations it reads (one per record of the data,
  * read by ds_data_reader as the trainers read it) and the output it appends to and resumes
- * from (README "Regenerating answers with the target").
+ * from (docs/speculative-decoding.md "Regenerating answers with the target").
  *
  * Every record becomes the JSON object that will be written out once its answers are
  * replaced, in the OpenAI shape the trainers read: {"messages": [...]} as given; ShareGPT

@@ -1,4 +1,4 @@
-"""The cache manifest's own checksum (README "Offline cache": manifest_xxh64), for tests that
+"""The cache manifest's own checksum (docs/file-formats.md "Offline cache": manifest_xxh64), for tests that
 edit a manifest on purpose and must re-stamp it so the edit is judged on its own merits: xxh64
 (seed 0) of manifest.json's bytes with the leading manifest_xxh64 field's 16 hex digits
 replaced by '0'. xxh64 comes from the system libxxhash (the engine links the same library), so

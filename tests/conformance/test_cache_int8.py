@@ -3,7 +3,7 @@ on the tiny Qwen3 target of test_train.py:
 
 - `dspark capture --dtype int8`: the documented tensors (I8 features, F32 scales per position and
   captured layer, BF16 KD log-probs), zeros at padding, each row's absmax stored as +-127; the
-  int8 tensors equal the formula of README "int8 features" applied (in torch) to the engine's own
+  int8 tensors equal the formula of docs/caches.md "int8 features" applied (in torch) to the engine's own
   f32 features bit for bit, and the dequantized features are transformers' hidden states within
   half a quantization step (plus the f32 capture's own 1e-4 normwise tolerance);
 - `dspark train --cache` on the int8 cache runs, and its first-step loss is within 0.1% of the bf16
@@ -31,7 +31,7 @@ def dir_bytes(d):
 
 
 def quantize(x):
-    """README "int8 features", in torch: rows of the last dimension."""
+    """docs/caches.md "int8 features", in torch: rows of the last dimension."""
     import torch
     s = x.abs().amax(dim=-1, keepdim=True) / 127
     q = torch.where(s > 0, torch.round(x / torch.where(s > 0, s, torch.ones_like(s))), torch.zeros_like(x))

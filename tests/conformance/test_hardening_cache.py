@@ -1,6 +1,6 @@
 """Hardening of the offline cache (issue 7), on the tiny Qwen3 target of test_train.py:
 
-- item 20: the manifest has a checksum of its own (manifest_xxh64, README "Offline cache"): a
+- item 20: the manifest has a checksum of its own (manifest_xxh64, docs/file-formats.md "Offline cache"): a
   hand-edited target_layer_ids is refused by `inspect`, `train --cache` and a capture rerun
   instead of flowing into training; a rerun of a complete capture verifies the cache's copies of
   target_config.json and tokenizer.json and restores a deleted or changed one instead of saying

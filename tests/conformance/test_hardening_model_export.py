@@ -169,9 +169,11 @@ def check_30(args, ck, rundir, e1, m, export, fresh, logits, train):
         _, err, _ = export(r, fresh(f"exp-30-{markov}"))
         ck.check("vLLM" in err and "vanilla" in err and module in err,
                  f"30: the {markov} export does not say vLLM cannot load it: {err}")
-    readme = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")).read()
-    ck.check("markov_head.gate_proj" in readme and "dflash_config" in readme,
-             "30: README.md does not document vLLM's vanilla-only loader and dflash_config")
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    import glob
+    docs = "".join(open(p).read() for p in [os.path.join(root, "README.md")] + glob.glob(os.path.join(root, "docs", "*.md")))
+    ck.check("markov_head.gate_proj" in docs and "dflash_config" in docs,
+             "30: README.md and docs/ do not document vLLM's vanilla-only loader and dflash_config")
 
 
 def check_6(args, ck, target, rundir, e1, export, fresh, logits, ref):
