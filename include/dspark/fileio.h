@@ -45,6 +45,9 @@ int ds_file_exists(const char *path);
  * symlink whose target is missing ("dangling"), permission denied on a directory, an I/O
  * error. Use it wherever "absent" selects a different path (model files, checkpoints). */
 ds_status ds_path_probe(const char *path, int *exists);
+/* 1 when path is a directory with no entry but "." and "..", or does not exist (an output that
+ * may be written); 0 otherwise (an entry, or a file). */
+int ds_dir_is_empty(const char *path);
 /* mkdir -p: creates path and its missing parents (0755); an existing directory is fine. */
 ds_status ds_mkdir_p(const char *path);
 

@@ -1,6 +1,5 @@
 /* dspark convert MODEL.gguf --out DIR [--dtype bf16|f32]: a llama.cpp model file as a Hugging Face
  * model directory (include/dspark/gguf_model.h does the work). */
-#include <dirent.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -58,12 +57,7 @@ int cmd_convert(int argc, char **argv) {
   const ds_input_path inputs[] = {{"MODEL.gguf", in}};
   int refused = cli_output_refused("convert", "--out", out, DS_OUTPUT_DIR, inputs, CLI_N_INPUTS(inputs));
   if (refused) return refused;
-  int empty = 1;
-  DIR *dir = opendir(out);
-  for (struct dirent *e; dir && (e = readdir(dir)) != NULL;)
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = 0;
-  if (dir) closedir(dir);
-  if (!empty && !overwrite) {
+  if (!ds_dir_is_empty(out) && !overwrite) {
     fprintf(stderr, "dspark convert: --out %s is not empty (--overwrite replaces the files convert writes)\n", out);
     return 2;
   }

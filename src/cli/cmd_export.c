@@ -4,7 +4,6 @@
  * checkpoint's draft_config metadata, the target's config plus the draft keys, recorded when
  * training started) both come from RUN_DIR/checkpoint.safetensors; RUN_DIR/target_config.json
  * is never read, so editing or deleting it cannot change an export. */
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,12 +42,8 @@ static int export_student(const char *run, const char *ckpt, const char *out, in
   ds_checkpoint_info info = {0};
   char *text = NULL, *tok_src = ds_path_join(run, "tokenizer.json"), *tok_dst = ds_path_join(out, "tokenizer.json");
   size_t len = 0;
-  int rc = 1, empty = 1;
-  DIR *dir = opendir(out);
-  for (struct dirent *e; dir && (e = readdir(dir)) != NULL;)
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = 0;
-  if (dir) closedir(dir);
-  if (!empty && !overwrite) {
+  int rc = 1;
+  if (!ds_dir_is_empty(out) && !overwrite) {
     fprintf(stderr, "dspark export: %s is not empty; a student is exported into a new or empty directory "
             "(--overwrite replaces its config.json, model.safetensors and tokenizer.json)\n", out);
     rc = 2;

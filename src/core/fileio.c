@@ -271,6 +271,16 @@ static int is_temp_name(const char *name) {
   return 1;
 }
 
+int ds_dir_is_empty(const char *path) {
+  DIR *d = opendir(path);
+  if (!d) return errno == ENOENT;
+  int empty = 1;
+  for (struct dirent *e; empty && (e = readdir(d)) != NULL;)
+    empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+  closedir(d);
+  return empty;
+}
+
 ds_status ds_remove_stale_temps(const char *dir, int *removed) {
   if (removed) *removed = 0;
   DIR *d = opendir(dir);

@@ -3,6 +3,7 @@
  * file's tokens and merges, control tokens (type 3) as special added tokens and user-defined ones
  * (type 4) as added tokens, and the split of the pre-tokenizer the file names. */
 #include <cjson/cJSON.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,11 +56,17 @@ ds_status ds_gguf_special_tokens(const ds_gguf *g, int64_t vocab, ds_gguf_specia
 
 /* GPT-2's byte alphabet: byte b is spelled by itself when printable (33-126, 161-172, 174-255),
  * else by 256 + its rank among the others. */
+static int printable_byte(unsigned b) { return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255); }
+
+static unsigned g_byte_chars[256];
+static void fill_byte_chars(void) {
+  for (unsigned x = 0, n = 0; x < 256; x++) g_byte_chars[x] = printable_byte(x) ? x : 256 + n++;
+}
+
 static unsigned byte_char(unsigned b) {
-  if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255)) return b;
-  unsigned n = 0;
-  for (unsigned x = 0; x < b; x++) n += !((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255));
-  return 256 + n;
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, fill_byte_chars);
+  return g_byte_chars[b & 255];
 }
 
 static size_t put_utf8(char *o, unsigned cp) {
