@@ -67,6 +67,8 @@ ds_status ds_tokenizer_decode(const ds_tokenizer *tok, const int32_t *ids, size_
 int64_t ds_tokenizer_vocab_size(const ds_tokenizer *tok); /* max id + 1, added tokens included */
 int32_t ds_tokenizer_token_to_id(const ds_tokenizer *tok, const char *token); /* -1 if absent */
 const char *ds_tokenizer_id_to_token(const ds_tokenizer *tok, int32_t id);   /* NULL if absent */
+/* 1 when id is a special added token (the ones decode(skip_special) drops), else 0. */
+int ds_tokenizer_is_special(const ds_tokenizer *tok, int32_t id);
 
 /* ChatML (Qwen): "<|im_start|>{role}\n{content}<|im_end|>\n" per message, plus
  * "<|im_start|>assistant\n" when add_generation_prompt; the ids are those HF gives for the

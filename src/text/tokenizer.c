@@ -361,6 +361,10 @@ const char *ds_tokenizer_id_to_token(const ds_tokenizer *tok, int32_t id) {
   return (const char *)tok->strs.p + tok->str_off[id];
 }
 
+int ds_tokenizer_is_special(const ds_tokenizer *tok, int32_t id) {
+  return tok && id >= 0 && id < tok->n_ids && (tok->id_flags[id] & TK_ID_PRESENT) && (tok->id_flags[id] & TK_ID_SPECIAL);
+}
+
 size_t tk_token_byte_len(const ds_tokenizer *tok, int32_t id) {
   if (id < 0 || id >= tok->n_ids || !(tok->id_flags[id] & TK_ID_PRESENT)) return 0;
   return tok->dec_len[id];

@@ -15,6 +15,20 @@
 
 static const char *k_mask_candidates[] = {"<|mask|>", "<mask>", "<|MASK|>", "[MASK]", "<|mask_token|>"};
 
+/* 1 when id occurs in any sequence of the data (training and held-out). */
+static int data_contains(const ds_dataset *ds, int32_t id) {
+  for (int64_t i = 0; i < ds->n_seqs; i++) {
+    const int32_t *ids = ds->ids + i * ds->seq_len;
+    for (int64_t k = 0; k < ds->lengths[i]; k++)
+      if (ids[k] == id) return 1;
+  }
+  return 0;
+}
+
+/* The mask token: --mask-token-id, else a reserved mask token of the tokenizer, else (a target
+ * that reserves none, as SmolLM2 and Llama) the special added token of highest id that is no
+ * bos / eos / stop token and occurs nowhere in the data: the chat template and the target's own
+ * answers never produced it, so the draft's mask input cannot be confused with a real token. */
 ds_status ds_draft_run_mask_token(const draft_run *t, int32_t *out) {
   if (t->o->mask_token_id >= 0) {
     if (t->o->mask_token_id >= t->tc.vocab_size)
@@ -30,9 +44,23 @@ ds_status ds_draft_run_mask_token(const draft_run *t, int32_t *out) {
       return DS_OK;
     }
   }
+  int64_t top = ds_tokenizer_vocab_size(t->tok);
+  if (top > t->tc.vocab_size) top = t->tc.vocab_size;
+  for (int64_t id = top - 1; id >= 0; id--) {
+    if (!ds_tokenizer_is_special(t->tok, (int32_t)id) || id == t->tc.bos_token_id) continue;
+    int eos = ds_config_is_stop_token(&t->tc, id);
+    for (int k = 0; k < t->tc.n_eos; k++) eos |= t->tc.eos_token_ids[k] == id;
+    if (eos || data_contains(&t->data, (int32_t)id)) continue;
+    fprintf(stderr, "mask token: %s (id %lld), the last special token the data never contains (the tokenizer "
+            "reserves no mask token; --mask-token-id chooses another)\n",
+            ds_tokenizer_id_to_token(t->tok, (int32_t)id), (long long)id);
+    *out = (int32_t)id;
+    return DS_OK;
+  }
   return DS_FAIL(DS_ERR_ARG,
-                 "%s has no reserved mask token (looked for <|mask|>, <mask>, <|MASK|>, [MASK], "
-                 "<|mask_token|>); pass --mask-token-id with an id the target never produces", t->tokenizer_label);
+                 "%s has no reserved mask token (looked for <|mask|>, <mask>, <|MASK|>, [MASK], <|mask_token|>) and "
+                 "no special token that the data never contains; pass --mask-token-id with an id the target never "
+                 "produces", t->tokenizer_label);
 }
 
 /* Supervised positions that can anchor a block (mask[a] and mask[a+1]) in the training split. */
