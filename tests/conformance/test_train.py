@@ -8,7 +8,9 @@ tokenizer trained here (tokenizers) on the Python standard library's sources:
   last good checkpoint intact; --skip-nonfinite skips and counts it instead;
 - resuming with a changed option is refused naming the option;
 - the export is the HF layout of spec section 7 (checked with `safetensors` and json), and
-  loading it back gives identical logits to the checkpoint it came from."""
+  loading it back gives identical logits to the checkpoint it came from;
+- a target whose tokenizer reserves no mask token gets the last special token that the data never
+  contains (and no eos or bos), and a clear error when there is none."""
 import hashlib
 import json
 import os
@@ -147,6 +149,33 @@ def main():
     r1, r2 = load_file(o1), load_file(o2)
     ck.check(np.array_equal(r1["logits"], r2["logits"]) and np.array_equal(r1["conf_logits"], r2["conf_logits"]),
              "the export's logits differ from the checkpoint's")
+
+    # no reserved mask token: the last special token absent from the data, never the eos (id 0) or
+    # the bos (the config's bos_token_id is 1)
+    plain = common.build_bpe_target(args.tmp, specials=("<|endoftext|>", "<|bos|>", "<|spare_a|>", "<|spare_b|>"),
+                                    name="target-nomask")
+    tok = json.load(open(os.path.join(plain, "tokenizer.json")))
+    ids = {t["content"]: t["id"] for t in tok["added_tokens"]}
+    lines = open(data).read().splitlines()
+    with_b = os.path.join(args.tmp, "data-spare-b.txt")
+    with open(with_b, "w") as f:
+        f.write("\n".join(lines[:-1] + [lines[-1] + " <|spare_b|>"]) + "\n")
+    one = ["--target", plain, "--seq-len", "64", "--num-anchors", "8", "--block-size", "4", "--steps", "1",
+           "--batch-seqs", "2", "--eval-seqs", "2", "--threads", "2", "--markov-rank", "16"]
+    m = run_dir("run-nomask")
+    _, err, _ = common.run([args.dspark, "train", "--data", data, "--out", m] + one)
+    got = json.load(open(os.path.join(m, "run.json")))["mask_token_id"]
+    ck.check(got == ids["<|spare_b|>"] and "<|spare_b|>" in err,
+             f"default mask token {got} (stderr: {err.strip()[:300]}), expected <|spare_b|> = {ids['<|spare_b|>']}")
+    m = run_dir("run-nomask-b")
+    common.run([args.dspark, "train", "--data", with_b, "--out", m] + one)
+    got = json.load(open(os.path.join(m, "run.json")))["mask_token_id"]
+    ck.check(got == ids["<|spare_a|>"], f"a special token the data contains became the mask ({got})")
+    both = os.path.join(args.tmp, "data-spare-ab.txt")
+    with open(both, "w") as f:
+        f.write(open(with_b).read() + "<|spare_a|> again\n")
+    _, err, _ = common.run([args.dspark, "train", "--data", both, "--out", run_dir("run-nomask-c")] + one, expect_rc=1)
+    ck.check("--mask-token-id" in err and "never contains" in err, f"no-candidate message: {err}")
     ck.finish("test_train")
 
 
