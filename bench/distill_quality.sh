@@ -6,7 +6,7 @@
 #   k64-noghost  the same, both sides renormalized over the 64 kept entries (--no-ghost ablation)
 #   k1024     ghost-token top-1024 KD (a quarter of the 4096-token vocabulary)
 # (300 steps of 4 x 256 tokens by default) and prints each run's held-out cross-entropy on the true next token (and perplexity).
-# Needs the demo target: run scripts/demo.sh first (or set DSPARK_DEMO_DIR to its folder).
+# Needs the demo target: run scripts/demo_toy.sh first (or set DSPARK_DEMO_DIR to its folder).
 #   bench/distill_quality.sh [--steps N] [--alpha A] [--build DIR] [--out DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,7 @@ done
 demo="${DSPARK_DEMO_DIR:-$HOME/.cache/dspark/demo}"
 out="${out:-$demo/distill}"
 ds="$build/dspark"
-[ -f "$demo/target/model.safetensors" ] || { echo "no demo target in $demo/target: run scripts/demo.sh first" >&2; exit 1; }
+[ -f "$demo/target/model.safetensors" ] || { echo "no demo target in $demo/target: run scripts/demo_toy.sh first" >&2; exit 1; }
 mkdir -p "$out"
 # about a quarter of the demo target's 14.2M parameters: 3.9M (1.0M of them the tied embedding)
 cat > "$out/student_config.json" <<'EOF'

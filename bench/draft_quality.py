@@ -7,7 +7,7 @@ per block, bonus token included) per evaluation from each run's metrics.jsonl.
     python bench/draft_quality.py --dspark build/release/dspark --target MODEL_DIR --data FILE
         [--steps 400] [--out bench/out/quality]
 
-scripts/demo.sh builds the default target (a small Qwen3 trained on the Python standard
+scripts/demo_toy.sh builds the default target (a small Qwen3 trained on the Python standard
 library's first half) and data (the second half)."""
 import argparse
 import json

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # int8 against bf16 and f32 feature caches on the built-in demo (issue 13, "Caches a quarter the
-# size"): the same target, the same training text and options as scripts/demo.sh's DSpark draft
+# size"): the same target, the same training text and options as scripts/demo_toy.sh's DSpark draft
 # (seq len 256, 2 captured layers, 300 steps, seed 1), one cache per dtype, drafts trained from
 # each with the seeds $INT8_BENCH_SEEDS (default 1 to 16; 1 is the demo's), and held-out prompts
 # decoded greedily by `dspark speculate` with each draft. Reported per dtype:
@@ -16,7 +16,7 @@
 # cannot resolve 1%.
 #
 # Reuses the demo's target and data ($DSPARK_DEMO_DIR, default ~/.cache/dspark/demo); runs
-# scripts/demo.sh first when they are missing. Writes to $INT8_BENCH_DIR (default
+# scripts/demo_toy.sh first when they are missing. Writes to $INT8_BENCH_DIR (default
 # $DSPARK_DEMO_DIR/int8-bench); reruns reuse finished steps. DEMO_DRAFT_STEPS (300) and
 # DEMO_NEW_TOKENS (128) as in the demo. Compute heavy (about 5 minutes per seed on 2 quiet
 # cores): run it niced on a quiet machine.
@@ -33,8 +33,8 @@ stamp() { echo "== [$(($(date +%s) - t_start)) s] $*"; }
 
 if [ ! -f "$demo/target/model.safetensors" ] || [ ! -f "$demo/data/draft-text.jsonl" ] ||
    [ ! -f "$demo/data/prompts.txt" ]; then
-  stamp "the demo's target and data are missing: running scripts/demo.sh"
-  bash scripts/demo.sh
+  stamp "the demo's target and data are missing: running scripts/demo_toy.sh"
+  bash scripts/demo_toy.sh
 fi
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build/release -j "$(nproc)" >/dev/null

@@ -9,7 +9,7 @@
 # steps, seed and batch as the demo's DSpark draft, and decodes the demo's held-out prompts one
 # at a time (greedy, 128 tokens) with `dspark speculate`: tau (tokens per round, bonus
 # included) and speedup against plain decoding in the same run.
-# Needs the demo target: run scripts/demo.sh first (or set DSPARK_DEMO_DIR to its folder).
+# Needs the demo target: run scripts/demo_toy.sh first (or set DSPARK_DEMO_DIR to its folder).
 #   bench/regen_vs_corpus.sh [--steps N] [--build DIR] [--out DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +28,7 @@ demo="${DSPARK_DEMO_DIR:-$HOME/.cache/dspark/demo}"
 out="${out:-$demo/regen-vs-corpus}"
 ds="$build/dspark"
 venv="${DSPARK_VENV:-$HOME/.cache/dspark/venv}"
-[ -f "$demo/target/model.safetensors" ] || { echo "no demo target in $demo/target: run scripts/demo.sh first" >&2; exit 1; }
+[ -f "$demo/target/model.safetensors" ] || { echo "no demo target in $demo/target: run scripts/demo_toy.sh first" >&2; exit 1; }
 mkdir -p "$out"
 t0=$(date +%s)
 stamp() { echo "== [$(($(date +%s) - t0)) s] $*"; }

@@ -1,7 +1,7 @@
 """Speculative decoding on this machine: the demo pair as measured, and a projection to a target
 large enough that decoding is memory-bound here.
 
-1. The demo pair (scripts/demo.sh's reports, `speculate --one-at-a-time --baseline`): tokens/s
+1. The demo pair (scripts/demo_toy.sh's reports, `speculate --one-at-a-time --baseline`): tokens/s
    speculative against plain, tau, and the per-round cost breakdown (draft, verification,
    bookkeeping) against the cost of one plain decoding step.
 2. A random Qwen3 with the shapes of Qwen3-1.7B in bf16 (3.4 GB of weights, far beyond the
