@@ -2,7 +2,7 @@
 """The house rules, checked on every build (ctest `house.layers`):
 
 1. Every `#include "..."` under src/ and include/ points down the layer order or stays in its
-   own folder:   core < io, text, nn, comm < model < loss < train, capture, spec < cli
+   own folder:   core < io, text, nn, comm < model < loss < train, capture, decode < cli
    (folders of one rank may not include each other: io must not reach into text).
    A public header include/dspark/X.h belongs to the folder that implements it (HEADER_LAYER).
 2. No file-level cycles: the objects of the library, read with `nm`, must not call each other
@@ -20,7 +20,7 @@ import sys
 MAX_LINES = 800
 
 RANK = {"core": 0, "io": 1, "text": 1, "nn": 1, "comm": 1, "model": 2, "loss": 3, "train": 4, "capture": 4,
-        "spec": 4, "cli": 5}
+        "decode": 4, "cli": 5}
 
 # Which folder each public header belongs to (the folder whose .c files implement it).
 HEADER_LAYER = {
@@ -35,7 +35,7 @@ HEADER_LAYER = {
     "kd_intermediate.h": "loss",
     "trainer.h": "train", "draft_trainer.h": "train", "lm_trainer.h": "train", "anchors.h": "train", "optim.h": "train", "checkpoint.h": "train",
     "capture.h": "capture",
-    "speculate.h": "spec", "spec_schedule.h": "spec",
+    "speculate.h": "decode", "spec_schedule.h": "decode",
 }
 
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
