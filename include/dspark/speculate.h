@@ -103,6 +103,22 @@ ds_status ds_generate(ds_target *target, const int32_t *prompt, int64_t n_prompt
  * seeds[i]). The timings of every result are the batch's. */
 ds_status ds_generate_batch(ds_target *target, const int32_t *const *prompts, const int64_t *n_prompts, int R,
                             const ds_spec_options *o, ds_spec_result *results);
+/* Continuous batching: up to max_batch requests decode together, and a request that finishes
+ * frees its place at once for the next one, whose prompt is prefilled in the same forward as
+ * the other requests' next tokens. A request's tokens are those ds_generate gives for its prompt
+ * and seed (the rows of one forward do not mix). Its result's prefill_s is the forward that
+ * prefilled it, verify_s the decoding forwards it took part in, total_s from its admission. */
+typedef struct {
+  /* 1 with the next request (its prompt, valid until done() is called for it, its sampling
+   * seed and the caller's tag), or 0 when there is none: the stream ends once no request runs
+   * and next() has none; it is asked again as places free up. */
+  int (*next)(void *user, const int32_t **prompt, int64_t *n_prompt, uint64_t *seed, int64_t *tag);
+  /* A finished request, in the order they finish; *r is the callee's (ds_spec_result_free). A
+   * status other than DS_OK ends the stream with it. */
+  ds_status (*done)(void *user, int64_t tag, ds_spec_result *r);
+  void *user;
+} ds_gen_stream;
+ds_status ds_generate_stream(ds_target *target, int max_batch, const ds_spec_options *o, const ds_gen_stream *s);
 
 /* Decodes one request. target and draft must agree (vocabulary, hidden size, the draft's
  * target layers capturable). */

@@ -1,4 +1,4 @@
-/* The files of `dspark regenerate`: the conversations it reads (one per record of the data,
+/* The files of regeneration (dspark/regenerate.h, `dspark regenerate`): the conversations it reads (one per record of the data,
  * read by ds_data_reader as the trainers read it) and the output it appends to and resumes
  * from (docs/speculative-decoding.md "Regenerating answers with the target").
  *
@@ -11,8 +11,8 @@
  * is such a prompt. Other top-level fields are kept. Each output line carries "regenerated":
  * {"index", "source", "settings", "tokens", "finish"}; a resumed run checks every complete
  * line against the record it names before appending. */
-#ifndef DSPARK_CLI_REGEN_IO_H
-#define DSPARK_CLI_REGEN_IO_H
+#ifndef DSPARK_DECODE_REGEN_IO_H
+#define DSPARK_DECODE_REGEN_IO_H
 
 #include <cjson/cJSON.h>
 #include <stdint.h>

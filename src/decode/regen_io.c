@@ -1,5 +1,5 @@
 /* See regen_io.h. */
-#include "cli/regen_io.h"
+#include "decode/regen_io.h"
 
 #include <errno.h>
 #include <stdio.h>
