@@ -357,8 +357,8 @@ int cmd_loss(int argc, char **argv) {
   for (int64_t r = 0; r < R; r++) /* supervised ids are in [0, V); anything else is never read */
     ids[r] = sup[r] ? (int32_t)ids64[r] : -1;
 
-  ds_dspark_loss_inputs in = {draft, target, ids, em, bk, conf};
-  ds_dspark_row_stats rows = {rowv, rowv + nR, rowv + 2 * nR, rowv + 3 * nR};
+  ds_dspark_loss_inputs in = {draft, target, ids, em, bk, conf, NULL};
+  ds_dspark_row_stats rows = {rowv, rowv + nR, rowv + 2 * nR, rowv + 3 * nR, NULL};
   ds_dspark_loss_result res;
   page_in(draft, (size_t)(R * V) * sizeof(float));
   if (target) page_in(target, (size_t)(R * V) * sizeof(float));

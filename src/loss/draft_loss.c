@@ -84,7 +84,7 @@ ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *s, const ds_dspark_
   if ((st = ds_dspark_loss_weights(&lc, s->n_blocks, g, s->eval_mask, s->block_keep, b.sup, b.w)) != DS_OK) goto done;
   if ((st = ds_dspark_loss_check_ids(0, g, R, V, b.ids, b.sup)) != DS_OK) goto done;
 
-  ds_dspark_row_stats rows = {b.stats, b.stats + R, b.stats + 2 * R, b.stats + 3 * R};
+  ds_dspark_row_stats rows = {b.stats, b.stats + R, b.stats + 2 * R, b.stats + 3 * R, NULL};
   ds_draft_rows_begin(d);
   for (int64_t r0 = 0; r0 < R; r0 += chunk) {
     int64_t n = R - r0 < chunk ? R - r0 : chunk;
@@ -104,7 +104,7 @@ ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *s, const ds_dspark_
       }
       ds_draft_backend(d)->linear_w(b.teacher, V, b.last_rows, ds_draft_lm_head(d), NULL, n, dm, V);
     }
-    ds_dspark_row_stats chunk_rows = {rows.ce + r0, rows.l1 + r0, rows.accept + r0, rows.bce + r0};
+    ds_dspark_row_stats chunk_rows = {rows.ce + r0, rows.l1 + r0, rows.accept + r0, rows.bce + r0, NULL};
     st = ds_dspark_loss_rows(&lc, r0, g, n, V, b.logits, lc.has_teacher ? b.teacher : NULL, b.ids + r0, b.sup + r0,
                              b.w + r0, conf ? conf + r0 : NULL, grad_scale, &chunk_rows, b.logits,
                              lc.has_conf ? b.dconf + r0 : NULL);
