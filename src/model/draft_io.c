@@ -327,11 +327,12 @@ static ds_status read_vocab_ids(const ds_draft_config *cfg, const ds_safetensors
                      (long long)j, (long long)id, (long long)V);
     }
     if (j > 0 && id <= s[j - 1]) {
+      int32_t before = s[j - 1];
       free(s);
       return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' holds %lld at [%lld]: it maps draft id %lld to target id %lld, "
                      "not above draft id %lld's %d (the target ids of a draft vocabulary strictly increase)",
                      ds_st_path(st), name, (long long)off, (long long)j, (long long)j, (long long)id,
-                     (long long)(j - 1), s[j - 1]);
+                     (long long)(j - 1), before);
     }
     s[j] = (int32_t)id;
   }
