@@ -46,16 +46,19 @@ ds_status ds_draft_vocab_select(const int64_t *counts, int64_t V, int64_t N, con
       free(in), free(rest);
       return DS_FAIL(DS_ERR_ARG, "draft vocabulary: mandatory id %d outside the vocabulary [0, %lld)", id, (long long)V);
     }
-    if (!in[id]) in[id] = 1, out[m++] = id;
+    if (!in[id]) in[id] = 1, m++;
   }
   if (m > N) {
     free(in), free(rest);
     return DS_FAIL(DS_ERR_ARG, "--draft-vocab %lld is below the %lld ids every draft vocabulary holds (the chat "
                    "template's assistant-turn ids and the stop / eos ids)", (long long)N, (long long)m);
   }
+  m = 0;
   int64_t n_rest = 0;
-  for (int64_t v = 0; v < V; v++)
-    if (!in[v]) rest[n_rest++] = (id_count){counts ? counts[v] : 0, (int32_t)v};
+  for (int64_t v = 0; v < V; v++) {
+    if (in[v]) out[m++] = (int32_t)v;
+    else rest[n_rest++] = (id_count){counts ? counts[v] : 0, (int32_t)v};
+  }
   qsort(rest, (size_t)n_rest, sizeof *rest, by_count);
   for (int64_t i = 0; m < N; i++) out[m++] = rest[i].id;
   qsort(out, (size_t)N, sizeof *out, by_id);
