@@ -312,7 +312,7 @@ int main(int argc, char **argv) {
   double rss_init = status_mib("VmRSS:");
   if (o.dump) dump(&o, &c, d, &in, o.dump);
 
-  ds_draft_seq seq = {in.T, in.ctx, in.last, in.ids, in.n_blocks, in.anchors, in.keep, in.eval_mask};
+  ds_draft_seq seq = {in.T, in.ctx, in.last, in.ids, in.n_blocks, in.anchors, in.keep, in.eval_mask, {NULL, DS_F32}};
   ds_dspark_loss_config lc = ds_dspark_loss_config_default();
   lc.chunk_rows = o.chunk;
   int64_t R = in.n_blocks * o.G;

@@ -40,6 +40,14 @@ typedef struct {
   int enable_confidence_head;
   int confidence_head_with_markov;
   int64_t num_anchors;       /* anchors per sequence in training (recorded for export) */
+  /* A reduced draft vocabulary (spec section 4a): N > 0 target ids S, strictly increasing, that
+   * the draft predicts over: lm_head and Markov W2 are [N, .], every draft logit row is [N]
+   * (column j is target id S[j]), and the draft carries S as the tensors d2t (I64 [N],
+   * d2t[j] = S[j] - j, as EAGLE-3 / speculators / vLLM read it) and t2d (BOOL [V], v in S).
+   * The input side stays the target's: embed_tokens [V, d] and Markov W1 [V, r] (the previous
+   * token, e.g. the anchor, may be any target id; vLLM's DSpark head has W1 over the target's
+   * vocabulary and W2 over the draft's). 0: the whole vocabulary, no map (N = V in effect). */
+  int64_t draft_vocab_size;
 } ds_draft_config;
 
 const char *ds_markov_type_name(ds_markov_type t);
@@ -54,6 +62,9 @@ ds_status ds_draft_config_default(const ds_model_config *target, int64_t num_lay
 
 typedef struct ds_draft ds_draft;
 
+/* N, the rows of the draft's logits: cfg->draft_vocab_size, or vocab_size without a reduced vocabulary. */
+int64_t ds_draft_config_vocab_rows(const ds_draft_config *c);
+
 /* Creates a draft with seeded random trainable weights (normal(0, 0.02) matrices, ones for
  * norms, zeros for biases) and COPIES of the given frozen tables embed/lm_head [V, d], kept in
  * the dtype given (F32, BF16 or F16): the target's own, so a bf16 target's tables cost the
@@ -62,6 +73,12 @@ typedef struct ds_draft ds_draft;
  * (for a draft whose tables are then read from a file). Trainable parameters are fp32. */
 ds_status ds_draft_new(const ds_draft_config *cfg, ds_weight embed, ds_weight lm_head, uint64_t seed,
                        const ds_backend *backend, ds_draft **out);
+/* The same for a reduced vocabulary (cfg->draft_vocab_size = N > 0): vocab_ids [N] is S
+ * (strictly increasing ids in [0, V), else DS_ERR_ARG naming the entry), lm_head is still the
+ * target's [V, d] table, of which the draft copies the rows S. vocab_ids NULL: exactly
+ * ds_draft_new (which refuses a config with N > 0). */
+ds_status ds_draft_new_vocab(const ds_draft_config *cfg, ds_weight embed, ds_weight lm_head, const int32_t *vocab_ids,
+                             uint64_t seed, const ds_backend *backend, ds_draft **out);
 void ds_draft_free(ds_draft *d);
 const ds_draft_config *ds_draft_get_config(const ds_draft *d);
 
@@ -70,9 +87,15 @@ float *ds_draft_params(ds_draft *d);
 float *ds_draft_grads(ds_draft *d);
 size_t ds_draft_num_params(const ds_draft *d);
 void ds_draft_zero_grads(ds_draft *d);
-/* The frozen replicas, in their dtype. */
+/* The frozen replicas, in their dtype: embed [V, d], lm_head [N, d] (the target's rows S). */
 ds_weight ds_draft_embed(const ds_draft *d);
 ds_weight ds_draft_lm_head(const ds_draft *d);
+/* N: the width of every draft logit row (V without a reduced vocabulary). */
+int64_t ds_draft_vocab_size(const ds_draft *d);
+/* S [N] (strictly increasing target ids; draft column j is target id S[j]) and its inverse
+ * [V] (the column of a target id, -1 outside S); both NULL without a reduced vocabulary. */
+const int32_t *ds_draft_vocab_ids(const ds_draft *d);
+const int32_t *ds_draft_vocab_index(const ds_draft *d);
 
 /* Named views of every tensor (trainable and frozen) with its HF export name and shape, in
  * export order; used by checkpoints and export. */
@@ -82,7 +105,7 @@ typedef struct {
   float *grad;      /* NULL for frozen tensors */
   int ndim;
   int64_t shape[2];
-  ds_dtype dtype;   /* F32, or a frozen table's BF16 / F16 */
+  ds_dtype dtype;   /* F32, or a frozen table's BF16 / F16, or the reduced vocabulary's d2t (I64) / t2d (BOOL) */
 } ds_draft_tensor;
 size_t ds_draft_tensor_count(const ds_draft *d);
 const ds_draft_tensor *ds_draft_tensor_at(const ds_draft *d, size_t i);
@@ -103,10 +126,12 @@ typedef struct {
   const int64_t *anchors;    /* [n_blocks] anchor positions in [0, T-2] */
   const uint8_t *block_keep; /* [n_blocks] 0 = dropped (dummy) block */
   const uint8_t *eval_mask;  /* [n_blocks * g] supervision prefix per block (spec section 5) */
+  ds_weight teacher_head;    /* [V, d] the target's lm_head for the teacher logits lm_head(last); data NULL:
+                                the draft's own replica, which only a full-vocabulary draft has whole */
 } ds_draft_seq;
 
 /* Runs the draft over the blocks of one sequence with teacher forcing and writes
- * logits [n_blocks*g, V] (base logits plus the Markov bias of the teacher-forced previous
+ * logits [n_blocks*g, N] (base logits plus the Markov bias of the teacher-forced previous
  * token) and, when the confidence head is on, conf_logits [n_blocks*g]. Either may be NULL.
  * Inference only (no activations kept). Memory: the caller's logits buffer is the only
  * [rows, V] tensor. */
@@ -128,10 +153,10 @@ const ds_backend *ds_draft_backend(const ds_draft *d);
  * (operand_hold). Every rows_begin needs its rows_end, on error paths too. */
 void ds_draft_rows_begin(ds_draft *d);
 void ds_draft_rows_end(ds_draft *d);
-/* logits (c, V) of rows [r0, r0+c): h @ lm_head^T plus the Markov bias z @ W2^T of the
- * teacher-forced previous token; scratch (c, V) (unused at rank 0). */
+/* logits (c, N) of rows [r0, r0+c): h @ lm_head^T plus the Markov bias z @ W2^T of the
+ * teacher-forced previous token; scratch (c, N) (unused at rank 0). */
 void ds_draft_rows_logits(ds_draft *d, int64_t r0, int64_t c, float *logits, float *scratch);
-/* Backward of those logits: dlogits (c, V) in; dh (c, d) += through the frozen lm_head;
+/* Backward of those logits: dlogits (c, N) in; dh (c, d) += through the frozen lm_head;
  * dz (c, r) += through W2 (may be NULL at rank 0), whose gradient accumulates. */
 void ds_draft_rows_logits_backward(ds_draft *d, int64_t r0, int64_t c, const float *dlogits, float *dh, float *dz);
 /* Backward through the heads (dz (R, r) or NULL, dconf (R) or NULL; both add into dh (R, d),
@@ -156,12 +181,13 @@ ds_status ds_draft_state_crop(ds_draft_state *s, int64_t len);
  * its position) and v. */
 ds_status ds_draft_state_append(ds_draft *d, ds_draft_state *s, const float *ctx, int64_t n);
 /* One backbone pass over [anchor, M, ..., M] at positions len .. len+g-1, seeing the whole
- * cached context and the block: h_out [g, d] final-normed; base_logits [g, V] = h @ lm_head^T
- * (may be NULL). Resets the sequential head's state (s_0 = 0). */
+ * cached context and the block: h_out [g, d] final-normed; base_logits [g, N] = h @ lm_head^T
+ * (may be NULL; column j is target id S[j] with a reduced vocabulary). Resets the sequential
+ * head's state (s_0 = 0). The anchor is a target id. */
 ds_status ds_draft_block(ds_draft *d, ds_draft_state *s, int32_t anchor, float *h_out, float *base_logits);
 /* The sequential head at one slot, left to right: prev is the token chosen for the slot
- * before (the anchor for slot 0), h_k that slot's row of h_out. logits [V] (the slot's base
- * logits) += its Markov bias; *conf_logit = the confidence head's logit (NAN without it).
+ * before (the anchor for slot 0) as a TARGET id (S[j] for draft column j), h_k that slot's row
+ * of h_out. logits [N] (the slot's base logits) += its Markov bias; *conf_logit = the confidence head's logit (NAN without it).
  * The rnn head's state advances. Either output may be NULL. */
 ds_status ds_draft_head_step(ds_draft *d, ds_draft_state *s, const float *h_k, int32_t prev, float *logits,
                              float *conf_logit);
@@ -189,11 +215,15 @@ ds_status ds_draft_hf_config_json(const ds_draft *d, const char *target_config_j
 ds_status ds_draft_load_hf(const char *dir, const ds_backend *backend, ds_draft **out);
 /* Reads every tensor of the draft (trainable and frozen) from st, named prefix + export name;
  * shapes must match exactly and every value be finite. An F32 tensor of the draft takes any
- * float dtype (converted); a BF16 / F16 table must be stored in its own dtype. */
+ * float dtype (converted); a BF16 / F16 table must be stored in its own dtype. A reduced
+ * vocabulary's d2t (and t2d, which may be absent) must equal the draft's own. */
 ds_status ds_draft_read_tensors(ds_draft *d, const ds_safetensors *st, const char *prefix);
 /* A draft of config cfg with every tensor read from st (ds_draft_read_tensors); its frozen
  * tables take the dtype st stores them in (BF16 and F16 kept, anything else read as F32), so
- * a checkpoint or export loads as it was written. */
+ * a checkpoint or export loads as it was written. With cfg->draft_vocab_size = N > 0, S comes
+ * from the tensor d2t (I64 or I32 [N]; S[j] = j + d2t[j] must lie in [0, V) and strictly
+ * increase, else an error naming the tensor and the index), and t2d, when present, must mark
+ * exactly S; a file whose config says N = V and that has no d2t is a full-vocabulary draft. */
 ds_status ds_draft_load_tensors(const ds_draft_config *cfg, const ds_safetensors *st, const char *prefix,
                                 const ds_backend *backend, ds_draft **out);
 /* The draft keys of the exported config.json, parsed back (target fields included). */

@@ -59,9 +59,16 @@ typedef struct {
   const char *chat_template; /* a Jinja file for chat data; NULL: the target's own (chat_template.jinja or
                                 tokenizer_config.json), ChatML when it has none */
   int enable_thinking;      /* passed to the chat template: 0 not passed (its default), 1 true, -1 false */
+  int64_t draft_vocab;      /* N > 0: a reduced draft vocabulary of N ids (spec section 4a); 0: the whole vocabulary */
 } ds_draft_train_options;
 
 void ds_draft_train_options_default(ds_draft_train_options *o);
+/* The reduced draft vocabulary of `train --draft-vocab N`: every mandatory id (n_mandatory of
+ * them, duplicates allowed), then the ids of highest counts [V] (NULL: all 0) among the rest,
+ * ties by lower id, until N; out [N] sorted ascending. Refused naming --draft-vocab: N outside
+ * [1, V], or fewer than the distinct mandatory ids. */
+ds_status ds_draft_vocab_select(const int64_t *counts, int64_t V, int64_t N, const int32_t *mandatory,
+                                int64_t n_mandatory, int32_t *out);
 /* Trains (or resumes) a draft into o->loop.out_dir. */
 ds_status ds_train_draft(const ds_draft_train_options *o);
 

@@ -54,6 +54,7 @@
  * order, double accumulation), rows are independent, and the batch sums run over rows in
  * order after the parallel part: the same inputs give the same bits for any thread count
  * and any chunk_rows. Threads (OpenMP) split the rows of a chunk. */
+
 #ifndef DSPARK_DSPARK_LOSS_H
 #define DSPARK_DSPARK_LOSS_H
 
@@ -89,10 +90,34 @@ ds_status ds_dspark_loss_config_check(const ds_dspark_loss_config *cfg);
 /* decay(k) for slot k (0-based) of a block of g: the weight of a supervised slot. */
 double ds_dspark_loss_decay(const ds_dspark_loss_config *cfg, int64_t k, int64_t g);
 
+/* A reduced draft vocabulary (spec section 4a): the draft predicts over S, N target ids in
+ * increasing order, so its logit rows are [N] (column j is target id S[j]) while the
+ * teacher's stay [V]. Per supervised row, with q = softmax over S (zero outside S) and p the
+ * teacher's FULL softmax (never renormalized over S):
+ *   ce     = -log q(x*)   only where x* is in S (the row's CE term is on); elsewhere no CE term
+ *   l1     = sum_j |q_j - p_{S[j]}| + sum_{v not in S} p_v     (the second sum = 1 - sum_S p:
+ *                                                             the exact 2 TV to the full p)
+ *   accept = clamp(1 - l1 / 2, 0, 1)
+ *   d/d draft_j = w alpha_ce (q_j - [S[j] == x*]) [x* in S] + w alpha_l1 q_j (s_j - sum_u q_u s_u),
+ *                 s_j = sign(q_j - p_{S[j]}) (the outside mass does not depend on the draft)
+ * and the CE pair becomes [sum w ce, sum w] over the rows whose CE term is on. The outside
+ * mass is summed directly over the ids outside S (in the pass that normalizes p), not as
+ * 1 - sum_S p, so with S = all of V in order every value and gradient is the unrestricted
+ * loss's, bit for bit. */
+typedef struct {
+  int64_t n;            /* N = |S|, 1 .. V */
+  const int32_t *ids;   /* [N] S: strictly increasing target ids in [0, V) */
+  const int32_t *index; /* [V] its inverse: index[v] = j when ids[j] = v, else -1 */
+} ds_dspark_vocab;
+
+/* ids strictly increasing in [0, V) and index their exact inverse; DS_ERR_ARG naming the
+ * first bad entry. The loss functions below trust a vocabulary this accepts. */
+ds_status ds_dspark_vocab_check(const ds_dspark_vocab *vocab, int64_t V);
+
 /* Reporting pairs [numerator, denominator]; reduce them by summing, divide at the end. */
 typedef enum {
   DS_DSPARK_PAIR_LOSS = 0, /* [numerator, W] */
-  DS_DSPARK_PAIR_CE,       /* [sum w ce, W] */
+  DS_DSPARK_PAIR_CE,       /* [sum w ce, W]  (reduced vocabulary: both sums over the rows whose x* is in S) */
   DS_DSPARK_PAIR_L1,       /* [sum w l1, W]   ([0, W] without a teacher) */
   DS_DSPARK_PAIR_CONF,     /* [sum w bce, W]  ([0, W] without teacher or confidence logits) */
   DS_DSPARK_PAIR_ACCEPT,   /* [sum accept sup, sum sup]                 teacher only */
@@ -122,6 +147,9 @@ typedef struct {
   double *l1;     /* [n] sum |q - p| */
   double *accept; /* [n] clamp(1 - l1 / 2, 0, 1) */
   double *bce;    /* [n] BCE_with_logits(z, accept) */
+  uint8_t *ce_on; /* [n] 1 where the row's CE term is on (supervised, x* in the draft's vocabulary),
+                     or NULL: the core then writes nothing and the finish takes every supervised
+                     row (right for a full-vocabulary draft, whose CE is on wherever sup is) */
 } ds_dspark_row_stats;
 
 /* ---- level 1: the helpers and the row-chunk core, for the trainer's fused lm_head loop ---- */
@@ -157,6 +185,14 @@ ds_status ds_dspark_loss_rows(const ds_dspark_loss_config *cfg, int64_t row0, in
                               const float *draft, const float *target, const int32_t *ids, const uint8_t *sup,
                               const double *w, const float *conf, double grad_scale,
                               const ds_dspark_row_stats *rows, float *grad_draft, float *grad_conf);
+/* The same over a reduced draft vocabulary (vocab NULL: exactly ds_dspark_loss_rows): draft and
+ * grad_draft are [c, vocab->n], target stays [c, V], ids are target ids. rows->ce_on, when
+ * given, says which rows' CE term is on. */
+ds_status ds_dspark_loss_rows_vocab(const ds_dspark_loss_config *cfg, const ds_dspark_vocab *vocab, int64_t row0,
+                                    int64_t g, int64_t c, int64_t V, const float *draft, const float *target,
+                                    const int32_t *ids, const uint8_t *sup, const double *w, const float *conf,
+                                    double grad_scale, const ds_dspark_row_stats *rows, float *grad_draft,
+                                    float *grad_conf);
 
 /* The finishing reduction of a whole batch, in row order (deterministic):
  *   sup [R] u8, w [R], rows (each [R], from the core)  ->  *out (overwritten),
@@ -175,10 +211,12 @@ typedef struct {
   const uint8_t *eval_mask;   /* [R] */
   const uint8_t *block_keep;  /* [n_blocks] */
   const float *conf_logits;   /* [R], NULL without confidence (must match cfg->has_conf) */
+  const ds_dspark_vocab *vocab; /* NULL: the draft predicts over V; else draft_logits (and
+                                   grad_draft) are [R, vocab->n] (section 4a) */
 } ds_dspark_loss_inputs;
 
 /* Loss, pairs, per-position acceptance and gradients of a batch of n_blocks blocks of g slots,
- * over a vocabulary of V. Validates every supervised id first (nothing is written on that
+ * over a vocabulary of V (the draft's rows over in->vocab when given, checked first). Validates every supervised id first (nothing is written on that
  * error), then runs the core over chunks of cfg->chunk_rows rows and finishes. Extra memory
  * O(threads * V + R). Outputs as in ds_dspark_loss_rows / ds_dspark_loss_finish:
  *   out (overwritten), pos_accept [g] / pos_count [g] (or NULL),

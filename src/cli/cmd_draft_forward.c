@@ -28,11 +28,14 @@ static void usage(FILE *f) {
     "             eval_mask [B*g] or [B, g] U8/BOOL (optional; overrides the one from loss_mask; a\n"
     "             supervised slot's target position anchor + k + 1 must be < T)\n"
     "             last [T, d] F32 (optional: the target's final-normed hidden states = teacher)\n"
+    "             teacher_head [V, d] F32 (a draft over a reduced vocabulary, with --loss and last: the\n"
+    "             target's whole lm_head, which the teacher's distribution needs; finite)\n"
     "             Every tensor is checked for dtype, shape and range first; U8 masks: nonzero = 1, BOOL\n"
     "             bytes are 0 or 1. ctx must be finite, and with --loss so must every row of last that a\n"
     "             supervised slot reads (other rows may hold anything, NaN included). A refusal names the\n"
     "             tensor and the index (exit 1); a tensor of another name is ignored with a warning.\n"
-    "OUT tensors: logits [B*g, V] (Markov bias of the teacher-forced previous token included),\n"
+    "OUT tensors: logits [B*g, N] (Markov bias of the teacher-forced previous token included; N = V,\n"
+    "             or the draft_vocab_size of a reduced draft, whose column j is target id j + d2t[j]),\n"
     "             conf_logits [B*g] (when the draft has a confidence head); with --loss also\n"
     "             numerator, num_tokens, W [1] F64, pair.<loss|ce|l1|confidence|accept_rate|tau> [2] F64,\n"
     "             accept_per_position [g, 2] F64 and grad.<tensor name> for every trainable tensor\n"
@@ -53,6 +56,7 @@ typedef struct {
   uint8_t *eval;    /* [B*g] */
   float *ctx;       /* [T, m*d] finite */
   float *last;      /* [T, d] or NULL */
+  float *teacher;   /* [V, d] the target's lm_head (a reduced draft's teacher) or NULL */
 } fwd_inputs;
 
 static void inputs_free(fwd_inputs *in) {
@@ -63,6 +67,7 @@ static void inputs_free(fwd_inputs *in) {
   free(in->eval);
   free(in->ctx);
   free(in->last);
+  free(in->teacher);
 }
 
 /* A 1-D tensor that defines a size (T for input_ids, B for anchors). */
@@ -78,9 +83,10 @@ static ds_status defining_1d(const ds_tensor_view *v, const char *size_name, int
 }
 
 static ds_status read_inputs(const ds_safetensors *st, const ds_draft_config *c, int want_loss, fwd_inputs *in) {
-  static const char *const names[] = {"ctx", "input_ids", "anchors", "block_keep", "loss_mask", "eval_mask", "last"};
+  static const char *const names[] = {"ctx", "input_ids", "anchors", "block_keep", "loss_mask", "eval_mask", "last",
+                                      "teacher_head"};
   const int64_t g = c->block_size, V = c->vocab_size, dm = c->hidden_size, md = (int64_t)c->n_target_layers * dm;
-  const ds_tensor_view *idv, *anv, *kv, *lmv, *ev, *cv, *lv;
+  const ds_tensor_view *idv, *anv, *kv, *lmv, *ev, *cv, *lv, *hv;
   DS_TRY(cli_in_get(st, "input_ids", 1, CLI_DT_INTS, &idv));
   DS_TRY(cli_in_get(st, "anchors", 1, CLI_DT_INTS, &anv));
   DS_TRY(cli_in_get(st, "ctx", 1, CLI_DT_FLOATS, &cv));
@@ -88,6 +94,9 @@ static ds_status read_inputs(const ds_safetensors *st, const ds_draft_config *c,
   DS_TRY(cli_in_get(st, "loss_mask", 0, CLI_DT_MASKS, &lmv));
   DS_TRY(cli_in_get(st, "eval_mask", 0, CLI_DT_MASKS, &ev));
   DS_TRY(cli_in_get(st, "last", 0, CLI_DT_FLOATS, &lv));
+  /* a reduced draft's teacher needs the target's whole lm_head, which the draft does not hold */
+  int need_head = want_loss && lv && c->draft_vocab_size > 0;
+  DS_TRY(cli_in_get(st, "teacher_head", need_head, CLI_DT(DS_F32), &hv));
   cli_in_warn_unknown(st, names, (int)(sizeof names / sizeof names[0]), "draft-forward");
 
   /* shapes: T from input_ids, B from anchors */
@@ -104,6 +113,8 @@ static ds_status read_inputs(const ds_safetensors *st, const ds_draft_config *c,
   if (lmv) DS_TRY(cli_in_shape(lmv, 1, sT, "[T]"));
   if (ev && !(ev->ndim == 2 && ev->shape[0] == B && ev->shape[1] == g)) DS_TRY(cli_in_shape(ev, 1, sR, "[B*g]"));
   if (lv) DS_TRY(cli_in_shape(lv, 2, slast, "[T, d]"));
+  int64_t shead[2] = {V, dm};
+  if (hv) DS_TRY(cli_in_shape(hv, 2, shead, "[V, d]"));
   in->T = T, in->B = B, in->R = R;
 
   /* values */
@@ -158,6 +169,18 @@ static ds_status read_inputs(const ds_safetensors *st, const ds_draft_config *c,
     return DS_FAIL(DS_ERR_NUMERIC, "%s: tensor 'ctx' holds %s at %s (position %lld, captured layer %d of the draft's "
                    "target_layer_ids): the context features must be finite", cv->file, nonfinite_name(in->ctx[bad]),
                    at, (long long)(bad / md), c->target_layer_ids[(bad % md) / dm]);
+  }
+  if (hv) {
+    in->teacher = cli_alloc(V * dm, sizeof(float), "teacher_head");
+    if (!in->teacher) return DS_ERR_NOMEM;
+    DS_TRY(cli_in_floats(hv, in->teacher));
+    bad = cli_first_nonfinite(in->teacher, V * dm, 0);
+    if (bad >= 0) {
+      char at[160];
+      cli_in_index(hv, bad, at, sizeof at);
+      return DS_FAIL(DS_ERR_NUMERIC, "%s: tensor 'teacher_head' holds %s at %s: the target's lm_head must be finite",
+                     hv->file, nonfinite_name(in->teacher[bad]), at);
+    }
   }
   if (lv) {
     in->last = cli_alloc(T * dm, sizeof(float), "last");
@@ -230,10 +253,10 @@ int cmd_draft_forward(int argc, char **argv) {
   float *logits = NULL, *conf = NULL;
   if (ds_draft_open(dir, ds_backend_cpu(), &d) != DS_OK || ds_st_open(in_path, &st_in) != DS_OK) goto report;
   const ds_draft_config *c = ds_draft_get_config(d);
-  int64_t V = c->vocab_size, g = c->block_size;
+  int64_t N = ds_draft_vocab_size(d), g = c->block_size; /* the logits' columns */
   if (read_inputs(st_in, c, want_loss, &in) != DS_OK) goto report;
   int64_t R = in.R;
-  logits = ds_malloc_aligned((size_t)(R * V) * sizeof(float), "the logits [B*g, V]");
+  logits = ds_malloc_aligned((size_t)(R * N) * sizeof(float), "the logits [B*g, N]");
   if (!logits) goto report;
   conf = cli_alloc(R, sizeof(float), "the confidence logits [B*g]");
   if (!conf) goto report;
@@ -243,9 +266,9 @@ int cmd_draft_forward(int argc, char **argv) {
     goto report;
   }
 
-  ds_draft_seq seq = {in.T, in.ctx, in.last, in.ids, in.B, in.anchors, in.keep, in.eval};
+  ds_draft_seq seq = {in.T, in.ctx, in.last, in.ids, in.B, in.anchors, in.keep, in.eval, {in.teacher, DS_F32}};
   if (ds_draft_forward_blocks(d, &seq, logits, conf) != DS_OK) goto report;
-  int64_t ls[2] = {R, V}, cs[1] = {R};
+  int64_t ls[2] = {R, N}, cs[1] = {R};
   if (ds_st_writer_add(w, "logits", DS_F32, 2, ls, logits) != DS_OK) goto report;
   if (c->enable_confidence_head && ds_st_writer_add(w, "conf_logits", DS_F32, 1, cs, conf) != DS_OK) goto report;
 

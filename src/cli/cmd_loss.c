@@ -28,13 +28,21 @@ static void usage(FILE *f) {
           "  eval_mask        U8 or BOOL [R] or [B, g]  nonzero = evaluated\n"
           "  block_keep_mask  U8 or BOOL [B]            nonzero = anchor kept\n"
           "  conf_logits      F32 [R] or [B, g]         confidence logits (optional)\n"
+          "  draft_vocab      I32 or I64 [N]            a reduced draft vocabulary S (spec section 4a,\n"
+          "                                             optional): the strictly increasing target ids of\n"
+          "                                             draft_logits' N columns; target_logits keep the\n"
+          "                                             full V (q over S, p the full softmax, CE only\n"
+          "                                             where the target id is in S, l1 adds p's mass\n"
+          "                                             outside S); without target_logits, --vocab-size\n"
           "  Checked first, naming the tensor and the index: dtypes and shapes; U8 masks are nonzero = 1,\n"
           "  BOOL bytes 0 or 1; at supervised slots (eval_mask and block_keep_mask) the target id must be in\n"
           "  [0, V) and the draft / target logits and the confidence logit free of NaN and +inf; the other\n"
           "  slots may hold anything. A tensor of another name is ignored with a warning.\n"
           "Output tensors:\n"
           "  numerator F64 [], num_tokens I64 [], W F64 []\n"
-          "  pair.loss, pair.ce, pair.l1, pair.confidence F64 [2]   [numerator, W]\n"
+          "  pair.loss, pair.ce, pair.l1, pair.confidence F64 [2]   [numerator, W] (with draft_vocab,\n"
+          "                                                        pair.ce's sums cover the slots whose\n"
+          "                                                        target id is in S)\n"
           "  pair.accept_rate, pair.tau F64 [2]                     (with a teacher)\n"
           "  per_position.accept, per_position.count F64 [g]        sum accept*sup, sum sup per slot\n"
           "  row.ce, row.l1, row.accept, row.bce F64 [R]            per-row values (0 where unsupervised)\n"
@@ -53,6 +61,7 @@ static void usage(FILE *f) {
           "                      1-based k1 and g the block size), or none\n"
           "  --chunk-rows N      rows per chunk (default 128); results do not depend on it\n"
           "  --grad-scale S      multiplies both gradients (default 1)\n"
+          "  --vocab-size V      the target's vocabulary, for draft_vocab without target_logits\n"
           "  --no-teacher        ignore target_logits (CE only)\n"
           "  --no-conf           ignore conf_logits (confidence term off)\n"
           "  --no-grad           compute values only; write no gradients\n"
@@ -95,7 +104,7 @@ typedef struct loss_args loss_args;
 static ds_status check_supervised(const loss_args *a, const ds_tensor_view *td, const ds_tensor_view *tt,
                                   const ds_tensor_view *ti, const ds_tensor_view *tc, const float *draft,
                                   const float *target, const float *conf, const int64_t *ids, const uint8_t *sup,
-                                  int64_t g, int64_t V);
+                                  int64_t g, int64_t N, int64_t V);
 
 /* Reads one byte per page so that the mapped input is resident before the clock starts: the
  * timing line then covers the loss alone, not the page faults of reading the file. */
@@ -109,7 +118,7 @@ static void page_in(const void *p, size_t nbytes) {
 
 struct loss_args {
   const char *in_path, *out_path;
-  int64_t block_size, threads;
+  int64_t block_size, threads, vocab_size;
   double grad_scale;
   int no_teacher, no_conf, no_grad;
   ds_dspark_loss_config cfg;
@@ -164,6 +173,9 @@ static int parse_args(int argc, char **argv, loss_args *a) {
     } else if (!strcmp(o, "--threads")) {
       VALUE();
       if (!cli_int(o, v, 1, 1024, &a->threads)) return 2;
+    } else if (!strcmp(o, "--vocab-size")) {
+      VALUE();
+      if (!cli_int(o, v, 1, INT32_MAX, &a->vocab_size)) return 2;
     } else if (!strcmp(o, "--no-teacher")) a->no_teacher = 1;
     else if (!strcmp(o, "--no-conf")) a->no_conf = 1;
     else if (!strcmp(o, "--no-grad")) a->no_grad = 1;
@@ -190,7 +202,7 @@ static const char *value_name(float x) { return x != x ? "NaN" : x > 0 ? "+inf" 
 static ds_status check_supervised(const loss_args *a, const ds_tensor_view *td, const ds_tensor_view *tt,
                                   const ds_tensor_view *ti, const ds_tensor_view *tc, const float *draft,
                                   const float *target, const float *conf, const int64_t *ids, const uint8_t *sup,
-                                  int64_t g, int64_t V) {
+                                  int64_t g, int64_t N, int64_t V) {
   char at[160];
   int64_t R = ti->numel;
   for (int64_t r = 0; r < R; r++) {
@@ -204,12 +216,13 @@ static ds_status check_supervised(const loss_args *a, const ds_tensor_view *td, 
     const ds_tensor_view *views[2] = {td, tt};
     const char *what[2] = {"draft logits", "target logits"};
     const float *rows[2] = {draft, target};
+    const int64_t width[2] = {N, V};
     for (int k = 0; k < 2; k++) {
       if (!rows[k]) continue;
-      const float *x = rows[k] + r * V;
-      for (int64_t v = 0; v < V; v++) {
+      const float *x = rows[k] + r * width[k];
+      for (int64_t v = 0; v < width[k]; v++) {
         if (!(x[v] != x[v] || x[v] == INFINITY)) continue;
-        cli_in_index(views[k], r * V + v, at, sizeof at);
+        cli_in_index(views[k], r * width[k] + v, at, sizeof at);
         return DS_FAIL(DS_ERR_NUMERIC, "%s: tensor '%s' holds %s at %s: the %s of block %lld slot %lld (row %lld), "
                        "a supervised slot", a->in_path, views[k]->name, value_name(x[v]), at, what[k],
                        (long long)(r / g), (long long)(r % g), (long long)r);
@@ -254,18 +267,20 @@ int cmd_loss(int argc, char **argv) {
   ds_safetensors *st = NULL;
   ds_st_writer *wr = NULL;
   float *own_draft = NULL, *own_target = NULL, *own_conf = NULL, *grad = NULL, *gconf = NULL;
-  int32_t *ids = NULL;
+  int32_t *ids = NULL, *vocab_ids = NULL, *vocab_index = NULL;
+  ds_dspark_vocab vocab = {0, NULL, NULL};
   int64_t *ids64 = NULL;
   uint8_t *em = NULL, *bk = NULL, *sup = NULL;
   double *wts = NULL, *rowv = NULL, *pos = NULL;
   if (ds_st_open(a.in_path, &st) != DS_OK) goto report;
 
   static const char *const names[] = {"draft_logits", "target_logits", "target_ids", "eval_mask", "block_keep_mask",
-                                      "conf_logits"};
-  const ds_tensor_view *td, *tt, *ti, *te, *tb, *tc;
+                                      "conf_logits", "draft_vocab"};
+  const ds_tensor_view *td, *tt, *ti, *te, *tb, *tc, *tv;
   if (cli_in_get(st, "draft_logits", 1, CLI_DT(DS_F32), &td) || cli_in_get(st, "target_logits", 0, CLI_DT(DS_F32), &tt) ||
       cli_in_get(st, "target_ids", 1, CLI_DT_INTS, &ti) || cli_in_get(st, "eval_mask", 1, CLI_DT_MASKS, &te) ||
-      cli_in_get(st, "block_keep_mask", 1, CLI_DT_MASKS, &tb) || cli_in_get(st, "conf_logits", 0, CLI_DT(DS_F32), &tc))
+      cli_in_get(st, "block_keep_mask", 1, CLI_DT_MASKS, &tb) || cli_in_get(st, "conf_logits", 0, CLI_DT(DS_F32), &tc) ||
+      cli_in_get(st, "draft_vocab", 0, CLI_DT_INTS, &tv))
     goto report;
   cli_in_warn_unknown(st, names, (int)(sizeof names / sizeof names[0]), "loss");
   if (a.no_teacher) tt = NULL;
@@ -278,7 +293,7 @@ int cmd_loss(int argc, char **argv) {
     DS_FAIL(DS_ERR_FORMAT, "%s: tensor 'block_keep_mask' has shape %s, expected [B]", a.in_path, have);
     goto report;
   }
-  int64_t B = tb->shape[0], g, V, R;
+  int64_t B = tb->shape[0], g, V, R, N; /* N: draft_logits' columns (V without draft_vocab) */
   if (td->ndim == 3) {
     g = td->shape[1], V = td->shape[2];
     if (g < 1) {
@@ -314,15 +329,32 @@ int cmd_loss(int argc, char **argv) {
     DS_FAIL(DS_ERR_FORMAT, "%s: tensor 'draft_logits' has an empty vocabulary axis", a.in_path);
     goto report;
   }
+  N = V;
+  if (tv) { /* the draft's columns are S; the target's vocabulary comes from target_logits or --vocab-size */
+    V = tt ? tt->shape[tt->ndim - 1] : a.vocab_size;
+    if (!V) {
+      DS_FAIL(DS_ERR_ARG, "%s: tensor 'draft_vocab' without target_logits needs --vocab-size (the target's "
+              "vocabulary, which the target ids must lie in)", a.in_path);
+      goto report;
+    }
+    if (tv->ndim != 1 || tv->shape[0] != N) {
+      shape_str(have, sizeof have, tv);
+      DS_FAIL(DS_ERR_FORMAT, "%s: tensor 'draft_vocab' has shape %s, expected [%lld] (one target id per column of "
+              "draft_logits)", a.in_path, have, (long long)N);
+      goto report;
+    }
+  }
   if (tt) {
     int same = tt->ndim == td->ndim;
-    for (int d = 0; same && d < td->ndim; d++) same = tt->shape[d] == td->shape[d];
+    for (int d = 0; same && d < td->ndim; d++) same = tt->shape[d] == (d + 1 < td->ndim ? td->shape[d] : V);
     if (!same) {
       char want[128];
+      ds_tensor_view wv = *td; /* draft_logits' shape with the target's vocabulary last */
+      wv.shape[wv.ndim - 1] = V;
       shape_str(have, sizeof have, tt);
-      shape_str(want, sizeof want, td);
-      DS_FAIL(DS_ERR_FORMAT, "%s: tensor 'target_logits' has shape %s, expected %s (the shape of draft_logits)",
-              a.in_path, have, want);
+      shape_str(want, sizeof want, &wv);
+      DS_FAIL(DS_ERR_FORMAT, "%s: tensor 'target_logits' has shape %s, expected %s (the shape of draft_logits%s)",
+              a.in_path, have, want, tv ? ", the target's vocabulary last" : "");
       goto report;
     }
   }
@@ -342,8 +374,28 @@ int cmd_loss(int argc, char **argv) {
   pos = ds_malloc(2 * (size_t)g * sizeof *pos, "per-position acceptance");
   const float *draft = f32_data(td, &own_draft), *target = tt ? f32_data(tt, &own_target) : NULL;
   const float *conf = tc ? f32_data(tc, &own_conf) : NULL;
+  if (tv) { /* S: strictly increasing ids in [0, V), and its inverse */
+    vocab_ids = ds_malloc((size_t)N * sizeof *vocab_ids, "draft_vocab");
+    vocab_index = ds_malloc((size_t)V * sizeof *vocab_index, "draft_vocab index");
+    int64_t *s64 = cli_alloc(N, sizeof *s64, "draft_vocab");
+    ds_status vs = vocab_ids && vocab_index && s64 ? cli_in_ints(tv, 0, V - 1, "the target's vocabulary", s64)
+                                                   : DS_ERR_NOMEM;
+    for (int64_t j = 0; vs == DS_OK && j < N; j++) {
+      if (j > 0 && s64[j] <= s64[j - 1]) {
+        vs = DS_FAIL(DS_ERR_FORMAT, "%s: tensor 'draft_vocab' holds %lld at [%lld] after %lld: the ids must be strictly "
+                     "increasing", a.in_path, (long long)s64[j], (long long)j, (long long)s64[j - 1]);
+        break;
+      }
+      vocab_ids[j] = (int32_t)s64[j];
+    }
+    free(s64);
+    if (vs != DS_OK) goto report;
+    for (int64_t v = 0; v < V; v++) vocab_index[v] = -1;
+    for (int64_t j = 0; j < N; j++) vocab_index[vocab_ids[j]] = (int32_t)j;
+    vocab = (ds_dspark_vocab){N, vocab_ids, vocab_index};
+  }
   if (!a.no_grad) {
-    grad = ds_malloc_aligned((size_t)(R * V) * sizeof(float) + 1, "grad.draft_logits");
+    grad = ds_malloc_aligned((size_t)(R * N) * sizeof(float) + 1, "grad.draft_logits");
     gconf = ds_malloc(nR * sizeof *gconf, "grad.conf_logits");
   }
   if (!ids || !em || !bk || !ids64 || !sup || !wts || !rowv || !pos || !draft || (tt && !target) || (tc && !conf) ||
@@ -352,17 +404,17 @@ int cmd_loss(int argc, char **argv) {
   if (cli_in_mask(te, em) != DS_OK || cli_in_mask(tb, bk) != DS_OK) goto report;
   if (ds_dspark_loss_weights(&a.cfg, B, g, em, bk, sup, wts) != DS_OK) goto report;
   if (cli_in_ints(ti, INT64_MIN, INT64_MAX, "any", ids64) != DS_OK ||
-      check_supervised(&a, td, tt, ti, tc, draft, target, conf, ids64, sup, g, V) != DS_OK)
+      check_supervised(&a, td, tt, ti, tc, draft, target, conf, ids64, sup, g, N, V) != DS_OK)
     goto report;
   for (int64_t r = 0; r < R; r++) /* supervised ids are in [0, V); anything else is never read */
     ids[r] = sup[r] ? (int32_t)ids64[r] : -1;
 
-  ds_dspark_loss_inputs in = {draft, target, ids, em, bk, conf};
-  ds_dspark_row_stats rows = {rowv, rowv + nR, rowv + 2 * nR, rowv + 3 * nR};
+  ds_dspark_loss_inputs in = {draft, target, ids, em, bk, conf, tv ? &vocab : NULL};
+  ds_dspark_row_stats rows = {rowv, rowv + nR, rowv + 2 * nR, rowv + 3 * nR, NULL};
   ds_dspark_loss_result res;
-  page_in(draft, (size_t)(R * V) * sizeof(float));
+  page_in(draft, (size_t)(R * N) * sizeof(float));
   if (target) page_in(target, (size_t)(R * V) * sizeof(float));
-  if (grad) memset(grad, 0, (size_t)(R * V) * sizeof(float)); /* first touch, as a trainer's reused buffer */
+  if (grad) memset(grad, 0, (size_t)(R * N) * sizeof(float)); /* first touch, as a trainer's reused buffer */
   double t0 = ds_time_sec();
   ds_status s = ds_dspark_loss(&a.cfg, B, g, V, &in, a.grad_scale, &res, pos, pos + g, grad, gconf, &rows);
   double dt = ds_time_sec() - t0;
@@ -370,8 +422,8 @@ int cmd_loss(int argc, char **argv) {
     ds_error_wrap(s, "%s", a.in_path);
     goto report;
   }
-  fprintf(stderr, "loss: %lld rows (%lld blocks x %lld) x V %lld, %d threads, %s: %.4f s\n", (long long)R,
-          (long long)B, (long long)g, (long long)V, ds_get_num_threads(),
+  fprintf(stderr, "loss: %lld rows (%lld blocks x %lld) x V %lld (draft columns %lld), %d threads, %s: %.4f s\n",
+          (long long)R, (long long)B, (long long)g, (long long)V, (long long)N, ds_get_num_threads(),
           a.no_grad ? "forward" : "forward+backward", dt);
   printf("numerator %.9g  num_tokens %lld  W %.9g\n", res.numerator, (long long)res.num_tokens, res.W);
   for (int i = 0; i < DS_DSPARK_PAIR_COUNT; i++)
@@ -407,7 +459,7 @@ done:
   ds_st_writer_free(wr);
   ds_st_close(st);
   free(own_draft), free(own_target), free(own_conf), free(gconf), free(ids), free(ids64), free(em), free(bk), free(sup);
-  free(wts), free(rowv), free(pos);
+  free(wts), free(rowv), free(pos), free(vocab_ids), free(vocab_index);
   ds_free_aligned(grad);
   return rc;
 }

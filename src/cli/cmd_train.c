@@ -49,6 +49,9 @@ static void usage(FILE *f) {
     "  --no-confidence-head    train without the confidence head\n"
     "  --confidence-no-markov  confidence head sees h only (not the previous token's embedding)\n"
     "  --num-anchors N         anchors per sequence (512)\n"
+    "  --draft-vocab N         predict over N target ids only (spec 4a): the chat template's assistant-turn\n"
+    "                          ids, the stop / eos ids, then the most frequent supervised tokens of the\n"
+    "                          training split; the head GEMMs run over N rows (docs/training.md)\n"
     "loss:\n"
     "  --alpha-ce A --alpha-l1 B --alpha-conf C   term weights (0.1, 0.9, 1.0)\n"
     "  --decay-gamma X         weights exp(-k/X) per slot (4.0); 0 disables\n"
@@ -115,6 +118,7 @@ int cmd_train(int argc, char **argv) {
     else if (!strcmp(a, "--no-confidence-head")) o.confidence_head = 0;
     else if (!strcmp(a, "--confidence-no-markov")) o.confidence_with_markov = 0;
     else if (!strcmp(a, "--num-anchors")) CLI_INT(1, 1 << 20, o.num_anchors);
+    else if (!strcmp(a, "--draft-vocab")) CLI_INT(1, INT32_MAX, o.draft_vocab);
     else if (!strcmp(a, "--alpha-ce")) CLI_NUM(0, 1e6, o.loss.alpha_ce);
     else if (!strcmp(a, "--alpha-l1")) CLI_NUM(0, 1e6, o.loss.alpha_l1);
     else if (!strcmp(a, "--alpha-conf")) CLI_NUM(0, 1e6, o.loss.alpha_conf);

@@ -71,7 +71,9 @@ ds_status ds_spec_profile_draft(ds_target *t, ds_draft *d, int64_t context, int 
     return DS_FAIL(DS_ERR_ARG, "profile: context %lld and repetitions %d must be >= 1 (repetitions <= %d)",
                    (long long)context, reps, PROFILE_MAX_REPS);
   DS_TRY(ds_target_check_capture_layers(t, dc->target_layer_ids, dc->n_target_layers));
-  int64_t V = dc->vocab_size, g = dc->block_size, dm = dc->hidden_size, md = dc->n_target_layers * dm;
+  int64_t V = dc->vocab_size, N = ds_draft_vocab_size(d), g = dc->block_size, dm = dc->hidden_size;
+  int64_t md = dc->n_target_layers * dm;
+  const int32_t *vocab_ids = ds_draft_vocab_ids(d); /* a reduced vocabulary's S: column -> target id */
   int32_t *ids = ds_malloc((size_t)context * sizeof(int32_t), "profile ids");
   float *ctx = ds_malloc_aligned((size_t)(context * md) * sizeof(float), "profile captured rows");
   float *h = ds_malloc_aligned((size_t)(g * dm) * sizeof(float), "profile draft block");
@@ -97,8 +99,9 @@ ds_status ds_spec_profile_draft(ds_target *t, ds_draft *d, int64_t context, int 
       st = ds_draft_block(d, ds, prev, h, logits);
       for (int64_t k = 0; k < L && st == DS_OK; k++) { /* the decoder's per-slot work: bias, confidence, argmax */
         float conf;
-        st = ds_draft_head_step(d, ds, h + k * dm, prev, logits + k * V, &conf);
-        prev = ds_argmax(logits + k * V, V);
+        st = ds_draft_head_step(d, ds, h + k * dm, prev, logits + k * N, &conf);
+        prev = ds_argmax(logits + k * N, N);
+        if (vocab_ids) prev = vocab_ids[prev];
       }
       if (rep >= 0) times[rep] = ds_time_sec() - t0;
     }

@@ -41,8 +41,9 @@ typedef struct {
   int32_t xs;             /* the last committed token, not yet run by the target */
   int done;
   int64_t n_prop;         /* tokens proposed this round */
-  int32_t toks[DS_SPEC_MAX_LEN + 1]; /* [x_s, x_1 .. x_L] */
-  float *q;               /* [g, V] the draft's sampling distributions of the proposed tokens */
+  int32_t toks[DS_SPEC_MAX_LEN + 1]; /* [x_s, x_1 .. x_L] (target ids) */
+  float *q;               /* [g, N] the draft's sampling distributions of the proposed tokens, over its
+                             N columns (a reduced vocabulary's S; N = V without one) */
   int64_t row0;           /* its first row in the batch's target pass */
   float conf[DS_SPEC_MAX_LEN];      /* confidence logits of the slots drafted this round (NAN: none) */
   int64_t n_conf;                   /* slots drafted (the scheduler drafts more than it proposes) */
@@ -57,13 +58,14 @@ typedef struct {
   const ds_spec_options *o;
   const ds_model_config *tc;
   const ds_draft_config *dc;
-  int64_t V, g, md;
+  int64_t V, N, g, md;   /* N: the draft's logit columns */
+  const int32_t *vocab_ids, *vocab_index; /* a reduced draft vocabulary: S [N], its inverse [V]; else NULL */
   int R;
   request *req;
   ds_target_seq *seqs;   /* [R] */
   float *ctx;            /* [rows, m*d] captured target rows of a pass */
   float *tlogits;        /* [rows, V] the target's logits of a pass */
-  float *h, *dlogits;    /* [g, d], [g, V] a draft block */
+  float *h, *dlogits;    /* [g, d], [g, N] a draft block */
   float *p, *resid;      /* [V] */
   void *scratch;
   int64_t step;                      /* batch rounds so far */
@@ -96,13 +98,24 @@ static int commit(run *u, request *q, int32_t tok) {
   return r->n >= u->o->max_new_tokens;
 }
 
-/* Draws from probs [V] (greedy: its argmax, which is where the one-hot sits). */
-static int32_t draw(run *u, request *q, const float *probs) {
-  return u->o->temperature > 0 ? ds_sample_probs(probs, u->V, 1.0, &q->rng) : ds_argmax(probs, u->V);
+/* Draws from probs [n] (greedy: its argmax, which is where the one-hot sits). */
+static int32_t draw_n(run *u, request *q, const float *probs, int64_t n) {
+  return u->o->temperature > 0 ? ds_sample_probs(probs, n, 1.0, &q->rng) : ds_argmax(probs, n);
 }
 
-static void probs_of(run *u, const float *logits, float *probs) {
-  ds_sampling_probs(logits, u->V, (float)u->o->temperature, (float)u->o->top_p, probs, u->scratch);
+static int32_t draw(run *u, request *q, const float *probs) { return draw_n(u, q, probs, u->V); }
+
+static void probs_of_n(run *u, const float *logits, float *probs, int64_t n) {
+  ds_sampling_probs(logits, n, (float)u->o->temperature, (float)u->o->top_p, probs, u->scratch);
+}
+
+static void probs_of(run *u, const float *logits, float *probs) { probs_of_n(u, logits, probs, u->V); }
+
+/* q_k(v) of a target id v: the draft's probability, 0 outside a reduced vocabulary (spec 4a, 8). */
+static float draft_prob(const run *u, const float *qk, int32_t v) {
+  if (!u->vocab_index) return qk[v];
+  int32_t j = u->vocab_index[v];
+  return j >= 0 ? qk[j] : 0.0f;
 }
 
 /* The draft's proposal for request q's round: up to L tokens into q->toks[1..], their
@@ -116,15 +129,16 @@ static ds_status propose(run *u, request *q, int64_t L) {
   int32_t prev = q->xs;
   double cum = 1.0;
   for (int64_t k = 0; k < L; k++) {
-    float *logits = u->dlogits + k * u->V, conf = NAN;
+    float *logits = u->dlogits + k * u->N, conf = NAN;
     DS_TRY(ds_draft_head_step(u->draft, q->st, u->h + k * u->dc->hidden_size, prev, logits, want_conf ? &conf : NULL));
     q->conf[q->n_conf++] = conf;
     if (o->policy == DS_SPEC_THRESHOLD && u->dc->enable_confidence_head) {
       cum *= confidence(o, k, conf);
       if (cum < o->threshold) break;
     }
-    probs_of(u, logits, q->q + k * u->V);
-    prev = q->toks[k + 1] = draw(u, q, q->q + k * u->V);
+    probs_of_n(u, logits, q->q + k * u->N, u->N);
+    int32_t j = draw_n(u, q, q->q + k * u->N, u->N);
+    prev = q->toks[k + 1] = u->vocab_ids ? u->vocab_ids[j] : j; /* draft column -> target id */
     q->n_prop++;
   }
   return DS_OK;
@@ -201,13 +215,13 @@ static ds_status accept(run *u, request *q) {
     int ok;
     if (o->temperature > 0) {
       probs_of(u, row, u->p);
-      const float *qk = q->q + (k - 1) * u->V;
-      double a = u->p[x], b = qk[x];
+      const float *qk = q->q + (k - 1) * u->N;
+      double a = u->p[x], b = draft_prob(u, qk, x);
       ok = o->test_bias || ds_rng_uniform_f64(&q->rng) * b < a; /* u < p/q */
-      if (!ok) { /* the residual max(0, p - q), renormalized */
+      if (!ok) { /* the residual max(0, p - q), renormalized; q is 0 outside a reduced vocabulary */
         double mass = 0;
         for (int64_t v = 0; v < u->V; v++) {
-          float d = u->p[v] - qk[v];
+          float d = u->p[v] - (u->vocab_index ? draft_prob(u, qk, (int32_t)v) : qk[v]);
           u->resid[v] = d > 0 ? d : 0.0f;
           mass += u->resid[v];
         }
@@ -310,7 +324,7 @@ static ds_status speculate(run *u, const int32_t *const *prompts, const int64_t 
   u->ctx = ds_malloc_aligned((size_t)(rows * u->md) * sizeof(float), "captured rows");
   u->tlogits = ds_malloc_aligned((size_t)(u->R * (g + 1) * V) * sizeof(float), "target logits");
   u->h = ds_malloc_aligned((size_t)(g * u->dc->hidden_size) * sizeof(float), "draft block");
-  u->dlogits = ds_malloc_aligned((size_t)(g * V) * sizeof(float), "draft logits");
+  u->dlogits = ds_malloc_aligned((size_t)(g * u->N) * sizeof(float), "draft logits");
   u->p = ds_malloc_aligned((size_t)V * sizeof(float), "target distribution");
   u->resid = ds_malloc_aligned((size_t)V * sizeof(float), "residual distribution");
   u->scratch = ds_malloc(ds_sampler_scratch_bytes(V), "sampler scratch");
@@ -326,7 +340,7 @@ static ds_status speculate(run *u, const int32_t *const *prompts, const int64_t 
     int64_t cap = n_prompts[i] + max_new + g + 2;
     st = ds_kv_cache_new(u->target, cap, &q->kv);
     if (st == DS_OK) st = ds_draft_state_new(u->draft, cap, &q->st);
-    q->q = ds_malloc_aligned((size_t)(g * V) * sizeof(float), "draft distributions");
+    q->q = ds_malloc_aligned((size_t)(g * u->N) * sizeof(float), "draft distributions");
     q->r->ids = ds_malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof(int32_t), "output ids");
     if (st == DS_OK && (!q->q || !q->r->ids)) st = DS_ERR_NOMEM;
     ds_rng_seed(&q->rng, u->o->seeds ? u->o->seeds[i] : u->o->seed + (uint64_t)i);
@@ -373,6 +387,9 @@ ds_status ds_speculate_batch(ds_target *target, ds_draft *draft, const int32_t *
   u.tc = ds_target_config(target);
   u.dc = ds_draft_get_config(draft);
   u.V = u.dc->vocab_size;
+  u.N = ds_draft_vocab_size(draft);
+  u.vocab_ids = ds_draft_vocab_ids(draft);
+  u.vocab_index = ds_draft_vocab_index(draft);
   u.g = u.dc->block_size;
   u.md = u.dc->n_target_layers * u.dc->hidden_size;
   for (int i = 0; i < R; i++) {

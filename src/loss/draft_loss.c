@@ -2,22 +2,26 @@
  * of the draft on one sequence through the draft's training hooks (dspark/draft.h): forward,
  * then the DSpark loss fused with the vocabulary matmuls in row chunks, then the heads' and
  * the layers' backward.
- * Per chunk of c rows: draft logits (c, V) = h @ lm_head^T + z @ W2^T, teacher logits
- * (c, V) = last[a+k] @ lm_head^T, the loss core turns the draft logits into their gradient in
- * place, which flows to dh (through the frozen lm_head) and to dz and W2. Peak extra memory
- * is three (c, V) buffers, independent of the number of blocks. */
+ * Per chunk of c rows: draft logits (c, N) = h @ lm_head^T + z @ W2^T, teacher logits
+ * (c, V) = last[a+k] @ the target's lm_head^T, the loss core turns the draft logits into their
+ * gradient in place, which flows to dh (through the frozen lm_head) and to dz and W2. N = V
+ * for a full-vocabulary draft; with a reduced vocabulary (spec 4a) the draft's matmuls run
+ * over its N rows only, and the teacher's over the full V (the exact TV needs p's full
+ * normalizer). Peak extra memory is two (c, N) buffers and one (c, V), independent of the
+ * number of blocks. */
 #include <string.h>
 
 #include "dspark/backend.h"
 #include "dspark/draft_loss.h"
 
 typedef struct {
-  float *logits, *teacher, *scratch; /* (c, V) each */
+  float *logits, *teacher, *scratch; /* (c, N), (c, V), (c, N) */
   float *last_rows;                  /* (c, d) gathered teacher hidden states */
   int32_t *ids;                      /* (R) target ids x*_{a+k+1} */
   uint8_t *sup;                      /* (R) */
   double *w;                         /* (R) */
   double *stats;                     /* (4 R) ce, l1, accept, bce */
+  uint8_t *ce_on;                    /* (R) CE term on (x* in the draft's vocabulary) */
   float *dh;                         /* (R, d) */
   float *dz;                         /* (R, r) */
   float *dconf;                      /* (R) */
@@ -25,21 +29,23 @@ typedef struct {
 
 /* Carves the buffers from the draft's grow-only loss arena (64-byte aligned pieces); with
  * base NULL only counts the bytes. */
-static size_t layout_buffers(train_buffers *b, char *base, int64_t R, int64_t c, int64_t V, int64_t dm, int64_t r) {
+static size_t layout_buffers(train_buffers *b, char *base, int64_t R, int64_t c, int64_t N, int64_t V, int64_t dm,
+                             int64_t r) {
   size_t off = 0;
 #define TAKE(ptr, bytes)                                  \
   do {                                                    \
     if (base) (ptr) = (void *)(base + off);               \
     off += ((size_t)(bytes) + 63) & ~(size_t)63;          \
   } while (0)
-  TAKE(b->logits, (size_t)(c * V) * sizeof(float));
+  TAKE(b->logits, (size_t)(c * N) * sizeof(float));
   TAKE(b->teacher, (size_t)(c * V) * sizeof(float));
-  TAKE(b->scratch, (size_t)(c * V) * sizeof(float));
+  TAKE(b->scratch, (size_t)(c * N) * sizeof(float));
   TAKE(b->last_rows, (size_t)(c * dm) * sizeof(float));
   TAKE(b->ids, (size_t)R * sizeof(int32_t));
   TAKE(b->sup, (size_t)R);
   TAKE(b->w, (size_t)R * sizeof(double));
   TAKE(b->stats, (size_t)(4 * R) * sizeof(double));
+  TAKE(b->ce_on, (size_t)R);
   TAKE(b->dh, (size_t)(R * dm) * sizeof(float));
   TAKE(b->dz, (size_t)(R * (r ? r : 1)) * sizeof(float));
   TAKE(b->dconf, (size_t)R * sizeof(float));
@@ -47,12 +53,13 @@ static size_t layout_buffers(train_buffers *b, char *base, int64_t R, int64_t c,
   return off;
 }
 
-static ds_status buffers_alloc(ds_draft *d, train_buffers *b, int64_t R, int64_t c, int64_t V, int64_t dm, int64_t r) {
+static ds_status buffers_alloc(ds_draft *d, train_buffers *b, int64_t R, int64_t c, int64_t N, int64_t V, int64_t dm,
+                               int64_t r) {
   memset(b, 0, sizeof *b);
-  size_t need = layout_buffers(b, NULL, R, c, V, dm, r);
+  size_t need = layout_buffers(b, NULL, R, c, N, V, dm, r);
   char *base = ds_draft_workspace(d, need);
   if (!base) return DS_ERR_NOMEM;
-  layout_buffers(b, base, R, c, V, dm, r);
+  layout_buffers(b, base, R, c, N, V, dm, r);
   memset(b->dh, 0, (size_t)(R * dm) * sizeof(float));
   memset(b->dz, 0, (size_t)(R * (r ? r : 1)) * sizeof(float));
   memset(b->dconf, 0, (size_t)R * sizeof(float));
@@ -64,16 +71,24 @@ ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *s, const ds_dspark_
                             double *pos_count) {
   const ds_draft_config *c = ds_draft_get_config(d);
   int64_t g = c->block_size, R = s->n_blocks * g, V = c->vocab_size, dm = c->hidden_size, r = c->markov_rank;
+  int64_t N = ds_draft_vocab_size(d);
   ds_dspark_loss_config lc = *loss_in;
   lc.has_teacher = s->last != NULL;
   lc.has_conf = lc.has_teacher && c->enable_confidence_head;
   DS_TRY(ds_dspark_loss_config_check(&lc));
   int64_t chunk = lc.chunk_rows < R ? lc.chunk_rows : R;
+  /* A reduced vocabulary: the draft's columns S; the teacher is the target's whole lm_head. */
+  const ds_dspark_vocab vocab = {N, ds_draft_vocab_ids(d), ds_draft_vocab_index(d)};
+  const ds_dspark_vocab *vb = vocab.ids ? &vocab : NULL;
+  ds_weight teacher_head = s->teacher_head.data ? s->teacher_head : ds_draft_lm_head(d);
+  if (lc.has_teacher && vb && !s->teacher_head.data)
+    return DS_FAIL(DS_ERR_ARG, "draft loss: a draft over a reduced vocabulary (%lld of %lld ids) needs the target's "
+                   "whole lm_head for the teacher's distribution", (long long)N, (long long)V);
 
   DS_TRY(ds_draft_forward_train(d, s));
   const float *conf = lc.has_conf ? ds_draft_conf_logits(d) : NULL;
   train_buffers b;
-  DS_TRY(buffers_alloc(d, &b, R, chunk, V, dm, r));
+  DS_TRY(buffers_alloc(d, &b, R, chunk, N, V, dm, r));
   ds_status st = DS_OK;
   for (int64_t blk = 0; blk < s->n_blocks; blk++)
     for (int64_t k = 0; k < g; k++) {
@@ -84,15 +99,17 @@ ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *s, const ds_dspark_
   if ((st = ds_dspark_loss_weights(&lc, s->n_blocks, g, s->eval_mask, s->block_keep, b.sup, b.w)) != DS_OK) goto done;
   if ((st = ds_dspark_loss_check_ids(0, g, R, V, b.ids, b.sup)) != DS_OK) goto done;
 
-  ds_dspark_row_stats rows = {b.stats, b.stats + R, b.stats + 2 * R, b.stats + 3 * R};
+  ds_dspark_row_stats rows = {b.stats, b.stats + R, b.stats + 2 * R, b.stats + 3 * R, vb ? b.ce_on : NULL};
   ds_draft_rows_begin(d);
   for (int64_t r0 = 0; r0 < R; r0 += chunk) {
     int64_t n = R - r0 < chunk ? R - r0 : chunk;
     int any = 0;
     for (int64_t i = 0; i < n; i++) any |= b.sup[r0 + i];
     if (!any) { /* nothing supervised: no matmul, zero stats */
-      for (int64_t i = 0; i < n; i++)
+      for (int64_t i = 0; i < n; i++) {
         rows.ce[r0 + i] = rows.l1[r0 + i] = rows.accept[r0 + i] = rows.bce[r0 + i] = 0.0;
+        if (rows.ce_on) rows.ce_on[r0 + i] = 0;
+      }
       continue;
     }
     ds_draft_rows_logits(d, r0, n, b.logits, b.scratch);
@@ -102,12 +119,13 @@ ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *s, const ds_dspark_
         if (t >= s->T) t = 0; /* unsupervised row: any finite input */
         memcpy(b.last_rows + i * dm, s->last + t * dm, (size_t)dm * sizeof(float));
       }
-      ds_draft_backend(d)->linear_w(b.teacher, V, b.last_rows, ds_draft_lm_head(d), NULL, n, dm, V);
+      ds_draft_backend(d)->linear_w(b.teacher, V, b.last_rows, teacher_head, NULL, n, dm, V);
     }
-    ds_dspark_row_stats chunk_rows = {rows.ce + r0, rows.l1 + r0, rows.accept + r0, rows.bce + r0};
-    st = ds_dspark_loss_rows(&lc, r0, g, n, V, b.logits, lc.has_teacher ? b.teacher : NULL, b.ids + r0, b.sup + r0,
-                             b.w + r0, conf ? conf + r0 : NULL, grad_scale, &chunk_rows, b.logits,
-                             lc.has_conf ? b.dconf + r0 : NULL);
+    ds_dspark_row_stats chunk_rows = {rows.ce + r0, rows.l1 + r0, rows.accept + r0, rows.bce + r0,
+                                      rows.ce_on ? rows.ce_on + r0 : NULL};
+    st = ds_dspark_loss_rows_vocab(&lc, vb, r0, g, n, V, b.logits, lc.has_teacher ? b.teacher : NULL, b.ids + r0,
+                                   b.sup + r0, b.w + r0, conf ? conf + r0 : NULL, grad_scale, &chunk_rows, b.logits,
+                                   lc.has_conf ? b.dconf + r0 : NULL);
     if (st != DS_OK) break;
     if (!with_backward) continue;
     /* b.logits now holds d(loss)/d(logits): through lm_head (frozen) to h, through W2 to z. */

@@ -34,16 +34,52 @@ static void row_softmax_scaled(float *gq, const float *x, int64_t V, float mx, f
   }
 }
 
+/* *r = t[ids[0 .. n-1]] padded with `pad` up to LANES lanes: the teacher's logits of the draft's
+ * columns (a reduced vocabulary). */
+static inline void vf_gather(vf *r, const float *t, const int32_t *ids, int64_t n, float pad) {
+  float tmp[LANES];
+  for (int j = 0; j < LANES; j++) tmp[j] = j < n ? t[ids[j]] : pad;
+  memcpy(r, tmp, sizeof *r);
+}
+
+/* row_log_sumexp of t [V] (the same lanes, the same bits) that also returns in *outside the sum
+ * of exp(t_v - mt) over the ids outside the draft's vocabulary (index[v] < 0): the full
+ * softmax's mass outside S is *outside / exp(result). */
+static double row_log_sumexp_outside(const float *t, int64_t V, float mt, const int32_t *index, double *outside) {
+  vd acc = {0}, out = {0};
+  vf tv, e = {0}, eo;
+  vi idx;
+  for (int64_t v = 0; v < V; v += LANES) {
+    vf_load(&tv, t + v, V - v, -INFINITY);
+    if (V - v >= LANES) {
+      memcpy(&idx, index + v, sizeof idx);
+    } else {
+      int32_t tmp[LANES];
+      for (int j = 0; j < LANES; j++) tmp[j] = j < V - v ? index[v + j] : 0;
+      memcpy(&idx, tmp, sizeof idx);
+    }
+    tv = tv - mt;
+    vexp(&e, &tv);
+    vd_accumulate(&acc, &e);
+    eo = VF_SELECT(idx < 0, e, VF_SPLAT(0));
+    vd_accumulate(&out, &eo);
+  }
+  *outside = vd_sum(&out);
+  return log(vd_sum(&acc));
+}
+
 /* q = exp((x - mx) - lsx), p = exp((t - mt) - lst): returns l1 = sum |q - p| and *qs = sum q sign(q - p).
- * When gq and sp are non-NULL, q goes to gq [V] (which may alias x) and p to sp [V]. */
-static double row_l1(float *gq, float *sp, const float *x, const float *t, int64_t V, float mx, float lsx, float mt,
-                     float lst, double *qs) {
+ * x [n]; t [n], or with ids (a reduced vocabulary) t [V] read at ids [n]. When gq and sp are
+ * non-NULL, q goes to gq [n] (which may alias x) and p to sp [n]. */
+static double row_l1(float *gq, float *sp, const float *x, const float *t, const int32_t *ids, int64_t V, float mx,
+                     float lsx, float mt, float lst, double *qs) {
   vd l1 = {0}, qsum = {0};
   const vi abs_mask = (vi){0} + 0x7fffffff;
   vf xv, tv, q, p;
   for (int64_t v = 0; v < V; v += LANES) {
     vf_load(&xv, x + v, V - v, -INFINITY); /* padding lanes: q = p = 0 */
-    vf_load(&tv, t + v, V - v, -INFINITY);
+    if (ids) vf_gather(&tv, t, ids + v, V - v, -INFINITY);
+    else vf_load(&tv, t + v, V - v, -INFINITY);
     xv = (xv - mx) - lsx;
     tv = (tv - mt) - lst;
     vexp(&q, &xv);
@@ -94,13 +130,15 @@ ds_status ds_dspark_loss_check_ids(int64_t row0, int64_t g, int64_t n, int64_t V
   return DS_OK;
 }
 
-/* One supervised row: fills the row's values and gradient; returns a ROW_* code.
- *   x [V], t [V] or NULL, gr [V] or NULL (may alias x), sp [V] scratch (when t && gr) */
-static int row_one(const ds_dspark_loss_config *cfg, int64_t V, const float *x, const float *t, int32_t id,
-                   double w, const float *conf, double scale, float *gr, float *sp, double *ce, double *l1,
-                   double *accept, double *bce, float *gconf) {
+/* One supervised row: fills the row's values and gradient; returns a ROW_* code. N = V and
+ * vocab NULL for a full-vocabulary draft; else the draft's N columns are vocab->ids.
+ *   x [N], t [V] or NULL, gr [N] or NULL (may alias x), sp [N] scratch (when t && gr);
+ *   *ce_on = whether x* is in the draft's vocabulary (the CE term is on) */
+static int row_one(const ds_dspark_loss_config *cfg, const ds_dspark_vocab *vocab, int64_t V, int64_t N,
+                   const float *x, const float *t, int32_t id, double w, const float *conf, double scale, float *gr,
+                   float *sp, double *ce, double *l1, double *accept, double *bce, float *gconf, uint8_t *ce_on) {
   int bad;
-  float mx = row_scan(x, V, &bad);
+  float mx = row_scan(x, N, &bad);
   if (bad || mx == -INFINITY) return ROW_BAD_DRAFT;
   float mt = 0.0f;
   if (t) {
@@ -110,28 +148,35 @@ static int row_one(const ds_dspark_loss_config *cfg, int64_t V, const float *x, 
   int conf_on = t && conf;
   if (conf_on && !isfinite(*conf)) return ROW_BAD_CONF;
 
-  double lsx = row_log_sumexp(x, V, mx);
-  *ce = lsx - ((double)x[id] - (double)mx);
+  int32_t j = vocab ? vocab->index[id] : id; /* x*'s column, -1 outside S */
+  *ce_on = j >= 0;
+  double lsx = row_log_sumexp(x, N, mx);
+  *ce = j >= 0 ? lsx - ((double)x[j] - (double)mx) : 0.0;
   if (!isfinite(*ce)) return ROW_BAD_CE;
-  double c_ce = scale * w * cfg->alpha_ce, c_l1 = scale * w * cfg->alpha_l1;
+  double c_ce = j >= 0 ? scale * w * cfg->alpha_ce : 0.0, c_l1 = scale * w * cfg->alpha_l1;
   float lsx_f = (float)lsx;
   if (!t) {
     *l1 = *accept = *bce = 0.0;
-    if (gr) {
-      row_softmax_scaled(gr, x, V, mx, lsx_f, (float)c_ce);
-      gr[id] -= (float)c_ce;
+    if (gr && j >= 0) {
+      row_softmax_scaled(gr, x, N, mx, lsx_f, (float)c_ce);
+      gr[j] -= (float)c_ce;
+    } else if (gr) {
+      memset(gr, 0, (size_t)N * sizeof(float)); /* no term reads this row's logits */
     }
     if (gconf) *gconf = 0.0f;
     return ROW_OK;
   }
-  double lst = row_log_sumexp(t, V, mt), qs;
-  *l1 = row_l1(gr, gr ? sp : NULL, x, t, V, mx, lsx_f, mt, (float)lst, &qs);
+  double outside = 0.0, lst = vocab ? row_log_sumexp_outside(t, V, mt, vocab->index, &outside) : row_log_sumexp(t, V, mt);
+  double qs;
+  *l1 = row_l1(gr, gr ? sp : NULL, x, t, vocab ? vocab->ids : NULL, N, mx, lsx_f, mt, (float)lst, &qs);
+  /* the full p's mass outside S: |0 - p_v| summed there (0 exactly when S is all of V) */
+  if (vocab) *l1 += outside / exp(lst);
   double a = 1.0 - 0.5 * *l1;
   a = a < 0.0 ? 0.0 : (a > 1.0 ? 1.0 : a);
   *accept = a;
   if (gr) {
-    row_grad_l1(gr, sp, V, (float)(c_ce - c_l1 * qs), (float)c_l1);
-    gr[id] -= (float)c_ce;
+    row_grad_l1(gr, sp, N, (float)(c_ce - c_l1 * qs), (float)c_l1);
+    if (j >= 0) gr[j] -= (float)c_ce;
   }
   if (conf_on) {
     double z = (double)*conf;
@@ -144,12 +189,26 @@ static int row_one(const ds_dspark_loss_config *cfg, int64_t V, const float *x, 
   return ROW_OK;
 }
 
-/* draft [c, V], target [c, V], ids/sup/w/conf [c] -> rows [c] each, grad_draft [c, V], grad_conf [c] */
 ds_status ds_dspark_loss_rows(const ds_dspark_loss_config *cfg, int64_t row0, int64_t g, int64_t c, int64_t V,
                               const float *draft, const float *target, const int32_t *ids, const uint8_t *sup,
                               const double *w, const float *conf, double grad_scale,
                               const ds_dspark_row_stats *rows, float *grad_draft, float *grad_conf) {
+  return ds_dspark_loss_rows_vocab(cfg, NULL, row0, g, c, V, draft, target, ids, sup, w, conf, grad_scale, rows,
+                                   grad_draft, grad_conf);
+}
+
+/* draft [c, N], target [c, V], ids/sup/w/conf [c] -> rows [c] each, grad_draft [c, N], grad_conf [c];
+ * N = vocab->n, or V without a vocabulary */
+ds_status ds_dspark_loss_rows_vocab(const ds_dspark_loss_config *cfg, const ds_dspark_vocab *vocab, int64_t row0,
+                                    int64_t g, int64_t c, int64_t V, const float *draft, const float *target,
+                                    const int32_t *ids, const uint8_t *sup, const double *w, const float *conf,
+                                    double grad_scale, const ds_dspark_row_stats *rows, float *grad_draft,
+                                    float *grad_conf) {
   DS_TRY(ds_dspark_loss_config_check(cfg));
+  if (vocab && (!vocab->ids || !vocab->index || vocab->n < 1 || vocab->n > V))
+    return DS_FAIL(DS_ERR_ARG, "dspark loss: a draft vocabulary of %lld ids over V %lld, or without its ids or index",
+                   (long long)vocab->n, (long long)V);
+  int64_t N = vocab ? vocab->n : V;
   if (c < 0 || V < 1 || g < 1 || row0 < 0)
     return DS_FAIL(DS_ERR_ARG, "dspark loss: bad chunk sizes (row0 %lld, c %lld, V %lld, g %lld)",
                    (long long)row0, (long long)c, (long long)V, (long long)g);
@@ -181,16 +240,18 @@ ds_status ds_dspark_loss_rows(const ds_dspark_loss_config *cfg, int64_t row0, in
 #pragma omp parallel if (c > 1)
 #endif
   {
-    float *sp = need_scratch ? malloc((size_t)V * sizeof(float)) : NULL;
+    float *sp = need_scratch ? malloc((size_t)N * sizeof(float)) : NULL;
 #ifdef DSPARK_USE_OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
     for (int64_t i = 0; i < c; i++) {
-      float *gr = grad_draft ? grad_draft + i * V : NULL;
+      float *gr = grad_draft ? grad_draft + i * N : NULL;
       float *gc = grad_conf ? grad_conf + i : NULL;
+      uint8_t on = 0;
       if (!sup[i]) { /* selected out: never read, exact +0.0 everywhere */
         rows->ce[i] = rows->l1[i] = rows->accept[i] = rows->bce[i] = 0.0;
-        if (gr) memset(gr, 0, (size_t)V * sizeof(float));
+        if (rows->ce_on) rows->ce_on[i] = 0;
+        if (gr) memset(gr, 0, (size_t)N * sizeof(float));
         if (gc) *gc = 0.0f;
         continue;
       }
@@ -198,9 +259,10 @@ ds_status ds_dspark_loss_rows(const ds_dspark_loss_config *cfg, int64_t row0, in
         status[i] = ROW_NOMEM;
         continue;
       }
-      status[i] = (uint8_t)row_one(cfg, V, draft + i * V, target ? target + i * V : NULL, ids[i], w[i],
+      status[i] = (uint8_t)row_one(cfg, vocab, V, N, draft + i * N, target ? target + i * V : NULL, ids[i], w[i],
                                    conf ? conf + i : NULL, grad_scale, gr, sp, &rows->ce[i], &rows->l1[i],
-                                   &rows->accept[i], &rows->bce[i], gc);
+                                   &rows->accept[i], &rows->bce[i], gc, &on);
+      if (rows->ce_on) rows->ce_on[i] = on;
     }
     free(sp);
   }
@@ -232,7 +294,7 @@ ds_status ds_dspark_loss_rows(const ds_dspark_loss_config *cfg, int64_t row0, in
                    "(its logit is -inf): infinite cross-entropy", (int)ids[i], b, k, (long long)r);
       break;
     default:
-      st = DS_FAIL(DS_ERR_NOMEM, "dspark loss: cannot allocate a %lld-float scratch row", (long long)V);
+      st = DS_FAIL(DS_ERR_NOMEM, "dspark loss: cannot allocate a %lld-float scratch row", (long long)N);
     }
   }
   free(status);

@@ -34,10 +34,10 @@ static void add_spec(spec_list *l, const char *name, int64_t rows, int64_t cols,
 static void build_specs(ds_draft *d, spec_list *l) {
   const ds_draft_config *c = &d->cfg;
   int64_t dm = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, r = c->markov_rank;
-  int64_t hd = c->head_dim;
+  int64_t hd = c->head_dim, N = d->n_vocab;
   char name[128];
   add_spec(l, "embed_tokens.weight", V, dm, 0, 0, NULL, NULL, &d->embed);
-  add_spec(l, "lm_head.weight", V, dm, 0, 0, NULL, NULL, &d->lm_head);
+  add_spec(l, "lm_head.weight", N, dm, 0, 0, NULL, NULL, &d->lm_head);
   for (int64_t i = 0; i < c->num_layers; i++) {
     draft_layer *w = &d->w.layers[i], *g = &d->g.layers[i];
 #define LAYER(suffix, rows, cols, init, field)                              \
@@ -61,7 +61,7 @@ static void build_specs(ds_draft *d, spec_list *l) {
   add_spec(l, "norm.weight", dm, 0, 1, 1, &d->w.norm, &d->g.norm, NULL);
   if (r > 0) {
     add_spec(l, "markov_head.markov_w1.weight", V, r, 1, 0, &d->w.markov_w1, &d->g.markov_w1, NULL);
-    add_spec(l, "markov_head.markov_w2.weight", V, r, 1, 0, &d->w.markov_w2, &d->g.markov_w2, NULL);
+    add_spec(l, "markov_head.markov_w2.weight", N, r, 1, 0, &d->w.markov_w2, &d->g.markov_w2, NULL);
   }
   if (c->markov_type == DS_MARKOV_GATED) {
     add_spec(l, "markov_head.gate_proj.weight", r, dm + r, 1, 0, &d->w.gate_w, &d->g.gate_w, NULL);
@@ -74,6 +74,12 @@ static void build_specs(ds_draft *d, spec_list *l) {
     int64_t in = dm + (c->confidence_head_with_markov ? r : 0);
     add_spec(l, "confidence_head.proj.weight", 1, in, 1, 0, &d->w.conf_w, &d->g.conf_w, NULL);
     add_spec(l, "confidence_head.proj.bias", 1, 0, 1, 2, &d->w.conf_b, &d->g.conf_b, NULL);
+  }
+  if (c->draft_vocab_size > 0) { /* S, as EAGLE-3 / speculators / vLLM name and shape it */
+    add_spec(l, "d2t", N, 0, 0, 0, NULL, NULL, NULL);
+    if (!l->failed) l->v[l->n - 1].dtype = DS_I64;
+    add_spec(l, "t2d", V, 0, 0, 0, NULL, NULL, NULL);
+    if (!l->failed) l->v[l->n - 1].dtype = DS_BOOL;
   }
 }
 
@@ -88,16 +94,39 @@ static float normal01(ds_rng *rng) {
 
 static int table_dtype_ok(ds_dtype dt) { return dt == DS_F32 || dt == DS_BF16 || dt == DS_F16; }
 
+int64_t ds_draft_config_vocab_rows(const ds_draft_config *c) {
+  return c->draft_vocab_size > 0 ? c->draft_vocab_size : c->vocab_size;
+}
+
 ds_status ds_draft_new(const ds_draft_config *cfg, ds_weight embed, ds_weight lm_head, uint64_t seed,
                        const ds_backend *backend, ds_draft **out) {
+  return ds_draft_new_vocab(cfg, embed, lm_head, NULL, seed, backend, out);
+}
+
+/* S [N]: strictly increasing ids in [0, V). */
+static ds_status check_vocab_ids(const int32_t *ids, int64_t N, int64_t V) {
+  for (int64_t j = 0; j < N; j++)
+    if (ids[j] < 0 || ids[j] >= V || (j > 0 && ids[j] <= ids[j - 1]))
+      return DS_FAIL(DS_ERR_ARG, "draft: vocabulary id %d at %lld is outside [0, %lld) or not above the one before it "
+                     "(a draft vocabulary is strictly increasing)", ids[j], (long long)j, (long long)V);
+  return DS_OK;
+}
+
+ds_status ds_draft_new_vocab(const ds_draft_config *cfg, ds_weight embed, ds_weight lm_head, const int32_t *vocab_ids,
+                             uint64_t seed, const ds_backend *backend, ds_draft **out) {
   *out = NULL;
   DS_TRY(ds_draft_config_check(cfg));
   if (!table_dtype_ok(embed.dtype) || !table_dtype_ok(lm_head.dtype))
     return DS_FAIL(DS_ERR_ARG, "draft: the frozen tables must be F32, BF16 or F16 (got %s and %s)",
                    ds_dtype_name(embed.dtype), ds_dtype_name(lm_head.dtype));
+  if ((cfg->draft_vocab_size > 0) != (vocab_ids != NULL))
+    return DS_FAIL(DS_ERR_ARG, "draft: draft_vocab_size %lld %s the vocabulary's ids", (long long)cfg->draft_vocab_size,
+                   vocab_ids ? "without a reduced vocabulary, but given" : "needs");
+  if (vocab_ids) DS_TRY(check_vocab_ids(vocab_ids, cfg->draft_vocab_size, cfg->vocab_size));
   ds_draft *d = ds_calloc(1, sizeof *d, "draft");
   if (!d) return DS_ERR_NOMEM;
   d->cfg = *cfg;
+  d->n_vocab = ds_draft_config_vocab_rows(cfg);
   d->be = backend ? backend : ds_backend_cpu();
   d->q_dim = cfg->num_attention_heads * cfg->head_dim;
   d->kv_dim = cfg->num_key_value_heads * cfg->head_dim;
@@ -106,9 +135,13 @@ ds_status ds_draft_new(const ds_draft_config *cfg, ds_weight embed, ds_weight lm
   d->w.layers = ds_calloc((size_t)cfg->num_layers, sizeof(draft_layer), "draft layers");
   d->g.layers = ds_calloc((size_t)cfg->num_layers, sizeof(draft_layer), "draft layers");
   d->inv_freq = ds_malloc((size_t)cfg->head_dim / 2 * sizeof(float), "rope table");
+  if (vocab_ids) {
+    d->vocab_ids = ds_malloc((size_t)d->n_vocab * sizeof(int32_t), "draft vocabulary");
+    d->vocab_index = ds_malloc((size_t)cfg->vocab_size * sizeof(int32_t), "draft vocabulary index");
+  }
   spec_list l = {0};
   ds_status st = DS_ERR_NOMEM;
-  if (!d->w.layers || !d->g.layers || !d->inv_freq) goto fail;
+  if (!d->w.layers || !d->g.layers || !d->inv_freq || (vocab_ids && (!d->vocab_ids || !d->vocab_index))) goto fail;
   ds_rope_inv_freq(&cfg->rope_source, d->inv_freq);
   build_specs(d, &l);
   d->specs = l.v;
@@ -144,19 +177,35 @@ ds_status ds_draft_new(const ds_draft_config *cfg, ds_weight embed, ds_weight lm
       data = *s->slot;
     } else {
       data = (char *)d->frozen + s->offset;
-      s->table->data = data;
+      if (s->table) s->table->data = data;
+      else if (s->dtype == DS_I64) d->d2t = data;
+      else d->t2d = data;
     }
     d->tensors[i] = (ds_draft_tensor){s->name, data, s->trainable ? *s->grad_slot : NULL, s->cols ? 2 : 1,
                                       {s->rows, s->cols}, s->dtype};
   }
-  /* Replicas, not aliases: the draft owns its copies (spec section 1), in the dtype given. */
+  /* Replicas, not aliases: the draft owns its copies (spec section 1), in the dtype given;
+   * of the target's lm_head, the rows S of a reduced vocabulary. */
   size_t cells = (size_t)cfg->vocab_size * (size_t)cfg->hidden_size;
   const ds_weight src[2] = {embed, lm_head};
   ds_weight *dst[2] = {&d->embed, &d->lm_head};
   for (int k = 0; k < 2; k++) {
-    size_t bytes = cells * ds_dtype_size(src[k].dtype);
-    if (src[k].data) memcpy((void *)dst[k]->data, src[k].data, bytes);
-    else memset((void *)dst[k]->data, 0, bytes);
+    size_t row = (size_t)cfg->hidden_size * ds_dtype_size(src[k].dtype);
+    if (!src[k].data) memset((void *)dst[k]->data, 0, (k ? (size_t)d->n_vocab : (size_t)cfg->vocab_size) * row);
+    else if (k == 0 || !vocab_ids) memcpy((void *)dst[k]->data, src[k].data, cells * ds_dtype_size(src[k].dtype));
+    else
+      for (int64_t j = 0; j < d->n_vocab; j++)
+        memcpy((char *)dst[k]->data + (size_t)j * row, (const char *)src[k].data + (size_t)vocab_ids[j] * row, row);
+  }
+  if (vocab_ids) {
+    memset(d->t2d, 0, (size_t)cfg->vocab_size);
+    for (int64_t v = 0; v < cfg->vocab_size; v++) d->vocab_index[v] = -1;
+    for (int64_t j = 0; j < d->n_vocab; j++) {
+      d->vocab_ids[j] = vocab_ids[j];
+      d->vocab_index[vocab_ids[j]] = (int32_t)j;
+      d->d2t[j] = (int64_t)vocab_ids[j] - j;
+      d->t2d[vocab_ids[j]] = 1;
+    }
   }
   ds_draft_zero_grads(d);
   /* The MLP runs gate and up as one (2I, d) matmul: they must be adjacent. */
@@ -195,6 +244,8 @@ void ds_draft_free(ds_draft *d) {
   free(d->w.layers);
   free(d->g.layers);
   free(d->inv_freq);
+  free(d->vocab_ids);
+  free(d->vocab_index);
   free(d);
 }
 
@@ -205,6 +256,9 @@ size_t ds_draft_num_params(const ds_draft *d) { return d->n_params; }
 void ds_draft_zero_grads(ds_draft *d) { memset(d->grads, 0, d->n_params * sizeof(float)); }
 ds_weight ds_draft_embed(const ds_draft *d) { return d->embed; }
 ds_weight ds_draft_lm_head(const ds_draft *d) { return d->lm_head; }
+int64_t ds_draft_vocab_size(const ds_draft *d) { return d->n_vocab; }
+const int32_t *ds_draft_vocab_ids(const ds_draft *d) { return d->vocab_ids; }
+const int32_t *ds_draft_vocab_index(const ds_draft *d) { return d->vocab_index; }
 size_t ds_draft_tensor_count(const ds_draft *d) { return d->n_specs; }
 const ds_draft_tensor *ds_draft_tensor_at(const ds_draft *d, size_t i) { return i < d->n_specs ? &d->tensors[i] : NULL; }
 
@@ -380,7 +434,7 @@ ds_status draft_forward(ds_draft *d, const ds_draft_seq *s) {
 
 void draft_block_logits(ds_draft *d, int64_t r0, int64_t c, float *logits, float *scratch) {
   const ds_draft_config *cfg = &d->cfg;
-  int64_t dm = cfg->hidden_size, V = cfg->vocab_size, r = cfg->markov_rank;
+  int64_t dm = cfg->hidden_size, V = d->n_vocab, r = cfg->markov_rank; /* the draft's N columns */
   d->be->linear_w(logits, V, d->acts.h + r0 * dm, d->lm_head, NULL, c, dm, V);
   if (r > 0) {
     /* logits += z @ W2^T: the Markov bias of each slot's previous token. */
@@ -391,7 +445,7 @@ void draft_block_logits(ds_draft *d, int64_t r0, int64_t c, float *logits, float
 
 ds_status ds_draft_forward_blocks(ds_draft *d, const ds_draft_seq *seq, float *logits, float *conf_logits) {
   DS_TRY(draft_forward(d, seq));
-  int64_t R = seq->n_blocks * d->cfg.block_size, V = d->cfg.vocab_size;
+  int64_t R = seq->n_blocks * d->cfg.block_size, V = d->n_vocab;
   if (logits) {
     /* Row chunks keep the Markov-bias scratch at O(chunk * V). */
     enum { CHUNK = 128 };

@@ -46,6 +46,9 @@ ds_status ds_draft_config_check(const ds_draft_config *c) {
   if (c->mask_token_id < 0 || c->mask_token_id >= c->vocab_size)
     return DS_FAIL(DS_ERR_ARG, "draft config: mask_token_id %d outside the vocabulary [0, %lld)", c->mask_token_id,
                    (long long)c->vocab_size);
+  if (c->draft_vocab_size < 0 || c->draft_vocab_size > c->vocab_size)
+    return DS_FAIL(DS_ERR_ARG, "draft config: draft_vocab_size %lld outside [1, %lld] (the target's vocabulary), or 0 "
+                   "for none", (long long)c->draft_vocab_size, (long long)c->vocab_size);
   if (c->n_target_layers < 1 || c->n_target_layers > DS_MAX_TARGET_LAYERS)
     return DS_FAIL(DS_ERR_ARG, "draft config: %d target layers (need 1..%d)", c->n_target_layers, DS_MAX_TARGET_LAYERS);
   for (int i = 0; i < c->n_target_layers; i++) {

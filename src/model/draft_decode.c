@@ -18,7 +18,7 @@ struct ds_draft_state {
   /* one block's scratch */
   float *h, *hn, *q, *kb, *vb, *attn, *lse, *mid, *hp, *gu, *act, *tmp; /* g rows each */
   float *hctx, *hrstd, *rstd;                                           /* context append scratch */
-  float *bias;                                                          /* (V) a slot's Markov bias */
+  float *bias;                                                          /* (N) a slot's Markov bias */
   int64_t hctx_rows;
 };
 
@@ -51,7 +51,7 @@ ds_status ds_draft_state_new(const ds_draft *d, int64_t capacity, ds_draft_state
   ALLOC(s->act, rows * I);
   ALLOC(s->tmp, rows * (d->q_dim > dm ? d->q_dim : dm) + 3 * (r + dm) + 8);
   ALLOC(s->rstd, rows * (Hq > 1 ? Hq : 1) + rows);
-  ALLOC(s->bias, c->vocab_size);
+  ALLOC(s->bias, d->n_vocab);
 #undef ALLOC
   if (!s->k || !s->v || !s->rnn_s || !s->h || !s->hn || !s->q || !s->kb || !s->vb || !s->attn || !s->lse || !s->mid ||
       !s->hp || !s->gu || !s->act || !s->tmp || !s->rstd || !s->bias) {
@@ -125,7 +125,7 @@ ds_status ds_draft_state_append(ds_draft *d, ds_draft_state *s, const float *ctx
 ds_status ds_draft_block(ds_draft *d, ds_draft_state *s, int32_t anchor, float *h_out, float *base_logits) {
   const ds_draft_config *c = &d->cfg;
   const ds_backend *be = d->be;
-  int64_t g = c->block_size, dm = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+  int64_t g = c->block_size, dm = c->hidden_size, I = c->intermediate_size, V = c->vocab_size, N = d->n_vocab;
   if (anchor < 0 || anchor >= V)
     return DS_FAIL(DS_ERR_RANGE, "draft: anchor token %d outside the vocabulary [0, %lld)", anchor, (long long)V);
   float eps = (float)c->rms_norm_eps, scale = 1.0f / sqrtf((float)c->head_dim);
@@ -155,7 +155,7 @@ ds_status ds_draft_block(ds_draft *d, ds_draft_state *s, int32_t anchor, float *
     be->add(s->h, s->mid, g * dm);
   }
   be->rmsnorm(h_out, s->rstd, s->h, d->w.norm, g, dm, eps);
-  if (base_logits) be->linear_w(base_logits, V, h_out, d->lm_head, NULL, g, dm, V);
+  if (base_logits) be->linear_w(base_logits, N, h_out, d->lm_head, NULL, g, dm, N);
   memset(s->rnn_s, 0, (size_t)(c->markov_rank ? c->markov_rank : 1) * sizeof(float)); /* s_0 = 0 per block */
   return DS_OK;
 }
@@ -165,7 +165,7 @@ static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 ds_status ds_draft_head_step(ds_draft *d, ds_draft_state *s, const float *h_k, int32_t prev, float *logits,
                              float *conf_logit) {
   const ds_draft_config *c = &d->cfg;
-  int64_t r = c->markov_rank, dm = c->hidden_size, V = c->vocab_size;
+  int64_t r = c->markov_rank, dm = c->hidden_size, V = c->vocab_size, N = d->n_vocab;
   if (prev < 0 || prev >= V)
     return DS_FAIL(DS_ERR_RANGE, "draft: previous token %d outside the vocabulary [0, %lld)", prev, (long long)V);
   const float *e = r > 0 ? d->w.markov_w1 + (int64_t)prev * r : NULL; /* W1[prev] (r) */
@@ -191,9 +191,9 @@ ds_status ds_draft_head_step(ds_draft *d, ds_draft_state *s, const float *h_k, i
       }
       break;
   }
-  if (logits && r > 0) { /* logits += z @ W2^T, the Markov bias of the previous token */
-    d->be->linear(s->bias, z, d->w.markov_w2, NULL, 1, r, V);
-    d->be->add(logits, s->bias, V);
+  if (logits && r > 0) { /* logits += z @ W2^T, the Markov bias of the previous token (over the draft's N) */
+    d->be->linear(s->bias, z, d->w.markov_w2, NULL, 1, r, N);
+    d->be->add(logits, s->bias, N);
   }
   if (conf_logit) {
     if (!c->enable_confidence_head) {

@@ -19,7 +19,7 @@ typedef struct {
   float *norm;        /* (d) final */
   draft_layer *layers;
   float *markov_w1;   /* (V, r) embedding of the previous token */
-  float *markov_w2;   /* (V, r) r -> V, no bias */
+  float *markov_w2;   /* (N, r) r -> the draft's vocabulary, no bias (N = V without a reduced vocabulary) */
   float *gate_w;      /* gated: (r, d + r) over [h ; e] */
   float *gate_b;      /* (r) */
   float *joint_w;     /* rnn: (3r, 2r + d) over [s ; e ; h], outputs (a | c | o) */
@@ -86,8 +86,8 @@ typedef struct {
   size_t offset;      /* in the params (trainable: floats) or frozen buffer (bytes) */
   float **slot;       /* trainable: where the value pointer goes */
   float **grad_slot;  /* trainable: where the gradient pointer goes */
-  ds_weight *table;   /* frozen: the table it is (data and dtype set at creation) */
-  ds_dtype dtype;     /* F32 for trainables; a frozen table's own dtype */
+  ds_weight *table;   /* frozen: the table it is (data and dtype set at creation); NULL for d2t / t2d */
+  ds_dtype dtype;     /* F32 for trainables; a frozen table's own dtype; I64 d2t, BOOL t2d */
 } tensor_spec;
 
 struct ds_draft {
@@ -97,8 +97,13 @@ struct ds_draft {
   float *params;   /* trainable, flat */
   float *grads;    /* same layout */
   size_t n_params;
-  void *frozen;    /* embed (V, d) then lm_head (V, d), each in its own dtype */
+  void *frozen;    /* embed (V, d) then lm_head (N, d), each in its own dtype; then d2t (N) I64, t2d (V) BOOL */
   ds_weight embed, lm_head; /* F32 replicas of an fp32 target's tables, BF16 / F16 of a 16-bit one's */
+  int64_t n_vocab;    /* N: rows of lm_head and W2, width of every logit row */
+  int32_t *vocab_ids; /* (N) S, or NULL without a reduced vocabulary */
+  int32_t *vocab_index; /* (V) column of a target id, -1 outside S; NULL without */
+  int64_t *d2t;       /* (N) S[j] - j: the tensor "d2t" (in the frozen buffer) */
+  uint8_t *t2d;       /* (V) v in S: the tensor "t2d" (in the frozen buffer) */
   draft_weights w, g; /* values and gradients */
   float *inv_freq;    /* (head_dim / 2) */
   tensor_spec *specs;
@@ -115,7 +120,7 @@ struct ds_draft {
 ds_status draft_forward(ds_draft *d, const ds_draft_seq *seq);
 /* Heads on the final-normed h: fills acts.e / z / gate / rnn_* / conf. */
 void markov_head_forward(ds_draft *d, int64_t R);
-/* logits[c, V] = h[r0 .. r0+c) @ lm_head^T + z[...] @ W2^T; scratch [c, V] (unused at rank 0). */
+/* logits[c, N] = h[r0 .. r0+c) @ lm_head^T + z[...] @ W2^T; scratch [c, N] (unused at rank 0). */
 void draft_block_logits(ds_draft *d, int64_t r0, int64_t c, float *logits, float *scratch);
 /* Backward of the heads: dz (R, r) and dconf (R) in; accumulates into dh (R, d) and the
  * head parameter gradients. dz may be NULL (no Markov head). */

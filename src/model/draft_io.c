@@ -37,6 +37,10 @@ static ds_status add_draft_keys(const ds_draft_config *c, cJSON *root) {
   DS_TRY(set_item(root, "markov_head_type", cJSON_CreateString(ds_markov_type_name(c->markov_type))));
   DS_TRY(set_item(root, "tie_word_embeddings", cJSON_CreateFalse()));
   DS_TRY(set_item(root, "layer_types", types));
+  /* A reduced vocabulary: EAGLE-3 / speculators / vLLM's key (lm_head and markov_w2 rows; d2t
+   * and t2d map them). A full-vocabulary draft writes none, as before. */
+  if (c->draft_vocab_size > 0) DS_TRY(set_item(root, "draft_vocab_size", cJSON_CreateNumber((double)c->draft_vocab_size)));
+  else cJSON_DeleteItemFromObjectCaseSensitive(root, "draft_vocab_size");
   /* The draft's layers are Qwen3-style whatever the target family: no attention bias. */
   DS_TRY(set_item(root, "attention_bias", cJSON_CreateFalse()));
   DS_TRY(set_item(root, "head_dim", cJSON_CreateNumber((double)c->head_dim)));
@@ -179,6 +183,8 @@ static ds_status parse_draft_object(cJSON *root, const char *label, ds_draft_con
     c->markov_type = DS_MARKOV_NONE;
     c->confidence_head_with_markov = 0; /* no Markov embedding to feed it */
   }
+  /* absent or null: the whole vocabulary (vLLM's reading too) */
+  DS_TRY(ds_json_int(root, "draft_vocab_size", 0, 0, 1, tc.vocab_size, label, &c->draft_vocab_size));
   const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "target_layer_ids");
   if (!cJSON_IsArray(ids) || cJSON_GetArraySize(ids) < 1 || cJSON_GetArraySize(ids) > DS_MAX_TARGET_LAYERS)
     return DS_FAIL(DS_ERR_FORMAT, "%s: field 'target_layer_ids' must be a list of 1..%d integers", label,
@@ -210,11 +216,49 @@ static ds_status nonfinite(const ds_safetensors *st, const char *name, double va
                  isnan(value) ? "NaN" : value > 0 ? "+inf" : "-inf", (long long)k);
 }
 
+/* The integer value k of an I64 / I32 / U8 / BOOL tensor view. */
+static int64_t view_int(const ds_tensor_view *v, int64_t k) {
+  switch (v->dtype) {
+    case DS_I64: { int64_t x; memcpy(&x, (const char *)v->data + 8 * k, 8); return x; }
+    case DS_I32: { int32_t x; memcpy(&x, (const char *)v->data + 4 * k, 4); return x; }
+    default: return ((const uint8_t *)v->data)[k];
+  }
+}
+
+/* A reduced vocabulary's tensors as read back: d2t (I64 or I32 [N]) and, when present, t2d
+ * (BOOL or U8 [V]) must hold exactly the draft's own S. */
+static ds_status check_vocab_tensor(const ds_draft *d, const ds_draft_tensor *t, const ds_safetensors *st,
+                                    const char *name) {
+  const ds_tensor_view *v = ds_st_find(st, name);
+  int is_d2t = t->dtype == DS_I64;
+  if (!v) {
+    if (!is_d2t) return DS_OK; /* t2d is derived from d2t; readers such as vLLM ignore it */
+    return DS_FAIL(DS_ERR_NOT_FOUND, "%s: tensor '%s' is missing (draft_vocab_size %lld needs the map of the draft's "
+                   "vocabulary)", ds_st_path(st), name, (long long)d->n_vocab);
+  }
+  int dtype_ok = is_d2t ? v->dtype == DS_I64 || v->dtype == DS_I32 : v->dtype == DS_BOOL || v->dtype == DS_U8;
+  if (!dtype_ok || v->ndim != 1 || v->shape[0] != t->shape[0])
+    return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' must be %s [%lld] (got %s, %d dimensions)", ds_st_path(st), name,
+                   is_d2t ? "I64" : "BOOL", (long long)t->shape[0], ds_dtype_name(v->dtype), v->ndim);
+  for (int64_t k = 0; k < t->shape[0]; k++) {
+    int64_t want = is_d2t ? d->d2t[k] : d->t2d[k], got = view_int(v, k);
+    if (got != want)
+      return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' holds %lld at [%lld] where the draft's vocabulary has %lld%s",
+                     ds_st_path(st), name, (long long)got, (long long)k, (long long)want,
+                     is_d2t ? "" : " (t2d must mark exactly the ids d2t maps to)");
+  }
+  return DS_OK;
+}
+
 ds_status ds_draft_read_tensors(ds_draft *d, const ds_safetensors *st, const char *prefix) {
   char name[256];
   for (size_t i = 0; i < d->n_specs; i++) {
     const ds_draft_tensor *t = &d->tensors[i];
     snprintf(name, sizeof name, "%s%s", prefix, t->name);
+    if (t->dtype == DS_I64 || t->dtype == DS_BOOL) { /* d2t / t2d */
+      DS_TRY(check_vocab_tensor(d, t, st, name));
+      continue;
+    }
     const ds_tensor_view *v = ds_st_find(st, name);
     if (!v) return DS_FAIL(DS_ERR_NOT_FOUND, "%s: tensor '%s' is missing", ds_st_path(st), name);
     int ok = v->ndim == t->ndim && v->shape[0] == t->shape[0] && (t->ndim == 1 || v->shape[1] == t->shape[1]);
@@ -253,14 +297,65 @@ static ds_dtype table_dtype(const ds_safetensors *st, const char *prefix, const 
   return v && (v->dtype == DS_BF16 || v->dtype == DS_F16) ? v->dtype : DS_F32;
 }
 
-ds_status ds_draft_load_tensors(const ds_draft_config *cfg, const ds_safetensors *st, const char *prefix,
+/* S of a reduced vocabulary from the tensor d2t (offset form, S[j] = j + d2t[j]): *ids (malloc'd,
+ * [N]) or, for a config that says N = V and a file without d2t, NULL (a full-vocabulary draft
+ * as vLLM's configs write it). */
+static ds_status read_vocab_ids(const ds_draft_config *cfg, const ds_safetensors *st, const char *prefix,
+                                int32_t **ids) {
+  *ids = NULL;
+  char name[256];
+  snprintf(name, sizeof name, "%sd2t", prefix);
+  const ds_tensor_view *v = ds_st_find(st, name);
+  int64_t N = cfg->draft_vocab_size, V = cfg->vocab_size;
+  if (!v) {
+    if (N == V) return DS_OK;
+    return DS_FAIL(DS_ERR_NOT_FOUND, "%s: tensor '%s' is missing (draft_vocab_size %lld < vocab_size %lld needs the "
+                   "map of the draft's vocabulary to the target's)", ds_st_path(st), name, (long long)N, (long long)V);
+  }
+  if ((v->dtype != DS_I64 && v->dtype != DS_I32) || v->ndim != 1 || v->shape[0] != N)
+    return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' must be I64 [%lld] (draft_vocab_size), got %s with %d dimensions%s",
+                   ds_st_path(st), name, (long long)N, ds_dtype_name(v->dtype), v->ndim,
+                   v->ndim == 1 ? " of another length" : "");
+  int32_t *s = ds_malloc((size_t)N * sizeof *s, "draft vocabulary");
+  if (!s) return DS_ERR_NOMEM;
+  for (int64_t j = 0; j < N; j++) {
+    int64_t off = view_int(v, j), id = off > INT64_MAX - j ? INT64_MAX : j + off;
+    if (off < -j || id >= V) {
+      free(s);
+      return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' holds %lld at [%lld]: it maps draft id %lld to target id %lld, "
+                     "outside the vocabulary [0, %lld)", ds_st_path(st), name, (long long)off, (long long)j,
+                     (long long)j, (long long)id, (long long)V);
+    }
+    if (j > 0 && id <= s[j - 1]) {
+      int32_t before = s[j - 1];
+      free(s);
+      return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' holds %lld at [%lld]: it maps draft id %lld to target id %lld, "
+                     "not above draft id %lld's %d (the target ids of a draft vocabulary strictly increase)",
+                     ds_st_path(st), name, (long long)off, (long long)j, (long long)j, (long long)id,
+                     (long long)(j - 1), before);
+    }
+    s[j] = (int32_t)id;
+  }
+  *ids = s;
+  return DS_OK;
+}
+
+ds_status ds_draft_load_tensors(const ds_draft_config *cfg_in, const ds_safetensors *st, const char *prefix,
                                 const ds_backend *backend, ds_draft **out) {
   *out = NULL;
   ds_weight embed = {NULL, table_dtype(st, prefix, "embed_tokens.weight")};
   ds_weight lm_head = {NULL, table_dtype(st, prefix, "lm_head.weight")};
+  ds_draft_config cfg = *cfg_in;
+  int32_t *ids = NULL;
+  if (cfg.draft_vocab_size > 0) {
+    DS_TRY(ds_draft_config_check(&cfg));
+    DS_TRY(read_vocab_ids(&cfg, st, prefix, &ids));
+    if (!ids) cfg.draft_vocab_size = 0;
+  }
   ds_draft *d = NULL;
-  DS_TRY(ds_draft_new(cfg, embed, lm_head, 0, backend, &d));
-  ds_status s = ds_draft_read_tensors(d, st, prefix);
+  ds_status s = ds_draft_new_vocab(&cfg, embed, lm_head, ids, 0, backend, &d);
+  free(ids);
+  if (s == DS_OK) s = ds_draft_read_tensors(d, st, prefix);
   if (s != DS_OK) {
     ds_draft_free(d);
     return s;
@@ -306,6 +401,8 @@ uint64_t ds_draft_identity(const ds_draft *d) {
   uint64_t h = 0;
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) h = hash_i64(h, fields[i]);
   for (int i = 0; i < c->n_target_layers; i++) h = hash_i64(h, c->target_layer_ids[i]);
+  if (d->vocab_ids) /* a reduced vocabulary: which ids the draft proposes (a full draft's value is unchanged) */
+    h = XXH64(d->vocab_ids, (size_t)d->n_vocab * sizeof(int32_t), hash_i64(h, d->n_vocab));
   for (size_t i = 0; i < d->n_specs; i++) {
     const ds_draft_tensor *t = &d->tensors[i];
     if (!t->grad) continue; /* a frozen table of the target's */

@@ -15,7 +15,7 @@ const float *ds_draft_conf_logits(const ds_draft *d) { return d->cfg.enable_conf
 const ds_backend *ds_draft_backend(const ds_draft *d) { return d->be; }
 
 void ds_draft_rows_begin(ds_draft *d) {
-  if (d->cfg.markov_rank > 0) d->be->operand_hold(d->w.markov_w2, (size_t)(d->cfg.vocab_size * d->cfg.markov_rank));
+  if (d->cfg.markov_rank > 0) d->be->operand_hold(d->w.markov_w2, (size_t)(d->n_vocab * d->cfg.markov_rank));
 }
 
 void ds_draft_rows_end(ds_draft *d) {
@@ -27,7 +27,7 @@ void ds_draft_rows_logits(ds_draft *d, int64_t r0, int64_t c, float *logits, flo
 }
 
 void ds_draft_rows_logits_backward(ds_draft *d, int64_t r0, int64_t c, const float *dlogits, float *dh, float *dz) {
-  int64_t dm = d->cfg.hidden_size, r = d->cfg.markov_rank, V = d->cfg.vocab_size;
+  int64_t dm = d->cfg.hidden_size, r = d->cfg.markov_rank, V = d->n_vocab; /* the draft's N columns */
   d->be->operand_hold(dlogits, (size_t)(c * V)); /* read by up to three products: converted once */
   d->be->linear_w_backward(dh, dlogits, d->lm_head, c, dm, V);
   if (r > 0 && dz) d->be->linear_backward(dz, d->g.markov_w2, NULL, dlogits, d->acts.z + r0 * r, d->w.markov_w2, c, r, V);

@@ -45,6 +45,12 @@ static ds_status check_consistent(const char *path, const ds_draft_config *c, co
       st = DS_FAIL(DS_ERR_FORMAT, "%s: metadata 'draft_config' has %s = %g but 'train_config' says %g: the checkpoint "
                    "was altered", path, f[i].key, f[i].value, x);
   }
+  /* a reduced vocabulary is in both halves or in neither (absent: the whole vocabulary) */
+  const cJSON *nv = cJSON_GetObjectItemCaseSensitive(j, "draft_vocab_size");
+  double n_vocab = cJSON_IsNumber(nv) ? nv->valuedouble : nv ? NAN : 0.0;
+  if (st == DS_OK && n_vocab != (double)c->draft_vocab_size)
+    st = DS_FAIL(DS_ERR_FORMAT, "%s: metadata 'draft_config' has draft_vocab_size = %lld but 'train_config' says %g: "
+                 "the checkpoint was altered", path, (long long)c->draft_vocab_size, n_vocab);
   const cJSON *ids = cJSON_GetObjectItemCaseSensitive(j, "target_layer_ids");
   if (st == DS_OK && cJSON_IsArray(ids)) {
     int n = cJSON_GetArraySize(ids), same = n == c->n_target_layers;

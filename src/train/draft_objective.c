@@ -63,7 +63,7 @@ static ds_status target_features(draft_run *t, int64_t idx) {
 static ds_draft_seq make_seq(draft_run *t, int64_t idx, int64_t n_blocks, int with_teacher) {
   const ds_dataset *ds = &t->data;
   ds_draft_seq s = {ds->lengths[idx], t->cur_ctx, with_teacher ? t->cur_last : NULL, ds->ids + idx * ds->seq_len,
-                    n_blocks, t->anchors, t->keep, t->eval};
+                    n_blocks, t->anchors, t->keep, t->eval, t->teacher_head};
   return s;
 }
 
@@ -92,10 +92,14 @@ static ds_status op_init(void *self, uint64_t seed) {
    * otherwise (as the cache stores them). */
   ds_weight embed = t->target ? ds_target_embed(t->target) : t->embed;
   ds_weight lm_head = t->target ? ds_target_lm_head(t->target) : t->lm_head;
-  DS_TRY(ds_draft_new(&t->dc, embed, lm_head, seed, ds_backend_cpu(), &t->draft));
+  /* a reduced vocabulary copies the rows S of the target's lm_head */
+  DS_TRY(ds_draft_new_vocab(&t->dc, embed, lm_head, t->vocab_ids, seed, ds_backend_cpu(), &t->draft));
   ds_free_aligned((void *)t->embed.data); /* the draft holds its own replicas */
-  ds_free_aligned((void *)t->lm_head.data);
-  t->embed = t->lm_head = (ds_weight){NULL, DS_F32};
+  t->embed = (ds_weight){NULL, DS_F32};
+  if (!t->vocab_ids) { /* else the cache's lm_head stays: the teacher (t->teacher_head) */
+    ds_free_aligned((void *)t->lm_head.data);
+    t->lm_head = (ds_weight){NULL, DS_F32};
+  }
   return DS_OK;
 }
 
@@ -107,7 +111,16 @@ static ds_status op_load(void *self, const ds_safetensors *ck) {
   DS_TRY(ds_draft_config_from_json(json, strlen(json), path, &saved));
   DS_TRY(ds_draft_run_check_loaded(t, &saved, path));
   /* Tables in the dtype the checkpoint stores them in; every tensor is checked finite. */
-  return ds_draft_load_tensors(&t->dc, ck, "draft.", ds_backend_cpu(), &t->draft);
+  DS_TRY(ds_draft_load_tensors(&t->dc, ck, "draft.", ds_backend_cpu(), &t->draft));
+  /* a reduced vocabulary: the checkpoint's S (its d2t, checked well formed on load) must be the
+   * one this run selects from its data */
+  const int32_t *saved_ids = ds_draft_vocab_ids(t->draft);
+  for (int64_t j = 0; t->vocab_ids && j < t->dc.draft_vocab_size; j++)
+    if (!saved_ids || saved_ids[j] != t->vocab_ids[j])
+      return DS_FAIL(DS_ERR_FORMAT, "%s: tensor 'draft.d2t' maps draft id %lld to target id %d, but this run's data "
+                     "selects %d: the checkpoint's draft vocabulary is not this run's", path, (long long)j,
+                     saved_ids ? saved_ids[j] : (int)j, t->vocab_ids[j]);
+  return DS_OK;
 }
 
 static ds_status op_start(void *self, const ds_trainer *core) {
@@ -240,6 +253,8 @@ static ds_status setup_online(draft_run *t) {
   ds_data_options dopt = {.format = o->data_format, .skip_bad_lines = o->skip_bad_lines,
                           .max_line_bytes = o->max_line_bytes};
   st = ds_dataset_read(o->data_path, &dopt, t->tok, tmpl, thinking, o->seq_len, eos, 2, &t->data);
+  /* --draft-vocab: the ids this template emits in an assistant turn belong to S */
+  if (st == DS_OK && o->draft_vocab > 0) st = ds_draft_run_template_ids(t, tmpl, thinking);
   if (tmpl)
     snprintf(t->chat_template, sizeof t->chat_template, "%s (xxh64 %016llx)%s", ds_chat_template_label(tmpl),
              (unsigned long long)ds_chat_template_hash(tmpl),
@@ -264,6 +279,8 @@ static ds_status op_setup(void *self, ds_objective *obj) {
   }
   DS_TRY(ds_draft_run_config(t));
   DS_TRY(ds_draft_run_config_texts(t));
+  /* a reduced draft's teacher: the target's whole lm_head (online the target's, from a cache its copy) */
+  if (t->vocab_ids) t->teacher_head = t->target ? ds_target_lm_head(t->target) : t->lm_head;
   int64_t S = o->seq_len, A = o->num_anchors, g = o->block_size, d = t->tc.hidden_size;
   if (t->target) {
     DS_TRY(ds_kv_cache_new(t->target, S, &t->kv));
@@ -303,6 +320,8 @@ static void teardown(draft_run *t) {
   free(t->train_config);
   free(t->run_info);
   free(t->draft_config);
+  ds_ids_free(&t->vocab_mandatory);
+  free(t->vocab_ids);
 }
 
 ds_status ds_train_draft(const ds_draft_train_options *o) {

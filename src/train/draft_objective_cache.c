@@ -9,6 +9,7 @@
 
 #include "dspark/draft.h"
 #include "dspark/fileio.h"
+#include "dspark/progress.h"
 #include "train/draft_objective_internal.h"
 
 /* ---------------------------------------------------------------- setup */
@@ -18,6 +19,36 @@ static void ids_text(const int32_t *ids, int n, char *buf, size_t cap) {
   size_t at = (size_t)snprintf(buf, cap, "[");
   for (int i = 0; i < n && at < cap; i++) at += (size_t)snprintf(buf + at, cap - at, "%s%d", i ? "," : "", ids[i]);
   if (at < cap) snprintf(buf + at, cap - at, "]");
+}
+
+/* --draft-vocab from a cache: the ids the capture's chat template emits in an assistant turn.
+ * The manifest names the template (ChatML, or a Jinja text by its hash) but does not hold its
+ * text: a Jinja template is taken from --target (or the capture's recorded target path, when it
+ * still holds the same template) and used only when its hash is the manifest's; otherwise S
+ * gets the stop / eos ids alone, and stderr says so. */
+static ds_status cache_template_ids(draft_run *t, const ds_cache_manifest *m) {
+  const ds_draft_train_options *o = t->o;
+  int thinking = o->enable_thinking ? o->enable_thinking > 0 : -1;
+  if (strcmp(m->chat_template, "jinja") != 0) return ds_draft_run_template_ids(t, NULL, thinking); /* ChatML */
+  const char *dirs[2] = {o->target_dir, m->target_path};
+  for (int i = 0; i < 2; i++) {
+    int exists = 0;
+    if (!dirs[i] || ds_path_probe(dirs[i], &exists) != DS_OK || !exists) continue;
+    ds_chat_template *tmpl = NULL;
+    if (ds_chat_template_load(dirs[i], o->chat_template, &tmpl) != DS_OK || !tmpl) {
+      ds_chat_template_free(tmpl);
+      continue;
+    }
+    ds_status st = DS_OK;
+    int same = ds_chat_template_hash(tmpl) == m->chat_template_xxh64;
+    if (same) st = ds_draft_run_template_ids(t, tmpl, thinking);
+    ds_chat_template_free(tmpl);
+    if (same) return st;
+  }
+  ds_note("--draft-vocab: the cache's chat template (Jinja, xxh64 %016llx) is not at hand (pass --target with the "
+          "captured model): the draft vocabulary holds the stop / eos ids but not the template's own assistant-turn ids",
+          (unsigned long long)m->chat_template_xxh64);
+  return DS_OK;
 }
 
 ds_status ds_draft_cache_setup(draft_run *t) {
@@ -91,13 +122,19 @@ ds_status ds_draft_cache_setup(draft_run *t) {
   t->config_xxh64 = m->target_config_xxh64;
   t->tokenizer_xxh64 = m->tokenizer_xxh64;
   DS_TRY(ds_cache_take_tokens(t->fc, &t->data));
-  /* The frozen tables: a resumed run takes them from its checkpoint instead. */
+  if (o->draft_vocab > 0) DS_TRY(cache_template_ids(t, m));
+  /* The frozen tables: a resumed run takes them from its checkpoint instead, but for the
+   * teacher of a reduced vocabulary, the target's whole lm_head, which no draft holds. */
   char *ck = ds_path_join(o->loop.out_dir, "checkpoint.safetensors");
   int resuming = 0;
   ds_status st2 = ck ? (o->loop.resume ? ds_path_probe(ck, &resuming) : DS_OK) : DS_ERR_NOMEM;
   free(ck);
   if (st2 != DS_OK) return st2;
-  if (!resuming) DS_TRY(ds_cache_load_target_weights(t->fc, &t->embed, &t->lm_head));
+  if (!resuming || o->draft_vocab > 0) DS_TRY(ds_cache_load_target_weights(t->fc, &t->embed, &t->lm_head));
+  if (resuming) { /* the checkpoint holds the draft's embedding */
+    ds_free_aligned((void *)t->embed.data);
+    t->embed = (ds_weight){NULL, DS_F32};
+  }
   return DS_OK;
 }
 

@@ -115,6 +115,17 @@ ds_status ds_draft_run_config(draft_run *t) {
   dc->confidence_head_with_markov = o->confidence_head && o->confidence_with_markov && dc->markov_rank > 0;
   dc->num_anchors = o->num_anchors;
   DS_TRY(ds_draft_run_mask_token(t, &dc->mask_token_id));
+  if (o->draft_vocab > 0) {
+    /* the stop set where decoding ends: generation_config.json's when the target directory is at hand */
+    ds_model_config from_dir;
+    const ds_model_config *stops = &t->tc;
+    if (t->target) stops = ds_target_config(t->target);
+    else if (o->target_dir) {
+      DS_TRY(ds_config_load_dir(o->target_dir, &from_dir));
+      stops = &from_dir;
+    }
+    DS_TRY(ds_draft_run_vocab(t, stops));
+  }
   return ds_draft_config_check(dc);
 }
 
@@ -157,6 +168,10 @@ static cJSON *train_config_obj(const draft_run *t) {
   cJSON_AddStringToObject(j, "decay", o->loss.decay == DS_DSPARK_DECAY_PAPER ? "paper" : "deepspec");
   cJSON_AddNumberToObject(j, "chunk_rows", (double)o->loss.chunk_rows);
   cJSON_AddBoolToObject(j, "no_teacher", o->no_teacher);
+  if (dc->draft_vocab_size > 0) { /* absent for a full vocabulary: older runs resume as they were */
+    cJSON_AddNumberToObject(j, "draft_vocab_size", (double)dc->draft_vocab_size);
+    add_hex(j, "draft_vocab_xxh64", t->vocab_xxh64);
+  }
   return j;
 }
 
@@ -176,6 +191,7 @@ ds_status ds_draft_run_config_texts(draft_run *t) {
     if (!t->o->cache_dir && t->o->skip_bad_lines) /* how many lines the sequences lack */
       cJSON_AddNumberToObject(j, "data_bad_lines_skipped", (double)t->data.bad_lines);
     if (t->chat_template[0]) cJSON_AddStringToObject(j, "chat_template", t->chat_template);
+    if (t->vocab_ids) cJSON_AddNumberToObject(j, "draft_vocab_coverage", t->vocab_coverage);
   }
   t->run_info = j ? cJSON_Print(j) : NULL;
   cJSON_Delete(j);
@@ -207,6 +223,7 @@ ds_status ds_draft_run_check_loaded(const draft_run *t, const ds_draft_config *s
   SAME_FIELD(enable_confidence_head, "%d", int);
   SAME_FIELD(confidence_head_with_markov, "%d", int);
   SAME_FIELD(num_anchors, "%lld", long long);
+  SAME_FIELD(draft_vocab_size, "%lld", long long);
   for (int i = 0; i < want->n_target_layers; i++)
     if (saved->target_layer_ids[i] != want->target_layer_ids[i])
       return DS_FAIL(DS_ERR_FORMAT, "%s: metadata 'draft_config' has target_layer_ids[%d] = %d but this run's options "

@@ -42,7 +42,14 @@ typedef struct {
   ds_cache_stream *stream;
   ds_trainer_plan plan;
   float *pre_ctx, *pre_last;  /* preload: (n, S, m*d), (n, S, d) */
-  ds_weight embed, lm_head;   /* (V, d) frozen tables read from the cache (fresh runs; owned) */
+  ds_weight embed, lm_head;   /* (V, d) frozen tables read from the cache (fresh runs, and lm_head for
+                                 a reduced vocabulary's teacher on resume too; owned) */
+  /* --draft-vocab (spec section 4a) */
+  ds_ids vocab_mandatory;     /* ids every S holds: the template's assistant-turn ids, stop / eos ids */
+  int32_t *vocab_ids;         /* [N] S, sorted; NULL without --draft-vocab */
+  uint64_t vocab_xxh64;       /* of S (train_config: a resume must select the same S) */
+  double vocab_coverage;      /* share of the training split's supervised tokens whose id is in S */
+  ds_weight teacher_head;     /* [V, d] the target's lm_head, the teacher of a reduced draft (not owned) */
 } draft_run;
 
 /* draft_objective_config.c */
@@ -56,6 +63,14 @@ ds_status ds_draft_run_check_loaded(const draft_run *t, const ds_draft_config *s
 
 /* DIR/NAME's bytes (malloc'd, NUL-terminated) and their xxh64 (as the cache records them). */
 ds_status ds_draft_read_target_file(const char *dir, const char *name, uint64_t *h, char **text, size_t *len);
+
+/* draft_objective_vocab.c */
+/* Appends to t->vocab_mandatory the ids tmpl (NULL: ChatML) emits in an assistant turn: the
+ * supervised ids of a probe conversation whose answer is empty. */
+ds_status ds_draft_run_template_ids(draft_run *t, const ds_chat_template *tmpl, int thinking);
+/* With --draft-vocab N: adds the stop and eos ids of stops, counts the supervised target tokens of
+ * the training split, selects S (t->vocab_ids, t->dc.draft_vocab_size = N) and notes its coverage. */
+ds_status ds_draft_run_vocab(draft_run *t, const ds_model_config *stops);
 
 /* draft_objective_cache.c */
 /* Opens the cache, checks it against the options, and fills data, tokenizer, target config,

@@ -7,6 +7,9 @@ NaN / +inf / -inf logits in draft, teacher and confidence at unsupervised slots)
 without teacher and confidence logits, both decay modes, custom alphas, chunk sizes and
 grad scales. Checked within 1e-4 normwise relative error (max|ours - ref| / max|ref|):
 numerator, W, every reporting pair, per-position acceptance, per-row values, both gradients;
+with a reduced draft vocabulary (draft_vocab, spec section 4a) the same against a reference of
+4a (q over S, the teacher's full p, CE only where x* is in S, l1 with p's mass outside S), and
+S = all of V bit-identical to the unrestricted loss;
 num_tokens exactly; absent pairs absent; gradients exactly 0 at unsupervised slots; results
 independent of --chunk-rows (bit for bit). Error paths: a missing tensor, a wrong dtype, a
 wrong shape, a supervised out-of-range id and a NaN at a supervised slot each exit 1 with a
@@ -91,6 +94,69 @@ def reference(inp, g, teacher=True, conf=True, alpha=(0.1, 0.9, 1.0), decay="dee
     if "conf_logits" in inp and conf:
         gz = z.grad.numpy() if conf_on else np.zeros(R)
         out["grad.conf_logits"] = gz.reshape(inp["conf_logits"].shape)
+    return out
+
+
+def reference_vocab(inp, g, teacher=True, conf=True, alpha=(0.1, 0.9, 1.0), decay="deepspec", gamma=4.0, scale=1.0):
+    """Section 4a in float64 with autograd: draft_logits over the N ids of draft_vocab (S), the
+    teacher's full softmax p (not renormalized over S), CE only where the target id is in S,
+    l1 = sum_S |q - p| + (1 - sum_S p)."""
+    S = torch.tensor(inp["draft_vocab"].astype(np.int64))
+    N = S.shape[0]
+    draft = torch.tensor(inp["draft_logits"], dtype=torch.float64).reshape(-1, N).clone().requires_grad_(True)
+    R = draft.shape[0]
+    B = R // g
+    ids = torch.tensor(inp["target_ids"].reshape(-1).astype(np.int64))
+    em = torch.tensor(inp["eval_mask"].reshape(-1).astype(bool))
+    bk = torch.tensor(inp["block_keep_mask"].astype(bool))
+    sup = em & bk.repeat_interleave(g)
+    k = torch.arange(R) % g
+    dec = torch.exp(-k.double() / g) if decay == "paper" else (
+        torch.exp(-k.double() / gamma) if gamma > 0 else torch.ones(R, dtype=torch.float64))
+    w = torch.where(sup, dec, torch.zeros_like(dec))
+    x = torch.where(sup[:, None], draft, torch.zeros_like(draft))
+    logq = torch.log_softmax(x, dim=-1)
+    col = torch.full((int(inp["vocab_size"]),), -1, dtype=torch.int64)
+    col[S] = torch.arange(N)
+    j = torch.where(sup, col[torch.where(sup, ids, torch.zeros_like(ids))], torch.full_like(ids, -1))
+    ce_on = j >= 0
+    ce = torch.where(ce_on, -logq.gather(1, j.clamp(min=0)[:, None])[:, 0], torch.zeros(R, dtype=torch.float64))
+    zero = torch.zeros(R, dtype=torch.float64)
+    l1, accept, bce = zero, zero, zero
+    conf_on = teacher and conf and "conf_logits" in inp
+    if teacher:
+        t = torch.tensor(inp["target_logits"], dtype=torch.float64).reshape(R, -1)
+        t = torch.where(sup[:, None], t, torch.zeros_like(t))
+        p = torch.softmax(t, dim=-1)
+        pS = p[:, S]
+        l1 = (logq.exp() - pS).abs().sum(-1) + (1 - pS.sum(-1))
+        accept = torch.where(sup, torch.clamp(1 - 0.5 * l1.detach(), 0, 1), zero)
+    if conf_on:
+        z = torch.tensor(inp["conf_logits"].reshape(-1), dtype=torch.float64).requires_grad_(True)
+        bce = torch.nn.functional.binary_cross_entropy_with_logits(torch.where(sup, z, zero), accept, reduction="none")
+    a_ce, a_l1, a_conf = alpha
+    s_ce, s_l1, s_bce = (w * ce).sum(), (w * l1).sum(), (w * bce).sum()
+    num = a_ce * s_ce + a_l1 * s_l1 + a_conf * s_bce
+    (scale * num).backward()
+    W = w.sum().item()
+    out = {"numerator": num.item(), "num_tokens": int(sup.sum()), "W": W,
+           "pair.loss": [num.item(), W], "pair.ce": [s_ce.item(), (w * ce_on).sum().item()],
+           "pair.l1": [s_l1.item() if teacher else 0.0, W],
+           "pair.confidence": [s_bce.item() if conf_on else 0.0, W],
+           "row.ce": ce.detach().numpy(), "row.l1": torch.where(sup, l1, zero).detach().numpy(),
+           "row.accept": accept.numpy(), "row.bce": torch.where(sup, bce, zero).detach().numpy(),
+           "grad.draft_logits": draft.grad.numpy().reshape(inp["draft_logits"].shape), "sup": sup.numpy(),
+           "ce_on": ce_on.numpy()}
+    if teacher:
+        acc_sup = torch.where(sup, accept, zero).reshape(B, g)
+        valid = sup.reshape(B, g).any(1)
+        tau_b = torch.cumprod(acc_sup, dim=1).sum(1) + 1
+        out["pair.accept_rate"] = [acc_sup.sum().item(), float(sup.sum())]
+        out["pair.tau"] = [torch.where(valid, tau_b, torch.zeros_like(tau_b)).sum().item(), float(valid.sum())]
+        out["per_position.accept"] = acc_sup.sum(0).numpy()
+        out["per_position.count"] = sup.reshape(B, g).double().sum(0).numpy()
+    if "conf_logits" in inp and conf:
+        out["grad.conf_logits"] = (z.grad.numpy() if conf_on else np.zeros(R)).reshape(inp["conf_logits"].shape)
     return out
 
 
@@ -211,6 +277,103 @@ def check_case(ck, args, rng, name, shape, mk, refkw, extra):
           f"worst rel err {worst:.2e}", flush=True)
 
 
+def restrict(rng, inp, N, id_dtype=np.int32, sorted_ids=True):
+    """inp over the full V -> the same batch for a draft over N ids S (draft_logits' columns S,
+    target_logits kept whole); some supervised target ids are moved into S, some out of it."""
+    V = inp["draft_logits"].shape[-1]
+    S = np.sort(rng.choice(V, size=N, replace=False)) if N < V else np.arange(V)
+    out = dict(inp)
+    out["draft_logits"] = np.ascontiguousarray(inp["draft_logits"][..., S])
+    out["draft_vocab"] = S.astype(id_dtype)
+    ids = inp["target_ids"].reshape(-1).copy()
+    outside = np.setdiff1d(np.arange(V), S)
+    for r in range(0, ids.size, 3):
+        if 0 <= ids[r] < V:
+            ids[r] = S[r % N]
+    for r in range(1, ids.size, 5):
+        if 0 <= ids[r] < V and outside.size:
+            ids[r] = outside[r % outside.size]
+    out["target_ids"] = ids.reshape(inp["target_ids"].shape).astype(inp["target_ids"].dtype)
+    return out
+
+
+VOCAB_CASES = [
+    # name, (B, g, V), N, make_inputs kwargs, reference kwargs, CLI options
+    ("vocab-teacher-conf-2d-poisoned", (3, 7, 300), 40, dict(dropped=(1,), prefixes={0: 4, 2: 6}), {}, []),
+    ("vocab-teacher-noconf-3d-i64", (4, 5, 1000), 77, dict(layout="3d", id_dtype=np.int64, mask_dtype=bool,
+                                                            conf=False, prefixes={1: 2}), {}, []),
+    ("vocab-noteacher", (2, 7, 257), 31, dict(teacher=False, prefixes={1: 3}), dict(teacher=False),
+     ["--vocab-size", "257"]),
+    ("vocab-paper-alphas-chunk3", (5, 3, 120), 64, dict(dropped=(0,), prefixes={2: 1}),
+     dict(alpha=(0.25, 0.5, 2.0), decay="paper"),
+     ["--alpha-ce", "0.25", "--alpha-l1", "0.5", "--alpha-conf", "2", "--decay", "paper", "--chunk-rows", "3"]),
+]
+
+
+def check_vocab_case(ck, args, rng, name, shape, N, mk, refkw, extra):
+    B, g, V = shape
+    inp = restrict(rng, make_inputs(rng, B, g, V, **mk), N, id_dtype=mk.get("id_dtype", np.int32))
+    ours = run_ours(args, inp, name, extra)
+    ref = reference_vocab(dict(inp, vocab_size=V), g, **refkw)
+    ck.check(int(ours["num_tokens"]) == ref["num_tokens"], f"{name}: num_tokens")
+    ck.check(ref["ce_on"].sum() < ref["sup"].sum(), f"{name}: every supervised target id is in S (weak case)")
+    worst = 0.0
+    for key in ["numerator", "W", "pair.loss", "pair.ce", "pair.l1", "pair.confidence", "row.ce", "row.l1",
+                "row.accept", "row.bce", "grad.draft_logits", "grad.conf_logits", "pair.accept_rate", "pair.tau",
+                "per_position.accept", "per_position.count"]:
+        if key not in ref:
+            ck.check(key not in ours, f"{name}: {key} present, expected absent")
+            continue
+        if not ck.check(key in ours, f"{name}: {key} missing from the output"):
+            continue
+        err = rel(ours[key], ref[key])
+        worst = max(worst, err)
+        ck.check(err <= TOL, f"{name}: {key} rel err {err:.2e} > {TOL:g}")
+    sup = ref["sup"]
+    gd = ours["grad.draft_logits"].reshape(len(sup), N)
+    ck.check(np.all(gd[~sup] == 0) and not np.any(np.signbit(gd[~sup])), f"{name}: gradient not +0 at unsupervised slots")
+    for chunk in ("1", "1000"):
+        other = run_ours(args, inp, f"{name}-chunk{chunk}", list(extra) + ["--chunk-rows", chunk])
+        ck.check(all(np.array_equal(other[k], ours[k]) for k in ours), f"{name}: --chunk-rows {chunk} changes results")
+    print(f"{name}: B={B} g={g} V={V} N={N} tokens={ref['num_tokens']} ce slots {int(ref['ce_on'].sum())} "
+          f"worst rel err {worst:.2e}", flush=True)
+
+
+def check_vocab_identity(ck, args, rng):
+    """Section 4a's regression fact: S = all of V in order gives the unrestricted loss, bit for bit."""
+    inp = make_inputs(rng, 3, 7, 211, dropped=(2,), prefixes={0: 3})
+    full = run_ours(args, inp, "vocab-identity-full", [])
+    ident = run_ours(args, dict(inp, draft_vocab=np.arange(211, dtype=np.int64)), "vocab-identity", [])
+    same = sorted(full) == sorted(ident) and all(np.array_equal(full[k], ident[k]) for k in full)
+    ck.check(same, "draft_vocab = all of V changes the results")
+    print(f"draft_vocab = 0 .. V-1: {'bit-identical' if same else 'DIFFERENT'} to the unrestricted loss")
+
+
+def check_vocab_errors(ck, args, rng):
+    base = restrict(rng, make_inputs(rng, 2, 7, 60, poison=False), 20)
+    cases = []
+    s = base["draft_vocab"].copy()
+    s[5] = s[4]
+    cases.append(("vocab-not-increasing", dict(base, draft_vocab=s), ["draft_vocab", "strictly increasing"], []))
+    s = base["draft_vocab"].copy()
+    s[-1] = 60
+    cases.append(("vocab-out-of-range", dict(base, draft_vocab=s), ["draft_vocab", "60"], []))
+    cases.append(("vocab-shape", dict(base, draft_vocab=base["draft_vocab"][:19]), ["draft_vocab", "shape"], []))
+    nt = dict(base)
+    del nt["target_logits"]
+    cases.append(("vocab-no-size", nt, ["draft_vocab", "--vocab-size"], []))
+    cases.append(("vocab-target-shape", dict(base, target_logits=base["target_logits"][:13]),
+                  ["target_logits", "shape"], []))
+    for name, inp, needles, extra in cases:
+        path_in = os.path.join(args.tmp, name + ".in.safetensors")
+        save_file(inp, path_in)
+        _, err, code = common.run([args.dspark, "loss", path_in, "--out", os.path.join(args.tmp, name + ".out")] + extra,
+                                  expect_rc=None)
+        ck.check(code == 1 and all(n in err for n in needles),
+                 f"error case {name}: exit {code}, stderr {err.strip()!r} lacks {needles}")
+        print(f"error case {name}: exit {code}: {err.strip().splitlines()[-1] if err.strip() else ''}")
+
+
 def save_unaligned(inp, path):
     """A valid safetensors file whose float tensors start at odd offsets (a 1-byte tensor
     first; the format does not require alignment), written by hand."""
@@ -306,6 +469,10 @@ def main():
     torch.manual_seed(0)
     for name, shape, mk, refkw, extra in CASES:
         check_case(ck, args, rng, name, shape, mk, refkw, extra)
+    for name, shape, N, mk, refkw, extra in VOCAB_CASES:
+        check_vocab_case(ck, args, rng, name, shape, N, mk, refkw, extra)
+    check_vocab_identity(ck, args, rng)
+    check_vocab_errors(ck, args, rng)
     check_unaligned(ck, args, rng)
     check_errors(ck, args, rng)
     ck.finish("dspark loss conformance")

@@ -1,7 +1,9 @@
 /* Rewrites a safetensors file (a training checkpoint) with edits, for the tests that check
  * what resume and export do with altered files:
  *   checkpoint_edit IN OUT [--keep-checksums | --drop-checksums] [meta:KEY=VALUE ...] [f32:TENSOR:INDEX=VALUE ...]
- * meta: sets a metadata field; f32: sets one element of an F32 tensor. The checksums
+ *                   [i64:TENSOR:INDEX=VALUE ...]
+ * meta: sets a metadata field; f32: sets one element of an F32 tensor; i64: of an I64 tensor (a
+ * reduced vocabulary's d2t). The checksums
  * (ds_st_writer_add_checksums) are recomputed, as a careful forger would, unless
  * --keep-checksums copies the old ones (an edit by hand); --drop-checksums writes none (with
  * meta:format_version=1, a checkpoint as the first format wrote it). */
@@ -14,7 +16,8 @@
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: checkpoint_edit IN OUT [--keep-checksums] [meta:KEY=VALUE ...] [f32:NAME:INDEX=VALUE ...]\n");
+    fprintf(stderr, "usage: checkpoint_edit IN OUT [--keep-checksums] [meta:KEY=VALUE ...] [f32:NAME:INDEX=VALUE ...] "
+            "[i64:NAME:INDEX=VALUE ...]\n");
     return 2;
   }
   int keep = 0, drop = 0;
@@ -33,10 +36,16 @@ int main(int argc, char **argv) {
     memcpy(copies[i], v->data, v->nbytes);
     for (int a = 3; a < argc; a++) {
       size_t len = strlen(v->name);
-      if (strncmp(argv[a], "f32:", 4) || strncmp(argv[a] + 4, v->name, len) || argv[a][4 + len] != ':') continue;
+      int f32 = !strncmp(argv[a], "f32:", 4), i64 = !strncmp(argv[a], "i64:", 4);
+      if (!(f32 || i64) || strncmp(argv[a] + 4, v->name, len) || argv[a][4 + len] != ':') continue;
       long long at = atoll(argv[a] + 5 + len);
       const char *eq = strchr(argv[a] + 5 + len, '=');
-      if (v->dtype == DS_F32 && eq && at >= 0 && at < v->numel) ((float *)copies[i])[at] = strtof(eq + 1, NULL);
+      if (!eq || at < 0 || at >= v->numel) continue;
+      if (f32 && v->dtype == DS_F32) ((float *)copies[i])[at] = strtof(eq + 1, NULL);
+      if (i64 && v->dtype == DS_I64) {
+        long long x = strtoll(eq + 1, NULL, 10);
+        memcpy((char *)copies[i] + 8 * at, &x, 8);
+      }
     }
     ds_st_writer_add(w, v->name, v->dtype, v->ndim, v->shape, copies[i]);
   }

@@ -65,7 +65,7 @@ static void make_fixture(fixture *f, ds_rng *rng) {
 }
 
 static ds_draft_seq seq_of(fixture *f) {
-  ds_draft_seq s = {T, f->ctx, NULL, f->ids, NB, f->anchors, f->keep, f->eval};
+  ds_draft_seq s = {T, f->ctx, NULL, f->ids, NB, f->anchors, f->keep, f->eval, {NULL, DS_F32}};
   return s;
 }
 

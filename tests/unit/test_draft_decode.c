@@ -67,7 +67,7 @@ static void check_type(ds_markov_type type) {
     /* training forward: one block anchored at a, every slot supervised */
     uint8_t keep = 1, eval[G];
     for (int k = 0; k < G; k++) eval[k] = 1;
-    ds_draft_seq seq = {T, ctx, NULL, ids, 1, &a, &keep, eval};
+    ds_draft_seq seq = {T, ctx, NULL, ids, 1, &a, &keep, eval, {NULL, DS_F32}};
     float want[G * V], want_conf[G];
     EXPECT_OK(ds_draft_forward_blocks(d, &seq, want, want_conf));
     /* decoding: context rows < a, the block, the head slot by slot */

@@ -206,12 +206,12 @@ static void test_chunked_equals_unchunked(void) {
     EXPECT_OK(ds_dspark_loss_weights(&cfg, b.nb, b.g, b.em, b.bk, sup, w));
     for (int64_t r0 = 0; r0 < b.R; r0 += 4) {
       int64_t n = b.R - r0 < 4 ? b.R - r0 : 4;
-      ds_dspark_row_stats part = {ce + r0, l1 + r0, acc + r0, bce + r0};
+      ds_dspark_row_stats part = {ce + r0, l1 + r0, acc + r0, bce + r0, NULL};
       EXPECT_OK(ds_dspark_loss_rows(&cfg, r0, b.g, n, b.V, c.draft + r0 * b.V, cfg.has_teacher ? c.target + r0 * b.V : NULL,
                                     c.ids + r0, sup + r0, w + r0, cfg.has_conf ? c.conf + r0 : NULL, 0.125, &part,
                                     c.draft + r0 * b.V, gc + r0));
     }
-    ds_dspark_row_stats all = {ce, l1, acc, bce};
+    ds_dspark_row_stats all = {ce, l1, acc, bce, NULL};
     ds_dspark_loss_result res;
     EXPECT_OK(ds_dspark_loss_finish(&cfg, b.nb, b.g, sup, w, &all, &res, pa, pc));
     EXPECT(same_bits(c.draft, ref.gd, (size_t)(b.R * b.V) * sizeof(float)));
@@ -481,7 +481,7 @@ static void test_errors(void) {
     uint8_t sup[2] = {1, 1};
     double w[2] = {1, 1}, v4[4][2];
     int32_t ids[2] = {3, 99};
-    ds_dspark_row_stats rs = {v4[0], v4[1], v4[2], v4[3]};
+    ds_dspark_row_stats rs = {v4[0], v4[1], v4[2], v4[3], NULL};
     ds_dspark_loss_config c0 = cfg_with(0, 0);
     EXPECT(ds_dspark_loss_rows(&c0, 40, 7, 2, 20, b.draft, NULL, ids, sup, w, NULL, 1.0, &rs, NULL, NULL) == DS_ERR_RANGE);
     EXPECT(strstr(ds_last_error(), "block 5 slot 6 (row 41)") != NULL);

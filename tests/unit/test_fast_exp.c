@@ -154,7 +154,7 @@ static void test_loss_extremes(void) {
   uint8_t em[R] = {1, 0, 1, 1}, keep[B] = {1, 1};
   for (int r = 0; r < R; r++) conf[r] = r == 1 ? NAN : 1e30f;
   ds_dspark_loss_config cfg = ds_dspark_loss_config_default();
-  ds_dspark_loss_inputs in = {draft, target, ids, em, keep, conf};
+  ds_dspark_loss_inputs in = {draft, target, ids, em, keep, conf, NULL};
   ds_dspark_loss_result res;
   double pa[G], pc[G];
   ds_status st = ds_dspark_loss(&cfg, B, G, V, &in, 1.0, &res, pa, pc, grad, gconf, NULL);

@@ -42,7 +42,7 @@ void batch_free(batch *b) {
 
 ds_dspark_loss_inputs inputs_of(const batch *b, const ds_dspark_loss_config *cfg) {
   ds_dspark_loss_inputs in = {b->draft, cfg->has_teacher ? b->target : NULL, b->ids, b->em, b->bk,
-                              cfg->has_conf ? b->conf : NULL};
+                              cfg->has_conf ? b->conf : NULL, NULL};
   return in;
 }
 
@@ -57,7 +57,7 @@ run_out run_loss(const ds_dspark_loss_config *cfg, const batch *b, double scale)
   /* outputs start as garbage so that a missed write shows */
   memset(o.gd, 0x7f, (size_t)(b->R * b->V) * sizeof(float));
   memset(o.gc, 0x7f, R * sizeof(float));
-  ds_dspark_row_stats rows = {o.ce, o.l1, o.acc, o.bce};
+  ds_dspark_row_stats rows = {o.ce, o.l1, o.acc, o.bce, NULL};
   ds_dspark_loss_inputs in = inputs_of(b, cfg);
   o.st = ds_dspark_loss(cfg, b->nb, b->g, b->V, &in, scale, &o.res, o.pos_acc, o.pos_cnt, o.gd, o.gc, &rows);
   return o;
