@@ -24,6 +24,7 @@ struct ds_checkpoint {
   const ds_tensor_view **views;   /* listing order: file order, or weight_map order */
   const ds_tensor_view **by_name; /* sorted by name */
   size_t n;
+  unsigned char *image; /* ds_ckpt_open_memory: the image its one shard parses (owned) */
 };
 
 void ds_ckpt_close(ds_checkpoint *ck) {
@@ -33,6 +34,7 @@ void ds_ckpt_close(ds_checkpoint *ck) {
   free(ck->views);
   free(ck->by_name);
   free(ck->dir);
+  free(ck->image); /* after the shard that points into it */
   free(ck);
 }
 
@@ -144,6 +146,43 @@ done:
   return status;
 }
 
+/* One shard's tensors as the checkpoint's, in file order and by name. */
+static ds_status ckpt_take_single(ds_checkpoint *ck, ds_safetensors *st) {
+  DS_TRY(ckpt_add_shard(ck, st));
+  ck->n = ds_st_count(st);
+  ck->views = ds_calloc(ck->n, sizeof *ck->views, "checkpoint tensor table");
+  ck->by_name = ds_calloc(ck->n, sizeof *ck->by_name, "checkpoint name index");
+  if (!ck->views || !ck->by_name) return DS_ERR_NOMEM;
+  for (size_t i = 0; i < ck->n; i++) ck->views[i] = ck->by_name[i] = ds_st_tensor(st, i);
+  qsort(ck->by_name, ck->n, sizeof *ck->by_name, st_cmp_view_name);
+  return DS_OK;
+}
+
+ds_status ds_ckpt_open_memory(unsigned char *image, size_t size, const char *label, ds_checkpoint **out) {
+  if (!out) {
+    free(image);
+    return DS_FAIL(DS_ERR_ARG, "ds_ckpt_open_memory: out is NULL");
+  }
+  *out = NULL;
+  if (!label) label = "<memory>";
+  ds_checkpoint *ck = ds_calloc(1, sizeof *ck, "checkpoint");
+  if (!ck) {
+    free(image);
+    return DS_ERR_NOMEM;
+  }
+  ck->image = image;
+  ck->dir = st_dup_str(label, "label");
+  ds_safetensors *st = NULL;
+  ds_status status = ck->dir ? ds_st_open_memory(image, size, label, &st) : DS_ERR_NOMEM;
+  if (status == DS_OK) status = ckpt_take_single(ck, st);
+  if (status != DS_OK) {
+    ds_ckpt_close(ck);
+    return status;
+  }
+  *out = ck;
+  return DS_OK;
+}
+
 ds_status ds_ckpt_open(const char *dir, ds_checkpoint **out) {
   if (!out) return DS_FAIL(DS_ERR_ARG, "ds_ckpt_open: out is NULL");
   *out = NULL;
@@ -166,13 +205,7 @@ ds_status ds_ckpt_open(const char *dir, ds_checkpoint **out) {
   if (single_there) {
     ds_safetensors *st;
     if ((status = ds_st_open(single, &st)) != DS_OK) goto done;
-    if ((status = ckpt_add_shard(ck, st)) != DS_OK) goto done;
-    ck->n = ds_st_count(st);
-    ck->views = ds_calloc(ck->n, sizeof *ck->views, "checkpoint tensor table");
-    ck->by_name = ds_calloc(ck->n, sizeof *ck->by_name, "checkpoint name index");
-    if (!ck->views || !ck->by_name) { status = DS_ERR_NOMEM; goto done; }
-    for (size_t i = 0; i < ck->n; i++) ck->views[i] = ck->by_name[i] = ds_st_tensor(st, i);
-    qsort(ck->by_name, ck->n, sizeof *ck->by_name, st_cmp_view_name);
+    status = ckpt_take_single(ck, st);
   } else if (index_there) {
     status = ckpt_open_index(ck, index);
   } else {
