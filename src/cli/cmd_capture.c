@@ -10,6 +10,7 @@
 #include "dspark/comm.h"
 #include "dspark/hfconfig.h"
 #include "dspark/kd_select.h"
+#include "dspark/model_source.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -156,7 +157,10 @@ int cmd_capture(int argc, char **argv) {
   if (!o.out_dir) o.out_dir = "";
   /* Up front, from config.json alone: a --seq-len past the target's position limit is a usage
    * error, found before the weights are loaded or the corpus is read. */
-  ds_status st = ds_model_dir_check_positions(o.target_dir, o.seq_len, "--seq-len");
+  ds_model_source *src = NULL;
+  ds_status st = ds_model_source_open(o.target_dir, &src);
+  if (st == DS_OK) st = ds_model_source_check_positions(src, o.seq_len, "--seq-len");
+  ds_model_source_close(src);
   if (st != DS_OK) {
     cli_report_error("capture");
     return st == DS_ERR_ARG ? 2 : 1;

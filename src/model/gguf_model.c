@@ -1,12 +1,12 @@
-/* GGUF -> Hugging Face model directory (include/dspark/gguf_model.h): the config and the weights;
- * the tokenizer's files are gguf_tokenizer.c's. */
+/* A GGUF file as a Hugging Face model directory (include/dspark/gguf_model.h): the config and the
+ * weights, and the model object that holds the texts of every file (gguf_internal.h); the
+ * tokenizer's files are gguf_tokenizer.c's. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dspark/dtype.h"
-#include "dspark/fileio.h"
 #include "dspark/gguf.h"
 #include "dspark/gguf_model.h"
 #include "dspark/safetensors.h"
@@ -180,71 +180,92 @@ static ds_status unpermute_rows(float *w, int64_t rows, int64_t cols, int heads)
   return DS_OK;
 }
 
-static ds_status write_weights(const ds_gguf *g, const hparams *h, const char *out_dir, ds_dtype dtype) {
+/* One GGUF tensor's place in the image: its HF name and shape, and the q / k heads to unpermute. */
+typedef struct {
+  char name[160];
+  int64_t shape[2];
+  int ndim, qk_heads;
+} tensor_plan;
+
+/* Every tensor named and checked against the shapes the config gives, and the set complete. */
+static ds_status plan_tensors(const ds_gguf *g, const hparams *h, tensor_plan *plan) {
   const char *path = ds_gguf_path(g);
   size_t n = ds_gguf_tensor_count(g);
-  void **bufs = calloc(n ? n : 1, sizeof *bufs);
-  char(*names)[160] = calloc(n ? n : 1, sizeof *names);
-  ds_st_writer *w = ds_st_writer_new();
-  ds_status st = bufs && names && w ? DS_OK : DS_FAIL(DS_ERR_NOMEM, "%s: tensor table", path);
   /* embed, norm, head; per layer 2 norms, q k v o, 3 mlp (and Qwen3's q / k norms) */
   int64_t want = 3 - h->tied + h->layers * (9 + 2 * !strcmp(h->fam->arch, "qwen3"));
   int64_t found = 0;
-  for (size_t i = 0; i < n && st == DS_OK; i++) {
+  for (size_t i = 0; i < n; i++) {
     const ds_gguf_tensor *t = ds_gguf_tensor_at(g, i);
-    int64_t shape[2];
-    int qk_heads;
-    if (!hf_name(h, t->name, names[i], sizeof names[i], shape, &qk_heads)) {
-      st = DS_FAIL(DS_ERR_UNSUPPORTED, "%s: tensor '%s' has no place in a %s model%s", path, t->name, h->fam->arch,
-                   !strcmp(t->name, "rope_freqs.weight") ? " (llama3 rope frequencies: not supported)" : "");
-      break;
-    }
-    int ndim = shape[1] ? 2 : 1;
-    if (t->ndim != ndim || t->ne[0] != (ndim == 2 ? shape[1] : shape[0]) || (ndim == 2 && t->ne[1] != shape[0])) {
-      st = DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' is [%lld, %lld] (ggml order), expected [%lld, %lld]", path, t->name,
-                   (long long)t->ne[0], (long long)t->ne[1], (long long)(ndim == 2 ? shape[1] : shape[0]),
-                   (long long)(ndim == 2 ? shape[0] : 1));
-      break;
-    }
+    tensor_plan *p = &plan[i];
+    if (!hf_name(h, t->name, p->name, sizeof p->name, p->shape, &p->qk_heads))
+      return DS_FAIL(DS_ERR_UNSUPPORTED, "%s: tensor '%s' has no place in a %s model%s", path, t->name, h->fam->arch,
+                     !strcmp(t->name, "rope_freqs.weight") ? " (llama3 rope frequencies: not supported)" : "");
+    int ndim = p->ndim = p->shape[1] ? 2 : 1;
+    if (t->ndim != ndim || t->ne[0] != (ndim == 2 ? p->shape[1] : p->shape[0]) ||
+        (ndim == 2 && t->ne[1] != p->shape[0]))
+      return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' is [%lld, %lld] (ggml order), expected [%lld, %lld]", path,
+                     t->name, (long long)t->ne[0], (long long)t->ne[1],
+                     (long long)(ndim == 2 ? p->shape[1] : p->shape[0]), (long long)(ndim == 2 ? p->shape[0] : 1));
     /* biases are optional; Qwen3's q / k norms are counted in want */
     found += strstr(t->name, ".bias") == NULL &&
              ((!strstr(t->name, "attn_q_norm") && !strstr(t->name, "attn_k_norm")) || !strcmp(h->fam->arch, "qwen3"));
-    float *f = malloc((size_t)t->numel * sizeof *f);
-    if (!f) {
-      st = DS_FAIL(DS_ERR_NOMEM, "%s: tensor '%s'", path, t->name);
-      break;
-    }
-    bufs[i] = f;
-    st = ds_gguf_dequantize(g, t, f);
-    if (st == DS_OK && qk_heads) st = unpermute_rows(f, shape[0], ndim == 2 ? shape[1] : 1, qk_heads);
-    if (st == DS_OK && dtype == DS_BF16) {
-      uint16_t *b = malloc((size_t)t->numel * sizeof *b);
-      if (!b) st = DS_FAIL(DS_ERR_NOMEM, "%s: tensor '%s'", path, t->name);
-      else {
-        ds_convert_from_f32(b, DS_BF16, f, (size_t)t->numel);
-        free(f);
-        bufs[i] = b;
-      }
-    }
-    if (st == DS_OK) st = ds_st_writer_add(w, names[i], dtype, ndim, shape, bufs[i]);
   }
-  if (st == DS_OK && found != want)
-    st = DS_FAIL(DS_ERR_FORMAT, "%s: %lld of the %lld weight tensors a %lld-layer %s model needs are there", path,
-                 (long long)found, (long long)want, (long long)h->layers, h->fam->arch);
-  char *file = st == DS_OK ? ds_path_join(out_dir, "model.safetensors") : NULL;
-  if (st == DS_OK) st = file ? ds_st_writer_write(w, file) : DS_ERR_NOMEM;
-  free(file);
+  if (found != want)
+    return DS_FAIL(DS_ERR_FORMAT, "%s: %lld of the %lld weight tensors a %lld-layer %s model needs are there", path,
+                   (long long)found, (long long)want, (long long)h->layers, h->fam->arch);
+  return DS_OK;
+}
+
+/* Tensor t dequantized into dst (in dtype): F32 straight into the image, BF16 through one
+ * tensor's fp32 scratch. */
+static ds_status fill_tensor(const ds_gguf *g, const ds_gguf_tensor *t, const tensor_plan *p, ds_dtype dtype,
+                             void *dst) {
+  float *f = dtype == DS_F32 ? dst : malloc((size_t)t->numel * sizeof *f);
+  if (!f) return DS_FAIL(DS_ERR_NOMEM, "%s: tensor '%s'", ds_gguf_path(g), t->name);
+  ds_status st = ds_gguf_dequantize(g, t, f);
+  if (st == DS_OK && p->qk_heads) st = unpermute_rows(f, p->shape[0], p->ndim == 2 ? p->shape[1] : 1, p->qk_heads);
+  if (dtype != DS_F32) {
+    if (st == DS_OK) ds_convert_from_f32(dst, dtype, f, (size_t)t->numel);
+    free(f);
+  }
+  return st;
+}
+
+static ds_status weights_image(const ds_gguf *g, const hparams *h, ds_dtype dtype, unsigned char **image,
+                               size_t *size) {
+  const char *path = ds_gguf_path(g);
+  size_t n = ds_gguf_tensor_count(g);
+  tensor_plan *plan = calloc(n ? n : 1, sizeof *plan);
+  size_t *offsets = calloc(n ? n : 1, sizeof *offsets);
+  ds_st_writer *w = ds_st_writer_new();
+  ds_status st = plan && offsets && w ? DS_OK : DS_FAIL(DS_ERR_NOMEM, "%s: tensor table", path);
+  if (st == DS_OK) st = plan_tensors(g, h, plan);
+  for (size_t i = 0; i < n && st == DS_OK; i++) st = ds_st_writer_reserve(w, plan[i].name, dtype, plan[i].ndim, plan[i].shape);
+  if (st == DS_OK) st = ds_st_writer_image(w, path, image, size, offsets);
+  /* each tensor lands where the image reserved it: the weights are held once */
+  for (size_t i = 0; i < n && st == DS_OK; i++)
+    st = fill_tensor(g, ds_gguf_tensor_at(g, i), &plan[i], dtype, *image + offsets[i]);
+  if (st != DS_OK && *image) {
+    free(*image);
+    *image = NULL;
+    *size = 0;
+  }
   ds_st_writer_free(w);
-  for (size_t i = 0; bufs && i < n; i++) free(bufs[i]);
-  free(bufs);
-  free(names);
+  free(offsets);
+  free(plan);
   return st;
 }
 
 /* ---------------------------------------------------------------- config */
 
-static ds_status write_config(const ds_gguf *g, const hparams *h, const ds_gguf_special *sp, const char *out_dir,
-                              ds_dtype dtype) {
+static char *print_json(cJSON *j) {
+  char *text = j ? cJSON_Print(j) : NULL;
+  cJSON_Delete(j);
+  return text;
+}
+
+static ds_status config_texts(const ds_gguf *g, const hparams *h, const ds_gguf_special *sp, ds_dtype dtype,
+                              char **config, char **generation) {
   cJSON *c = cJSON_CreateObject();
   cJSON *arch = cJSON_AddArrayToObject(c, "architectures");
   cJSON_AddItemToArray(arch, cJSON_CreateString(h->fam->hf_class));
@@ -272,30 +293,63 @@ static ds_status write_config(const ds_gguf *g, const hparams *h, const ds_gguf_
   if (sp->eos >= 0) cJSON_AddNumberToObject(c, "eos_token_id", (double)sp->eos);
   if (sp->pad >= 0) cJSON_AddNumberToObject(c, "pad_token_id", (double)sp->pad);
   cJSON_AddStringToObject(c, "torch_dtype", dtype == DS_BF16 ? "bfloat16" : "float32");
-  ds_status st = ds_gguf_write_json(out_dir, "config.json", c);
-  cJSON_Delete(c);
-  if (st != DS_OK) return st;
+  *config = print_json(c);
   cJSON *gen = cJSON_CreateObject();
   if (sp->bos >= 0) cJSON_AddNumberToObject(gen, "bos_token_id", (double)sp->bos);
   if (sp->eos >= 0) cJSON_AddNumberToObject(gen, "eos_token_id", (double)sp->eos);
   if (sp->pad >= 0) cJSON_AddNumberToObject(gen, "pad_token_id", (double)sp->pad);
-  st = ds_gguf_write_json(out_dir, "generation_config.json", gen);
-  cJSON_Delete(gen);
-  return st;
+  *generation = print_json(gen);
+  return *config && *generation ? DS_OK : DS_FAIL(DS_ERR_NOMEM, "%s: config.json", ds_gguf_path(g));
 }
 
-ds_status ds_gguf_convert(const char *path, const char *out_dir, ds_dtype dtype) {
-  if (dtype != DS_F32 && dtype != DS_BF16) return DS_FAIL(DS_ERR_ARG, "convert: the weights' dtype must be f32 or bf16");
+/* ---------------------------------------------------------------- the model */
+
+struct ds_gguf_model {
   ds_gguf *g;
-  DS_TRY(ds_gguf_open(path, &g));
   hparams h;
+  ds_dtype dtype;
+  char *text[DS_MODEL_FILE_COUNT]; /* NUL-terminated; chat_template.jinja stays NULL */
+};
+
+void ds_gguf_model_close(ds_gguf_model *m) {
+  if (!m) return;
+  for (int i = 0; i < DS_MODEL_FILE_COUNT; i++) free(m->text[i]);
+  ds_gguf_close(m->g);
+  free(m);
+}
+
+ds_status ds_gguf_model_open(const char *path, ds_dtype dtype, ds_gguf_model **out) {
+  *out = NULL;
+  if (dtype != DS_F32 && dtype != DS_BF16) return DS_FAIL(DS_ERR_ARG, "%s: the weights' dtype must be f32 or bf16", path);
+  ds_gguf_model *m = calloc(1, sizeof *m);
+  if (!m) return DS_FAIL(DS_ERR_NOMEM, "%s", path);
+  m->dtype = dtype;
   ds_gguf_special sp;
-  ds_status st = read_hparams(g, &h);
-  if (st == DS_OK) st = ds_gguf_special_tokens(g, h.vocab, &sp);
-  if (st == DS_OK) st = ds_mkdir_p(out_dir);
-  if (st == DS_OK) st = ds_gguf_write_tokenizer(g, &sp, out_dir);
-  if (st == DS_OK) st = write_config(g, &h, &sp, out_dir, dtype);
-  if (st == DS_OK) st = write_weights(g, &h, out_dir, dtype);
-  ds_gguf_close(g);
-  return st;
+  ds_status st = ds_gguf_open(path, &m->g);
+  if (st == DS_OK) st = read_hparams(m->g, &m->h);
+  if (st == DS_OK) st = ds_gguf_special_tokens(m->g, m->h.vocab, &sp);
+  if (st == DS_OK)
+    st = ds_gguf_tokenizer_texts(m->g, &sp, &m->text[DS_MODEL_TOKENIZER], &m->text[DS_MODEL_TOKENIZER_CONFIG]);
+  if (st == DS_OK)
+    st = config_texts(m->g, &m->h, &sp, dtype, &m->text[DS_MODEL_CONFIG], &m->text[DS_MODEL_GENERATION_CONFIG]);
+  if (st != DS_OK) {
+    ds_gguf_model_close(m);
+    return st;
+  }
+  *out = m;
+  return DS_OK;
+}
+
+const char *ds_gguf_model_path(const ds_gguf_model *m) { return ds_gguf_path(m->g); }
+
+const char *ds_gguf_model_text(const ds_gguf_model *m, ds_model_file f, size_t *len) {
+  const char *t = (unsigned)f < DS_MODEL_FILE_COUNT ? m->text[f] : NULL;
+  if (len) *len = t ? strlen(t) : 0;
+  return t;
+}
+
+ds_status ds_gguf_model_weights(const ds_gguf_model *m, unsigned char **image, size_t *size) {
+  *image = NULL;
+  *size = 0;
+  return weights_image(m->g, &m->h, m->dtype, image, size);
 }
