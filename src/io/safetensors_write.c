@@ -268,10 +268,10 @@ ds_status ds_st_writer_image(const ds_st_writer *w, const char *label, unsigned 
     return DS_FAIL(DS_ERR_NOMEM, "%s: an image of %llu + %zu bytes does not fit in memory", label,
                    (unsigned long long)data, b.len + 8);
   }
-  unsigned char *p = ds_malloc((size_t)total, "safetensors image");
+  unsigned char *p = st_image_alloc((size_t)total, label);
   if (!p) {
     free(b.p);
-    return ds_error_wrap(DS_ERR_NOMEM, "%s: the weights' image (%.1f MB)", label, (double)total / 1e6);
+    return DS_ERR_NOMEM;
   }
   for (int i = 0; i < 8; i++) p[i] = (unsigned char)((uint64_t)b.len >> (8 * i));
   memcpy(p + 8, b.p, b.len);

@@ -5,6 +5,7 @@
 
 #include "dspark/fileio.h"
 #include "dspark/gguf_model.h"
+#include "dspark/safetensors.h"
 #include "model/gguf_internal.h"
 
 static ds_status write_file(const char *out_dir, const char *name, const void *data, size_t len) {
@@ -30,7 +31,7 @@ ds_status ds_gguf_convert(const char *path, const char *out_dir, ds_dtype dtype)
   size_t size = 0;
   if (st == DS_OK) st = ds_gguf_model_weights(m, &image, &size);
   if (st == DS_OK) st = write_file(out_dir, "model.safetensors", image, size);
-  free(image);
+  ds_st_image_free(image, size);
   ds_gguf_model_close(m);
   return st;
 }

@@ -242,11 +242,25 @@ static ds_status weights_image(const ds_gguf *g, const hparams *h, ds_dtype dtyp
   if (st == DS_OK) st = plan_tensors(g, h, plan);
   for (size_t i = 0; i < n && st == DS_OK; i++) st = ds_st_writer_reserve(w, plan[i].name, dtype, plan[i].ndim, plan[i].shape);
   if (st == DS_OK) st = ds_st_writer_image(w, path, image, size, offsets);
-  /* each tensor lands where the image reserved it: the weights are held once */
-  for (size_t i = 0; i < n && st == DS_OK; i++)
-    st = fill_tensor(g, ds_gguf_tensor_at(g, i), &plan[i], dtype, *image + offsets[i]);
+  /* Each tensor lands where the image reserved it: the weights are held once. The tensors are
+   * shared out between the threads whole (one barrier for the model, not one per tensor: on a
+   * busy machine a barrier per tensor cost seconds); a thread's error message stays in that
+   * thread, so a failed tensor is converted again here to report it. */
+  int64_t failed = -1;
+  if (st == DS_OK) {
+#pragma omp parallel for schedule(dynamic, 1) reduction(max : failed)
+    for (int64_t i = 0; i < (int64_t)n; i++)
+      if (fill_tensor(g, ds_gguf_tensor_at(g, (size_t)i), &plan[i], dtype, *image + offsets[i]) != DS_OK &&
+          failed < 0)
+        failed = i;
+  }
+  if (st == DS_OK && failed >= 0) {
+    st = fill_tensor(g, ds_gguf_tensor_at(g, (size_t)failed), &plan[failed], dtype, *image + offsets[failed]);
+    if (st == DS_OK) st = DS_FAIL(DS_ERR_NUMERIC, "%s: tensor '%s' failed to convert in a worker thread", path,
+                                  ds_gguf_tensor_at(g, (size_t)failed)->name);
+  }
   if (st != DS_OK && *image) {
-    free(*image);
+    ds_st_image_free(*image, *size);
     *image = NULL;
     *size = 0;
   }

@@ -295,6 +295,11 @@ ds_status ds_target_load_source(ds_model_source *src, const ds_backend *backend,
   if (st == DS_OK) {
     layout_params(m, m->params);
     ds_rope_inv_freq(c, m->inv_freq);
+    /* every tensor converted once (none used in place): an in-memory checkpoint (a GGUF's) gives
+     * each one back as it is read, so the weights are not held twice while they load */
+    int any16 = 0;
+    for (size_t i = 0; i < ds_ckpt_count(m->ck); i++) any16 |= is16(ds_ckpt_tensor(m->ck, i)->dtype);
+    if (!any16) ds_ckpt_read_once(m->ck);
     st = load_weights(m);
   }
   if (st == DS_OK && m->mapped_bytes == 0 && m->n_owned == 0) {

@@ -340,12 +340,19 @@ static void test_image_checkpoint(void) {
   free(file);
   ds_checkpoint *ck = NULL;
   EXPECT_OK(ds_ckpt_open_memory(img, size, "mem.gguf", &ck));
-  float got[2] = {0, 0};
+  float got[3] = {0, 0, 0};
   EXPECT_OK(ds_ckpt_read_f32(ck, "b", 2, sb, got));
   EXPECT(got[0] == b[0] && got[1] == b[1] && ds_ckpt_count(ck) == 2);
+  EXPECT_OK(ds_ckpt_read_f32(ck, "b", 2, sb, got)); /* read again: the image is kept */
   EXPECT_FAIL(ds_ckpt_read_f32(ck, "c", 1, sa, got), DS_ERR_NOT_FOUND, "mem.gguf", "'c'");
+  /* read once: a tensor is given back after its read, and a second read is refused by name */
+  ds_ckpt_read_once(ck);
+  EXPECT_OK(ds_ckpt_read_f32(ck, "a", 1, sa, got));
+  EXPECT(got[0] == a[0] && got[1] == a[1] && got[2] == a[2]);
+  EXPECT_FAIL(ds_ckpt_read_f32(ck, "a", 1, sa, got), DS_ERR_ARG, "mem.gguf", "'a'", "once");
+  EXPECT_OK(ds_ckpt_read_f32(ck, "b", 2, sb, got));
   ds_ckpt_close(ck);
-  /* a bad image is refused naming its label, and freed (the sanitizer build checks for a leak) */
+  /* a bad image is refused naming its label, and freed */
   EXPECT_OK(ds_st_writer_image(full, "mem", &img, &size, NULL));
   if (img) img[8] = '[';
   ck = (ds_checkpoint *)path;
