@@ -40,6 +40,10 @@ const char *ds_model_file_name(ds_model_file f);
 
 typedef struct ds_model_source ds_model_source;
 
+/* 1 when path is a regular file that starts with the GGUF magic (for commands that also take
+ * other files, such as tokenize's tokenizer.json). */
+int ds_model_path_is_gguf(const char *path);
+
 /* Opens path (a model directory or a GGUF file). A directory is not read until a file is asked
  * for; a GGUF file's texts are built at open (its weights only when asked for). */
 ds_status ds_model_source_open(const char *path, ds_model_source **out);

@@ -14,7 +14,8 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-    "usage: dspark capture --target DIR --data INPUT --out CACHE [options]\n"
+    "usage: dspark capture --target MODEL --data INPUT --out CACHE [options]\n"
+    "MODEL: a model directory or a .gguf file (docs/commands.md, \"Models\")\n"
     "Runs the target once over the training sequences (packed exactly as `dspark train` packs them)\n"
     "and writes CACHE/{manifest.json, shard-%%06d.safetensors, target_weights.safetensors,\n"
     "target_config.json, tokenizer.json} (format: docs/file-formats.md, \"File formats\"). Rerunning the same\n"

@@ -37,7 +37,8 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: dspark regenerate --target DIR --data FILE|DIR|GLOB --out FILE.jsonl [options]\n"
+          "usage: dspark regenerate --target MODEL --data FILE|DIR|GLOB --out FILE.jsonl [options]\n"
+          "MODEL: a model directory or a .gguf file (docs/commands.md, \"Models\")\n"
           "Replaces every assistant turn of each conversation by the target's own answer (a conversation\n"
           "ending with a user turn gets one appended) and appends it to --out, one line per conversation.\n"
           "  --data INPUTS         read as `dspark train --data` reads them (a file, a directory, a glob; .gz /\n"
@@ -504,18 +505,20 @@ int cmd_regenerate(int argc, char **argv) {
   int rc = 1, fd = -1;
   FILE *f = NULL;
   int64_t next = 0, kept_lines = 0;
-  char *tok_path = ds_path_join(o.target_dir, "tokenizer.json");
-  char *cfg_path = ds_path_join(o.target_dir, "config.json");
+  ds_model_source *src = NULL;
   ds_model_config pre;
-  if (!tok_path || !cfg_path || ds_tokenizer_load(tok_path, &g.tok) != DS_OK) goto report;
-  if (!o.completion && cli_load_chat_template(tok_path, o.chat_template, &g.cc) != DS_OK) goto report;
-  if (ds_config_load(cfg_path, &pre) != DS_OK || ds_target_check_tokenizer(&pre, g.tok, cfg_path, tok_path) != DS_OK)
+  if (ds_model_source_open(o.target_dir, &src) != DS_OK || ds_model_source_tokenizer(src, &g.tok) != DS_OK) goto report;
+  if (!o.completion && cli_load_chat_template(src, o.chat_template, &g.cc) != DS_OK) goto report;
+  /* the tokenizer against config.json, before the weights are loaded */
+  const char *cfg_label = ds_model_source_label(src, DS_MODEL_CONFIG);
+  if (ds_model_source_config(src, &pre) != DS_OK ||
+      ds_target_check_tokenizer(&pre, g.tok, cfg_label, ds_model_source_label(src, DS_MODEL_TOKENIZER)) != DS_OK)
     goto report;
   g.max_pos = pre.max_position_embeddings;
   if (o.max_new >= g.max_pos) { /* every prompt needs a position: each conversation would be skipped */
     fprintf(stderr, "dspark regenerate: %s: max_position_embeddings is %lld, so --max-new-tokens %lld leaves no "
             "position for a prompt; give at most %lld (and fewer than that minus the longest prompt)\n",
-            cfg_path, (long long)g.max_pos, (long long)o.max_new, (long long)g.max_pos - 1);
+            cfg_label, (long long)g.max_pos, (long long)o.max_new, (long long)g.max_pos - 1);
     rc = 2;
     goto done;
   }
@@ -544,7 +547,7 @@ int cmd_regenerate(int argc, char **argv) {
             (long long)kept_lines, (long long)next - 1, regen_source(&in, next - 1, source, sizeof source));
   }
   if (next < in.n) {
-    if (ds_target_load(o.target_dir, ds_backend_cpu(), &g.target) != DS_OK) goto report;
+    if (ds_target_load_source(src, ds_backend_cpu(), NULL, &g.target) != DS_OK) goto report;
     if (o.draft_dir && ds_draft_open(o.draft_dir, ds_backend_cpu(), &g.draft) != DS_OK) goto report;
   }
   double t0 = ds_time_sec();
@@ -587,8 +590,7 @@ report:
 done:
   if (f) fclose(f);
   if (fd >= 0) close(fd);
-  free(tok_path);
-  free(cfg_path);
+  ds_model_source_close(src);
   regen_input_free(&in);
   ds_tokenizer_free(g.tok);
   ds_chat_template_free(g.cc.tmpl);

@@ -72,6 +72,15 @@ static ds_status classify(const char *path, int *gguf) {
                  path);
 }
 
+int ds_model_path_is_gguf(const char *path) {
+  int gguf = 0;
+  struct stat sb;
+  if (!path || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) return 0;
+  ds_status st = classify(path, &gguf);
+  if (st != DS_OK) ds_error_clear();
+  return gguf;
+}
+
 ds_status ds_model_source_open(const char *path, ds_model_source **out) {
   *out = NULL;
   if (!path) return DS_FAIL(DS_ERR_ARG, "ds_model_source_open: path is NULL");
@@ -122,7 +131,8 @@ ds_status ds_model_source_text(ds_model_source *s, ds_model_file f, int required
   if (s->gguf) {
     t = ds_gguf_model_text(s->gguf, f, &n);
   } else {
-    if (!s->read[f]) DS_TRY(read_dir_file(s, f, required));
+    /* a required file found absent before is read again: its reader names why */
+    if (!s->read[f] || (required && !s->text[f])) DS_TRY(read_dir_file(s, f, required));
     t = s->text[f];
     n = s->len[f];
   }
