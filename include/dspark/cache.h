@@ -190,7 +190,9 @@ ds_status ds_cache_target_weights_writer(ds_weight embed, ds_weight lm_head, int
 
 /* Hashes (xxh64, seed 0). */
 ds_status ds_cache_hash_file(const char *path, uint64_t *out);
-ds_status ds_cache_hash_target_weights(const char *model_dir, uint64_t *out);
+/* The weights' hash (DS_CACHE_WEIGHTS_HASH_COVERS) of an open checkpoint: a model directory's
+ * safetensors or a GGUF file's dequantized tensors (include/dspark/model_source.h). */
+ds_status ds_cache_hash_checkpoint(const ds_checkpoint *ck, uint64_t *out);
 uint64_t ds_cache_hash_string(const char *s);
 void ds_cache_hex(uint64_t h, char out[17]);
 

@@ -58,6 +58,21 @@ uint64_t ds_chat_template_hash(const ds_chat_template *t);
  * by the first render, so plain-text work with the model is not refused for it. */
 ds_status ds_chat_template_load(const char *tokenizer_path, const char *override_path, ds_chat_template **out);
 
+/* The texts the template comes from, each NULL when absent (a model directory's files, or what a
+ * GGUF file holds: include/dspark/model_source.h); the labels name them in errors. */
+typedef struct {
+  const char *config;      /* tokenizer_config.json */
+  size_t config_len;
+  const char *config_label;
+  const char *jinja;       /* chat_template.jinja */
+  size_t jinja_len;
+  const char *jinja_label;
+} ds_chat_template_source;
+/* ds_chat_template_load from those texts: override_path (a Jinja file) when given, else the
+ * Jinja text, else tokenizer_config.json's chat_template; the same rules and errors. */
+ds_status ds_chat_template_load_texts(const ds_chat_template_source *src, const char *override_path,
+                                      ds_chat_template **out);
+
 /* Renders msgs; *text (NUL-terminated) and *train (1 per trained byte, may be NULL) are
  * malloc'd; *len excludes the NUL. */
 ds_status ds_chat_template_render(const ds_chat_template *t, const ds_chat_message *msgs, size_t n,

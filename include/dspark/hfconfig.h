@@ -75,19 +75,21 @@ const char *ds_config_class_name(ds_arch arch);
  * unreadable or malformed is an error naming it (transformers would silently fall back to
  * config.json). */
 ds_status ds_config_load_dir(const char *model_dir, ds_model_config *out);
+/* The same from texts (a model source's: include/dspark/model_source.h): config.json's, and
+ * generation_config.json's or NULL when there is none; the labels name them in errors. */
+ds_status ds_config_parse_model(const char *cfg, size_t cfg_len, const char *cfg_label, const char *gen,
+                                size_t gen_len, const char *gen_label, ds_model_config *out);
 /* Applies generation_config.json's text (label names it in errors) to a parsed config. */
 ds_status ds_config_apply_generation_config(ds_model_config *c, const char *json, size_t len, const char *label);
 /* 1 when id is in the stop set. */
 int ds_config_is_stop_token(const ds_model_config *c, int64_t id);
 
 /* Position limit (max_position_embeddings): a run over positions 0 .. positions-1 must stay
- * inside it. Otherwise an error naming MODEL_DIR/config.json, the limit, the option that asked
- * for more (option, e.g. "--seq-len") and the largest value that fits. */
-ds_status ds_config_check_positions(const ds_model_config *c, const char *model_dir, int64_t positions,
+ * inside it. Otherwise an error naming the config (config_label, e.g. "DIR/config.json"), the
+ * limit, the option that asked for more (option, e.g. "--seq-len") and the largest value that
+ * fits. (A model source checks it before loading the weights: ds_model_source_check_positions.) */
+ds_status ds_config_check_positions(const ds_model_config *c, const char *config_label, int64_t positions,
                                     const char *option);
-/* The same check reading only MODEL_DIR/config.json (cheap: no weights), for commands that
- * want to refuse an option before loading the target (capture, train). */
-ds_status ds_model_dir_check_positions(const char *model_dir, int64_t positions, const char *option);
 /* Number of parameters the checkpoint holds (embedding and lm_head counted once when tied). */
 int64_t ds_config_num_params(const ds_model_config *c);
 

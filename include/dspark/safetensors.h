@@ -53,6 +53,16 @@ const char *ds_st_path(const ds_safetensors *st);
 typedef struct ds_checkpoint ds_checkpoint;
 
 ds_status ds_ckpt_open(const char *dir, ds_checkpoint **out);
+/* A checkpoint over a safetensors image in memory (ds_st_writer_image), validated as a file is;
+ * it takes the image in every case: freed by ds_ckpt_close, or at once on failure. label names
+ * it in messages, as a directory's path does. */
+ds_status ds_ckpt_open_memory(unsigned char *image, size_t size, const char *label, ds_checkpoint **out);
+/* For a loader that converts every tensor once and keeps only its copy (the target): from now
+ * on a tensor of an in-memory checkpoint is given back to the system as soon as
+ * ds_ckpt_read_f32 has converted it (its whole pages), and reading it again is refused naming
+ * it; the weights are then held about once, not twice, while they are loaded. A checkpoint of
+ * files is not affected (its pages are the page cache's, read again when touched). */
+void ds_ckpt_read_once(ds_checkpoint *ck);
 void ds_ckpt_close(ds_checkpoint *ck);
 const ds_tensor_view *ds_ckpt_find(const ds_checkpoint *ck, const char *name);
 size_t ds_ckpt_count(const ds_checkpoint *ck);
@@ -78,8 +88,20 @@ typedef struct ds_st_writer ds_st_writer;
 ds_st_writer *ds_st_writer_new(void);
 ds_status ds_st_writer_add(ds_st_writer *w, const char *name, ds_dtype dtype, int ndim,
                            const int64_t *shape, const void *data);
+/* A tensor laid out like ds_st_writer_add's but without data: it is filled in place in an image
+ * (ds_st_writer_image), so a large tensor built there is never held twice. ds_st_writer_write
+ * refuses a writer holding one. */
+ds_status ds_st_writer_reserve(ds_st_writer *w, const char *name, ds_dtype dtype, int ndim, const int64_t *shape);
 ds_status ds_st_writer_set_metadata(ds_st_writer *w, const char *key, const char *value);
 ds_status ds_st_writer_write(ds_st_writer *w, const char *path);
+/* The bytes ds_st_writer_write would write, in one buffer of their own (*image, *size bytes; the
+ * caller frees it with ds_st_image_free, or hands it to ds_ckpt_open_memory): the tensors added
+ * with data copied in, the reserved ones left for the caller to fill. offsets (one per tensor, in
+ * insertion order; may be NULL) receives where each tensor's data starts in the image. label
+ * names the image in errors. */
+ds_status ds_st_writer_image(const ds_st_writer *w, const char *label, unsigned char **image, size_t *size,
+                             size_t *offsets);
+void ds_st_image_free(unsigned char *image, size_t size);
 /* The size in bytes of the file ds_st_writer_write would write now (header and data). */
 ds_status ds_st_writer_file_size(const ds_st_writer *w, uint64_t *bytes);
 void ds_st_writer_free(ds_st_writer *w);

@@ -51,7 +51,8 @@ ds_status ds_student_new(const char *config_json, size_t len, const char *label,
 ds_status ds_student_new_from_file(const char *config_path, uint64_t seed, const ds_backend *backend,
                                    ds_student **out);
 /* An HF checkpoint directory (config.json + model.safetensors or a sharded index; F32, BF16
- * or F16, converted to fp32), read as the target reads it. Tying follows transformers 5.x:
+ * or F16, converted to fp32), or a GGUF file (include/dspark/model_source.h), read as the target
+ * reads it. Tying follows transformers 5.x:
  * with tie_word_embeddings, a checkpoint holding only one of the two tables ties the other to
  * it, one holding both ties them when they are equal and keeps them apart (untied, and
  * exported with tie_word_embeddings false) when they differ. */

@@ -17,6 +17,7 @@
 #include "dspark/backend.h"
 #include "dspark/common.h"
 #include "dspark/hfconfig.h"
+#include "dspark/model_source.h"
 #include "dspark/tokenizer.h"
 
 #ifdef __cplusplus
@@ -26,12 +27,18 @@ extern "C" {
 typedef struct ds_target ds_target;
 typedef struct ds_kv_cache ds_kv_cache;
 
-/* Loads MODEL_DIR/config.json (with generation_config.json's stop set: ds_config_load_dir)
- * and its safetensors (single file or sharded index). Tied embeddings follow transformers:
- * with tie_word_embeddings a stored lm_head.weight is used as the head (and a checkpoint with
- * only lm_head.weight ties the embedding to it). A forward past max_position_embeddings is
- * an error naming the limit and MODEL_DIR. */
-ds_status ds_target_load(const char *model_dir, const ds_backend *backend, ds_target **out);
+/* Loads a model source's config.json (with generation_config.json's stop set:
+ * ds_model_source_config) and its weights (a directory's safetensors, single file or sharded
+ * index; a GGUF file's tensors dequantized to fp32, whose image is freed once converted). Tied
+ * embeddings follow transformers: with tie_word_embeddings a stored lm_head.weight is used as the
+ * head (and a checkpoint with only lm_head.weight ties the embedding to it). A forward past
+ * max_position_embeddings is an error naming the limit and the model. weights_xxh64 (may be
+ * NULL) receives the weights' hash as caches record it (ds_cache_hash_checkpoint), taken from the
+ * checkpoint the target loads, so a GGUF is not converted twice. The source may be closed after. */
+ds_status ds_target_load_source(ds_model_source *src, const ds_backend *backend, uint64_t *weights_xxh64,
+                                ds_target **out);
+/* The same from a path (a model directory or a .gguf file). */
+ds_status ds_target_load(const char *model, const ds_backend *backend, ds_target **out);
 void ds_target_free(ds_target *m);
 const ds_model_config *ds_target_config(const ds_target *m);
 /* The frozen tables [V, d] in their dtype (F32 when converted at load, else the checkpoint's

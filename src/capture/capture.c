@@ -66,23 +66,30 @@ typedef struct {
 
 /* ---------------------------------------------------------------- setup */
 
-static ds_status load_inputs(capture *c) {
+/* A text of the source copied (the cache keeps its own copy of config.json and tokenizer.json). */
+static ds_status copy_text(ds_model_source *src, ds_model_file f, char **text, size_t *len) {
+  const char *t;
+  DS_TRY(ds_model_source_text(src, f, 1, &t, len));
+  *text = ds_malloc(*len + 1, ds_model_source_label(src, f));
+  if (!*text) return DS_ERR_NOMEM;
+  memcpy(*text, t, *len + 1);
+  return DS_OK;
+}
+
+static ds_status load_inputs(capture *c, ds_model_source *src) {
   const ds_capture_options *o = c->o;
-  DS_TRY(ds_model_dir_check_positions(o->target_dir, o->seq_len, "--seq-len"));
-  DS_TRY(ds_target_load(o->target_dir, ds_backend_cpu(), &c->target));
+  DS_TRY(ds_model_source_check_positions(src, o->seq_len, "--seq-len"));
+  /* an estimate needs no hash of the weights (it reads them all); the hash is taken from the
+   * checkpoint the target loads */
+  int hash = !o->forward_only && !o->estimate;
+  DS_TRY(ds_target_load_source(src, ds_backend_cpu(), hash ? &c->m.target_weights_xxh64 : NULL, &c->target));
   const ds_model_config *tc = ds_target_config(c->target);
-  char *path = ds_path_join(o->target_dir, "config.json");
-  ds_status st = path ? ds_read_file(path, &c->config_text, &c->config_len) : DS_ERR_NOMEM;
-  free(path);
-  if (st != DS_OK) return st;
-  path = ds_path_join(o->target_dir, "tokenizer.json");
-  st = path ? ds_read_file(path, &c->tok_text, &c->tok_len) : DS_ERR_NOMEM;
-  if (st == DS_OK) st = ds_tokenizer_load_memory(c->tok_text, c->tok_len, path, &c->tok);
-  char *cfg_path = st == DS_OK ? ds_path_join(o->target_dir, "config.json") : NULL;
-  if (st == DS_OK) st = cfg_path ? ds_target_check_tokenizer(tc, c->tok, cfg_path, path) : DS_ERR_NOMEM;
-  free(cfg_path);
-  free(path);
-  if (st != DS_OK) return st;
+  DS_TRY(copy_text(src, DS_MODEL_CONFIG, &c->config_text, &c->config_len));
+  DS_TRY(copy_text(src, DS_MODEL_TOKENIZER, &c->tok_text, &c->tok_len));
+  DS_TRY(ds_tokenizer_load_memory(c->tok_text, c->tok_len, ds_model_source_label(src, DS_MODEL_TOKENIZER), &c->tok));
+  DS_TRY(ds_target_check_tokenizer(tc, c->tok, ds_model_source_label(src, DS_MODEL_CONFIG),
+                                   ds_model_source_label(src, DS_MODEL_TOKENIZER)));
+  ds_status st;
 
   ds_cache_manifest *m = &c->m;
   m->format_version = DS_CACHE_FORMAT_VERSION;
@@ -106,7 +113,7 @@ static ds_status load_inputs(capture *c) {
   m->eos_token_id = tc->n_eos ? tc->eos_token_ids[0] : -1;
   m->min_length = 2;
   ds_chat_template *tmpl = NULL;
-  DS_TRY(ds_chat_template_load(o->target_dir, o->chat_template, &tmpl));
+  DS_TRY(ds_model_source_chat_template(src, o->chat_template, &tmpl));
   int thinking = o->enable_thinking ? o->enable_thinking > 0 : -1;
   ds_data_options dopt = {.format = o->data_format, .skip_bad_lines = o->skip_bad_lines,
                           .max_line_bytes = o->max_line_bytes};
@@ -137,8 +144,6 @@ static ds_status load_inputs(capture *c) {
   if (!m->target_path || !m->data_path) return DS_ERR_NOMEM;
   strcpy(m->target_path, o->target_dir);
   strcpy(m->data_path, o->data_path);
-  /* an estimate needs no hash of the weights (it reads them all) */
-  if (!o->forward_only && !o->estimate) DS_TRY(ds_cache_hash_target_weights(o->target_dir, &m->target_weights_xxh64));
 
   c->S = o->seq_len;
   c->d = tc->hidden_size;
@@ -545,7 +550,11 @@ static ds_status capture_locked(capture *c);
 
 static ds_status run_capture(capture *c) {
   const ds_capture_options *o = c->o;
-  DS_TRY(load_inputs(c));
+  ds_model_source *src;
+  DS_TRY(ds_model_source_open(o->target_dir, &src));
+  ds_status loaded = load_inputs(c, src);
+  ds_model_source_close(src);
+  DS_TRY(loaded);
   if (o->estimate) { /* nothing allocated, created or written */
     capture_print_estimate(&c->size, &c->m, o->out_dir, o->quiet);
     return DS_OK;

@@ -18,7 +18,8 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: dspark calibrate --target DIR --draft DIR --data FILE --out FILE.json [options]\n"
+          "usage: dspark calibrate --target MODEL --draft DIR --data FILE --out FILE.json [options]\n"
+          "MODEL: a model directory or a .gguf file (docs/commands.md, \"Models\")\n"
           "Runs speculative rounds on the prompts of FILE (as `speculate --data`), fits one temperature per\n"
           "draft position by Sequential Temperature Scaling (%d log-spaced values in [1/8, 8], each position\n"
           "minimizing the ECE of the cumulative acceptance prod sigmoid(z_i / T_i) with the earlier ones\n"
@@ -124,11 +125,12 @@ int cmd_calibrate(int argc, char **argv) {
   int64_t *pn = NULL;
   uint8_t *fit = NULL, *held = NULL;
   double *T = NULL;
-  char *tok_path = ds_path_join(target_dir, "tokenizer.json");
-  if (!tok_path || ds_tokenizer_load(tok_path, &tok) != DS_OK) goto report;
-  if (cli_load_chat_template(tok_path, chat_template, &cc) != DS_OK) goto report;
+  ds_model_source *src = NULL;
+  if (ds_model_source_open(target_dir, &src) != DS_OK || ds_model_source_tokenizer(src, &tok) != DS_OK) goto report;
+  if (cli_load_chat_template(src, chat_template, &cc) != DS_OK) goto report;
   if (cli_read_prompts(tok, &cc, data, chat, max_line, &batch) != DS_OK) goto report;
-  if (ds_target_load(target_dir, ds_backend_cpu(), &t) != DS_OK || ds_draft_open(draft_dir, ds_backend_cpu(), &d) != DS_OK)
+  if (ds_target_load_source(src, ds_backend_cpu(), NULL, &t) != DS_OK ||
+      ds_draft_open(draft_dir, ds_backend_cpu(), &d) != DS_OK)
     goto report;
   const ds_draft_config *dc = ds_draft_get_config(d);
   if (!dc->enable_confidence_head) {
@@ -211,7 +213,7 @@ done:
   free(fit);
   free(held);
   free(T);
-  free(tok_path);
+  ds_model_source_close(src);
   cli_rounds_free(&rounds);
   cli_prompts_free(&batch);
   ds_tokenizer_free(tok);

@@ -10,10 +10,12 @@
 #include "dspark/comm.h"
 #include "dspark/hfconfig.h"
 #include "dspark/kd_select.h"
+#include "dspark/model_source.h"
 
 static void usage(FILE *f) {
   fprintf(f,
-    "usage: dspark capture --target DIR --data INPUT --out CACHE [options]\n"
+    "usage: dspark capture --target MODEL --data INPUT --out CACHE [options]\n"
+    "MODEL: a model directory or a .gguf file (docs/commands.md, \"Models\")\n"
     "Runs the target once over the training sequences (packed exactly as `dspark train` packs them)\n"
     "and writes CACHE/{manifest.json, shard-%%06d.safetensors, target_weights.safetensors,\n"
     "target_config.json, tokenizer.json} (format: docs/file-formats.md, \"File formats\"). Rerunning the same\n"
@@ -156,7 +158,10 @@ int cmd_capture(int argc, char **argv) {
   if (!o.out_dir) o.out_dir = "";
   /* Up front, from config.json alone: a --seq-len past the target's position limit is a usage
    * error, found before the weights are loaded or the corpus is read. */
-  ds_status st = ds_model_dir_check_positions(o.target_dir, o.seq_len, "--seq-len");
+  ds_model_source *src = NULL;
+  ds_status st = ds_model_source_open(o.target_dir, &src);
+  if (st == DS_OK) st = ds_model_source_check_positions(src, o.seq_len, "--seq-len");
+  ds_model_source_close(src);
   if (st != DS_OK) {
     cli_report_error("capture");
     return st == DS_ERR_ARG ? 2 : 1;

@@ -17,6 +17,11 @@ static void usage(FILE *f) {
           "reads the same file (from_pretrained(..., gguf_file=...)). Architectures llama, qwen2 and\n"
           "qwen3 with a byte-level BPE tokenizer (tokenizer.ggml.model gpt2); anything else is refused\n"
           "naming the key or tensor.\n"
+          "Converting is not needed to use a GGUF file: every command that takes a model directory\n"
+          "takes MODEL.gguf itself and converts it in memory at each load, exactly as --dtype f32\n"
+          "writes it (the same texts and fp32 weights; nothing is written; quantized weights are\n"
+          "dequantized to fp32: docs/commands.md, \"Models\"). Convert writes those files, for other\n"
+          "tools or to save the conversion at each load.\n"
           "  --out DIR        a directory that does not exist or is empty\n"
           "  --dtype bf16|f32 the weights' dtype in model.safetensors (f32)\n"
           "  --overwrite      write into a non-empty DIR (its files of the same names are replaced)\n");

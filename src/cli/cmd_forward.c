@@ -15,7 +15,8 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: dspark forward MODEL_DIR --ids IDS --out FILE.safetensors [options]\n"
+          "usage: dspark forward MODEL --ids IDS --out FILE.safetensors [options]\n"
+          "MODEL: a model directory or a .gguf file (docs/commands.md, \"Models\")\n"
           "  --ids IDS          token ids, comma-separated; ';' separates the sequences of a batch\n"
           "                     (every sequence needs at least one id; an empty one is a usage error)\n"
           "  --out FILE         safetensors with, per sequence b: logits.b [n, V] (or [1, V] with\n"
@@ -106,11 +107,11 @@ int cmd_forward(int argc, char **argv) {
     } else dir = a;
   }
   if (!dir || !ids_arg || !out_path) {
-    fprintf(stderr, "dspark forward: MODEL_DIR, --ids and --out are required\n");
+    fprintf(stderr, "dspark forward: MODEL, --ids and --out are required\n");
     usage(stderr);
     return 2;
   }
-  const ds_input_path inputs[] = {{"MODEL_DIR", dir}};
+  const ds_input_path inputs[] = {{"MODEL", dir}};
   int refused = cli_output_refused("forward", "--out", out_path, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs));
   if (refused) return refused;
   int want_all = !strcmp(logits_mode, "all"), want_last = !strcmp(logits_mode, "last");

@@ -16,8 +16,9 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: dspark generate MODEL_DIR (--prompt TEXT | --prompt-ids IDS | --data FILE) [options]\n"
-          "  --prompt TEXT         prompt, tokenized with MODEL_DIR/tokenizer.json\n"
+          "usage: dspark generate MODEL (--prompt TEXT | --prompt-ids IDS | --data FILE) [options]\n"
+          "MODEL: a model directory or a .gguf file (docs/commands.md, \"Models\")\n"
+          "  --prompt TEXT         prompt, tokenized with the model's tokenizer.json\n"
           "  --chat                wrap the prompt as a user turn + assistant prompt in the target's chat template\n"
           "                        (chat_template.jinja / tokenizer_config.json; ChatML if none)\n"
           "  --chat-template FILE  with --chat: this Jinja template instead of the target's\n"
@@ -36,7 +37,7 @@ static void usage(FILE *f) {
           "  --threads N           threads for BLAS and kernels\n"
           "  --compute fp32|bf16   matmul precision (default fp32; bf16: docs/compute.md, \"bf16 compute\")\n"
           "Generation stops where transformers' generate() stops: on any eos_token_id of\n"
-          "MODEL_DIR/generation_config.json when that file exists (none listed there: no stop token),\n"
+          "the model's generation_config.json when it has one (none listed there: no stop token),\n"
           "else of config.json. The prompt plus --max-new-tokens must fit in the model's\n"
           "max_position_embeddings. Timing (prefill and decode tokens/s) goes to stderr.\n");
 }
@@ -109,7 +110,7 @@ int cmd_generate(int argc, char **argv) {
     else dir = a;
   }
   if (!dir || (!!prompt + !!prompt_ids + !!data) != 1) {
-    fprintf(stderr, "dspark generate: give MODEL_DIR and exactly one of --prompt / --prompt-ids / --data\n");
+    fprintf(stderr, "dspark generate: give MODEL and exactly one of --prompt / --prompt-ids / --data\n");
     usage(stderr);
     return 2;
   }
@@ -129,12 +130,11 @@ int cmd_generate(int argc, char **argv) {
   cli_chat cc = {NULL, thinking};
   ds_ids ids = {0};
   cli_prompts batch = {0};
-  char *tok_path = ds_path_join(dir, "tokenizer.json");
-  if (!tok_path) goto report;
-  if (prompt || data || !print_ids) {
-    if (ds_tokenizer_load(tok_path, &tok) != DS_OK) goto report;
-  }
-  if ((chat || data) && tok && cli_load_chat_template(tok_path, chat_template, &cc) != DS_OK) goto report;
+  ds_model_source *src = NULL;
+  if (ds_model_source_open(dir, &src) != DS_OK) goto report;
+  /* the tokenizer checked against config.json, before the weights are loaded */
+  if ((prompt || data || !print_ids) && ds_model_source_checked_tokenizer(src, &tok) != DS_OK) goto report;
+  if ((chat || data) && tok && cli_load_chat_template(src, chat_template, &cc) != DS_OK) goto report;
   if (data) {
     if (cli_read_prompts(tok, &cc, data, chat, max_line, &batch) != DS_OK) goto report;
     if (batch.n == 0) { fprintf(stderr, "dspark generate: %s holds no prompt\n", data); rc = 2; goto done; }
@@ -147,25 +147,21 @@ int cmd_generate(int argc, char **argv) {
 
   /* The position limit, before the weights are loaded. */
   ds_model_config pre;
-  char *cfg_path = ds_path_join(dir, "config.json");
-  ds_status cst = cfg_path ? ds_config_load(cfg_path, &pre) : DS_ERR_NOMEM;
-  /* The tokenizer against the model, before the weights are loaded too. */
-  if (cst == DS_OK && tok) cst = ds_target_check_tokenizer(&pre, tok, cfg_path, tok_path);
-  free(cfg_path);
-  if (cst != DS_OK) goto report;
+  if (ds_model_source_config(src, &pre) != DS_OK) goto report;
   if ((int64_t)ids.len + max_new > pre.max_position_embeddings) {
     int64_t room = pre.max_position_embeddings - (int64_t)ids.len;
     fprintf(stderr,
             "dspark generate: the prompt (%zu tokens) plus --max-new-tokens %lld needs %lld positions, but "
-            "max_position_embeddings in %s/config.json is %lld; %s\n",
-            ids.len, (long long)max_new, (long long)ids.len + (long long)max_new, dir,
-            (long long)pre.max_position_embeddings, room > 0 ? "lower --max-new-tokens" : "shorten the prompt");
+            "max_position_embeddings in %s is %lld; %s\n",
+            ids.len, (long long)max_new, (long long)ids.len + (long long)max_new,
+            ds_model_source_label(src, DS_MODEL_CONFIG), (long long)pre.max_position_embeddings,
+            room > 0 ? "lower --max-new-tokens" : "shorten the prompt");
     if (room > 0) fprintf(stderr, "  (at most %lld with this prompt)\n", (long long)room);
     rc = 2;
     goto done;
   }
   double t_load = ds_time_sec();
-  if (ds_target_load(dir, ds_backend_cpu(), &m) != DS_OK) goto report;
+  if (ds_target_load_source(src, ds_backend_cpu(), NULL, &m) != DS_OK) goto report;
   t_load = ds_time_sec() - t_load;
   size_t prompt_len = ids.len;
   cli_stream st_out = {tok, print_ids, 0};
@@ -200,7 +196,7 @@ report:
   rc = cli_report_error("generate");
 done:
   free(given_ids);
-  free(tok_path);
+  ds_model_source_close(src);
   if (!data) ds_ids_free(&ids);
   cli_prompts_free(&batch);
   ds_tokenizer_free(tok);

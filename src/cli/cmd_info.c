@@ -1,4 +1,5 @@
-/* dspark info MODEL_DIR: loads the model (which validates every tensor) and prints it. */
+/* dspark info MODEL: loads the model (a directory or a .gguf file; loading validates every
+ * tensor) and prints it. */
 #include <stdio.h>
 #include <string.h>
 
@@ -6,6 +7,7 @@
 #include "cli/commands.h"
 #include "dspark/backend.h"
 #include "dspark/fileio.h"
+#include "dspark/model_source.h"
 #include "dspark/safetensors.h"
 #include "dspark/target.h"
 
@@ -20,9 +22,9 @@ static void print_ids(const int64_t *ids, int n) {
 }
 
 /* The configuration as resolved (class defaults applied), one JSON object, weights unread. */
-static int print_config(const char *dir) {
+static int print_config(ds_model_source *src) {
   ds_model_config c;
-  if (ds_config_load_dir(dir, &c) != DS_OK) return cli_report_error("info");
+  if (ds_model_source_config(src, &c) != DS_OK) return cli_report_error("info");
   printf("{\"architecture\": \"%s\", \"config_class\": \"%s\", \"vocab_size\": %lld, \"hidden_size\": %lld, "
          "\"intermediate_size\": %lld, \"num_hidden_layers\": %lld, \"num_attention_heads\": %lld, "
          "\"num_key_value_heads\": %lld, \"head_dim\": %lld, \"max_position_embeddings\": %lld, "
@@ -58,42 +60,14 @@ static const char *human_bytes(size_t n, char buf[32]) {
   return buf;
 }
 
-int cmd_info(int argc, char **argv) {
-  const char *dir = NULL;
-  int list_tensors = 0, config_only = 0;
-  for (int i = 1; i < argc; i++) {
-    if (cli_is_help(argv[i])) {
-      printf("usage: dspark info MODEL_DIR [--tensors | --config]\n"
-             "Loads config.json and the safetensors checkpoint (validating every tensor's\n"
-             "presence, dtype and shape) and prints the architecture and sizes. Fields config.json\n"
-             "leaves out take the defaults of the family's transformers config class (LlamaConfig,\n"
-             "Qwen2Config, Qwen3Config).\n"
-             "  --tensors   also list every tensor with dtype and shape\n"
-             "  --config    print only the resolved configuration as one JSON object (defaults applied,\n"
-             "              the generation stop set and where it comes from); the weights are not read\n");
-      return 0;
-    } else if (!strcmp(argv[i], "--tensors")) {
-      list_tensors = 1;
-    } else if (!strcmp(argv[i], "--config")) {
-      config_only = 1;
-    } else if (argv[i][0] == '-' || dir) {
-      fprintf(stderr, "dspark info: unexpected argument '%s' (see --help)\n", argv[i]);
-      return 2;
-    } else {
-      dir = argv[i];
-    }
-  }
-  if (!dir) {
-    fprintf(stderr, "usage: dspark info MODEL_DIR [--tensors | --config]\n");
-    return 2;
-  }
-  if (config_only) return print_config(dir);
-  double t0 = ds_time_sec();
+/* The model loaded (t0: when its opening began), and its tensors with list_tensors. */
+static int print_model(ds_model_source *src, double t0, int list_tensors) {
   ds_target *m;
-  if (ds_target_load(dir, ds_backend_cpu(), &m) != DS_OK) return cli_report_error("info");
+  if (ds_target_load_source(src, ds_backend_cpu(), NULL, &m) != DS_OK) return cli_report_error("info");
   double load_s = ds_time_sec() - t0;
   const ds_model_config *c = ds_target_config(m);
-  printf("model:              %s\n", dir);
+  printf("model:              %s%s\n", ds_model_source_path(src),
+         ds_model_source_is_gguf(src) ? " (GGUF file: converted in memory at load, weights dequantized to fp32)" : "");
   printf("architecture:       %s (%s)\n", c->architecture, ds_arch_name(c->arch));
   /* a tied config whose checkpoint stores its own head holds both tables */
   int64_t n_params = ds_config_num_params(c) +
@@ -141,7 +115,7 @@ int cmd_info(int argc, char **argv) {
 
   if (list_tensors) {
     ds_checkpoint *ck;
-    if (ds_ckpt_open(dir, &ck) != DS_OK) return cli_report_error("info");
+    if (ds_model_source_weights(src, &ck) != DS_OK) return cli_report_error("info");
     for (size_t i = 0; i < ds_ckpt_count(ck); i++) {
       const ds_tensor_view *t = ds_ckpt_tensor(ck, i);
       printf("  %-56s %-5s [", t->name, ds_dtype_name(t->dtype));
@@ -151,4 +125,42 @@ int cmd_info(int argc, char **argv) {
     ds_ckpt_close(ck);
   }
   return 0;
+}
+
+int cmd_info(int argc, char **argv) {
+  const char *dir = NULL;
+  int list_tensors = 0, config_only = 0;
+  for (int i = 1; i < argc; i++) {
+    if (cli_is_help(argv[i])) {
+      printf("usage: dspark info MODEL [--tensors | --config]\n"
+             "MODEL: a model directory or a .gguf file (converted in memory: docs/commands.md, \"Models\").\n"
+             "Loads config.json and the safetensors checkpoint (validating every tensor's\n"
+             "presence, dtype and shape) and prints the architecture and sizes. Fields config.json\n"
+             "leaves out take the defaults of the family's transformers config class (LlamaConfig,\n"
+             "Qwen2Config, Qwen3Config).\n"
+             "  --tensors   also list every tensor with dtype and shape\n"
+             "  --config    print only the resolved configuration as one JSON object (defaults applied,\n"
+             "              the generation stop set and where it comes from); the weights are not read\n");
+      return 0;
+    } else if (!strcmp(argv[i], "--tensors")) {
+      list_tensors = 1;
+    } else if (!strcmp(argv[i], "--config")) {
+      config_only = 1;
+    } else if (argv[i][0] == '-' || dir) {
+      fprintf(stderr, "dspark info: unexpected argument '%s' (see --help)\n", argv[i]);
+      return 2;
+    } else {
+      dir = argv[i];
+    }
+  }
+  if (!dir) {
+    fprintf(stderr, "usage: dspark info MODEL [--tensors | --config]\n");
+    return 2;
+  }
+  ds_model_source *src;
+  double t0 = ds_time_sec();
+  if (ds_model_source_open(dir, &src) != DS_OK) return cli_report_error("info");
+  int rc = config_only ? print_config(src) : print_model(src, t0, list_tensors);
+  ds_model_source_close(src);
+  return rc;
 }

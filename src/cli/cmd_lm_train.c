@@ -15,14 +15,15 @@
 static void usage(FILE *f, int distill) {
   if (distill)
     fprintf(f,
-      "usage: dspark distill (--teacher DIR | --cache CACHE) (--student DIR | --student-config FILE) --out RUN [options]\n"
+      "usage: dspark distill (--teacher MODEL | --cache CACHE) (--student MODEL | --student-config FILE) --out RUN [options]\n"
+      "MODEL: a model directory or a .gguf file (docs/commands.md, \"Models\")\n"
       "Distills a student from a frozen teacher: total = (1 - alpha) LM + alpha KD per supervised token,\n"
       "divided by the step's global token count; KD is the ghost-token sparse KL over the teacher's top-K\n"
       "(+ the ghost bucket), or the dense KL with a live teacher and --topk 0 (spec/kd.md).\n"
-      "  --teacher DIR         the live teacher (runs on every batch; its top-K selected as capture does)\n"
+      "  --teacher MODEL       the live teacher (runs on every batch; its top-K selected as capture does)\n"
       "  --cache CACHE         an offline cache from `dspark capture --topk K` (its sequences; its K must be >=\n"
       "                        --topk, its temperature --temperature; with --teacher too, the teacher is checked)\n"
-      "  --student DIR | --student-config FILE   continue an HF checkpoint, or a fresh student (seeded)\n"
+      "  --student MODEL | --student-config FILE   continue an HF checkpoint (or a .gguf), or a fresh student (seeded)\n"
       "  --tokenizer FILE      tokenizer.json (default: the student's, else the teacher's or the cache's)\n"
       "  --data INPUT  --data-format auto|text|jsonl  --skip-bad-lines  --seq-len N (512)  --eval-seqs N (8)\n"
       "                        (not with --cache; INPUT: a file, directory or glob, as `dspark train`)\n"
@@ -40,13 +41,14 @@ static void usage(FILE *f, int distill) {
       CLI_MAX_LINE_HELP);
   else
     fprintf(f,
-      "usage: dspark pretrain (--config config.json | --student DIR) --tokenizer tokenizer.json --data FILE --out RUN [options]\n"
+      "usage: dspark pretrain (--config config.json | --student MODEL) --tokenizer tokenizer.json --data FILE --out RUN [options]\n"
+      "MODEL: a model directory or a .gguf file (docs/commands.md, \"Models\")\n"
       "Trains a causal LM (Llama / Qwen2 / Qwen3 config) on text or chat JSONL with the LM cross-entropy over\n"
       "supervised tokens, divided by the step's global token count; evaluations report the held-out\n"
       "cross-entropy and perplexity. `dspark export RUN --out DIR` writes the HF model.\n"
       "  --config FILE         a config.json for a fresh model (weights seeded by --seed)\n"
-      "  --student DIR         continue an HF checkpoint instead\n"
-      "  --tokenizer FILE      tokenizer.json (default: --student DIR's)\n"
+      "  --student MODEL       continue an HF checkpoint (or a .gguf) instead\n"
+      "  --tokenizer FILE      tokenizer.json (default: --student MODEL's)\n"
       "  --data INPUT  --data-format auto|text|jsonl  --skip-bad-lines  --seq-len N (512)  --eval-seqs N (8)\n"
       "                        (INPUT: a file, directory or glob, plain / .gz / .zst, as `dspark train`)\n"
       "  --chat-template FILE  chat data rendered by this Jinja template (default: the tokenizer's, from\n"

@@ -13,7 +13,8 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: dspark profile --target DIR --out FILE.json [--draft DIR] [options]\n"
+          "usage: dspark profile --target MODEL --out FILE.json [--draft DIR] [options]\n"
+          "MODEL: a model directory or a .gguf file (docs/commands.md, \"Models\")\n"
           "Measures the seconds of one target pass verifying B tokens (with the KV cache of a context, the\n"
           "logits of every row), B = 1 .. --max-tokens: verify_seconds[B-1] and verify_steps_per_s[B-1] =\n"
           "SPS(B); with --draft also draft_block_seconds[L-1] = one draft block and L head steps.\n"
@@ -54,8 +55,10 @@ int cmd_profile(int argc, char **argv) {
   ds_draft *d = NULL;
   double *verify = calloc((size_t)max_tokens, sizeof *verify), *draft = NULL, *sps = NULL;
   int64_t g = 0;
+  ds_model_source *src = NULL;
   if (!verify) goto report;
-  if (ds_target_load(target_dir, ds_backend_cpu(), &t) != DS_OK) goto report;
+  if (ds_model_source_open(target_dir, &src) != DS_OK || ds_target_load_source(src, ds_backend_cpu(), NULL, &t) != DS_OK)
+    goto report;
   if (draft_dir) {
     if (ds_draft_open(draft_dir, ds_backend_cpu(), &d) != DS_OK) goto report;
     g = ds_draft_get_config(d)->block_size;
@@ -76,7 +79,7 @@ int cmd_profile(int argc, char **argv) {
   cJSON_AddStringToObject(j, "target", target_dir);
   if (draft_dir) cJSON_AddStringToObject(j, "draft", draft_dir);
   /* speculate --profile refuses the file for another target and drops another draft's costs */
-  if (cli_add_target_identity(j, target_dir) != DS_OK) {
+  if (cli_add_target_identity(j, src) != DS_OK) {
     cJSON_Delete(j);
     goto report;
   }
@@ -104,6 +107,7 @@ done:
   free(verify);
   free(draft);
   free(sps);
+  ds_model_source_close(src);
   ds_draft_free(d);
   ds_target_free(t);
   return rc;

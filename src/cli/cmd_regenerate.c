@@ -13,12 +13,14 @@
 #include "dspark/backend.h"
 #include "dspark/checkpoint.h"
 #include "dspark/fileio.h"
+#include "dspark/model_source.h"
 #include "dspark/progress.h"
 #include "dspark/regenerate.h"
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: dspark regenerate --target DIR --data FILE|DIR|GLOB --out FILE.jsonl [options]\n"
+          "usage: dspark regenerate --target MODEL --data FILE|DIR|GLOB --out FILE.jsonl [options]\n"
+          "MODEL: a model directory or a .gguf file (docs/commands.md, \"Models\")\n"
           "Replaces every assistant turn of each conversation by the target's own answer (a conversation\n"
           "ending with a user turn gets one appended) and appends it to --out, one line per conversation.\n"
           "  --data INPUTS         read as `dspark train --data` reads them (a file, a directory, a glob; .gz /\n"
@@ -169,24 +171,26 @@ int cmd_regenerate(int argc, char **argv) {
   ds_regen *g = NULL;
   ds_target *target = NULL;
   ds_draft *draft = NULL;
-  char *tok_path = ds_path_join(o.target_dir, "tokenizer.json");
-  char *cfg_path = ds_path_join(o.target_dir, "config.json");
+  ds_model_source *src = NULL;
   ds_model_config pre;
-  if (!tok_path || !cfg_path || ds_tokenizer_load(tok_path, &tok) != DS_OK) goto report;
-  if (!o.r.completion && cli_load_chat_template(tok_path, o.chat_template, &cc) != DS_OK) goto report;
-  if (ds_config_load(cfg_path, &pre) != DS_OK || ds_target_check_tokenizer(&pre, tok, cfg_path, tok_path) != DS_OK)
+  if (ds_model_source_open(o.target_dir, &src) != DS_OK || ds_model_source_tokenizer(src, &tok) != DS_OK) goto report;
+  if (!o.r.completion && cli_load_chat_template(src, o.chat_template, &cc) != DS_OK) goto report;
+  /* the tokenizer against config.json, before the weights are loaded */
+  const char *cfg_label = ds_model_source_label(src, DS_MODEL_CONFIG);
+  if (ds_model_source_config(src, &pre) != DS_OK ||
+      ds_target_check_tokenizer(&pre, tok, cfg_label, ds_model_source_label(src, DS_MODEL_TOKENIZER)) != DS_OK)
     goto report;
   if (o.r.max_new >= pre.max_position_embeddings) { /* every prompt needs a position: all would be skipped */
     fprintf(stderr, "dspark regenerate: %s: max_position_embeddings is %lld, so --max-new-tokens %lld leaves no "
             "position for a prompt; give at most %lld (and fewer than that minus the longest prompt)\n",
-            cfg_path, (long long)pre.max_position_embeddings, (long long)o.r.max_new,
+            cfg_label, (long long)pre.max_position_embeddings, (long long)o.r.max_new,
             (long long)pre.max_position_embeddings - 1);
     rc = 2;
     goto done;
   }
   if (ds_regen_open(&o.r, tok, cc.tmpl, pre.max_position_embeddings, &g) != DS_OK) goto report;
   if (ds_regen_remaining(g) > 0) {
-    if (ds_target_load(o.target_dir, ds_backend_cpu(), &target) != DS_OK) goto report;
+    if (ds_target_load_source(src, ds_backend_cpu(), NULL, &target) != DS_OK) goto report;
     if (o.draft_dir && ds_draft_open(o.draft_dir, ds_backend_cpu(), &draft) != DS_OK) goto report;
   }
   if (ds_regen_run(g, target, draft) != DS_OK) goto report;
@@ -209,12 +213,11 @@ int cmd_regenerate(int argc, char **argv) {
 report:
   rc = cli_report_error("regenerate");
 done:
-  free(tok_path);
-  free(cfg_path);
   ds_regen_close(g);
   ds_tokenizer_free(tok);
   ds_chat_template_free(cc.tmpl);
   ds_draft_free(draft);
   ds_target_free(target);
+  ds_model_source_close(src);
   return rc;
 }

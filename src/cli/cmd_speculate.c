@@ -18,7 +18,8 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: dspark speculate --target DIR --draft DIR (--prompt TEXT | --prompt-ids IDS) [options]\n"
+          "usage: dspark speculate --target MODEL --draft DIR (--prompt TEXT | --prompt-ids IDS) [options]\n"
+          "MODEL: a model directory or a .gguf file (docs/commands.md, \"Models\")\n"
           "Decodes with the target, proposing tokens with the draft and verifying them in one target pass\n"
           "per round; the output is the target's own (greedy: token for token what `dspark generate` prints).\n"
           "  --draft DIR           an export (`dspark export`) or a run directory (its checkpoint)\n"
@@ -267,10 +268,10 @@ int cmd_speculate(int argc, char **argv) {
   cli_rounds_init(&rounds, 0);
   memset(&sum, 0, sizeof sum);
   memset(&plain_sum, 0, sizeof plain_sum);
-  char *tok_path = ds_path_join(target_dir, "tokenizer.json");
-  if (!tok_path) goto report;
-  if ((prompt || data || !print_ids) && ds_tokenizer_load(tok_path, &tok) != DS_OK) goto report;
-  if ((chat || data) && tok && cli_load_chat_template(tok_path, chat_template, &cc) != DS_OK) goto report;
+  ds_model_source *src = NULL;
+  if (ds_model_source_open(target_dir, &src) != DS_OK) goto report;
+  if ((prompt || data || !print_ids) && ds_model_source_tokenizer(src, &tok) != DS_OK) goto report;
+  if ((chat || data) && tok && cli_load_chat_template(src, chat_template, &cc) != DS_OK) goto report;
   if (data) {
     if (cli_read_prompts(tok, &cc, data, chat, max_line, &batch) != DS_OK) goto report;
   } else {
@@ -287,7 +288,7 @@ int cmd_speculate(int argc, char **argv) {
     pv[i] = v->ids;
     pn[i] = (int64_t)v->len;
   }
-  if (ds_target_load(target_dir, ds_backend_cpu(), &t) != DS_OK || ds_draft_open(draft_dir, ds_backend_cpu(), &d) != DS_OK) {
+  if (ds_target_load_source(src, ds_backend_cpu(), NULL, &t) != DS_OK || ds_draft_open(draft_dir, ds_backend_cpu(), &d) != DS_OK) {
     free(pv), free(pn);
     goto report;
   }
@@ -308,7 +309,7 @@ int cmd_speculate(int argc, char **argv) {
   for (int64_t k = 0; k < g; k++) T[k] = k < n_temps ? temps[k] : 1.0;
   if (o.policy == DS_SPEC_SCHEDULER) {
     if (profile) {
-      if (cli_read_profile(profile, target_dir, d, draft_dir, &verify, &n_verify, &draft_cost, &n_draft_cost) != DS_OK) {
+      if (cli_read_profile(profile, src, d, draft_dir, &verify, &n_verify, &draft_cost, &n_draft_cost) != DS_OK) {
         free(pv), free(pn);
         goto report;
       }
@@ -424,7 +425,7 @@ done:
   free(draft_cost);
   cli_rounds_free(&rounds);
   free(given);
-  free(tok_path);
+  ds_model_source_close(src);
   ds_ids_free(&ids);
   cli_prompts_free(&batch);
   free(res);

@@ -11,16 +11,16 @@
 #include "dspark/chat_template.h"
 #include "dspark/dataset.h"
 #include "dspark/fileio.h"
-#include "dspark/hfconfig.h"
+#include "dspark/model_source.h"
 #include "dspark/target.h"
 #include "dspark/tokenizer.h"
 #include "text/chat_json.h"
 #include "text/json_text.h"
 
 static const char k_usage[] =
-    "usage: dspark tokenize TOKENIZER_JSON|MODEL_DIR [--text STR | --input FILE] [--add-special] [--ids-out FILE.bin]\n"
+    "usage: dspark tokenize TOKENIZER_JSON|MODEL [--text STR | --input FILE] [--add-special] [--ids-out FILE.bin]\n"
     "       dspark tokenize TOKENIZER_JSON --decode IDS.bin [--skip-special]\n"
-    "       dspark tokenize TOKENIZER_JSON|MODEL_DIR --chat INPUT [--add-generation-prompt]\n"
+    "       dspark tokenize TOKENIZER_JSON|MODEL --chat INPUT [--add-generation-prompt]\n"
     "                [--enable-thinking on|off] [--chat-template FILE.jinja] [--show-text] [--skip-bad-lines]\n"
     "                [--max-line-bytes N]\n"
     "       dspark tokenize TOKENIZER_JSON --bench FILE [--split-nul] [--add-special]\n";
@@ -28,8 +28,9 @@ static const char k_usage[] =
 static void help(void) {
   printf("%s\n"
          "Byte-level BPE tokenizer reading a Hugging Face tokenizer.json; ids are identical to\n"
-         "HF tokenizers' encode(). Given a MODEL_DIR, its tokenizer.json is used and first checked\n"
-         "against its config.json (vocab_size, eos_token_id), as `dspark generate` and `capture` do.\n"
+         "HF tokenizers' encode(). Given a MODEL (a model directory, or a .gguf file read as `dspark\n"
+         "convert` would write it, in memory), its tokenizer.json is used and first checked against its\n"
+         "config.json (vocab_size, eos_token_id), as `dspark generate` and `capture` do.\n"
          "  --text STR        encode STR\n"
          "  --input FILE      encode the contents of FILE (UTF-8)\n"
          "  --add-special     apply the post-processor (e.g. Llama-3's <|begin_of_text|>), as\n"
@@ -158,12 +159,13 @@ static ds_status chat_record(const ds_tokenizer *tok, const ds_chat_template *tm
   return st;
 }
 
-static int do_chat(const ds_tokenizer *tok, const char *tok_path, const char *template_path, const char *path,
-                   const ds_chat_options *opt, int show_text, int skip_bad_lines, size_t max_line) {
+static int do_chat(const ds_tokenizer *tok, ds_model_source *src, const char *tok_path, const char *template_path,
+                   const char *path, const ds_chat_options *opt, int show_text, int skip_bad_lines, size_t max_line) {
   ds_chat_template *tmpl = NULL;
-  if (ds_chat_template_load(tok_path, template_path, &tmpl) != DS_OK) return cli_report_error("tokenize");
+  if ((src ? ds_model_source_chat_template(src, template_path, &tmpl) : ds_chat_template_load(tok_path, template_path, &tmpl)) != DS_OK)
+    return cli_report_error("tokenize");
   if (!tmpl)
-    fprintf(stderr, "dspark tokenize: no chat template beside %s (chat_template.jinja or tokenizer_config.json's "
+    fprintf(stderr, "dspark tokenize: no chat template for %s (chat_template.jinja or tokenizer_config.json's "
             "chat_template): rendering ChatML\n", tok_path);
   ds_data_options dopt = {.format = DS_DATA_JSONL, .skip_bad_lines = skip_bad_lines, .max_line_bytes = max_line};
   ds_data_reader *r;
@@ -222,21 +224,6 @@ static int do_bench(const ds_tokenizer *tok, const char *path, int add_special, 
          "\"load_seconds\": %.4f}\n",
          len, n_docs, n_tokens, best, best > 0 ? (double)len / 1e6 / best : 0.0, load_s);
   return 0;
-}
-
-/* MODEL_DIR: its tokenizer.json, checked against its config.json. */
-static ds_status load_model_tokenizer(const char *dir, ds_tokenizer **tok) {
-  char *tok_path = ds_path_join(dir, "tokenizer.json"), *cfg_path = ds_path_join(dir, "config.json");
-  ds_model_config cfg;
-  ds_status st = tok_path && cfg_path ? ds_config_load(cfg_path, &cfg) : DS_ERR_NOMEM;
-  if (st == DS_OK) st = ds_tokenizer_load(tok_path, tok);
-  if (st == DS_OK && (st = ds_target_check_tokenizer(&cfg, *tok, cfg_path, tok_path)) != DS_OK) {
-    ds_tokenizer_free(*tok);
-    *tok = NULL;
-  }
-  free(tok_path);
-  free(cfg_path);
-  return st;
 }
 
 int cmd_tokenize(int argc, char **argv) {
@@ -309,9 +296,13 @@ int cmd_tokenize(int argc, char **argv) {
   if (thinking) opt.enable_thinking = !strcmp(thinking, "on");
   double t0 = ds_time_sec();
   ds_tokenizer *tok;
+  ds_model_source *src = NULL; /* a model: its tokenizer.json checked against its config.json */
   struct stat sb;
-  if (stat(tok_path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-    if (load_model_tokenizer(tok_path, &tok) != DS_OK) return cli_report_error("tokenize");
+  if ((stat(tok_path, &sb) == 0 && S_ISDIR(sb.st_mode)) || ds_model_path_is_gguf(tok_path)) {
+    if (ds_model_source_open(tok_path, &src) != DS_OK || ds_model_source_checked_tokenizer(src, &tok) != DS_OK) {
+      ds_model_source_close(src);
+      return cli_report_error("tokenize");
+    }
   } else if (ds_tokenizer_load(tok_path, &tok) != DS_OK) {
     return cli_report_error("tokenize");
   }
@@ -320,7 +311,7 @@ int cmd_tokenize(int argc, char **argv) {
   if (decode) {
     rc = do_decode(tok, decode, skip_special);
   } else if (chat) {
-    rc = do_chat(tok, tok_path, chat_template, chat, &opt, show_text, skip_bad, max_line);
+    rc = do_chat(tok, src, tok_path, chat_template, chat, &opt, show_text, skip_bad, max_line);
   } else if (bench) {
     rc = do_bench(tok, bench, add_special, split_nul, load_s);
   } else {
@@ -343,6 +334,7 @@ int cmd_tokenize(int argc, char **argv) {
     free(data);
   }
   ds_tokenizer_free(tok);
+  ds_model_source_close(src);
   if (!rc && fflush(stdout) != 0) {
     fprintf(stderr, "dspark tokenize: cannot write to stdout\n");
     rc = 1;

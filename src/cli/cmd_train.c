@@ -11,8 +11,9 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-    "usage: dspark train --target DIR --data FILE --out RUN_DIR [options]\n"
-    "       dspark train --cache CACHE --out RUN_DIR [--target DIR] [--data FILE] [options]\n"
+    "usage: dspark train --target MODEL --data FILE --out RUN_DIR [options]\n"
+    "       dspark train --cache CACHE --out RUN_DIR [--target MODEL] [--data FILE] [options]\n"
+    "MODEL: a model directory or a .gguf file (docs/commands.md, \"Models\")\n"
     "Trains a DSpark draft (spec/dspark.md) against the live target, or from a cache written by\n"
     "`dspark capture` (its sequences and features; the target is not loaded), and writes RUN_DIR/\n"
     "{run.json, target_config.json, metrics.jsonl, checkpoint.safetensors}.\n"

@@ -17,7 +17,7 @@ typedef struct {
 } command;
 
 static const command k_commands[] = {
-    {"info", cmd_info, "print a model directory's architecture, sizes and tensors", 1},
+    {"info", cmd_info, "print a model's (directory or .gguf) architecture, sizes and tensors", 1},
     {"convert", cmd_convert, "write a llama.cpp GGUF model file as a Hugging Face model directory", 0},
     {"generate", cmd_generate, "generate text with a target model (greedy or sampled)", 1},
     {"forward", cmd_forward, "run the target over token ids; write logits and captured hidden states", 1},

@@ -127,11 +127,11 @@ void cli_print_result(const ds_tokenizer *tok, int print_ids, const int32_t *ids
   free(text);
 }
 
-ds_status cli_load_chat_template(const char *tok_path, const char *override_path, cli_chat *cc) {
-  DS_TRY(ds_chat_template_load(tok_path, override_path, &cc->tmpl));
+ds_status cli_load_chat_template(ds_model_source *src, const char *override_path, cli_chat *cc) {
+  DS_TRY(ds_model_source_chat_template(src, override_path, &cc->tmpl));
   if (!cc->tmpl)
-    fprintf(stderr, "dspark: note: no chat template beside %s (chat_template.jinja or tokenizer_config.json's "
-                    "chat_template): chat prompts are rendered with ChatML\n", tok_path);
+    fprintf(stderr, "dspark: note: no chat template for %s (chat_template.jinja or tokenizer_config.json's "
+                    "chat_template): chat prompts are rendered with ChatML\n", ds_model_source_path(src));
   return DS_OK;
 }
 

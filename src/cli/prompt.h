@@ -6,6 +6,7 @@
 #define DSPARK_CLI_PROMPT_H
 
 #include "dspark/chat_template.h"
+#include "dspark/model_source.h"
 #include "dspark/tokenizer.h"
 
 /* ids receives the prompt; tok may be NULL when given is used. */
@@ -33,9 +34,9 @@ ds_status cli_read_prompts(const ds_tokenizer *tok, const cli_chat *cc, const ch
                            size_t max_line_bytes, cli_prompts *out);
 void cli_prompts_free(cli_prompts *p);
 
-/* cc->tmpl: override_path, else the chat template beside the tokenizer at tok_path (see
- * ds_chat_template_load); NULL means ChatML, which is said on stderr. */
-ds_status cli_load_chat_template(const char *tok_path, const char *override_path, cli_chat *cc);
+/* cc->tmpl: override_path, else the model's chat template (ds_model_source_chat_template); NULL
+ * means ChatML, which is said on stderr. */
+ds_status cli_load_chat_template(ds_model_source *src, const char *override_path, cli_chat *cc);
 /* --chat-template FILE / --enable-thinking on|off at argv[*i]: 1 when taken (values stored,
  * *i advanced), 0 when argv[*i] is neither, -1 on a bad value (reported; a usage error). */
 int cli_chat_option(const char *cmd, int argc, char **argv, int *i, const char **template_path, int *enable_thinking);

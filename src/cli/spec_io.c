@@ -134,18 +134,16 @@ void cli_add_draft_identity(cJSON *j, const ds_draft *d) {
   cJSON_AddNumberToObject(j, "block_size", (double)ds_draft_get_config(d)->block_size);
 }
 
-static ds_status target_config_hash(const char *target_dir, char out[24]) {
-  char *cfg = ds_path_join(target_dir, "config.json");
+static ds_status target_config_hash(ds_model_source *target, char out[24]) {
   uint64_t h = 0;
-  ds_status st = cfg ? ds_cache_hash_file(cfg, &h) : DS_ERR_NOMEM;
-  free(cfg);
+  ds_status st = ds_model_source_hash(target, DS_MODEL_CONFIG, &h);
   snprintf(out, 24, "%016llx", (unsigned long long)h);
   return st;
 }
 
-ds_status cli_add_target_identity(cJSON *j, const char *target_dir) {
+ds_status cli_add_target_identity(cJSON *j, ds_model_source *target) {
   char h[24];
-  DS_TRY(target_config_hash(target_dir, h));
+  DS_TRY(target_config_hash(target, h));
   cJSON_AddStringToObject(j, "target_config_xxh64", h);
   return DS_OK;
 }
@@ -194,9 +192,9 @@ ds_status cli_read_calibration(const char *path, const ds_draft *d, const char *
   return st;
 }
 
-/* The profile's target against target_dir (refused when another); its draft costs against d:
+/* The profile's target against target (refused when another); its draft costs against d:
  * *drop when they were measured on another draft. */
-static ds_status check_profile(const cJSON *j, const char *path, const char *target_dir, const ds_draft *d,
+static ds_status check_profile(const cJSON *j, const char *path, ds_model_source *target, const ds_draft *d,
                                const char *draft_dir, int64_t n_draft, int *drop) {
   *drop = 0;
   const cJSON *th = cJSON_GetObjectItemCaseSensitive(j, "target_config_xxh64");
@@ -206,11 +204,12 @@ static ds_status check_profile(const cJSON *j, const char *path, const char *tar
     ds_note("%s records no target (\"target_config_xxh64\"): its costs are taken as given", path);
   } else {
     char mine[24];
-    DS_TRY(target_config_hash(target_dir, mine));
+    DS_TRY(target_config_hash(target, mine));
     if (strcmp(th->valuestring, mine) != 0)
-      return DS_FAIL(DS_ERR_ARG, "%s: field \"target_config_xxh64\" is %.40s, but %s/config.json hashes to %s: the "
+      return DS_FAIL(DS_ERR_ARG, "%s: field \"target_config_xxh64\" is %.40s, but %s hashes to %s: the "
                      "costs were measured for another target; re-run `dspark profile --target %s`", path,
-                     th->valuestring, target_dir, mine, target_dir);
+                     th->valuestring, ds_model_source_label(target, DS_MODEL_CONFIG), mine,
+                     ds_model_source_path(target));
   }
   if (n_draft == 0) return DS_OK;
   const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "draft_identity");
@@ -237,7 +236,7 @@ static ds_status check_profile(const cJSON *j, const char *path, const char *tar
   return DS_OK;
 }
 
-ds_status cli_read_profile(const char *path, const char *target_dir, const ds_draft *d, const char *draft_dir,
+ds_status cli_read_profile(const char *path, ds_model_source *target, const ds_draft *d, const char *draft_dir,
                            double **verify_s, int64_t *n_verify, double **draft_s, int64_t *n_draft) {
   cJSON *j = NULL;
   *draft_s = NULL;
@@ -246,7 +245,7 @@ ds_status cli_read_profile(const char *path, const char *target_dir, const ds_dr
   ds_status st = positive_array(j, path, "verify_seconds", 0, verify_s, n_verify);
   if (st == DS_OK) st = positive_array(j, path, "draft_block_seconds", 1, draft_s, n_draft);
   int drop = 0;
-  if (st == DS_OK) st = check_profile(j, path, target_dir, d, draft_dir, *n_draft, &drop);
+  if (st == DS_OK) st = check_profile(j, path, target, d, draft_dir, *n_draft, &drop);
   if (st == DS_OK && drop) free(*draft_s), *draft_s = NULL, *n_draft = 0;
   if (st != DS_OK) {
     free(*verify_s), *verify_s = NULL;

@@ -7,6 +7,7 @@
 #include <cjson/cJSON.h>
 
 #include "dspark/draft.h"
+#include "dspark/model_source.h"
 #include "dspark/spec_schedule.h"
 
 /* Rounds collected through ds_spec_options.on_round (K = the draft's block size). */
@@ -34,7 +35,7 @@ cJSON *cli_ece_counts(const ds_round_set *s);
  * (ds_draft_identity as 16 hex digits) and "block_size"; "target_config_xxh64" (xxh64 of the
  * target's config.json: the verification costs depend on its shapes, not on its weights). */
 void cli_add_draft_identity(cJSON *j, const ds_draft *d);
-ds_status cli_add_target_identity(cJSON *j, const char *target_dir);
+ds_status cli_add_target_identity(cJSON *j, ds_model_source *target);
 
 /* Reads "temperatures" of a `dspark calibrate` file for the draft d (in draft_dir) proposing
  * `drafted` positions; T malloc'd. Refused, naming the file, the field and both values: a file
@@ -49,7 +50,7 @@ ds_status cli_read_calibration(const char *path, const ds_draft *d, const char *
  * values; draft costs recorded for another draft (identity or block size) are dropped with a note
  * (*n_draft = 0: measured during decoding, as without them); a file recording neither (written by
  * hand, or by an older profile) is taken as given, with a note. */
-ds_status cli_read_profile(const char *path, const char *target_dir, const ds_draft *d, const char *draft_dir,
+ds_status cli_read_profile(const char *path, ds_model_source *target, const ds_draft *d, const char *draft_dir,
                            double **verify_s, int64_t *n_verify, double **draft_s, int64_t *n_draft);
 
 /* Writes j (pretty-printed) to path atomically and deletes j; a failure names option and path. */

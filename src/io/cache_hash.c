@@ -1,4 +1,4 @@
-/* Content hashes of the cache: files, the target's weights, strings (xxh64, seed 0). */
+/* Content hashes of the cache: files, the target's weights (a checkpoint), strings (xxh64, seed 0). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -46,17 +46,14 @@ static void put_i64(XXH64_state_t *h, int64_t v) {
   XXH64_update(h, b, 8);
 }
 
-ds_status ds_cache_hash_target_weights(const char *model_dir, uint64_t *out) {
-  ds_checkpoint *ck;
-  DS_TRY(ds_ckpt_open(model_dir, &ck));
+ds_status ds_cache_hash_checkpoint(const ds_checkpoint *ck, uint64_t *out) {
   size_t n = ds_ckpt_count(ck);
   const ds_tensor_view **v = ds_malloc((n ? n : 1) * sizeof *v, "tensor list");
   XXH64_state_t *h = XXH64_createState();
   if (!v || !h) {
     free(v);
     XXH64_freeState(h);
-    ds_ckpt_close(ck);
-    return DS_FAIL(DS_ERR_NOMEM, "%s: cannot allocate the weight hash", model_dir);
+    return DS_FAIL(DS_ERR_NOMEM, "cannot allocate the weight hash");
   }
   for (size_t i = 0; i < n; i++) v[i] = ds_ckpt_tensor(ck, i);
   qsort(v, n, sizeof *v, by_name);
@@ -72,6 +69,5 @@ ds_status ds_cache_hash_target_weights(const char *model_dir, uint64_t *out) {
   *out = XXH64_digest(h);
   XXH64_freeState(h);
   free(v);
-  ds_ckpt_close(ck);
   return DS_OK;
 }

@@ -347,17 +347,24 @@ ds_status ds_config_apply_generation_config(ds_model_config *c, const char *json
   return DS_OK;
 }
 
+ds_status ds_config_parse_model(const char *cfg, size_t cfg_len, const char *cfg_label, const char *gen,
+                                size_t gen_len, const char *gen_label, ds_model_config *out) {
+  DS_TRY(ds_config_parse(cfg, cfg_len, cfg_label, out));
+  return gen ? ds_config_apply_generation_config(out, gen, gen_len, gen_label) : DS_OK;
+}
+
 ds_status ds_config_load_dir(const char *model_dir, ds_model_config *out) {
   char *cfg = ds_path_join(model_dir, "config.json"), *gen = ds_path_join(model_dir, "generation_config.json");
-  char *text = NULL;
-  size_t len = 0;
+  char *cfg_text = NULL, *gen_text = NULL;
+  size_t cfg_len = 0, gen_len = 0;
   int there = 0;
   ds_status st = cfg && gen ? DS_OK : DS_ERR_NOMEM;
-  if (st == DS_OK) st = ds_config_load(cfg, out);
+  if (st == DS_OK) st = ds_read_file(cfg, &cfg_text, &cfg_len);
   if (st == DS_OK) st = ds_path_probe(gen, &there);
-  if (st == DS_OK && there) st = ds_read_file(gen, &text, &len);
-  if (st == DS_OK && there) st = ds_config_apply_generation_config(out, text, len, gen);
-  free(text);
+  if (st == DS_OK && there) st = ds_read_file(gen, &gen_text, &gen_len);
+  if (st == DS_OK) st = ds_config_parse_model(cfg_text, cfg_len, cfg, gen_text, gen_len, gen, out);
+  free(cfg_text);
+  free(gen_text);
   free(cfg);
   free(gen);
   return st;
@@ -369,24 +376,14 @@ int ds_config_is_stop_token(const ds_model_config *c, int64_t id) {
   return 0;
 }
 
-ds_status ds_config_check_positions(const ds_model_config *c, const char *model_dir, int64_t positions,
+ds_status ds_config_check_positions(const ds_model_config *c, const char *config_label, int64_t positions,
                                     const char *option) {
   if (positions <= c->max_position_embeddings) return DS_OK;
   return DS_FAIL(DS_ERR_ARG,
-                 "%s/config.json: max_position_embeddings is %lld%s, but %s asks for %lld positions; lower %s to at "
-                 "most %lld",
-                 model_dir, (long long)c->max_position_embeddings,
+                 "%s: max_position_embeddings is %lld%s, but %s asks for %lld positions; lower %s to at most %lld",
+                 config_label, (long long)c->max_position_embeddings,
                  strstr(c->defaulted, "max_position_embeddings=") ? " (not set there: the class default)" : "",
                  option, (long long)positions, option, (long long)c->max_position_embeddings);
-}
-
-ds_status ds_model_dir_check_positions(const char *model_dir, int64_t positions, const char *option) {
-  char *cfg = ds_path_join(model_dir, "config.json");
-  if (!cfg) return DS_ERR_NOMEM;
-  ds_model_config c;
-  ds_status st = ds_config_load(cfg, &c);
-  free(cfg);
-  return st == DS_OK ? ds_config_check_positions(&c, model_dir, positions, option) : st;
 }
 
 int64_t ds_config_num_params(const ds_model_config *c) {

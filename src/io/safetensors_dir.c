@@ -1,11 +1,14 @@
 /* HF checkpoint directories: model.safetensors, or model.safetensors.index.json and its
  * shards, validated as one set of tensors (include/dspark/safetensors.h). */
+#define _DEFAULT_SOURCE /* madvise */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "core/json_util.h"
 #include "dspark/dtype.h"
@@ -24,6 +27,10 @@ struct ds_checkpoint {
   const ds_tensor_view **views;   /* listing order: file order, or weight_map order */
   const ds_tensor_view **by_name; /* sorted by name */
   size_t n;
+  unsigned char *image; /* ds_ckpt_open_memory: the image its one shard parses (owned) */
+  size_t image_size;
+  int read_once;          /* ds_ckpt_read_once: an image's tensors given back once read */
+  unsigned char *released; /* [n], by by_name slot: given back (an image's, read_once) */
 };
 
 void ds_ckpt_close(ds_checkpoint *ck) {
@@ -33,6 +40,8 @@ void ds_ckpt_close(ds_checkpoint *ck) {
   free(ck->views);
   free(ck->by_name);
   free(ck->dir);
+  free(ck->released);
+  ds_st_image_free(ck->image, ck->image_size); /* after the shard that points into it */
   free(ck);
 }
 
@@ -144,6 +153,46 @@ done:
   return status;
 }
 
+/* One shard's tensors as the checkpoint's, in file order and by name. */
+static ds_status ckpt_take_single(ds_checkpoint *ck, ds_safetensors *st) {
+  DS_TRY(ckpt_add_shard(ck, st));
+  ck->n = ds_st_count(st);
+  ck->views = ds_calloc(ck->n, sizeof *ck->views, "checkpoint tensor table");
+  ck->by_name = ds_calloc(ck->n, sizeof *ck->by_name, "checkpoint name index");
+  if (!ck->views || !ck->by_name) return DS_ERR_NOMEM;
+  for (size_t i = 0; i < ck->n; i++) ck->views[i] = ck->by_name[i] = ds_st_tensor(st, i);
+  qsort(ck->by_name, ck->n, sizeof *ck->by_name, st_cmp_view_name);
+  return DS_OK;
+}
+
+ds_status ds_ckpt_open_memory(unsigned char *image, size_t size, const char *label, ds_checkpoint **out) {
+  if (!out) {
+    ds_st_image_free(image, size);
+    return DS_FAIL(DS_ERR_ARG, "ds_ckpt_open_memory: out is NULL");
+  }
+  *out = NULL;
+  if (!label) label = "<memory>";
+  ds_checkpoint *ck = ds_calloc(1, sizeof *ck, "checkpoint");
+  if (!ck) {
+    ds_st_image_free(image, size);
+    return DS_ERR_NOMEM;
+  }
+  ck->image = image;
+  ck->image_size = size;
+  ck->dir = st_dup_str(label, "label");
+  ds_safetensors *st = NULL;
+  ds_status status = ck->dir ? ds_st_open_memory(image, size, label, &st) : DS_ERR_NOMEM;
+  if (status == DS_OK) status = ckpt_take_single(ck, st);
+  if (status == DS_OK && !(ck->released = ds_calloc(ck->n ? ck->n : 1, 1, "checkpoint release flags")))
+    status = DS_ERR_NOMEM;
+  if (status != DS_OK) {
+    ds_ckpt_close(ck);
+    return status;
+  }
+  *out = ck;
+  return DS_OK;
+}
+
 ds_status ds_ckpt_open(const char *dir, ds_checkpoint **out) {
   if (!out) return DS_FAIL(DS_ERR_ARG, "ds_ckpt_open: out is NULL");
   *out = NULL;
@@ -166,13 +215,7 @@ ds_status ds_ckpt_open(const char *dir, ds_checkpoint **out) {
   if (single_there) {
     ds_safetensors *st;
     if ((status = ds_st_open(single, &st)) != DS_OK) goto done;
-    if ((status = ckpt_add_shard(ck, st)) != DS_OK) goto done;
-    ck->n = ds_st_count(st);
-    ck->views = ds_calloc(ck->n, sizeof *ck->views, "checkpoint tensor table");
-    ck->by_name = ds_calloc(ck->n, sizeof *ck->by_name, "checkpoint name index");
-    if (!ck->views || !ck->by_name) { status = DS_ERR_NOMEM; goto done; }
-    for (size_t i = 0; i < ck->n; i++) ck->views[i] = ck->by_name[i] = ds_st_tensor(st, i);
-    qsort(ck->by_name, ck->n, sizeof *ck->by_name, st_cmp_view_name);
+    status = ckpt_take_single(ck, st);
   } else if (index_there) {
     status = ckpt_open_index(ck, index);
   } else {
@@ -189,6 +232,36 @@ done:
   }
   *out = ck;
   return DS_OK;
+}
+
+void ds_ckpt_read_once(ds_checkpoint *ck) {
+  if (ck && ck->image) ck->read_once = 1;
+}
+
+/* The by_name slot of a tensor (binary search), n when absent. */
+static size_t slot_of(const ds_checkpoint *ck, const ds_tensor_view *v) {
+  size_t lo = 0, hi = ck->n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    int c = strcmp(ck->by_name[mid]->name, v->name);
+    if (c == 0) return mid;
+    if (c < 0) lo = mid + 1;
+    else hi = mid;
+  }
+  return ck->n;
+}
+
+/* An image's tensor, read under read_once: its whole pages given back (the edges it shares with
+ * its neighbours stay). The flags are the checkpoint's bookkeeping, not its tensors: a const
+ * checkpoint is still the same set of tensors. */
+static void release_tensor(const ds_checkpoint *ck, const ds_tensor_view *v) {
+  size_t slot = slot_of(ck, v);
+  if (!ck->read_once || slot == ck->n) return;
+  ck->released[slot] = 1;
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)v->data, b = a + v->nbytes;
+  a = (a + page - 1) / page * page;
+  b = b / page * page;
+  if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
 const ds_tensor_view *ds_ckpt_find(const ds_checkpoint *ck, const char *name) {
@@ -223,6 +296,9 @@ static ds_status find_float_tensor(const ds_checkpoint *ck, const char *name, in
     return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' has shape %s but %s was expected (-1 = any)",
                    v->file, name, have, want);
   }
+  if (ck->read_once && ck->released[slot_of(ck, v)])
+    return DS_FAIL(DS_ERR_ARG, "%s: tensor '%s' was already read once and given back (ds_ckpt_read_once)", ck->dir,
+                   name);
   if (v->dtype != DS_F32 && v->dtype != DS_F16 && v->dtype != DS_BF16 && v->dtype != DS_F64)
     return DS_FAIL(DS_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s; only F32/F16/BF16/F64 convert to F32",
                    v->file, name, ds_dtype_name(v->dtype));
@@ -251,6 +327,7 @@ ds_status ds_ckpt_read_f32(const ds_checkpoint *ck, const char *name, int ndim, 
     for (size_t i = 0; i < m; i++)
       if (!isfinite(dst[off + i])) return nonfinite_weight(v, off + i, dst[off + i]);
   }
+  release_tensor(ck, v);
   return DS_OK;
 }
 

@@ -35,6 +35,10 @@ uint64_t st_metadata_hash(const st_meta *meta, size_t n, const char *skip_key);
 int st_cmp_view_name(const void *a, const void *b);
 int st_cmp_cstr(const void *a, const void *b);
 int st_cmp_meta_key(const void *a, const void *b);
+/* An image's memory (ds_st_writer_image): an anonymous mapping of its own, so that a tensor's
+ * pages can be given back when it has been read (ds_ckpt_read_once); freed by ds_st_image_free.
+ * NULL (error recorded, naming label) when out of memory. */
+unsigned char *st_image_alloc(size_t size, const char *label);
 /* Binary search in views sorted by name; NULL when absent. */
 const ds_tensor_view *st_find_in_sorted(const ds_tensor_view *const *by_name, size_t n, const char *name);
 

@@ -1,10 +1,12 @@
 /* Small helpers of the safetensors reader, directory and writer (io/safetensors_internal.h). */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <xxhash.h>
 
 #include "core/json_util.h"
@@ -116,4 +118,17 @@ uint64_t st_metadata_hash(const st_meta *meta, size_t n, const char *skip_key) {
   uint64_t v = XXH64_digest(h);
   XXH64_freeState(h);
   return v;
+}
+
+unsigned char *st_image_alloc(size_t size, const char *label) {
+  void *p = mmap(NULL, size ? size : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    DS_FAIL(DS_ERR_NOMEM, "%s: cannot allocate the weights' image (%.1f MB)", label, (double)size / 1e6);
+    return NULL;
+  }
+  return p;
+}
+
+void ds_st_image_free(unsigned char *image, size_t size) {
+  if (image) munmap(image, size ? size : 1);
 }

@@ -23,6 +23,7 @@ typedef struct {
   int64_t shape[DS_MAX_DIMS];
   const void *data;
   uint64_t nbytes;
+  int reserved; /* added without data: filled in place in an image (ds_st_writer_image) */
 } wr_tensor;
 
 struct ds_st_writer {
@@ -51,8 +52,8 @@ static int valid_text(const char *s) {
   return st_utf8_invalid_at((const unsigned char *)s, n) == n;
 }
 
-ds_status ds_st_writer_add(ds_st_writer *w, const char *name, ds_dtype dtype, int ndim,
-                           const int64_t *shape, const void *data) {
+static ds_status writer_add(ds_st_writer *w, const char *name, ds_dtype dtype, int ndim, const int64_t *shape,
+                            const void *data, int reserve) {
   if (!w || !name) return DS_FAIL(DS_ERR_ARG, "ds_st_writer_add: writer or name is NULL");
   if (!name[0] || strcmp(name, ST_META_KEY) == 0 || !valid_text(name))
     return DS_FAIL(DS_ERR_ARG, "safetensors writer: tensor name '%s' is empty, reserved or not UTF-8", name);
@@ -72,7 +73,7 @@ ds_status ds_st_writer_add(ds_st_writer *w, const char *name, ds_dtype dtype, in
   uint64_t nbytes;
   if (numel > (uint64_t)INT64_MAX || __builtin_mul_overflow(numel, (uint64_t)ds_dtype_size(dtype), &nbytes))
     return DS_FAIL(DS_ERR_ARG, "safetensors writer: tensor '%s': byte size overflows 64 bits", name);
-  if (nbytes > 0 && !data)
+  if (nbytes > 0 && !data && !reserve)
     return DS_FAIL(DS_ERR_ARG, "safetensors writer: tensor '%s': data is NULL", name);
   for (size_t i = 0; i < w->n; i++)
     if (strcmp(w->t[i].name, name) == 0)
@@ -93,8 +94,18 @@ ds_status ds_st_writer_add(ds_st_writer *w, const char *name, ds_dtype dtype, in
   for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
   t->data = data;
   t->nbytes = nbytes;
+  t->reserved = reserve;
   w->n++;
   return DS_OK;
+}
+
+ds_status ds_st_writer_add(ds_st_writer *w, const char *name, ds_dtype dtype, int ndim,
+                           const int64_t *shape, const void *data) {
+  return writer_add(w, name, dtype, ndim, shape, data, 0);
+}
+
+ds_status ds_st_writer_reserve(ds_st_writer *w, const char *name, ds_dtype dtype, int ndim, const int64_t *shape) {
+  return writer_add(w, name, dtype, ndim, shape, NULL, 1);
 }
 
 ds_status ds_st_writer_set_metadata(ds_st_writer *w, const char *key, const char *value) {
@@ -243,8 +254,45 @@ ds_status ds_st_writer_file_size(const ds_st_writer *w, uint64_t *bytes) {
   return DS_OK;
 }
 
+ds_status ds_st_writer_image(const ds_st_writer *w, const char *label, unsigned char **image, size_t *size,
+                             size_t *offsets) {
+  if (!w || !image || !size) return DS_FAIL(DS_ERR_ARG, "ds_st_writer_image: NULL argument");
+  *image = NULL;
+  *size = 0;
+  if (!label) label = "<memory>";
+  strbuf b;
+  uint64_t data = 0, total;
+  DS_TRY(build_header(w, label, &b, &data));
+  if (__builtin_add_overflow(8 + (uint64_t)b.len, data, &total) || total > (uint64_t)SIZE_MAX) {
+    free(b.p);
+    return DS_FAIL(DS_ERR_NOMEM, "%s: an image of %llu + %zu bytes does not fit in memory", label,
+                   (unsigned long long)data, b.len + 8);
+  }
+  unsigned char *p = st_image_alloc((size_t)total, label);
+  if (!p) {
+    free(b.p);
+    return DS_ERR_NOMEM;
+  }
+  for (int i = 0; i < 8; i++) p[i] = (unsigned char)((uint64_t)b.len >> (8 * i));
+  memcpy(p + 8, b.p, b.len);
+  size_t at = 8 + b.len;
+  for (size_t i = 0; i < w->n; i++) {
+    if (offsets) offsets[i] = at;
+    if (w->t[i].data && w->t[i].nbytes) memcpy(p + at, w->t[i].data, (size_t)w->t[i].nbytes);
+    at += (size_t)w->t[i].nbytes;
+  }
+  free(b.p);
+  *image = p;
+  *size = (size_t)total;
+  return DS_OK;
+}
+
 ds_status ds_st_writer_write(ds_st_writer *w, const char *path) {
   if (!w || !path) return DS_FAIL(DS_ERR_ARG, "ds_st_writer_write: writer or path is NULL");
+  for (size_t i = 0; i < w->n; i++)
+    if (w->t[i].reserved && w->t[i].nbytes)
+      return DS_FAIL(DS_ERR_ARG, "%s: tensor '%s' was reserved without data (for an image): nothing to write", path,
+                     w->t[i].name);
   strbuf b;
   uint64_t data = 0;
   DS_TRY(build_header(w, path, &b, &data));

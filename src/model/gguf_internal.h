@@ -1,10 +1,12 @@
-/* Internal to the GGUF conversion (gguf_convert.c, gguf_tokenizer.c). */
+/* Internal to the GGUF conversion: a GGUF file read as a Hugging Face model directory
+ * (gguf_model.c: the config and the weights; gguf_tokenizer.c: the tokenizer's files), for
+ * `dspark convert` (gguf_convert.c, which writes them) and for a model source (model_source.c,
+ * which keeps them in memory): one mapping, two destinations. */
 #ifndef DSPARK_MODEL_GGUF_INTERNAL_H
 #define DSPARK_MODEL_GGUF_INTERNAL_H
 
-#include <cjson/cJSON.h>
-
 #include "dspark/gguf.h"
+#include "dspark/model_source.h"
 
 /* tokenizer.ggml.{bos,eos,unknown,padding}_token_id, -1 when absent; each inside the vocabulary */
 typedef struct {
@@ -13,9 +15,21 @@ typedef struct {
 } ds_gguf_special;
 
 ds_status ds_gguf_special_tokens(const ds_gguf *g, int64_t vocab, ds_gguf_special *out);
-/* j written to out_dir/name (atomically, indented). */
-ds_status ds_gguf_write_json(const char *out_dir, const char *name, const cJSON *j);
-/* tokenizer.json and tokenizer_config.json into out_dir. */
-ds_status ds_gguf_write_tokenizer(const ds_gguf *g, const ds_gguf_special *sp, const char *out_dir);
+/* tokenizer.json and tokenizer_config.json's texts (malloc'd, as written: cJSON_Print). */
+ds_status ds_gguf_tokenizer_texts(const ds_gguf *g, const ds_gguf_special *sp, char **tokenizer, char **config);
+
+/* The model a GGUF file holds: opened (validated: architecture, hyper-parameters, special tokens,
+ * tokenizer) with the texts of its files built, for weights in dtype (DS_F32 or DS_BF16: the
+ * config's torch_dtype says which). */
+typedef struct ds_gguf_model ds_gguf_model;
+
+ds_status ds_gguf_model_open(const char *path, ds_dtype dtype, ds_gguf_model **out);
+void ds_gguf_model_close(ds_gguf_model *m);
+const char *ds_gguf_model_path(const ds_gguf_model *m);
+/* A file's text (NULL for a file a GGUF never gives: chat_template.jinja), owned by m. */
+const char *ds_gguf_model_text(const ds_gguf_model *m, ds_model_file f, size_t *len);
+/* The weights as a safetensors image (ds_st_writer_image; malloc'd, the caller's): every tensor
+ * checked, renamed and dequantized in place into the image, in the model's dtype. */
+ds_status ds_gguf_model_weights(const ds_gguf_model *m, unsigned char **image, size_t *size);
 
 #endif

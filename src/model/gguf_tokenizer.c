@@ -1,14 +1,14 @@
-/* A GGUF file's tokenizer as tokenizer.json and tokenizer_config.json (include/dspark/gguf_model.h),
- * built as transformers builds it from the same file (integrations/gguf): byte-level BPE over the
- * file's tokens and merges, control tokens (type 3) as special added tokens and user-defined ones
- * (type 4) as added tokens, and the split of the pre-tokenizer the file names. */
+/* A GGUF file's tokenizer as the texts of tokenizer.json and tokenizer_config.json
+ * (include/dspark/gguf_model.h), built as transformers builds it from the same file
+ * (integrations/gguf): byte-level BPE over the file's tokens and merges, control tokens (type 3)
+ * as special added tokens and user-defined ones (type 4) as added tokens, and the split of the
+ * pre-tokenizer the file names. */
 #include <cjson/cJSON.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "dspark/fileio.h"
 #include "model/gguf_internal.h"
 
 /* The pre-tokenizers (`tokenizer.ggml.pre`) and the split transformers uses for each; NULL: the
@@ -157,16 +157,15 @@ static cJSON *added_token(int64_t id, const char *content, int special) {
   return a;
 }
 
-ds_status ds_gguf_write_json(const char *out_dir, const char *name, const cJSON *j) {
-  char *text = j ? cJSON_Print(j) : NULL, *file = ds_path_join(out_dir, name);
-  ds_status st = text && file ? ds_write_file_atomic(file, text, strlen(text)) : DS_FAIL(DS_ERR_NOMEM, "%s", name);
-  free(text);
-  free(file);
-  return st;
+/* j as the file's text (indented), and j freed; NULL when out of memory. */
+static char *json_text(cJSON *j) {
+  char *text = j ? cJSON_Print(j) : NULL;
+  cJSON_Delete(j);
+  return text;
 }
 
 static ds_status tokenizer_json(const ds_gguf *g, const ds_gguf_kv *tokens, const ds_gguf_kv *types,
-                                const ds_gguf_kv *merges, const char *out_dir) {
+                                const ds_gguf_kv *merges, char **out) {
   cJSON *root = cJSON_CreateObject(), *added = cJSON_AddArrayToObject(root, "added_tokens"), *pre = NULL;
   ds_status st = pre_tokenizer(g, &pre);
   cJSON_AddStringToObject(root, "version", "1.0");
@@ -222,13 +221,16 @@ static ds_status tokenizer_json(const ds_gguf *g, const ds_gguf_kv *tokens, cons
     else cJSON_AddItemToArray(m, cJSON_CreateString(t));
     free(t);
   }
-  if (st == DS_OK) st = ds_gguf_write_json(out_dir, "tokenizer.json", root);
-  cJSON_Delete(root);
-  return st;
+  if (st != DS_OK) {
+    cJSON_Delete(root);
+    return st;
+  }
+  *out = json_text(root);
+  return *out ? DS_OK : DS_FAIL(DS_ERR_NOMEM, "%s: tokenizer.json", ds_gguf_path(g));
 }
 
 static ds_status tokenizer_config(const ds_gguf *g, const ds_gguf_kv *tokens, const ds_gguf_special *sp,
-                                  const char *out_dir) {
+                                  char **out) {
   cJSON *c = cJSON_CreateObject();
   static const char *const names[4] = {"bos_token", "eos_token", "unk_token", "pad_token"};
   const int64_t ids[4] = {sp->bos, sp->eos, sp->unk, sp->pad};
@@ -256,12 +258,16 @@ static ds_status tokenizer_config(const ds_gguf *g, const ds_gguf_kv *tokens, co
       cJSON_AddStringToObject(c, "chat_template", t);
     free(t);
   }
-  if (st == DS_OK) st = ds_gguf_write_json(out_dir, "tokenizer_config.json", c);
-  cJSON_Delete(c);
-  return st;
+  if (st != DS_OK) {
+    cJSON_Delete(c);
+    return st;
+  }
+  *out = json_text(c);
+  return *out ? DS_OK : DS_FAIL(DS_ERR_NOMEM, "%s: tokenizer_config.json", ds_gguf_path(g));
 }
 
-ds_status ds_gguf_write_tokenizer(const ds_gguf *g, const ds_gguf_special *sp, const char *out_dir) {
+ds_status ds_gguf_tokenizer_texts(const ds_gguf *g, const ds_gguf_special *sp, char **tokenizer, char **config) {
+  *tokenizer = *config = NULL;
   const char *path = ds_gguf_path(g);
   ds_gguf_str model = {0};
   DS_TRY(ds_gguf_get_str(g, "tokenizer.ggml.model", 1, &model));
@@ -281,6 +287,11 @@ ds_status ds_gguf_write_tokenizer(const ds_gguf *g, const ds_gguf_special *sp, c
   for (uint64_t i = 0; i < merges->count; i++)
     if (memchr(merges->strs[i].p, 0, (size_t)merges->strs[i].len))
       return DS_FAIL(DS_ERR_FORMAT, "%s: tokenizer.ggml.merges[%llu] holds a NUL byte", path, (unsigned long long)i);
-  DS_TRY(tokenizer_json(g, tokens, types, merges, out_dir));
-  return tokenizer_config(g, tokens, sp, out_dir);
+  DS_TRY(tokenizer_json(g, tokens, types, merges, tokenizer));
+  ds_status st = tokenizer_config(g, tokens, sp, config);
+  if (st != DS_OK) {
+    free(*tokenizer);
+    *tokenizer = NULL;
+  }
+  return st;
 }

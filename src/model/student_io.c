@@ -11,6 +11,7 @@
 #include "core/json_util.h"
 #include "dspark/dtype.h"
 #include "dspark/fileio.h"
+#include "dspark/model_source.h"
 #include "model/student_internal.h"
 
 static const char k_embed[] = "model.embed_tokens.weight", k_head[] = "lm_head.weight";
@@ -64,16 +65,18 @@ static ds_status read_all(ds_student *s, const ds_checkpoint *ck, int embed_from
 
 ds_status ds_student_load_hf(const char *model_dir, const ds_backend *backend, ds_student **out) {
   *out = NULL;
+  ds_model_source *src;
+  DS_TRY(ds_model_source_open(model_dir, &src));
   ds_model_config cfg;
-  DS_TRY(ds_config_load_dir(model_dir, &cfg));
-  char *path = ds_path_join(model_dir, "config.json"), *text = NULL;
+  const char *text = NULL, *label = ds_model_source_label(src, DS_MODEL_CONFIG);
   size_t len = 0;
   double init_range = 0.02;
   int64_t pad = -1;
   ds_checkpoint *ck = NULL;
-  ds_status st = path ? ds_read_file(path, &text, &len) : DS_ERR_NOMEM;
-  if (st == DS_OK) st = student_config_extras(text, len, path, &cfg, &init_range, &pad);
-  if (st == DS_OK) st = ds_ckpt_open(model_dir, &ck);
+  ds_status st = ds_model_source_config(src, &cfg);
+  if (st == DS_OK) st = ds_model_source_text(src, DS_MODEL_CONFIG, 1, &text, &len);
+  if (st == DS_OK) st = student_config_extras(text, len, label, &cfg, &init_range, &pad);
+  if (st == DS_OK) st = ds_model_source_weights(src, &ck);
   if (st == DS_OK) st = preflight(&cfg, ck);
   int tied = cfg.tie_word_embeddings, has_embed = 0, has_head = 0;
   if (st == DS_OK) {
@@ -84,15 +87,14 @@ ds_status ds_student_load_hf(const char *model_dir, const ds_backend *backend, d
   if (st == DS_OK) st = student_create(&cfg, text, tied, init_range, pad, backend, out);
   if (st == DS_OK) st = read_all(*out, ck, tied && !has_embed && has_head);
   if ((st == DS_ERR_FORMAT || st == DS_ERR_NOT_FOUND) && cfg.defaulted[0])
-    ds_error_wrap(st, "%s/config.json leaves these fields to %s's defaults (as transformers does): %s", model_dir,
+    ds_error_wrap(st, "%s leaves these fields to %s's defaults (as transformers does): %s", label,
                   ds_config_class_name(cfg.arch), cfg.defaulted);
   if (st != DS_OK) {
     ds_student_free(*out);
     *out = NULL;
   }
   ds_ckpt_close(ck);
-  free(text);
-  free(path);
+  ds_model_source_close(src);
   return st;
 }
 

@@ -192,10 +192,10 @@ static ds_status check_inputs(const ds_target *m, const ds_target_seq *seqs, int
     if (q->cache->len + q->n > m->cfg.max_position_embeddings)
       return DS_FAIL(DS_ERR_RANGE,
                      "%s: sequence %d reaches position %lld (%lld cached + %lld new tokens), beyond the model's "
-                     "max_position_embeddings = %lld in %s/config.json; use shorter sequences (--seq-len for train "
+                     "max_position_embeddings = %lld in %s; use shorter sequences (--seq-len for train "
                      "and capture, the prompt plus --max-new-tokens for generate)",
                      m->dir, s, (long long)(q->cache->len + q->n - 1), (long long)q->cache->len, (long long)q->n,
-                     (long long)m->cfg.max_position_embeddings, m->dir);
+                     (long long)m->cfg.max_position_embeddings, m->config_label);
     for (int64_t t = 0; t < q->n; t++)
       if (q->ids[t] < 0 || q->ids[t] >= V)
         return DS_FAIL(DS_ERR_RANGE, "sequence %d, token %lld: id %d outside the vocabulary [0, %lld)", s,

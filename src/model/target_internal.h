@@ -47,7 +47,8 @@ typedef struct {
 
 struct ds_target {
   ds_model_config cfg;
-  char *dir;      /* the model directory, for messages */
+  char *dir;      /* the model (a directory or a GGUF file) as given, for messages */
+  char *config_label; /* its config.json as messages name it ("DIR/config.json", "FILE.gguf (config.json)") */
   int own_head;   /* lm_head has its own weights (untied, or tied in config.json but stored: transformers unties) */
   const ds_backend *be;
   int64_t q_dim, kv_dim, qkv_dim;

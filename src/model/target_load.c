@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dspark/cache.h"
 #include "dspark/fileio.h"
 #include "model/rope_freq.h"
 #include "model/target_internal.h"
@@ -259,20 +260,21 @@ static ds_status load_weights(ds_target *m) {
   return DS_OK;
 }
 
-ds_status ds_target_load(const char *model_dir, const ds_backend *backend, ds_target **out) {
+ds_status ds_target_load_source(ds_model_source *src, const ds_backend *backend, uint64_t *weights_xxh64,
+                                ds_target **out) {
   *out = NULL;
   ds_target *m = ds_calloc(1, sizeof *m, "target model");
   if (!m) return DS_ERR_NOMEM;
   m->be = backend ? backend : ds_backend_cpu();
   m->mapped_dtype = DS_F32;
-  m->dir = ds_malloc(strlen(model_dir) + 1, "path");
-  if (!m->dir) { ds_target_free(m); return DS_ERR_NOMEM; }
-  strcpy(m->dir, model_dir);
-  ds_status st = ds_config_load_dir(model_dir, &m->cfg);
+  m->dir = strdup(ds_model_source_path(src));
+  m->config_label = strdup(ds_model_source_label(src, DS_MODEL_CONFIG));
+  if (!m->dir || !m->config_label) { ds_target_free(m); return DS_FAIL(DS_ERR_NOMEM, "path"); }
+  ds_status st = ds_model_source_config(src, &m->cfg);
   if (st != DS_OK) goto fail;
   const ds_model_config *c = &m->cfg;
   if (c->head_dim > 2048) {
-    st = DS_FAIL(DS_ERR_UNSUPPORTED, "%s/config.json: head_dim %lld exceeds 2048", model_dir, (long long)c->head_dim);
+    st = DS_FAIL(DS_ERR_UNSUPPORTED, "%s: head_dim %lld exceeds 2048", m->config_label, (long long)c->head_dim);
     goto fail;
   }
   m->q_dim = c->num_attention_heads * c->head_dim;
@@ -281,7 +283,8 @@ ds_status ds_target_load(const char *model_dir, const ds_backend *backend, ds_ta
   m->layers = ds_calloc((size_t)c->num_hidden_layers, sizeof *m->layers, "layer table");
   m->inv_freq = ds_malloc((size_t)c->head_dim / 2 * sizeof(float), "rope table");
   if (!m->layers || !m->inv_freq) { st = DS_ERR_NOMEM; goto fail; }
-  if ((st = ds_ckpt_open(model_dir, &m->ck)) != DS_OK) goto fail;
+  if ((st = ds_model_source_weights(src, &m->ck)) != DS_OK) goto fail;
+  if (weights_xxh64 && (st = ds_cache_hash_checkpoint(m->ck, weights_xxh64)) != DS_OK) goto fail;
   plan_head(m, m->ck);
   plan_storage(m, m->ck);
   m->n_params = layout_params(m, NULL);
@@ -292,20 +295,34 @@ ds_status ds_target_load(const char *model_dir, const ds_backend *backend, ds_ta
   if (st == DS_OK) {
     layout_params(m, m->params);
     ds_rope_inv_freq(c, m->inv_freq);
+    /* every tensor converted once (none used in place): an in-memory checkpoint (a GGUF's) gives
+     * each one back as it is read, so the weights are not held twice while they load */
+    int any16 = 0;
+    for (size_t i = 0; i < ds_ckpt_count(m->ck); i++) any16 |= is16(ds_ckpt_tensor(m->ck, i)->dtype);
+    if (!any16) ds_ckpt_read_once(m->ck);
     st = load_weights(m);
   }
   if (st == DS_OK && m->mapped_bytes == 0 && m->n_owned == 0) {
-    ds_ckpt_close(m->ck); /* everything was converted: the mapping is not needed */
+    ds_ckpt_close(m->ck); /* everything was converted: the mapping (or a GGUF's image) is not needed */
     m->ck = NULL;
   }
   if ((st == DS_ERR_FORMAT || st == DS_ERR_NOT_FOUND) && c->defaulted[0])
-    ds_error_wrap(st, "%s/config.json leaves these fields to %s's defaults (as transformers does): %s", model_dir,
+    ds_error_wrap(st, "%s leaves these fields to %s's defaults (as transformers does): %s", m->config_label,
                   ds_config_class_name(c->arch), c->defaulted);
   if (st != DS_OK) goto fail;
   *out = m;
   return DS_OK;
 fail:
   ds_target_free(m);
+  return st;
+}
+
+ds_status ds_target_load(const char *model, const ds_backend *backend, ds_target **out) {
+  *out = NULL;
+  ds_model_source *src;
+  DS_TRY(ds_model_source_open(model, &src));
+  ds_status st = ds_target_load_source(src, backend, NULL, out);
+  ds_model_source_close(src);
   return st;
 }
 
@@ -320,6 +337,7 @@ void ds_target_free(ds_target *m) {
   free(m->layers);
   free(m->inv_freq);
   free(m->dir);
+  free(m->config_label);
   free(m);
 }
 

@@ -133,28 +133,30 @@ static ds_status template_from_config(const cJSON *cfg, const char *cfg_path, co
   return DS_OK;
 }
 
-ds_status ds_chat_template_load(const char *tokenizer_path, const char *override_path, ds_chat_template **out) {
+ds_status ds_chat_template_load_texts(const ds_chat_template_source *src, const char *override_path,
+                                      ds_chat_template **out) {
   *out = NULL;
-  char *dir = dir_of(tokenizer_path);
-  char *cfg_path = dir ? ds_path_join(dir, "tokenizer_config.json") : NULL;
-  char *jinja_path = dir ? ds_path_join(dir, "chat_template.jinja") : NULL;
-  char *cfg_text = NULL, *file_text = NULL, *label = NULL;
-  size_t cfg_len = 0, file_len = 0;
+  const char *cfg_path = src->config_label ? src->config_label : "tokenizer_config.json";
+  char *file_text = NULL, *label = NULL;
+  size_t file_len = 0;
   cJSON *cfg = NULL;
-  ds_status st = dir && cfg_path && jinja_path ? DS_OK : DS_FAIL(DS_ERR_NOMEM, "chat template: out of memory");
-  if (st == DS_OK && ds_file_exists(cfg_path) && (st = ds_read_file(cfg_path, &cfg_text, &cfg_len)) == DS_OK) {
-    cfg = cJSON_ParseWithLength(cfg_text, cfg_len);
+  ds_status st = DS_OK;
+  if (src->config) {
+    cfg = cJSON_ParseWithLength(src->config, src->config_len);
     if (!cfg || !cJSON_IsObject(cfg)) st = DS_FAIL(DS_ERR_FORMAT, "%s: malformed JSON (an object expected)", cfg_path);
   }
   const char *text = NULL;
   size_t text_len = 0;
-  const char *source = override_path ? override_path : jinja_path;
-  if (st == DS_OK && (override_path || ds_file_exists(jinja_path))) {
-    if ((st = ds_read_file(source, &file_text, &file_len)) == DS_OK) {
+  if (st == DS_OK && override_path) {
+    if ((st = ds_read_file(override_path, &file_text, &file_len)) == DS_OK) {
       text = file_text;
       text_len = file_len;
-      label = strdup(source);
+      label = strdup(override_path);
     }
+  } else if (st == DS_OK && src->jinja) {
+    text = src->jinja;
+    text_len = src->jinja_len;
+    label = strdup(src->jinja_label ? src->jinja_label : "chat_template.jinja");
   } else if (st == DS_OK && cfg && (st = template_from_config(cfg, cfg_path, &text)) == DS_OK && text) {
     text_len = strlen(text);
     size_t n = strlen(cfg_path) + 32;
@@ -191,9 +193,28 @@ ds_status ds_chat_template_load(const char *tokenizer_path, const char *override
     }
   }
   cJSON_Delete(cfg);
-  free(cfg_text);
   free(file_text);
   free(label);
+  return st;
+}
+
+ds_status ds_chat_template_load(const char *tokenizer_path, const char *override_path, ds_chat_template **out) {
+  *out = NULL;
+  char *dir = dir_of(tokenizer_path);
+  char *cfg_path = dir ? ds_path_join(dir, "tokenizer_config.json") : NULL;
+  char *jinja_path = dir ? ds_path_join(dir, "chat_template.jinja") : NULL;
+  ds_chat_template_source src = {.config_label = cfg_path, .jinja_label = jinja_path};
+  char *cfg_text = NULL, *jinja_text = NULL;
+  ds_status st = dir && cfg_path && jinja_path ? DS_OK : DS_FAIL(DS_ERR_NOMEM, "chat template: out of memory");
+  if (st == DS_OK && ds_file_exists(cfg_path) && (st = ds_read_file(cfg_path, &cfg_text, &src.config_len)) == DS_OK)
+    src.config = cfg_text;
+  /* the Jinja file is read only when no --chat-template replaces it, as before */
+  if (st == DS_OK && !override_path && ds_file_exists(jinja_path) &&
+      (st = ds_read_file(jinja_path, &jinja_text, &src.jinja_len)) == DS_OK)
+    src.jinja = jinja_text;
+  if (st == DS_OK) st = ds_chat_template_load_texts(&src, override_path, out);
+  free(cfg_text);
+  free(jinja_text);
   free(jinja_path);
   free(cfg_path);
   free(dir);

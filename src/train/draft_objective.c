@@ -225,34 +225,24 @@ static const ds_objective_ops k_draft_ops = {
 /* ------------------------------------------------------------------ setup */
 
 /* Online: the target, its tokenizer and config, and the data packed here. */
-static ds_status setup_online(draft_run *t) {
+static ds_status setup_online_from(draft_run *t, ds_model_source *src) {
   const ds_draft_train_options *o = t->o;
-  if (!o->target_dir || !o->data_path) return DS_FAIL(DS_ERR_ARG, "training needs --target and --data (or --cache)");
-  DS_TRY(ds_model_dir_check_positions(o->target_dir, o->seq_len, "--seq-len")); /* before loading the weights */
-  DS_TRY(ds_target_load(o->target_dir, ds_backend_cpu(), &t->target));
+  DS_TRY(ds_model_source_check_positions(src, o->seq_len, "--seq-len")); /* before loading the weights */
+  DS_TRY(ds_target_load_source(src, ds_backend_cpu(), &t->weights_xxh64, &t->target));
   const ds_model_config *tc = ds_target_config(t->target);
-  char *tok_text = NULL;
-  size_t len, tok_len;
-  DS_TRY(ds_draft_read_target_file(o->target_dir, "tokenizer.json", &t->tokenizer_xxh64, &tok_text, &tok_len));
-  ds_status st = ds_tokenizer_load_memory(tok_text, tok_len, t->tokenizer_label, &t->tok);
-  free(tok_text);
-  if (st != DS_OK) return st;
-  DS_TRY(ds_draft_read_target_file(o->target_dir, "config.json", &t->config_xxh64, &t->target_config, &len));
-  char *cfg_label = ds_path_join(o->target_dir, "config.json");
-  st = cfg_label ? ds_target_check_tokenizer(tc, t->tok, cfg_label, t->tokenizer_label) : DS_ERR_NOMEM;
-  free(cfg_label);
-  if (st != DS_OK) return st;
-  DS_TRY(ds_cache_hash_target_weights(o->target_dir, &t->weights_xxh64));
+  DS_TRY(ds_draft_target_texts(t, src));
+  DS_TRY(ds_model_source_tokenizer(src, &t->tok));
+  DS_TRY(ds_target_check_tokenizer(tc, t->tok, t->config_label, t->tokenizer_label));
   t->cfg_target = o->target_dir;
   t->cfg_data = o->data_path;
   int32_t eos = tc->n_eos ? (int32_t)tc->eos_token_ids[0] : -1;
   /* chat data in the target's own template, exactly as `dspark capture` renders it */
   ds_chat_template *tmpl = NULL;
-  DS_TRY(ds_chat_template_load(o->target_dir, o->chat_template, &tmpl));
+  DS_TRY(ds_model_source_chat_template(src, o->chat_template, &tmpl));
   int thinking = o->enable_thinking ? o->enable_thinking > 0 : -1;
   ds_data_options dopt = {.format = o->data_format, .skip_bad_lines = o->skip_bad_lines,
                           .max_line_bytes = o->max_line_bytes};
-  st = ds_dataset_read(o->data_path, &dopt, t->tok, tmpl, thinking, o->seq_len, eos, 2, &t->data);
+  ds_status st = ds_dataset_read(o->data_path, &dopt, t->tok, tmpl, thinking, o->seq_len, eos, 2, &t->data);
   /* --draft-vocab: the ids this template emits in an assistant turn belong to S */
   if (st == DS_OK && o->draft_vocab > 0) st = ds_draft_run_template_ids(t, tmpl, thinking);
   if (tmpl)
@@ -265,18 +255,24 @@ static ds_status setup_online(draft_run *t) {
   return st;
 }
 
+static ds_status setup_online(draft_run *t) {
+  const ds_draft_train_options *o = t->o;
+  if (!o->target_dir || !o->data_path) return DS_FAIL(DS_ERR_ARG, "training needs --target and --data (or --cache)");
+  ds_model_source *src;
+  DS_TRY(ds_model_source_open(o->target_dir, &src));
+  ds_status st = setup_online_from(t, src);
+  ds_model_source_close(src);
+  return st;
+}
+
 static ds_status op_setup(void *self, ds_objective *obj) {
   draft_run *t = self;
   const ds_draft_train_options *o = t->o;
-  snprintf(t->tokenizer_label, sizeof t->tokenizer_label, "%s/tokenizer.json", o->target_dir ? o->target_dir : "?");
   DS_TRY(o->cache_dir ? ds_draft_cache_setup(t) : setup_online(t));
-  DS_TRY(ds_config_parse(t->target_config, strlen(t->target_config), "the target's config.json", &t->tc));
-  DS_TRY(ds_config_check_positions(&t->tc, t->cfg_target, o->seq_len, "--seq-len"));
-  if (o->cache_dir) { /* online runs checked it before reading the data */
-    char cfg_label[1100];
-    snprintf(cfg_label, sizeof cfg_label, "%s/target_config.json", o->cache_dir);
-    DS_TRY(ds_target_check_tokenizer(&t->tc, t->tok, cfg_label, t->tokenizer_label));
-  }
+  DS_TRY(ds_config_parse(t->target_config, strlen(t->target_config), t->config_label, &t->tc));
+  DS_TRY(ds_config_check_positions(&t->tc, t->config_label, o->seq_len, "--seq-len"));
+  if (o->cache_dir) /* online runs checked it before reading the data */
+    DS_TRY(ds_target_check_tokenizer(&t->tc, t->tok, t->config_label, t->tokenizer_label));
   DS_TRY(ds_draft_run_config(t));
   DS_TRY(ds_draft_run_config_texts(t));
   /* a reduced draft's teacher: the target's whole lm_head (online the target's, from a cache its copy) */

@@ -63,13 +63,22 @@ ds_status ds_draft_cache_setup(draft_run *t) {
   }
   char *tok_text = NULL;
   size_t tok_len = 0, len;
-  if (o->target_dir) { /* the target named too: it must be the captured one */
-    DS_TRY(ds_cache_hash_target_weights(o->target_dir, &e.target_weights_xxh64));
-    e.check_weights = 1;
-    DS_TRY(ds_draft_read_target_file(o->target_dir, "config.json", &e.target_config_xxh64, &t->target_config, &len));
-    e.check_config = 1;
-    DS_TRY(ds_draft_read_target_file(o->target_dir, "tokenizer.json", &e.tokenizer_xxh64, &tok_text, &tok_len));
-    e.check_tokenizer = 1;
+  snprintf(t->config_label, sizeof t->config_label, "%s/target_config.json", o->cache_dir);
+  snprintf(t->tokenizer_label, sizeof t->tokenizer_label, "%s/tokenizer.json", o->cache_dir);
+  if (o->target_dir) { /* the target named too (a directory or a GGUF file): it must be the captured one */
+    ds_model_source *src;
+    DS_TRY(ds_model_source_open(o->target_dir, &src));
+    const char *text = NULL;
+    ds_status st = ds_model_source_weights_hash(src, &e.target_weights_xxh64);
+    if (st == DS_OK) st = ds_draft_target_texts(t, src);
+    if (st == DS_OK) st = ds_model_source_text(src, DS_MODEL_TOKENIZER, 1, &text, &tok_len);
+    if (st == DS_OK && (tok_text = ds_malloc(tok_len + 1, t->tokenizer_label))) memcpy(tok_text, text, tok_len + 1);
+    else if (st == DS_OK) st = DS_ERR_NOMEM;
+    ds_model_source_close(src);
+    if (st != DS_OK) return st;
+    e.target_config_xxh64 = t->config_xxh64;
+    e.tokenizer_xxh64 = t->tokenizer_xxh64;
+    e.check_weights = e.check_config = e.check_tokenizer = 1;
   }
   if (o->data_path) {
     DS_TRY(ds_data_hash(o->data_path, o->max_line_bytes, &e.data_xxh64));
@@ -82,17 +91,14 @@ ds_status ds_draft_cache_setup(draft_run *t) {
   }
   const ds_cache_manifest *m = ds_cache_get_manifest(t->fc);
   if (!t->target_config) st = ds_cache_read_target_config(t->fc, &t->target_config, &len);
-  if (st == DS_OK && !tok_text) {
-    st = ds_cache_read_tokenizer(t->fc, &tok_text, &tok_len);
-    snprintf(t->tokenizer_label, sizeof t->tokenizer_label, "%s/tokenizer.json", o->cache_dir);
-  }
+  if (st == DS_OK && !tok_text) st = ds_cache_read_tokenizer(t->fc, &tok_text, &tok_len);
   if (st == DS_OK) st = ds_tokenizer_load_memory(tok_text, tok_len, t->tokenizer_label, &t->tok);
   free(tok_text);
   if (st != DS_OK) return st;
 
   /* The cache's shapes must be the target config's. */
   ds_model_config tc;
-  DS_TRY(ds_config_parse(t->target_config, strlen(t->target_config), "the target's config.json", &tc));
+  DS_TRY(ds_config_parse(t->target_config, strlen(t->target_config), t->config_label, &tc));
   if (tc.vocab_size != m->vocab_size || tc.hidden_size != m->hidden_size || tc.num_hidden_layers != m->num_hidden_layers)
     return DS_FAIL(DS_ERR_FORMAT, "%s: manifest sizes (vocab %lld, hidden %lld, layers %lld) disagree with the target "
                    "config.json (vocab %lld, hidden %lld, layers %lld)", o->cache_dir, (long long)m->vocab_size,

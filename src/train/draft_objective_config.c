@@ -232,11 +232,15 @@ ds_status ds_draft_run_check_loaded(const draft_run *t, const ds_draft_config *s
   return DS_OK;
 }
 
-ds_status ds_draft_read_target_file(const char *dir, const char *name, uint64_t *h, char **text, size_t *len) {
-  char *path = ds_path_join(dir, name);
-  if (!path) return DS_ERR_NOMEM;
-  ds_status st = ds_read_file(path, text, len);
-  free(path);
-  if (st == DS_OK) *h = XXH64(*text, *len, 0);
-  return st;
+ds_status ds_draft_target_texts(draft_run *t, ds_model_source *src) {
+  const char *cfg;
+  size_t len;
+  DS_TRY(ds_model_source_text(src, DS_MODEL_CONFIG, 1, &cfg, &len));
+  if (!(t->target_config = ds_malloc(len + 1, "the target's config.json"))) return DS_ERR_NOMEM;
+  memcpy(t->target_config, cfg, len + 1);
+  t->config_xxh64 = XXH64(cfg, len, 0);
+  DS_TRY(ds_model_source_hash(src, DS_MODEL_TOKENIZER, &t->tokenizer_xxh64));
+  snprintf(t->config_label, sizeof t->config_label, "%s", ds_model_source_label(src, DS_MODEL_CONFIG));
+  snprintf(t->tokenizer_label, sizeof t->tokenizer_label, "%s", ds_model_source_label(src, DS_MODEL_TOKENIZER));
+  return DS_OK;
 }

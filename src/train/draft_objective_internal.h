@@ -31,6 +31,7 @@ typedef struct {
   char *target_config;        /* the target's config.json text */
   char *train_config, *run_info, *draft_config;
   char tokenizer_label[1024]; /* where the tokenizer came from (messages) */
+  char config_label[1100];    /* where target_config came from (messages) */
   /* content hashes of what defines the trajectory (recorded in train_config, so a resume after
    * moving files works and one with changed files is refused) */
   uint64_t weights_xxh64, config_xxh64, tokenizer_xxh64, sequences_xxh64;
@@ -61,8 +62,9 @@ ds_status ds_draft_run_config_texts(draft_run *t);
 /* A checkpoint's draft config must be the one the options build, field by field. */
 ds_status ds_draft_run_check_loaded(const draft_run *t, const ds_draft_config *saved, const char *ckpt_path);
 
-/* DIR/NAME's bytes (malloc'd, NUL-terminated) and their xxh64 (as the cache records them). */
-ds_status ds_draft_read_target_file(const char *dir, const char *name, uint64_t *h, char **text, size_t *len);
+/* The target's config.json (t->target_config, copied) and the hashes of it and of its
+ * tokenizer.json (as the cache records them), with the labels that name them. */
+ds_status ds_draft_target_texts(draft_run *t, ds_model_source *src);
 
 /* draft_objective_vocab.c */
 /* Appends to t->vocab_mandatory the ids tmpl (NULL: ChatML) emits in an assistant turn: the

@@ -22,54 +22,72 @@ static void add_hex(cJSON *j, const char *key, uint64_t h) {
 }
 
 
-/* The student's config (shapes) before the model exists: a fresh config, or the directory's. */
-static ds_status student_shapes(lm_run *t, ds_model_config *sc, uint64_t *source_hash) {
+/* The student's config (shapes) before the model exists: a fresh config, or the model's (a
+ * directory or a GGUF file); label names that config in messages. */
+static ds_status student_shapes(lm_run *t, ds_model_config *sc, uint64_t *source_hash, char *label, size_t cap) {
   const ds_lm_train_options *o = t->o;
   if (!o->student_dir == !o->student_config)
     return DS_FAIL(DS_ERR_ARG, "give exactly one of --student DIR and --student-config FILE");
   size_t len;
-  char *text = NULL;
   if (o->student_config) {
+    snprintf(label, cap, "%s", o->student_config);
     DS_TRY(read_text(o->student_config, &t->student_json, &len));
     *source_hash = XXH64(t->student_json, len, 0);
     return ds_config_parse(t->student_json, len, o->student_config, sc);
   }
-  char *path = ds_path_join(o->student_dir, "config.json");
-  ds_status st = path ? read_text(path, &text, &len) : DS_ERR_NOMEM;
-  if (st == DS_OK) st = ds_config_parse(text, len, path, sc);
-  free(path);
-  free(text);
-  if (st == DS_OK) st = ds_cache_hash_target_weights(o->student_dir, source_hash);
+  ds_model_source *src;
+  DS_TRY(ds_model_source_open(o->student_dir, &src));
+  const char *text;
+  snprintf(label, cap, "%s", ds_model_source_label(src, DS_MODEL_CONFIG));
+  ds_status st = ds_model_source_text(src, DS_MODEL_CONFIG, 1, &text, &len);
+  if (st == DS_OK) st = ds_config_parse(text, len, label, sc);
+  if (st == DS_OK) st = ds_model_source_weights_hash(src, source_hash);
+  ds_model_source_close(src);
+  return st;
+}
+
+/* The tokenizer (and, without a cache, the chat template) of a model: a directory or a GGUF
+ * file. With required = 0, a model without tokenizer.json leaves *found 0. */
+static ds_status tokenizer_of_model(lm_run *t, const char *model, int required, int *found) {
+  const ds_lm_train_options *o = t->o;
+  ds_model_source *src;
+  DS_TRY(ds_model_source_open(model, &src));
+  const char *text = NULL;
+  ds_status st = ds_model_source_text(src, DS_MODEL_TOKENIZER, required, &text, &t->tok_len);
+  *found = text != NULL;
+  if (st == DS_OK && text && !(t->tok_text = ds_malloc(t->tok_len + 1, "tokenizer.json"))) st = DS_ERR_NOMEM;
+  if (st == DS_OK && text) {
+    memcpy(t->tok_text, text, t->tok_len + 1);
+    st = ds_tokenizer_load_memory(t->tok_text, t->tok_len, ds_model_source_label(src, DS_MODEL_TOKENIZER), &t->tok);
+  }
+  /* chat data is rendered with --chat-template, else the template that ships with this tokenizer */
+  if (st == DS_OK && text && !t->fc) st = ds_model_source_chat_template(src, o->chat_template, &t->chat);
+  ds_model_source_close(src);
   return st;
 }
 
 static ds_status load_tokenizer(lm_run *t) {
   const ds_lm_train_options *o = t->o;
-  char *path = NULL;
-  if (o->tokenizer_path) path = strdup(o->tokenizer_path);
-  else if (o->student_dir) path = ds_path_join(o->student_dir, "tokenizer.json");
-  if (path && !o->tokenizer_path && !ds_file_exists(path) && o->teacher_dir) {
+  int found = 0;
+  if (!o->tokenizer_path && o->student_dir) { /* the student's own, else the teacher's */
+    DS_TRY(tokenizer_of_model(t, o->student_dir, !o->teacher_dir, &found));
+    if (!found) DS_TRY(tokenizer_of_model(t, o->teacher_dir, 1, &found));
+    return DS_OK;
+  }
+  if (!o->tokenizer_path && t->fc) {
+    char *path = ds_path_join(o->cache_dir, "tokenizer.json");
+    ds_status st = path ? ds_cache_read_tokenizer(t->fc, &t->tok_text, &t->tok_len) : DS_ERR_NOMEM;
+    if (st == DS_OK) st = ds_tokenizer_load_memory(t->tok_text, t->tok_len, path, &t->tok);
     free(path);
-    path = ds_path_join(o->teacher_dir, "tokenizer.json");
+    return st;
   }
-  ds_status st;
-  if (!path && t->fc) {
-    st = ds_cache_read_tokenizer(t->fc, &t->tok_text, &t->tok_len);
-    path = ds_path_join(o->cache_dir, "tokenizer.json");
-  } else if (!path && o->teacher_dir) {
-    path = ds_path_join(o->teacher_dir, "tokenizer.json");
-    st = path ? read_text(path, &t->tok_text, &t->tok_len) : DS_ERR_NOMEM;
-  } else if (!path) {
-    return DS_FAIL(DS_ERR_ARG, "no tokenizer: pass --tokenizer tokenizer.json");
-  } else {
-    st = read_text(path, &t->tok_text, &t->tok_len);
-  }
-  if (st == DS_OK) st = ds_tokenizer_load_memory(t->tok_text, t->tok_len, path ? path : "tokenizer.json", &t->tok);
+  if (!o->tokenizer_path && o->teacher_dir) return tokenizer_of_model(t, o->teacher_dir, 1, &found);
+  if (!o->tokenizer_path) return DS_FAIL(DS_ERR_ARG, "no tokenizer: pass --tokenizer tokenizer.json");
+  const char *path = o->tokenizer_path;
+  DS_TRY(read_text(path, &t->tok_text, &t->tok_len));
+  DS_TRY(ds_tokenizer_load_memory(t->tok_text, t->tok_len, path, &t->tok));
   /* chat data is rendered with --chat-template, else the template that ships beside this tokenizer */
-  if (st == DS_OK && (path || o->chat_template) && !t->fc)
-    st = ds_chat_template_load(path ? path : "tokenizer.json", o->chat_template, &t->chat);
-  free(path);
-  return st;
+  return t->fc ? DS_OK : ds_chat_template_load(path, o->chat_template, &t->chat);
 }
 
 static ds_status open_cache(lm_run *t, const ds_model_config *sc) {
@@ -80,7 +98,11 @@ static ds_status open_cache(lm_run *t, const ds_model_config *sc) {
   if (o->seq_len > 0) e.seq_length = o->seq_len;
   e.vocab_size = sc->vocab_size;
   if (o->teacher_dir) {
-    DS_TRY(ds_cache_hash_target_weights(o->teacher_dir, &e.target_weights_xxh64));
+    ds_model_source *src;
+    DS_TRY(ds_model_source_open(o->teacher_dir, &src));
+    ds_status st = ds_model_source_weights_hash(src, &e.target_weights_xxh64);
+    ds_model_source_close(src);
+    DS_TRY(st);
     e.check_weights = 1;
   }
   if (o->data_path) {
@@ -165,7 +187,8 @@ ds_status ds_lm_setup(lm_run *t) {
   const ds_lm_train_options *o = t->o;
   ds_model_config sc;
   uint64_t student_hash = 0, teacher_hash = 0;
-  DS_TRY(student_shapes(t, &sc, &student_hash));
+  char student_label[1100];
+  DS_TRY(student_shapes(t, &sc, &student_hash, student_label, sizeof student_label));
   t->V = sc.vocab_size;
   t->d = sc.hidden_size;
   /* --topk is the user's here (the cache's or the teacher's K is checked against it below) */
@@ -184,21 +207,23 @@ ds_status ds_lm_setup(lm_run *t) {
     t->data_label = o->cache_dir;
   }
   if (o->teacher_dir && !o->cache_dir) {
-    DS_TRY(ds_target_load(o->teacher_dir, ds_backend_cpu(), &t->teacher));
+    ds_model_source *src;
+    DS_TRY(ds_model_source_open(o->teacher_dir, &src));
+    ds_status st = ds_model_source_check_positions(src, o->seq_len, "--seq-len"); /* before the weights */
+    if (st == DS_OK) st = ds_target_load_source(src, ds_backend_cpu(), &teacher_hash, &t->teacher);
+    ds_model_source_close(src);
+    DS_TRY(st);
     const ds_model_config *tc = ds_target_config(t->teacher);
     if (tc->vocab_size != t->V)
       return DS_FAIL(DS_ERR_ARG, "the teacher %s has a vocabulary of %lld, the student %lld: they must share it",
                      o->teacher_dir, (long long)tc->vocab_size, (long long)t->V);
-    DS_TRY(ds_cache_hash_target_weights(o->teacher_dir, &teacher_hash));
-    DS_TRY(ds_model_dir_check_positions(o->teacher_dir, o->seq_len, "--seq-len"));
   }
   DS_TRY(ds_lm_inter_setup(t, &sc));
   DS_TRY(load_tokenizer(t));
-  DS_TRY(ds_target_check_tokenizer(&sc, t->tok, o->student_config ? o->student_config : "the student's config.json",
-                                   "the tokenizer"));
+  DS_TRY(ds_target_check_tokenizer(&sc, t->tok, student_label, "the tokenizer"));
   if (!o->cache_dir) {
     if (!o->data_path) return DS_FAIL(DS_ERR_ARG, "training needs --data (or --cache)");
-    DS_TRY(ds_config_check_positions(&sc, o->student_dir ? o->student_dir : o->student_config, o->seq_len, "--seq-len"));
+    DS_TRY(ds_config_check_positions(&sc, student_label, o->seq_len, "--seq-len"));
     int32_t eos = sc.n_eos ? (int32_t)sc.eos_token_ids[0] : -1;
     ds_data_options dopt = {.format = o->data_format, .skip_bad_lines = o->skip_bad_lines,
                             .max_line_bytes = o->max_line_bytes};

@@ -30,7 +30,7 @@ HEADER_LAYER = {
     "tokenizer.h": "text", "dataset.h": "text", "chat_template.h": "text",
     "backend.h": "nn", "profile.h": "nn",
     "comm.h": "comm",
-    "target.h": "model", "draft.h": "model", "sampling.h": "model", "student.h": "model",
+    "target.h": "model", "draft.h": "model", "model_source.h": "model", "sampling.h": "model", "student.h": "model",
     "dspark_loss.h": "loss", "draft_loss.h": "loss", "kd_select.h": "loss", "kd_loss.h": "loss",
     "kd_intermediate.h": "loss",
     "trainer.h": "train", "draft_trainer.h": "train", "lm_trainer.h": "train", "anchors.h": "train", "optim.h": "train", "checkpoint.h": "train",

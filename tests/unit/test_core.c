@@ -186,10 +186,10 @@ static void test_config_defaults(void) {
   }
   /* The position limit names the file, the limit and the option. */
   ds_error_clear();
-  EXPECT(ds_config_check_positions(&c, "m", 32769, "--seq-len") == DS_ERR_ARG);
+  EXPECT(ds_config_check_positions(&c, "m/config.json", 32769, "--seq-len") == DS_ERR_ARG);
   EXPECT(strstr(ds_last_error(), "m/config.json") && strstr(ds_last_error(), "32768") &&
          strstr(ds_last_error(), "--seq-len"));
-  EXPECT_OK(ds_config_check_positions(&c, "m", 32768, "--seq-len"));
+  EXPECT_OK(ds_config_check_positions(&c, "m/config.json", 32768, "--seq-len"));
 }
 
 int main(void) {

@@ -312,6 +312,56 @@ static void test_writer_errors(void) {
   ds_st_close(st);
 }
 
+/* An image (ds_st_writer_image) holds the very bytes the writer writes, with reserved tensors
+ * filled in place; ds_ckpt_open_memory reads it as a checkpoint and owns it. */
+static void test_image_checkpoint(void) {
+  const float a[3] = {1.5f, -2.0f, 0.25f}, b[2] = {4.0f, -8.5f};
+  const int64_t sa[1] = {3}, sb[2] = {1, 2};
+  ds_st_writer *full = ds_st_writer_new(), *lay = ds_st_writer_new();
+  EXPECT_OK(ds_st_writer_add(full, "a", DS_F32, 1, sa, a));
+  EXPECT_OK(ds_st_writer_add(full, "b", DS_F32, 2, sb, b));
+  EXPECT_OK(ds_st_writer_add(lay, "a", DS_F32, 1, sa, a));
+  EXPECT_OK(ds_st_writer_reserve(lay, "b", DS_F32, 2, sb));
+  char path[1300];
+  tmp_path(path, sizeof path, "image", "full.safetensors");
+  EXPECT_OK(ds_st_writer_write(full, path));
+  EXPECT_FAIL(ds_st_writer_write(lay, path), DS_ERR_ARG, "'b'", "reserved");
+  unsigned char *img = NULL;
+  size_t size = 0, off[2] = {0, 0};
+  EXPECT_OK(ds_st_writer_image(lay, "mem", &img, &size, off));
+  char *file = NULL;
+  size_t flen = 0;
+  EXPECT_OK(ds_read_file(path, &file, &flen));
+  EXPECT(img && file && size == flen && off[1] == off[0] + sizeof a && off[1] + sizeof b == size);
+  if (img && file && size == flen && off[1] + sizeof b == size) {
+    memcpy(img + off[1], b, sizeof b); /* the reserved tensor filled in place */
+    EXPECT(memcmp(img, file, size) == 0);
+  }
+  free(file);
+  ds_checkpoint *ck = NULL;
+  EXPECT_OK(ds_ckpt_open_memory(img, size, "mem.gguf", &ck));
+  float got[3] = {0, 0, 0};
+  EXPECT_OK(ds_ckpt_read_f32(ck, "b", 2, sb, got));
+  EXPECT(got[0] == b[0] && got[1] == b[1] && ds_ckpt_count(ck) == 2);
+  EXPECT_OK(ds_ckpt_read_f32(ck, "b", 2, sb, got)); /* read again: the image is kept */
+  EXPECT_FAIL(ds_ckpt_read_f32(ck, "c", 1, sa, got), DS_ERR_NOT_FOUND, "mem.gguf", "'c'");
+  /* read once: a tensor is given back after its read, and a second read is refused by name */
+  ds_ckpt_read_once(ck);
+  EXPECT_OK(ds_ckpt_read_f32(ck, "a", 1, sa, got));
+  EXPECT(got[0] == a[0] && got[1] == a[1] && got[2] == a[2]);
+  EXPECT_FAIL(ds_ckpt_read_f32(ck, "a", 1, sa, got), DS_ERR_ARG, "mem.gguf", "'a'", "once");
+  EXPECT_OK(ds_ckpt_read_f32(ck, "b", 2, sb, got));
+  ds_ckpt_close(ck);
+  /* a bad image is refused naming its label, and freed */
+  EXPECT_OK(ds_st_writer_image(full, "mem", &img, &size, NULL));
+  if (img) img[8] = '[';
+  ck = (ds_checkpoint *)path;
+  EXPECT_FAIL(ds_ckpt_open_memory(img, size, "bad image", &ck), DS_ERR_FORMAT, "bad image");
+  EXPECT(ck == NULL);
+  ds_st_writer_free(full);
+  ds_st_writer_free(lay);
+}
+
 /* ---------------------------------------------------------------- sharded checkpoints */
 
 static void write_shard(const char *sub, const char *file, const char *const *names, size_t n) {
@@ -582,6 +632,7 @@ int main(int argc, char **argv) {
   TEST_RUN(test_round_trip);
   TEST_RUN(test_non_finite_weights);
   TEST_RUN(test_writer_errors);
+  TEST_RUN(test_image_checkpoint);
   TEST_RUN(test_sharded);
   TEST_RUN(test_sharded_errors);
   TEST_RUN(test_bad_prefix);
