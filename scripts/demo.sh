@@ -17,8 +17,8 @@
 # converted on disk). Stage times go to $demo/stages.jsonl. The quick option on a toy target the
 # engine pretrains itself: scripts/demo_toy.sh.
 # Environment: DSPARK_DEMO_DIR (default ~/.cache/dspark/demo-smollm2), DEMO_TRAIN_PROMPTS (all),
-# DEMO_EVAL_PROMPTS (per kind, 8), DEMO_ANSWER_TOKENS (per regenerated answer, 192),
-# DEMO_DRAFT_STEPS (300), DEMO_DRAFT_VOCAB (8192), DEMO_NEW_TOKENS (per held-out prompt, 128),
+# DEMO_EVAL_PROMPTS (per kind, 6), DEMO_ANSWER_TOKENS (per regenerated answer, 192),
+# DEMO_DRAFT_STEPS (200), DEMO_DRAFT_VOCAB (8192), DEMO_NEW_TOKENS (per held-out prompt, 96),
 # DEMO_COMPUTE (fp32, or bf16: docs/compute.md). Reruns reuse what is done (delete the folder to
 # start over).
 set -euo pipefail
@@ -33,11 +33,11 @@ dsc() { local cmd=$1; shift; "$ds" "$cmd" --compute "$compute" "$@"; } # a model
 demo="${DSPARK_DEMO_DIR:-$HOME/.cache/dspark/demo-smollm2}"
 target="${DSPARK_MODELS:-$HOME/.cache/dspark/models}/SmolLM2-135M-Instruct.Q4_1.gguf"
 train_prompts="${DEMO_TRAIN_PROMPTS:-0}"
-eval_prompts="${DEMO_EVAL_PROMPTS:-8}"
+eval_prompts="${DEMO_EVAL_PROMPTS:-6}"
 answer_tokens="${DEMO_ANSWER_TOKENS:-192}"
-dsteps="${DEMO_DRAFT_STEPS:-300}"
+dsteps="${DEMO_DRAFT_STEPS:-200}"
 dvocab="${DEMO_DRAFT_VOCAB:-8192}"
-new_tokens="${DEMO_NEW_TOKENS:-128}"
+new_tokens="${DEMO_NEW_TOKENS:-96}"
 mkdir -p "$demo"
 stage_t=$t_start stage_name="set-up and build"
 stamp() { # closes the running stage (its time to stages.jsonl) and opens the next
@@ -70,7 +70,7 @@ train_draft() { # NAME extra options...
     stamp "training the $name draft ($dsteps steps from the cache)"
     dsc train --cache "$demo/cache" --out "$demo/$name" --overwrite --num-anchors 32 --batch-seqs 4 \
         --draft-layers 1 --draft-vocab "$dvocab" --steps "$dsteps" --eval-every "$((dsteps / 3))" --eval-seqs 8 \
-        --save-every "$dsteps" --lr 2e-3 --seed 1 "$@"
+        --save-every "$dsteps" --lr 5e-3 --seed 1 "$@"
   fi
 }
 train_draft dspark --markov vanilla --markov-rank 64
