@@ -7,7 +7,7 @@
  *                    [--vocab V (32000)] [--hidden D (512)] [--inter I (1536)] [--heads H (8)]
  *                    [--kv-heads H (2)] [--head-dim HD (64)] [--layers N (2)] [--captured M (5)]
  *                    [--block G (7)] [--anchors N (64)] [--seq-len T (512)] [--rank R (256)]
- *                    [--chunk-rows N (128)] [--rope-theta X (1e6)]
+ *                    [--chunk-rows N (128)] [--rope-theta X (1e6)] [--draft-vocab N (0: all of V)]
  *                    [--dump FILE] [--profile] [--compute fp32|bf16] [--tables f32|bf16]
  *
  * Draft: ds_draft_new's random init (normal(0, 0.02) matrices, unit norms) over random frozen
@@ -29,6 +29,9 @@
  * RSS in a run without it (the same seed gives the same numbers).
  * --tables bf16 holds the frozen embed / lm_head in BF16 (rounded from the same random values),
  * as a draft of a bf16 target does; not with --dump (the peer reads F32 tables).
+ * --draft-vocab N trains a draft over a reduced vocabulary of N ids (spec section 4a; S = every
+ * (V / N)-th id): the draft's head products run over N rows, the teacher's over V (the target's
+ * lm_head kept whole, as training keeps it); not with --dump.
  * --profile wraps the cpu backend in the profiling backend and prints, on stderr, the time
  * per kernel over the timed steps (loss_seq only; the rest is loss rows, copies and heads). */
 #include <math.h>
@@ -50,7 +53,7 @@
 typedef struct {
   int threads, steps, profile, tables_bf16;
   uint64_t seed;
-  int64_t V, D, I, H, KV, HD, layers, M, G, anchors, T, rank, chunk;
+  int64_t V, D, I, H, KV, HD, layers, M, G, anchors, T, rank, chunk, draft_vocab;
   double rope_theta;
   const char *dump;
 } options;
@@ -60,12 +63,12 @@ static void usage(void) {
           "usage: bench_draft_step [--threads N] [--steps N] [--seed S] [--vocab V] [--hidden D] [--inter I]\n"
           "       [--heads H] [--kv-heads H] [--head-dim HD] [--layers N] [--captured M] [--block G]\n"
           "       [--anchors N] [--seq-len T] [--rank R] [--chunk-rows N] [--rope-theta X] [--dump FILE] [--profile]\n"
-          "       [--compute fp32|bf16] [--tables f32|bf16]\n");
+          "       [--compute fp32|bf16] [--tables f32|bf16] [--draft-vocab N]\n");
   exit(2);
 }
 
 static void parse(int argc, char **argv, options *o) {
-  *o = (options){2, 5, 0, 0, 1, 32000, 512, 1536, 8, 2, 64, 2, 5, 7, 64, 512, 256, 128, 1e6, NULL};
+  *o = (options){2, 5, 0, 0, 1, 32000, 512, 1536, 8, 2, 64, 2, 5, 7, 64, 512, 256, 128, 0, 1e6, NULL};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--profile")) { o->profile = 1; continue; }
@@ -107,10 +110,11 @@ static void parse(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--seq-len")) o->T = x;
     else if (!strcmp(a, "--rank")) o->rank = x;
     else if (!strcmp(a, "--chunk-rows")) o->chunk = x;
+    else if (!strcmp(a, "--draft-vocab")) o->draft_vocab = x;
     else usage();
   }
   if (o->threads < 1 || o->steps < 1 || o->V < 2 || o->D < 1 || o->M < 1 || o->M > 32 || o->T < 2 ||
-      o->anchors < 1 || o->anchors > o->T - 1 || o->chunk < 1)
+      o->anchors < 1 || o->anchors > o->T - 1 || o->chunk < 1 || o->draft_vocab > o->V || (o->draft_vocab && o->dump))
     usage();
 }
 
@@ -284,6 +288,12 @@ int main(int argc, char **argv) {
   c.enable_confidence_head = 1;
   c.confidence_head_with_markov = o.rank > 0;
   c.num_anchors = o.anchors;
+  c.draft_vocab_size = o.draft_vocab;
+  int32_t *vocab = NULL; /* S: every (V / N)-th id */
+  if (o.draft_vocab) {
+    vocab = xmalloc((size_t)o.draft_vocab * sizeof *vocab);
+    for (int64_t j = 0; j < o.draft_vocab; j++) vocab[j] = (int32_t)(j * o.V / o.draft_vocab);
+  }
 
   ds_rng rng;
   ds_rng_seed(&rng, o.seed);
@@ -301,18 +311,23 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < table; i++) embed16[i] = ds_f32_to_bf16(embed[i]), lm_head16[i] = ds_f32_to_bf16(lm_head[i]);
     we = (ds_weight){embed16, DS_BF16}, wl = (ds_weight){lm_head16, DS_BF16};
   }
-  ds_status st = ds_draft_new(&c, we, wl, o.seed + 1, be, &d);
+  ds_status st = ds_draft_new_vocab(&c, we, wl, vocab, o.seed + 1, be, &d);
   if (st) die(st, "ds_draft_new");
-  free(embed); /* the draft holds its own copies */
-  free(lm_head);
+  free(vocab);
+  free(embed); /* the draft holds its own copies; a reduced draft's teacher keeps the whole lm_head */
   free(embed16);
-  free(lm_head16);
+  if (!o.draft_vocab) {
+    free(lm_head);
+    free(lm_head16);
+    lm_head = NULL, lm_head16 = NULL;
+  }
   inputs in;
   make_inputs(&o, &rng, &in);
   double rss_init = status_mib("VmRSS:");
   if (o.dump) dump(&o, &c, d, &in, o.dump);
 
   ds_draft_seq seq = {in.T, in.ctx, in.last, in.ids, in.n_blocks, in.anchors, in.keep, in.eval_mask, {NULL, DS_F32}};
+  if (o.draft_vocab) seq.teacher_head = o.tables_bf16 ? (ds_weight){lm_head16, DS_BF16} : (ds_weight){lm_head, DS_F32};
   ds_dspark_loss_config lc = ds_dspark_loss_config_default();
   lc.chunk_rows = o.chunk;
   int64_t R = in.n_blocks * o.G;
@@ -393,13 +408,13 @@ int main(int argc, char **argv) {
          "\"first_grad_norm\": %.9g, \"num_tokens\": %lld, \"peak_rss_mib\": %.1f, \"n_params\": %zu, "
          "\"vocab\": %lld, \"hidden\": %lld, \"layers\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, "
          "\"inter\": %lld, \"captured\": %lld, \"block\": %lld, \"anchors\": %lld, \"seq_len\": %lld, \"rank\": %lld, "
-         "\"chunk_rows\": %lld, \"profile\": %d, \"rss_after_init_mib\": %.1f}\n",
+         "\"chunk_rows\": %lld, \"draft_vocab\": %lld, \"profile\": %d, \"rss_after_init_mib\": %.1f}\n",
          num[0], W, num[0] / W, num[total - 1] / W, first_res.pair[DS_DSPARK_PAIR_CE][0] / W,
          first_res.pair[DS_DSPARK_PAIR_L1][0] / W, first_res.pair[DS_DSPARK_PAIR_CONF][0] / W,
          first_res.pair[DS_DSPARK_PAIR_ACCEPT][0] / first_res.pair[DS_DSPARK_PAIR_ACCEPT][1], first_norm,
          (long long)first_res.num_tokens, rss, n, (long long)o.V, (long long)o.D, (long long)o.layers, (long long)o.H,
          (long long)o.KV, (long long)o.HD, (long long)o.I, (long long)o.M, (long long)o.G, (long long)o.anchors,
-         (long long)o.T, (long long)o.rank, (long long)o.chunk, o.profile, rss_init);
+         (long long)o.T, (long long)o.rank, (long long)o.chunk, (long long)o.draft_vocab, o.profile, rss_init);
 
   free(t_step);
   free(t_loss);
@@ -408,5 +423,7 @@ int main(int argc, char **argv) {
   ds_adamw_free(&opt);
   free_inputs(&in);
   ds_draft_free(d);
+  free(lm_head);
+  free(lm_head16);
   return 0;
 }
