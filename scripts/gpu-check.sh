@@ -6,9 +6,10 @@
 # are pointed at. Then: configure with DSPARK_CUDA=ON (DSPARK_GEMM=none: no BLAS there), build
 # the library, the checker and unit.test_backend_memory, run them (the memory entries on the
 # device; every kernel of the CUDA backend against the cpu backend), and write the logs and a
-# summary under $OUT.
-#   scripts/gpu-check.sh [--build-only]
+# summary under $OUT; then the kernels timed against PyTorch on the same GPU (bench/gpu_kernels.py).
+#   scripts/gpu-check.sh [--build-only] [--no-bench]
 #     --build-only   unpack, configure and build, run nothing (what a machine without a GPU can check)
+#     --no-bench     the checks only
 # Environment: OUT (default build/gpu-check-out), DSPARK_GPU_DEBS (default build/gpu-debs),
 #   DSPARK_CUDA_ARCH (default 90), DSPARK_GPU_BUILD (build dir, default build/gpu).
 # Exit status: the checker's (0 all pass, 1 a kernel failed, 2 no device), or the failing step's.
@@ -16,9 +17,11 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 build_only=0
+bench=1
 for arg in "$@"; do
   case "$arg" in
     --build-only) build_only=1 ;;
+    --no-bench) bench=0 ;;
     *) echo "gpu-check.sh: unknown option '$arg'" >&2; exit 2 ;;
   esac
 done
@@ -85,7 +88,7 @@ fi
 export PKG_CONFIG_SYSROOT_DIR="$prefix"
 export PKG_CONFIG_LIBDIR="$libdir/pkgconfig:$prefix/usr/share/pkgconfig"
 export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-note "pkg-config: $pkgconfig; cjson $("$pkgconfig" --modversion libcjson), pcre2 $("$pkgconfig" --modversion libpcre2-8), xxhash $("$pkgconfig" --modversion libxxhash)"
+note "pkg-config: $pkgconfig; cjson $("$pkgconfig" --modversion libcjson), pcre2 $("$pkgconfig" --modversion libpcre2-8), xxhash $("$pkgconfig" --modversion libxxhash), zlib $("$pkgconfig" --modversion zlib), zstd $("$pkgconfig" --modversion libzstd)"
 
 # ---- OpenMP only when the compiler has it (omp.h and libgomp come with gcc, not with us)
 openmp=OFF
@@ -99,7 +102,7 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDSPARK_CUDA=ON -DDSPAR
       -DCMAKE_CUDA_ARCHITECTURES="$arch" -DPKG_CONFIG_EXECUTABLE="$pkgconfig" \
       -DCMAKE_PREFIX_PATH="$prefix/usr" >"$out/configure.log" 2>&1 \
   || { note "configure failed (tail of $out/configure.log):"; tail -20 "$out/configure.log" | tee -a "$summary"; exit 4; }
-cmake --build "$build" -j "$(nproc)" --target dspark_lib cuda_kernel_check test_backend_memory >"$out/build.log" 2>&1 \
+cmake --build "$build" -j "$(nproc)" --target dspark_lib cuda_kernel_check test_backend_memory bench_cuda_kernels >"$out/build.log" 2>&1 \
   || { note "build failed (tail of $out/build.log):"; grep -E "error|Error" "$out/build.log" | tail -20 | tee -a "$summary"; exit 4; }
 note "configured and built in $(( $(date +%s) - t0 )) s (sm_$arch, OpenMP $openmp, GEMM none)"
 # The headers really came from the prefix, not from a system copy.
@@ -114,9 +117,25 @@ fi
 set +e
 "$build/test_backend_memory" >"$out/test_backend_memory.txt" 2>&1
 note "test_backend_memory (alloc / copies / memset on the device): exit $?"
-"$build/cuda_kernel_check" 2>&1 | tee "$out/cuda_kernel_check.txt"
-rc=${PIPESTATUS[0]}
+rc=0
+for seed in 14 1 2; do # the shapes are fixed, the values drawn from the seed
+  "$build/cuda_kernel_check" "$seed" >"$out/cuda_kernel_check.$seed.txt" 2>&1
+  r=$?
+  grep -E ' FAIL$|no CUDA|error' "$out/cuda_kernel_check.$seed.txt" | head -20
+  [ "$r" = 0 ] || rc=$r
+  note "cuda_kernel_check seed $seed: exit $r, $(grep -c ' PASS$' "$out/cuda_kernel_check.$seed.txt") PASS, $(grep -c ' FAIL$' "$out/cuda_kernel_check.$seed.txt") FAIL"
+done
+if [ "$bench" = 1 ]; then
+  if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+    t0=$(date +%s)
+    timeout 240 python3 "$root/bench/gpu_kernels.py" --bin "$build/bench_cuda_kernels" --jsonl "$out/gpu_kernels.jsonl" \
+      >"$out/gpu_kernels.md" 2>"$out/gpu_kernels.err"
+    note "bench/gpu_kernels.py: exit $? in $(( $(date +%s) - t0 )) s ($out/gpu_kernels.md)"
+    cat "$out/gpu_kernels.md"; tail -5 "$out/gpu_kernels.err"
+  else
+    note "bench skipped: no PyTorch with CUDA here"
+  fi
+fi
 set -e
-note "cuda_kernel_check: exit $rc, $(grep -c ' PASS$' "$out/cuda_kernel_check.txt") PASS, $(grep -c ' FAIL$' "$out/cuda_kernel_check.txt") FAIL"
 note "total $(( $(date +%s) - t_start )) s"
 exit "$rc"

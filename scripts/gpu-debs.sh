@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetches, here, the Debian packages the build needs on the GPU machine (issue 14), whose image
 # has nvcc, CMake and PyTorch but none of our -dev packages and no network: the libraries and
-# headers of cJSON, PCRE2 and xxHash, and pkgconf (CMake finds them through pkg-config). They
+# headers of cJSON, PCRE2, xxHash, zlib and zstd, and pkgconf (CMake finds them through pkg-config). They
 # land in build/gpu-debs/ (ignored by git; the device tool carries it) and scripts/gpu-check.sh
 # unpacks them there with `dpkg -x`. The device build uses DSPARK_GEMM=none, so no BLAS.
 #   scripts/gpu-debs.sh [dest]      (default build/gpu-debs)
@@ -14,6 +14,8 @@ packages=(
   libcjson1 libcjson-dev            # cJSON: library, headers, libcjson.pc
   libpcre2-8-0 libpcre2-dev         # PCRE2 (8-bit): library, headers, libpcre2-8.pc
   libxxhash0 libxxhash-dev          # xxHash: library, headers, libxxhash.pc
+  zlib1g zlib1g-dev                 # zlib (.jsonl.gz data): library, headers, zlib.pc
+  libzstd1 libzstd-dev              # zstd (.jsonl.zst data): library, headers, libzstd.pc
   pkgconf pkgconf-bin libpkgconf3   # pkg-config, for a machine that has none
 )
 rm -f ./*.deb
