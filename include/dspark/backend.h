@@ -15,6 +15,9 @@ extern "C" {
 
 typedef struct ds_backend {
   const char *name;
+  /* 1 when the memory of this backend (alloc) is not host memory (cuda): callers move data with
+   * the copy entries, never with memcpy or by reading it. 0 for the host backends. */
+  int device_memory;
 
   /* y[n, out] = x[n, in] @ w[out, in]^T (+ bias[out] when bias != NULL). Overwrites y. */
   void (*linear)(float *y, const float *x, const float *w, const float *bias, int64_t n, int64_t in,
@@ -181,6 +184,9 @@ typedef struct ds_backend {
   void (*copy_to_host)(void *dst_host, const void *src, size_t nbytes);
   /* Backend -> backend memory, in order with the kernels. */
   void (*copy)(void *dst, const void *src, size_t nbytes);
+  /* Backend -> backend memory, a strided block of floats: dst[r * ld_dst + c] = src[r * ld_src + c]
+   * for r < rows, c < cols (KV-cache appends, row gathers), in order with the kernels. */
+  void (*copy_rows)(float *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t cols);
   /* p[0 .. nbytes) = 0 in backend memory (for the ADD rule's zeroed gradients). */
   void (*memset_zero)(void *p, size_t nbytes);
   /* Waits for every kernel and copy queued so far; a device error surfaces here at the latest. */
@@ -210,6 +216,9 @@ const ds_backend *ds_backend_cuda(void);
  * on the device (BF16 weights are used as stored) and runs them on tensor cores with fp32
  * accumulation and fp32 outputs. Returns the previous setting (always 0 without CUDA). */
 int ds_cuda_set_bf16_gemm(int on);
+/* A backend by the name --device takes: "cpu" or "cuda". NULL with the reason recorded
+ * (ds_last_error) for another name, or for cuda in a build without it or with no usable device. */
+const ds_backend *ds_backend_named(const char *name);
 
 /* Threads used by our kernels (OpenMP) and BLAS; 0 keeps the default. */
 void ds_set_num_threads(int n);

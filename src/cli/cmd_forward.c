@@ -27,6 +27,7 @@ static void usage(FILE *f) {
           "                     (default: the whole sequence in one prefill)\n"
           "  --threads N        threads for BLAS and kernels\n"
           "  --compute fp32|bf16  matmul precision (default fp32; bf16: docs/compute.md, \"bf16 compute\")\n"
+          "  --device cpu|cuda  where the target runs (default cpu; cuda: a DSPARK_CUDA build, docs/cuda.md)\n"
           "  --profile          print time and GFLOP/s per kernel to stderr\n"
           "  --repeat N         run the whole forward N times in this process (the KV caches\n"
           "                     emptied between runs) and report each time and the best: the warm\n"
@@ -81,6 +82,7 @@ static int parse_batch(const char *s, seq_ids **out, int *n_out) {
 
 int cmd_forward(int argc, char **argv) {
   const char *dir = NULL, *ids_arg = NULL, *out_path = NULL, *capture_arg = NULL, *logits_mode = "all";
+  const char *device = "cpu";
   int64_t chunk = 0, threads = 0, repeat = 1;
   int profile = 0;
   for (int i = 1; i < argc; i++) {
@@ -90,6 +92,7 @@ int cmd_forward(int argc, char **argv) {
     else if (!strcmp(a, "--out")) { if (!(out_path = cli_value(argc, argv, &i))) return 2; }
     else if (!strcmp(a, "--capture")) { if (!(capture_arg = cli_value(argc, argv, &i))) return 2; }
     else if (!strcmp(a, "--logits")) { if (!(logits_mode = cli_value(argc, argv, &i))) return 2; }
+    else if (!strcmp(a, "--device")) { if (!(device = cli_value(argc, argv, &i))) return 2; }
     else if (!strcmp(a, "--profile")) profile = 1;
     else if (!strcmp(a, "--chunk")) {
       const char *v = cli_value(argc, argv, &i);
@@ -120,6 +123,9 @@ int cmd_forward(int argc, char **argv) {
     return 2;
   }
   ds_set_num_threads((int)threads);
+  const ds_backend *dev = ds_backend_named(device);
+  if (!dev) return cli_report_error("forward");
+  if (dev->device_memory) ds_cuda_set_bf16_gemm(ds_matmul_compute() == DS_COMPUTE_BF16);
 
   seq_ids *seqs = NULL;
   int n_seqs = 0;
@@ -148,7 +154,7 @@ int cmd_forward(int argc, char **argv) {
     goto report;
   }
   ds_profile prof = {0};
-  const ds_backend *be = profile ? ds_backend_profiled(ds_backend_cpu(), &prof) : ds_backend_cpu();
+  const ds_backend *be = profile ? ds_backend_profiled(dev, &prof) : dev;
   if (ds_target_load(dir, be, &m) != DS_OK) goto report;
   const ds_model_config *c = ds_target_config(m);
   int64_t d = c->hidden_size, V = c->vocab_size;

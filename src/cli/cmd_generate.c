@@ -36,6 +36,7 @@ static void usage(FILE *f) {
           "  --print-ids           print the generated ids (one line) instead of text\n"
           "  --threads N           threads for BLAS and kernels\n"
           "  --compute fp32|bf16   matmul precision (default fp32; bf16: docs/compute.md, \"bf16 compute\")\n"
+          "  --device cpu|cuda     where the target runs (default cpu; cuda: a DSPARK_CUDA build, docs/cuda.md)\n"
           "Generation stops where transformers' generate() stops: on any eos_token_id of\n"
           "the model's generation_config.json when it has one (none listed there: no stop token),\n"
           "else of config.json. The prompt plus --max-new-tokens must fit in the model's\n"
@@ -86,7 +87,7 @@ int cmd_generate(int argc, char **argv) {
   int64_t max_new = 64, seed = 0, threads = 0;
   double temperature = 0.0, top_p = 1.0;
   int chat = 0, print_ids = 0, ignore_eos = 0, thinking = -1, taken;
-  const char *chat_template = NULL;
+  const char *chat_template = NULL, *device = "cpu";
   size_t max_line = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v;
@@ -95,6 +96,7 @@ int cmd_generate(int argc, char **argv) {
     else if (!strcmp(a, "--prompt-ids")) { if (!(prompt_ids = cli_value(argc, argv, &i))) return 2; }
     else if (!strcmp(a, "--data")) { if (!(data = cli_value(argc, argv, &i))) return 2; }
     else if (!strcmp(a, "--max-line-bytes")) { if (cli_max_line_option(argc, argv, &i, &max_line) < 0) return 2; }
+    else if (!strcmp(a, "--device")) { if (!(device = cli_value(argc, argv, &i))) return 2; }
     else if (!strcmp(a, "--chat")) chat = 1;
     else if ((taken = cli_chat_option("generate", argc, argv, &i, &chat_template, &thinking)) != 0) {
       if (taken < 0) return 2;
@@ -123,6 +125,9 @@ int cmd_generate(int argc, char **argv) {
     return 2;
   }
   ds_set_num_threads((int)threads);
+  const ds_backend *be = ds_backend_named(device);
+  if (!be) return cli_report_error("generate");
+  if (be->device_memory) ds_cuda_set_bf16_gemm(ds_matmul_compute() == DS_COMPUTE_BF16);
 
   int rc = 1;
   ds_target *m = NULL;
@@ -161,7 +166,7 @@ int cmd_generate(int argc, char **argv) {
     goto done;
   }
   double t_load = ds_time_sec();
-  if (ds_target_load_source(src, ds_backend_cpu(), NULL, &m) != DS_OK) goto report;
+  if (ds_target_load_source(src, be, NULL, &m) != DS_OK) goto report;
   t_load = ds_time_sec() - t_load;
   size_t prompt_len = ids.len;
   cli_stream st_out = {tok, print_ids, 0};

@@ -13,13 +13,14 @@ ds_status ds_kv_cache_new(const ds_target *m, int64_t capacity, ds_kv_cache **ou
   if (capacity <= 0) return DS_FAIL(DS_ERR_ARG, "KV cache capacity must be positive (got %lld)", (long long)capacity);
   ds_kv_cache *c = ds_calloc(1, sizeof *c, "KV cache");
   if (!c) return DS_ERR_NOMEM;
+  c->be = m->be;
   c->cap = capacity;
   c->n_layers = m->cfg.num_hidden_layers;
   c->n_kv_heads = m->cfg.num_key_value_heads;
   c->head_dim = m->cfg.head_dim;
   size_t n = (size_t)c->n_layers * (size_t)c->n_kv_heads * (size_t)capacity * (size_t)c->head_dim;
-  c->k = ds_malloc_aligned(n * sizeof(float), "KV cache keys");
-  c->v = ds_malloc_aligned(n * sizeof(float), "KV cache values");
+  c->k = m->be->alloc(n * sizeof(float), "KV cache keys");
+  c->v = m->be->alloc(n * sizeof(float), "KV cache values");
   if (!c->k || !c->v) {
     ds_kv_cache_free(c);
     return DS_ERR_NOMEM;
@@ -30,8 +31,8 @@ ds_status ds_kv_cache_new(const ds_target *m, int64_t capacity, ds_kv_cache **ou
 
 void ds_kv_cache_free(ds_kv_cache *c) {
   if (!c) return;
-  ds_free_aligned(c->k);
-  ds_free_aligned(c->v);
+  c->be->free(c->k);
+  c->be->free(c->v);
   free(c);
 }
 
@@ -47,38 +48,45 @@ ds_status ds_kv_cache_crop(ds_kv_cache *c, int64_t len) {
 
 /* ---------------------------------------------------------------- forward */
 
-void target_workspace_free(workspace *ws) {
-  ds_free_aligned(ws->h);
-  ds_free_aligned(ws->x);
-  ds_free_aligned(ws->qkv);
-  ds_free_aligned(ws->attn);
-  ds_free_aligned(ws->gu);
-  ds_free_aligned(ws->act);
-  ds_free_aligned(ws->tmp);
+void target_workspace_free(const ds_backend *be, workspace *ws) {
+  float *bufs[] = {ws->h, ws->x, ws->qkv, ws->attn, ws->gu, ws->act, ws->tmp, ws->logits};
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(bufs[i]);
   free(ws->pos);
+  free(ws->stage);
   memset(ws, 0, sizeof *ws);
 }
 
 static ds_status workspace_reserve(ds_target *m, int64_t rows) {
   workspace *ws = &m->ws;
   if (rows <= ws->rows) return DS_OK;
-  target_workspace_free(ws);
+  const ds_backend *be = m->be;
+  target_workspace_free(be, ws);
   const ds_model_config *c = &m->cfg;
   size_t R = (size_t)rows, d = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
-  ws->h = ds_malloc_aligned(R * d * sizeof(float), "activations");
-  ws->x = ds_malloc_aligned(R * d * sizeof(float), "activations");
-  ws->qkv = ds_malloc_aligned(R * (size_t)m->qkv_dim * sizeof(float), "activations");
-  ws->attn = ds_malloc_aligned(R * (size_t)m->q_dim * sizeof(float), "activations");
-  ws->gu = ds_malloc_aligned(R * 2 * I * sizeof(float), "activations");
-  ws->act = ds_malloc_aligned(R * I * sizeof(float), "activations");
-  ws->tmp = ds_malloc_aligned(R * d * sizeof(float), "activations");
+  ws->h = be->alloc(R * d * sizeof(float), "activations");
+  ws->x = be->alloc(R * d * sizeof(float), "activations");
+  ws->qkv = be->alloc(R * (size_t)m->qkv_dim * sizeof(float), "activations");
+  ws->attn = be->alloc(R * (size_t)m->q_dim * sizeof(float), "activations");
+  ws->gu = be->alloc(R * 2 * I * sizeof(float), "activations");
+  ws->act = be->alloc(R * I * sizeof(float), "activations");
+  ws->tmp = be->alloc(R * d * sizeof(float), "activations");
   ws->pos = ds_malloc(R * sizeof(int64_t), "positions");
   if (!ws->h || !ws->x || !ws->qkv || !ws->attn || !ws->gu || !ws->act || !ws->tmp || !ws->pos) {
-    target_workspace_free(ws);
+    target_workspace_free(be, ws);
     return DS_ERR_NOMEM;
   }
   ws->rows = rows;
   return DS_OK;
+}
+
+/* Device backends: backend memory for `rows` rows of logits (grow-only). */
+static ds_status logits_reserve(ds_target *m, int64_t rows) {
+  workspace *ws = &m->ws;
+  if (rows <= ws->logit_rows) return DS_OK;
+  m->be->free(ws->logits);
+  ws->logits = m->be->alloc((size_t)rows * (size_t)m->cfg.vocab_size * sizeof(float), "logits");
+  ws->logit_rows = ws->logits ? rows : 0;
+  return ws->logits ? DS_OK : DS_ERR_NOMEM;
 }
 
 ds_status ds_target_check_capture_layers(const ds_target *m, const int32_t *ids, int n) {
@@ -95,17 +103,28 @@ ds_status ds_target_check_capture_layers(const ds_target *m, const int32_t *ids,
   return DS_OK;
 }
 
-static void capture_rows(const ds_target_outputs *out, int64_t layer, const float *h, int64_t rows, int64_t d) {
-  if (!out->captured) return;
+/* The caller's captured[] (host memory) gets h's rows when `layer` is captured; a device
+ * backend's h comes through the host staging buffer. */
+static ds_status capture_rows(ds_target *m, const ds_target_outputs *out, int64_t layer, const float *h, int64_t rows,
+                              int64_t d) {
+  if (!out->captured) return DS_OK;
   for (int c = 0; c < out->n_capture; c++) {
     if (out->capture_layers[c] != layer) continue;
+    if (m->be->device_memory) {
+      if (!m->ws.stage && !(m->ws.stage = ds_malloc((size_t)m->ws.rows * (size_t)d * sizeof(float), "captured layer")))
+        return DS_ERR_NOMEM;
+      m->be->copy_to_host(m->ws.stage, h, (size_t)(rows * d) * sizeof(float));
+      h = m->ws.stage;
+    }
     int64_t stride = (int64_t)out->n_capture * d;
     for (int64_t r = 0; r < rows; r++)
       memcpy(out->captured + r * stride + c * d, h + r * d, (size_t)d * sizeof(float));
   }
+  return DS_OK;
 }
 
-/* Stores this layer's new K/V rows (already roped) of every sequence in its cache. */
+/* Stores this layer's new K/V rows (already roped) of every sequence in its cache: per
+ * sequence and kv head, its n rows (stride qkv_dim in qkv) become n consecutive cache rows. */
 static void append_kv(const ds_target *m, int64_t layer, const ds_target_seq *seqs, int n_seqs, const float *qkv) {
   const ds_model_config *c = &m->cfg;
   int64_t hd = c->head_dim, hkv = c->num_key_value_heads;
@@ -113,15 +132,13 @@ static void append_kv(const ds_target *m, int64_t layer, const ds_target_seq *se
   for (int s = 0; s < n_seqs; s++) {
     ds_kv_cache *kc = seqs[s].cache;
     size_t layer_off = (size_t)layer * (size_t)hkv * (size_t)kc->cap * (size_t)hd;
-    for (int64_t t = 0; t < seqs[s].n; t++, row++) {
-      const float *kr = qkv + row * m->qkv_dim + m->q_dim, *vr = kr + m->kv_dim;
-      int64_t p = kc->len + t;
-      for (int64_t h = 0; h < hkv; h++) {
-        size_t at = layer_off + ((size_t)h * (size_t)kc->cap + (size_t)p) * (size_t)hd;
-        memcpy(kc->k + at, kr + h * hd, (size_t)hd * sizeof(float));
-        memcpy(kc->v + at, vr + h * hd, (size_t)hd * sizeof(float));
-      }
+    const float *kr = qkv + row * m->qkv_dim + m->q_dim, *vr = kr + m->kv_dim;
+    for (int64_t h = 0; h < hkv; h++) {
+      size_t at = layer_off + ((size_t)h * (size_t)kc->cap + (size_t)kc->len) * (size_t)hd;
+      m->be->copy_rows(kc->k + at, hd, kr + h * hd, m->qkv_dim, seqs[s].n, hd);
+      m->be->copy_rows(kc->v + at, hd, vr + h * hd, m->qkv_dim, seqs[s].n, hd);
     }
+    row += seqs[s].n;
   }
 }
 
@@ -230,26 +247,32 @@ ds_status ds_target_forward(ds_target *m, const ds_target_seq *seqs, int n_seqs,
     be->embedding_w(ws->h + row * d, seqs[s].ids, m->embed, seqs[s].n, d);
     for (int64_t t = 0; t < seqs[s].n; t++, row++) ws->pos[row] = seqs[s].cache->len + t;
   }
-  capture_rows(out, -1, ws->h, rows, d);
+  DS_TRY(capture_rows(m, out, -1, ws->h, rows, d));
 
   for (int64_t l = 0; l < c->num_hidden_layers; l++) {
     attention_block(m, l, seqs, n_seqs, rows);
     mlp_block(m, l, rows);
-    capture_rows(out, l, ws->h, rows, d);
+    DS_TRY(capture_rows(m, out, l, ws->h, rows, d));
   }
   for (int s = 0; s < n_seqs; s++) seqs[s].cache->len += seqs[s].n;
 
   be->rmsnorm(ws->x, NULL, ws->h, m->norm, rows, d, (float)c->rms_norm_eps);
-  if (out->final_hidden) memcpy(out->final_hidden, ws->x, (size_t)(rows * d) * sizeof(float));
+  if (out->final_hidden) be->copy_to_host(out->final_hidden, ws->x, (size_t)(rows * d) * sizeof(float));
   if (out->logits) {
-    if (!out->logit_rows) {
-      be->linear_w(out->logits, V, ws->x, m->lm_head, NULL, rows, d, V);
-    } else {
-      /* Gather the asked rows into h (free now) so the vocabulary matmul runs once. */
-      for (int64_t i = 0; i < out->n_logit_rows; i++)
-        memcpy(ws->h + i * d, ws->x + out->logit_rows[i] * d, (size_t)d * sizeof(float));
-      be->linear_w(out->logits, V, ws->h, m->lm_head, NULL, out->n_logit_rows, d, V);
+    int64_t n = out->logit_rows ? out->n_logit_rows : rows;
+    const float *x = ws->x;
+    if (out->logit_rows) { /* gather the asked rows into h (free now) so the vocabulary matmul runs once */
+      for (int64_t i = 0; i < n; i++) be->copy_rows(ws->h + i * d, d, ws->x + out->logit_rows[i] * d, d, 1, d);
+      x = ws->h;
+    }
+    if (!be->device_memory) {
+      be->linear_w(out->logits, V, x, m->lm_head, NULL, n, d, V);
+    } else { /* the caller's logits are host memory */
+      DS_TRY(logits_reserve(m, n));
+      be->linear_w(ws->logits, V, x, m->lm_head, NULL, n, d, V);
+      be->copy_to_host(out->logits, ws->logits, (size_t)n * (size_t)V * sizeof(float));
     }
   }
+  if (be->device_memory && !out->logits && !out->final_hidden) be->synchronize(); /* a forward ends done */
   return DS_OK;
 }

@@ -42,7 +42,12 @@ typedef struct {
   float *gu;      /* (R, 2 I) */
   float *act;     /* (R, I) */
   float *tmp;     /* (R, d) */
-  int64_t *pos;   /* (R) */
+  int64_t *pos;   /* (R), host memory (the backends take positions from the host) */
+  /* device backends only (ds_backend.device_memory): outputs the caller wants on the host are
+   * computed here, then copied */
+  float *logits;  /* (logit_rows, V) backend memory */
+  int64_t logit_rows;
+  float *stage;   /* (R, d) host memory: the residual stream of a captured layer */
 } workspace;
 
 struct ds_target {
@@ -64,10 +69,13 @@ struct ds_target {
   float *norm;       /* (d) */
   layer_weights *layers;
   float *inv_freq; /* (head_dim / 2) */
+  void **dev_weights; /* device backends: the weight buffers uploaded at load (params first) */
+  int n_dev_weights;
   workspace ws;
 };
 
 struct ds_kv_cache {
+  const ds_backend *be; /* k and v live in its memory */
   int64_t len, cap;
   int64_t n_layers, n_kv_heads, head_dim;
   float *k; /* (L, n_kv_heads, cap, head_dim) */
@@ -75,6 +83,6 @@ struct ds_kv_cache {
 };
 
 /* Frees the forward's scratch (target.c). */
-void target_workspace_free(workspace *ws);
+void target_workspace_free(const ds_backend *be, workspace *ws);
 
 #endif

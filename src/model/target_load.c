@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "dspark/cache.h"
+#include "dspark/dtype.h"
 #include "dspark/fileio.h"
 #include "model/rope_freq.h"
 #include "model/target_internal.h"
@@ -260,6 +261,115 @@ static ds_status load_weights(ds_target *m) {
   return DS_OK;
 }
 
+/* ---------------------------------------------------------------- device backends */
+
+/* A host pointer into m->params, moved to the same offset in its device copy. */
+static float *rebased(const ds_target *m, float *dev_params, float *p) {
+  if (!p || p < m->params || p >= m->params + m->n_params) return p;
+  return dev_params + (p - m->params);
+}
+
+/* A weight in device memory: fp32 ones are in the device copy of params; a 16-bit one (used in
+ * place on the host) is uploaded once, in its dtype (a tied table: once for both uses). */
+static ds_status upload_weight(ds_target *m, float *dev_params, ds_weight *w, const void *const *host_of,
+                               void *const *dev_of, int n_known) {
+  if (w->dtype == DS_F32) {
+    w->data = rebased(m, dev_params, (float *)w->data);
+    return DS_OK;
+  }
+  for (int i = 0; i < n_known; i++)
+    if (host_of[i] == w->data) {
+      w->data = dev_of[i];
+      return DS_OK;
+    }
+  return DS_FAIL(DS_ERR_ARG, "internal: a 16-bit weight was not uploaded");
+}
+
+/* Moves every weight (and the rope table) into the backend's memory, after a host load: one
+ * copy of params, one buffer per 16-bit tensor; the host copies are released. */
+static ds_status upload_weights(ds_target *m) {
+  const ds_backend *be = m->be;
+  const ds_model_config *c = &m->cfg;
+  /* the 16-bit tensors in place: every distinct one */
+  int cap = 2 + 3 * 4 * (int)c->num_hidden_layers, n16 = 0;
+  const void **host_of = calloc((size_t)cap, sizeof *host_of);
+  void **dev_of = calloc((size_t)cap, sizeof *dev_of);
+  m->dev_weights = calloc((size_t)cap + 2, sizeof *m->dev_weights);
+  if (!host_of || !dev_of || !m->dev_weights) {
+    free(host_of), free(dev_of);
+    return DS_FAIL(DS_ERR_NOMEM, "out of memory for the weight table");
+  }
+  ds_status st = DS_OK;
+  float *dev_params = be->alloc((m->n_params ? m->n_params : 1) * sizeof(float), "model weights");
+  float *dev_freq = be->alloc((size_t)c->head_dim / 2 * sizeof(float), "rope table");
+  if (!dev_params || !dev_freq) st = DS_ERR_NOMEM;
+  m->dev_weights[m->n_dev_weights++] = dev_params; /* dev_freq becomes m->inv_freq */
+  if (st == DS_OK) {
+    be->copy_to_device(dev_params, m->params, m->n_params * sizeof(float));
+    be->copy_to_device(dev_freq, m->inv_freq, (size_t)c->head_dim / 2 * sizeof(float));
+  }
+  /* every ds_weight of the model, then the plain fp32 vectors */
+  ds_weight *ws[2 + 7 * 512];
+  int nw = 0;
+  ws[nw++] = &m->embed;
+  ws[nw++] = &m->lm_head;
+  for (int64_t l = 0; st == DS_OK && l < c->num_hidden_layers; l++) {
+    layer_weights *w = &m->layers[l];
+    target_linear *lin[] = {&w->qkv, &w->wo, &w->gate_up, &w->down};
+    for (int k = 0; k < 4; k++)
+      for (int s = 0; s < lin[k]->n_seg; s++) {
+        ds_weight *x = &lin[k]->seg[s];
+        if (x->dtype == DS_F32) { x->data = rebased(m, dev_params, (float *)x->data); continue; }
+        if (nw == (int)(sizeof ws / sizeof *ws)) { st = DS_FAIL(DS_ERR_UNSUPPORTED, "too many layers"); break; }
+        ws[nw++] = x;
+      }
+    float **vec[] = {&w->bqkv, &w->q_norm, &w->k_norm, &w->bo, &w->b_gate_up, &w->b_down, &w->in_norm, &w->post_norm};
+    for (int k = 0; k < 8; k++) *vec[k] = rebased(m, dev_params, *vec[k]);
+  }
+  for (int i = 0; st == DS_OK && i < nw; i++) {
+    ds_weight *w = ws[i];
+    if (w->dtype == DS_F32) continue;
+    int known = 0;
+    for (int k = 0; k < n16; k++) known |= host_of[k] == w->data;
+    if (known) continue;
+    size_t nbytes = (size_t)ds_dtype_size(w->dtype) *
+                    (size_t)(w == &m->embed || w == &m->lm_head ? c->vocab_size * c->hidden_size : 0);
+    if (!nbytes) { /* a layer segment: its size from the segment table */
+      for (int64_t l = 0; !nbytes && l < c->num_hidden_layers; l++) {
+        layer_weights *lw = &m->layers[l];
+        target_linear *lin[] = {&lw->qkv, &lw->wo, &lw->gate_up, &lw->down};
+        int64_t cols[] = {c->hidden_size, m->q_dim, c->hidden_size, c->intermediate_size};
+        for (int k = 0; k < 4; k++)
+          for (int s = 0; s < lin[k]->n_seg; s++)
+            if (&lin[k]->seg[s] == w) nbytes = (size_t)ds_dtype_size(w->dtype) * (size_t)(lin[k]->seg_rows[s] * cols[k]);
+      }
+    }
+    void *d = be->alloc(nbytes, "model weights (16-bit)");
+    if (!d) { st = DS_ERR_NOMEM; break; }
+    be->copy_to_device(d, w->data, nbytes);
+    host_of[n16] = w->data;
+    dev_of[n16++] = d;
+    m->dev_weights[m->n_dev_weights++] = d;
+  }
+  for (int i = 0; st == DS_OK && i < nw; i++) st = upload_weight(m, dev_params, ws[i], host_of, dev_of, n16);
+  if (st == DS_OK) { /* fp32 embed / head (not in ws' 16-bit pass) and the final norm */
+    m->norm = rebased(m, dev_params, m->norm);
+    be->synchronize();
+  }
+  free(host_of);
+  free(dev_of);
+  /* the host copies go, whatever happened: from here on the target's pointers are the backend's */
+  ds_free_aligned(m->params);
+  m->params = NULL;
+  for (int i = 0; i < m->n_owned; i++) ds_free_aligned(m->owned[i]);
+  m->n_owned = 0;
+  ds_ckpt_close(m->ck);
+  m->ck = NULL;
+  free(m->inv_freq);
+  m->inv_freq = dev_freq;
+  return st;
+}
+
 ds_status ds_target_load_source(ds_model_source *src, const ds_backend *backend, uint64_t *weights_xxh64,
                                 ds_target **out) {
   *out = NULL;
@@ -309,6 +419,7 @@ ds_status ds_target_load_source(ds_model_source *src, const ds_backend *backend,
   if ((st == DS_ERR_FORMAT || st == DS_ERR_NOT_FOUND) && c->defaulted[0])
     ds_error_wrap(st, "%s leaves these fields to %s's defaults (as transformers does): %s", m->config_label,
                   ds_config_class_name(c->arch), c->defaulted);
+  if (st == DS_OK && m->be->device_memory) st = upload_weights(m);
   if (st != DS_OK) goto fail;
   *out = m;
   return DS_OK;
@@ -329,13 +440,16 @@ ds_status ds_target_load(const char *model, const ds_backend *backend, ds_target
 void ds_target_free(ds_target *m) {
   if (!m) return;
   ds_release_packed_weights(); /* bf16 copies keyed by the addresses freed below */
-  target_workspace_free(&m->ws);
+  target_workspace_free(m->be, &m->ws);
   ds_free_aligned(m->params);
+  for (int i = 0; i < m->n_dev_weights; i++) m->be->free(m->dev_weights[i]);
+  free(m->dev_weights);
   for (int i = 0; i < m->n_owned; i++) ds_free_aligned(m->owned[i]);
   free(m->owned);
   ds_ckpt_close(m->ck); /* after the last use of a mapped weight */
   free(m->layers);
-  free(m->inv_freq);
+  if (m->be->device_memory) m->be->free(m->inv_freq);
+  else free(m->inv_freq);
   free(m->dir);
   free(m->config_label);
   free(m);

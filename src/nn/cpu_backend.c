@@ -367,6 +367,7 @@ static const ds_backend k_cpu = {
     .copy_to_device = ds_host_copy,
     .copy_to_host = ds_host_copy,
     .copy = ds_host_copy,
+    .copy_rows = ds_host_copy_rows,
     .memset_zero = ds_host_memset_zero,
     .synchronize = ds_host_synchronize,
     .operand_hold = ds_cpu_bf16_hold,

@@ -15,6 +15,11 @@ void ds_host_copy(void *dst, const void *src, size_t nbytes) {
   if (nbytes) memcpy(dst, src, nbytes);
 }
 
+void ds_host_copy_rows(float *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t cols) {
+  if (cols <= 0) return;
+  for (int64_t r = 0; r < rows; r++) memcpy(dst + r * ld_dst, src + r * ld_src, (size_t)cols * sizeof(float));
+}
+
 void ds_host_memset_zero(void *p, size_t nbytes) {
   if (nbytes) memset(p, 0, nbytes);
 }

@@ -194,6 +194,9 @@ static void p_free(void *p) { g_inner->free(p); }
 static void p_copy_to_device(void *dst, const void *src, size_t nbytes) { g_inner->copy_to_device(dst, src, nbytes); }
 static void p_copy_to_host(void *dst, const void *src, size_t nbytes) { g_inner->copy_to_host(dst, src, nbytes); }
 static void p_copy(void *dst, const void *src, size_t nbytes) { g_inner->copy(dst, src, nbytes); }
+static void p_copy_rows(float *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t cols) {
+  g_inner->copy_rows(dst, ld_dst, src, ld_src, rows, cols);
+}
 static void p_memset_zero(void *p, size_t nbytes) { g_inner->memset_zero(p, nbytes); }
 static void p_synchronize(void) { g_inner->synchronize(); }
 static void p_operand_hold(const float *p, size_t n) { g_inner->operand_hold(p, n); }
@@ -227,6 +230,7 @@ static ds_backend g_profiled = {
     .copy_to_device = p_copy_to_device,
     .copy_to_host = p_copy_to_host,
     .copy = p_copy,
+    .copy_rows = p_copy_rows,
     .memset_zero = p_memset_zero,
     .synchronize = p_synchronize,
     .operand_hold = p_operand_hold,
@@ -236,6 +240,7 @@ static ds_backend g_profiled = {
 const ds_backend *ds_backend_profiled(const ds_backend *inner, ds_profile *prof) {
   g_inner = inner;
   g_prof = prof;
+  g_profiled.device_memory = inner->device_memory;
   return &g_profiled;
 }
 

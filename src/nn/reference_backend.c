@@ -442,6 +442,7 @@ static const ds_backend k_reference = {
     .copy_to_device = ds_host_copy,
     .copy_to_host = ds_host_copy,
     .copy = ds_host_copy,
+    .copy_rows = ds_host_copy_rows,
     .memset_zero = ds_host_memset_zero,
     .synchronize = ds_host_synchronize,
     .linear_w_cat = ref_linear_w_cat,

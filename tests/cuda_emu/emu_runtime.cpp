@@ -183,6 +183,11 @@ cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind) {
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t) {
   return cudaMemcpy(d, s, n, k);
 }
+cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind, cudaStream_t) {
+  for (size_t r = 0; r < height; r++) memcpy((char *)d + r * dpitch, (const char *)s + r * spitch, width);
+  return cudaSuccess;
+}
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) {
   memset(p, v, n);
   return cudaSuccess;

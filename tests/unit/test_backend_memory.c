@@ -2,6 +2,7 @@
  * wrapper, which passes them through): a round trip host -> backend -> backend -> host, zeroing,
  * nbytes 0, and every entry of each table set. Without CUDA, ds_backend_cuda refuses with a
  * reason; with it, it gives a full table or (no device) a reason. */
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -9,10 +10,10 @@
 #include "dspark/profile.h"
 #include "test_util.h"
 
-/* Every function pointer of the table is set (the struct is all pointers after the name). */
+/* Every function pointer of the table is set (the struct is all pointers from `linear` on). */
 static int table_complete(const ds_backend *b) {
-  const char *p = (const char *)b + sizeof(b->name);
-  size_t n = (sizeof(ds_backend) - sizeof(b->name)) / sizeof(void (*)(void));
+  const char *p = (const char *)b + offsetof(ds_backend, linear);
+  size_t n = (sizeof(ds_backend) - offsetof(ds_backend, linear)) / sizeof(void (*)(void));
   for (size_t i = 0; i < n; i++) {
     void (*fn)(void);
     memcpy(&fn, p + i * sizeof fn, sizeof fn);
@@ -31,6 +32,20 @@ static void check_round_trip(const ds_backend *b) {
   EXPECT(((uintptr_t)d1 & 63) == 0 || strcmp(b->name, "cuda") == 0);
   b->copy_to_device(d1, host, sizeof host);
   b->copy(d2, d1, sizeof host);
+  /* copy_rows: rows 0..9 of a 100-column view, columns 3..42, into a 40-column block of d3 */
+  float *d3 = b->alloc(400 * sizeof(float), "test buffer 3"), strided[400];
+  EXPECT(d3 != NULL);
+  if (d3) {
+    b->copy_rows(d3, 40, d1 + 3, 100, 10, 40);
+    b->copy_to_host(strided, d3, sizeof strided);
+    int same = 1;
+    for (int r = 0; r < 10; r++)
+      for (int c = 0; c < 40; c++) same &= strided[r * 40 + c] == host[r * 100 + 3 + c];
+    EXPECT(same);
+    b->copy_rows(d3, 40, d1, 100, 0, 40); /* nothing to copy */
+    b->free(d3);
+  }
+  EXPECT(b->device_memory == (strcmp(b->name, "cuda") == 0));
   b->memset_zero(d1, sizeof host);
   b->synchronize();
   b->copy_to_host(back, d2, sizeof host);

@@ -40,6 +40,12 @@ static void cuda_copy(void *dst, const void *src, size_t nbytes) {
   if (nbytes) DS_CUDA(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, DS_CUDA_STREAM));
 }
 
+static void cuda_copy_rows(float *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t cols) {
+  if (rows > 0 && cols > 0)
+    DS_CUDA(cudaMemcpy2DAsync(dst, (size_t)ld_dst * sizeof(float), src, (size_t)ld_src * sizeof(float),
+                              (size_t)cols * sizeof(float), (size_t)rows, cudaMemcpyDeviceToDevice, DS_CUDA_STREAM));
+}
+
 static void cuda_memset_zero(void *p, size_t nbytes) {
   if (nbytes) DS_CUDA(cudaMemsetAsync(p, 0, nbytes, DS_CUDA_STREAM));
 }
@@ -180,6 +186,7 @@ static void cuda_linear_w_backward(float *dx, const float *dy, ds_weight w, int6
 /* Filled by assignment (C++17 has no designated initializers); every entry is set. */
 static ds_backend make_table() {
   ds_backend t = {};
+  t.device_memory = 1;
   t.name = "cuda";
   t.linear = cuda_linear;
   t.rmsnorm = ds_cuda_rmsnorm;
@@ -207,6 +214,7 @@ static ds_backend make_table() {
   t.copy_to_device = cuda_copy_to_device;
   t.copy_to_host = cuda_copy_to_host;
   t.copy = cuda_copy;
+  t.copy_rows = cuda_copy_rows;
   t.memset_zero = cuda_memset_zero;
   t.synchronize = cuda_synchronize;
   t.operand_hold = cuda_operand_hold;

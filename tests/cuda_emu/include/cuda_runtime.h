@@ -37,6 +37,8 @@ template <class T> cudaError_t cudaMalloc(T **p, size_t n) { return cudaMalloc((
 cudaError_t cudaFree(void *p);
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k);
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t st);
+cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind k, cudaStream_t st);
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t st);
 cudaError_t cudaDeviceSynchronize(void);
 
