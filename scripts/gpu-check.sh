@@ -6,7 +6,9 @@
 # are pointed at. Then: configure with DSPARK_CUDA=ON (DSPARK_GEMM=none: no BLAS there), build
 # the library, the checker and unit.test_backend_memory, run them (the memory entries on the
 # device; every kernel of the CUDA backend against the cpu backend), and write the logs and a
-# summary under $OUT; then the kernels timed against PyTorch on the same GPU (bench/gpu_kernels.py).
+# summary under $OUT; the target's forward on the device against the cpu (target_device_check);
+# then the kernels and a target's prefill and decode timed against PyTorch on the same GPU
+# (bench/gpu_kernels.py, bench/gpu_target.py).
 #   scripts/gpu-check.sh [--build-only] [--no-bench]
 #     --build-only   unpack, configure and build, run nothing (what a machine without a GPU can check)
 #     --no-bench     the checks only
@@ -102,7 +104,7 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDSPARK_CUDA=ON -DDSPAR
       -DCMAKE_CUDA_ARCHITECTURES="$arch" -DPKG_CONFIG_EXECUTABLE="$pkgconfig" \
       -DCMAKE_PREFIX_PATH="$prefix/usr" >"$out/configure.log" 2>&1 \
   || { note "configure failed (tail of $out/configure.log):"; tail -20 "$out/configure.log" | tee -a "$summary"; exit 4; }
-cmake --build "$build" -j "$(nproc)" --target dspark_lib cuda_kernel_check test_backend_memory bench_cuda_kernels >"$out/build.log" 2>&1 \
+cmake --build "$build" -j "$(nproc)" --target dspark dspark_lib cuda_kernel_check target_device_check test_backend_memory bench_cuda_kernels >"$out/build.log" 2>&1 \
   || { note "build failed (tail of $out/build.log):"; grep -E "error|Error" "$out/build.log" | tail -20 | tee -a "$summary"; exit 4; }
 note "configured and built in $(( $(date +%s) - t0 )) s (sm_$arch, OpenMP $openmp, GEMM none)"
 # The headers really came from the prefix, not from a system copy.
@@ -125,6 +127,11 @@ for seed in 14 1 2; do # the shapes are fixed, the values drawn from the seed
   [ "$r" = 0 ] || rc=$r
   note "cuda_kernel_check seed $seed: exit $r, $(grep -c ' PASS$' "$out/cuda_kernel_check.$seed.txt") PASS, $(grep -c ' FAIL$' "$out/cuda_kernel_check.$seed.txt") FAIL"
 done
+"$build/target_device_check" --tiny "$build/tiny-target" >"$out/target_device_check.txt" 2>&1
+r=$?
+[ "$r" = 0 ] || rc=$r
+grep -E 'FAIL|error|no CUDA' "$out/target_device_check.txt" | head -10
+note "target_device_check (the target's forward on the device against the cpu): exit $r"
 if [ "$bench" = 1 ]; then
   if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
     t0=$(date +%s)
@@ -132,6 +139,11 @@ if [ "$bench" = 1 ]; then
       >"$out/gpu_kernels.md" 2>"$out/gpu_kernels.err"
     note "bench/gpu_kernels.py: exit $? in $(( $(date +%s) - t0 )) s ($out/gpu_kernels.md)"
     cat "$out/gpu_kernels.md"; tail -5 "$out/gpu_kernels.err"
+    t0=$(date +%s)
+    timeout 300 python3 "$root/bench/gpu_target.py" --dspark "$build/dspark" --work "$build/gpu-target" \
+      --jsonl "$out/gpu_target.jsonl" >"$out/gpu_target.md" 2>"$out/gpu_target.err"
+    note "bench/gpu_target.py: exit $? in $(( $(date +%s) - t0 )) s ($out/gpu_target.md)"
+    cat "$out/gpu_target.md"; tail -5 "$out/gpu_target.err"
   else
     note "bench skipped: no PyTorch with CUDA here"
   fi
