@@ -65,7 +65,7 @@ void ds_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *
     return;
   }
 #if defined(DSPARK_GEMM_ONEDNN)
-  if (m * n * k >= DS_MKL_SGEMM_MIN && ds_mkl_sgemm_available()) {
+  if (m >= DS_MKL_SGEMM_MIN_ROWS && m * n * k >= DS_MKL_SGEMM_MIN && ds_mkl_sgemm_available()) {
     ds_mkl_sgemm(ta, tb, m, n, k, A, lda, B, ldb, beta, C, ldc);
     return;
   }
@@ -134,7 +134,8 @@ const char *ds_gemm_name(void) {
                     isa_name(dnnl_get_effective_cpu_isa()));
   const char *ver = ds_mkl_sgemm_available() ? strstr(ds_mkl_bf16_status(), "Version ") : NULL;
   if (ver && at > 0 && (size_t)at < sizeof name)
-    snprintf(name + at, sizeof name - (size_t)at, "; products of %d+ multiply-adds: MKL %.*s", DS_MKL_SGEMM_MIN,
+    snprintf(name + at, sizeof name - (size_t)at, "; products of %d+ rows and %d+ multiply-adds: MKL %.*s",
+             DS_MKL_SGEMM_MIN_ROWS, DS_MKL_SGEMM_MIN,
              (int)strcspn(ver + 8, "- "), ver + 8);
 #elif defined(DSPARK_GEMM_OPENBLAS)
   snprintf(name, sizeof name, "OpenBLAS %s", openblas_get_corename());

@@ -34,6 +34,10 @@ void ds_mkl_bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_
  * _available is ds_mkl_bf16_available (the same library and rules). Shapes and flags as
  * ds_cpu_sgemm. */
 enum { DS_MKL_SGEMM_MIN = 1 << 22 };
+/* ... and of at least this many rows of C: below it MKL packs B on every call (a verification
+ * pass of 3-15 tokens through SmolLM2-135M cost 2.2-3x one token with it, 1.4-2.6x with oneDNN;
+ * AMD EPYC Zen 4, 2 threads, `dspark profile`), where oneDNN reads B in place. */
+enum { DS_MKL_SGEMM_MIN_ROWS = 16 };
 int ds_mkl_sgemm_available(void);
 void ds_mkl_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
                   int64_t ldb, float beta, float *C, int64_t ldc);
