@@ -116,4 +116,4 @@ print(f"DSpark confidence, mean ECE of the cumulative acceptance over positions:
 PY
 stamp "plots (dspark plot): training curves of every run, acceptance and calibration of every report"
 $ds plot "$demo" > /dev/null 2> "$demo/plot.log" || { cat "$demo/plot.log"; exit 1; }
-stamp "done; reports, runs and their plots (RUN/plots, speculate-*.png) in $demo"
+stamp "done; reports, runs and their plots (RUN/plots, plots/speculate-*.png) in $demo"

@@ -2,7 +2,7 @@
  *   a run directory (metrics.jsonl of train / pretrain / distill): one PNG per metric, train
  *     and held-out curves, into RUN/plots/ (or --out);
  *   a speculation report (`dspark speculate --report FILE.json`): acceptance by position,
- *     tokens per round and calibration figures beside it (or in --out);
+ *     tokens per round and calibration figures in a plots/ folder beside it (or in --out);
  *   a folder (such as the demo's): every run directory and every report directly inside it. */
 #include <dirent.h>
 #include <stdio.h>
@@ -21,8 +21,8 @@ static void plot_usage(FILE *f) {
           "  PATH  a run directory (its metrics.jsonl: loss, held-out loss, acceptance, tau, perplexity,\n"
           "        learning rate, ... per step), a `dspark speculate --report` JSON (acceptance by\n"
           "        position, tokens per round, calibration), or a folder holding runs and reports\n"
-          "  --out DIR  where the figures go (default: RUN/plots, beside a report); each figure's data (.dat) and\n"
-          "             gnuplot script (.gp) are written beside its PNG, to redraw or restyle it\n");
+          "  --out DIR  where the figures go (default: RUN/plots, or plots/ beside a report); each figure's data\n"
+          "             (.dat) and gnuplot script (.gp) are written beside its PNG, to redraw or restyle it\n");
 }
 
 static int is_dir(const char *p) {
@@ -54,14 +54,18 @@ static int ends_with(const char *s, const char *suffix) {
   return n >= m && !strcmp(s + n - m, suffix);
 }
 
-/* A report's figures go beside it unless --out says otherwise. skipped (NULL: not allowed):
- * a JSON that is not a report is passed over (in a folder) rather than an error, and counted. */
+/* A report's figures (with their .dat and .gp) go into a plots/ folder beside it, as a run's
+ * into RUN/plots, unless --out says otherwise: nothing loose among the user's files. skipped
+ * (NULL: not allowed): a JSON that is not a report is passed over (in a folder) rather than an
+ * error, and counted. */
 static int plot_report_file(const char *path, const char *out, const plot_inputs *in, int *skipped) {
   char *dir = NULL;
   if (out) dir = strdup(out);
   else {
     const char *slash = strrchr(path, '/');
-    dir = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
+    char *parent = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
+    dir = parent ? ds_path_join(parent, "plots") : NULL;
+    free(parent);
   }
   if (!dir) return cli_report_error("plot");
   int n = 0;

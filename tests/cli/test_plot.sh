@@ -56,7 +56,7 @@ grep -q "metrics.jsonl" "$tmp/err" && grep -q "line 2" "$tmp/err" || no "malform
 if "$dspark" plot "$tmp/runs/notarun" 2> "$tmp/err"; then no "an empty folder was accepted"; fi
 grep -q "metrics.jsonl" "$tmp/err" || no "empty folder error unclear: $(cat "$tmp/err")"
 
-# a speculation report: acceptance, tokens per round and calibration figures beside it
+# a speculation report: acceptance, tokens per round and calibration figures in plots/ beside it
 cat > "$tmp/runs/spec.json" <<'EOF'
 {"convention": "tau: tokens committed per target pass, bonus counted", "policy": "fixed", "tau": 2.5,
  "accept_conditional": [0.8, 0.5, 0.25], "accept_unconditional": [0.8, 0.4, 0.1],
@@ -66,11 +66,12 @@ EOF
 echo '{"not": "a report"}' > "$tmp/runs/other.json"
 if ! "$dspark" plot "$tmp/runs/spec.json" 2> "$tmp/err"; then no "plot of a report failed: $(cat "$tmp/err")"; fi
 for m in acceptance tokens-per-round calibration; do
-  [ -f "$tmp/runs/spec-$m.png" ] || no "spec-$m.png missing"
+  [ -f "$tmp/runs/plots/spec-$m.png" ] || no "spec-$m.png missing"
 done
-[ "$(grep -v '^#' "$tmp/runs/spec-acceptance.dat")" = "$(printf '1 0.8 0.8\n2 0.5 0.4\n3 0.25 0.1')" ] ||
-  no "spec-acceptance.dat: $(cat "$tmp/runs/spec-acceptance.dat")"
-grep -q "^2 5$" "$tmp/runs/spec-tokens-per-round.dat" || no "histogram data wrong"
+[ -z "$(ls "$tmp/runs" | grep -E '\.(png|gp|dat)$')" ] || no "figure files loose beside the report: $(ls "$tmp/runs")"
+[ "$(grep -v '^#' "$tmp/runs/plots/spec-acceptance.dat")" = "$(printf '1 0.8 0.8\n2 0.5 0.4\n3 0.25 0.1')" ] ||
+  no "spec-acceptance.dat: $(cat "$tmp/runs/plots/spec-acceptance.dat")"
+grep -q "^2 5$" "$tmp/runs/plots/spec-tokens-per-round.dat" || no "histogram data wrong"
 if "$dspark" plot "$tmp/runs/other.json" 2> "$tmp/err"; then no "a JSON that is not a report was accepted"; fi
 grep -q "not a speculative-decoding report" "$tmp/err" || no "non-report error unclear: $(cat "$tmp/err")"
 cp "$tmp/runs/a/metrics.jsonl" "$tmp/runs/b/metrics.jsonl" # b was broken above

@@ -103,7 +103,8 @@ def plot_cases(ck, dspark, tmp):
     a_json = os.path.join(base, "a.json")
     with open(a_json, "w") as f:
         json.dump({"policy": "fixed", "tau": 2.0, "accept_conditional": [0.5], "tokens_per_round_histogram": [1]}, f)
-    victim = os.path.join(base, "a-acceptance.dat")
+    os.makedirs(os.path.join(base, "plots"), exist_ok=True)
+    victim = os.path.join(base, "plots", "a-acceptance.dat")  # where a.json's figure data go
     with open(victim, "w") as f:
         f.write("{}\n")
     rc, err = sh([dspark, "plot", a_json, victim])
