@@ -85,3 +85,5 @@ else
   echo "setup: venv ready"
 fi
 fetch_smollm2
+# llama.cpp's source (its converter and runtime), for the GGUF draft tests: scripts/setup_llama_cpp.sh
+"$(dirname "$0")/setup_llama_cpp.sh"
