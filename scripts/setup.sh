@@ -103,3 +103,10 @@ else
   echo "setup: venv ready"
 fi
 fetch_smollm2
+# llama.cpp's source (its converter and runtime), for the GGUF draft tests: scripts/setup_llama_cpp.sh;
+# DSPARK_LLAMA_CPP_BUILD=1 also builds its programs (slow: about half an hour on 2 cores).
+if [ "${DSPARK_LLAMA_CPP_BUILD:-0}" = 1 ]; then
+  "$(dirname "$0")/setup_llama_cpp.sh" --build
+else
+  "$(dirname "$0")/setup_llama_cpp.sh"
+fi

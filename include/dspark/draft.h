@@ -199,6 +199,18 @@ ds_status ds_draft_head_step(ds_draft *d, ds_draft_state *s, const float *h_k, i
  * holds: callers that take out_dir from a user check it with ds_draft_export_dir_check. */
 ds_status ds_draft_export_hf(const ds_draft *d, const char *target_config_json, const char *out_dir);
 #define DS_EXPORT_MARKER_KEY "dspark_export"
+/* Writes the draft as llama.cpp serves it (--spec-type draft-dspark): a GGUF of architecture
+ * "dflash" with the Markov (markov_w1, markov_w2) and confidence (conf_proj) tensors, the file
+ * llama.cpp's convert_hf_to_gguf.py makes of ds_draft_export_hf's directory with the target's
+ * directory as --target-model-dir (same keys, values, tensor names, shapes, types and bytes;
+ * docs/gguf-export.md lists the conventions). draft_config_json is as for
+ * ds_draft_hf_config_json; target_gguf is the target's GGUF, whose tokenizer.* keys are copied
+ * (its token count must be the draft's vocab_size); dtype (F32, F16 or BF16) stores the
+ * matrices, 1-D tensors and norms stay F32; name gives general.name (as the converter titles
+ * a directory name). Only the vanilla Markov head is accepted: llama.cpp implements no other
+ * (gated, rnn and no head are refused naming that limit). Written atomically. */
+ds_status ds_draft_export_gguf(const ds_draft *d, const char *draft_config_json, const char *target_gguf,
+                               ds_dtype dtype, const char *name, const char *out_path);
 /* Whether out_dir may receive an export. It may when it does not exist, is empty, or is a
  * previous export: every entry is config.json, model.safetensors or a temp file of theirs
  * (NAME.tmp.PID), and config.json's architectures is ["Qwen3DSparkModel"] (or, when

@@ -49,7 +49,7 @@ typedef enum {
 enum {
   DS_GGML_F32 = 0, DS_GGML_F16 = 1, DS_GGML_Q4_0 = 2, DS_GGML_Q4_1 = 3, DS_GGML_Q5_0 = 6, DS_GGML_Q5_1 = 7,
   DS_GGML_Q8_0 = 8, DS_GGML_Q2_K = 10, DS_GGML_Q3_K = 11, DS_GGML_Q4_K = 12, DS_GGML_Q5_K = 13, DS_GGML_Q6_K = 14,
-  DS_GGML_BF16 = 30,
+  DS_GGML_I64 = 27, DS_GGML_BF16 = 30,
 };
 
 /* A string inside the mapping: not NUL-terminated. */

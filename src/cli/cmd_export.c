@@ -1,9 +1,11 @@
-/* dspark export RUN_DIR --out DIR: the trained draft in the HF layout of spec section 7.
+/* dspark export RUN_DIR --out DIR: the trained draft in the HF layout of spec section 7;
+ * --gguf FILE: the same draft as llama.cpp serves it (ds_draft_export_gguf).
  *
  * The checkpoint is the single source: the draft's weights and its config.json (the
  * checkpoint's draft_config metadata, the target's config plus the draft keys, recorded when
  * training started) both come from RUN_DIR/checkpoint.safetensors; RUN_DIR/target_config.json
  * is never read, so editing or deleting it cannot change an export. */
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,10 +16,12 @@
 #include "dspark/checkpoint.h"
 #include "dspark/fileio.h"
 #include "dspark/lm_trainer.h"
+#include "dspark/model_source.h"
 
 static void usage(FILE *f) {
   fprintf(f,
           "usage: dspark export RUN_DIR --out DIR [--overwrite]\n"
+          "       dspark export RUN_DIR --gguf FILE.gguf [--target MODEL.gguf] [--dtype f16|bf16|f32]\n"
           "Writes DIR/config.json (the target's config plus the DSpark keys: architectures\n"
           "[\"Qwen3DSparkModel\"], num_hidden_layers, block_size, mask_token_id, target_layer_ids,\n"
           "markov_rank, markov_head_type, ..., and dflash_config {target_layer_ids, mask_token_id})\n"
@@ -32,7 +36,69 @@ static void usage(FILE *f) {
           "Serving: vLLM --speculative-config\n"
           "'{\"method\": \"dspark\", \"model\": DIR, \"num_speculative_tokens\": 7}' loads drafts with the\n"
           "vanilla Markov head only; gated and rnn drafts do not load there (no module\n"
-          "markov_head.gate_proj / joint_proj).\n");
+          "markov_head.gate_proj / joint_proj).\n"
+          "llama.cpp (GGUF, docs/gguf-export.md):\n"
+          "  --gguf FILE     write the draft as llama.cpp serves it (--spec-type draft-dspark): architecture\n"
+          "                  dflash plus markov_w1 / markov_w2 / conf_proj, what llama.cpp's\n"
+          "                  convert_hf_to_gguf.py makes of the --out export; vanilla Markov heads only\n"
+          "                  (llama.cpp implements no other). FILE is replaced atomically, never an input.\n"
+          "  --target MODEL  the target's .gguf, whose vocabulary (tokenizer.* keys) the draft carries\n"
+          "                  (default: the run's target, when that is a .gguf)\n"
+          "  --dtype T       f16 (default), bf16 or f32 for the matrices; 1-D tensors and norms stay f32\n");
+}
+
+/* The target the run recorded (RUN_DIR/run.json "target"), malloc'd, or NULL. */
+static char *recorded_target(const char *run) {
+  char *path = ds_path_join(run, "run.json"), *text = NULL, *target = NULL;
+  size_t len = 0;
+  if (path && ds_read_file(path, &text, &len) == DS_OK) {
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    const cJSON *t = root ? cJSON_GetObjectItemCaseSensitive(root, "target") : NULL;
+    if (cJSON_IsString(t) && t->valuestring[0]) target = strdup(t->valuestring);
+    cJSON_Delete(root);
+  }
+  ds_error_clear();
+  free(path);
+  free(text);
+  return target;
+}
+
+/* --gguf: the draft of RUN_DIR's checkpoint as a llama.cpp GGUF. */
+static int export_gguf(const char *run, const char *ckpt, const char *out, const char *target, ds_dtype dtype) {
+  char *recorded = target ? NULL : recorded_target(run);
+  if (!target) target = recorded;
+  if (!target || !ds_model_path_is_gguf(target)) {
+    fprintf(stderr, "dspark export: --gguf needs the target's .gguf for the draft's vocabulary: pass --target "
+            "MODEL.gguf%s%s%s\n", recorded ? " (the run's target, " : "", recorded ? recorded : "",
+            recorded ? ", is not a .gguf)" : " (the run records no target)");
+    free(recorded);
+    return 2;
+  }
+  const ds_input_path inputs[] = {{"RUN_DIR", run}, {"--target", target}};
+  int rc = cli_output_refused("export", "--gguf", out, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs));
+  if (rc) {
+    free(recorded);
+    return rc;
+  }
+  ds_draft *d = NULL;
+  ds_checkpoint_info info = {0};
+  const char *name = strrchr(run, '/');
+  char base[256];
+  snprintf(base, sizeof base, "%s", name && name[1] ? name + 1 : run);
+  for (size_t n = strlen(base); n > 1 && base[n - 1] == '/'; n--) base[n - 1] = 0;
+  rc = 1;
+  if (ds_checkpoint_load_draft(ckpt, ds_backend_cpu(), &d, &info) == DS_OK &&
+      ds_draft_export_gguf(d, info.draft_config, target, dtype, base, out) == DS_OK) {
+    fprintf(stderr, "exported the draft of %s (step %lld) to %s (%s, vocabulary of %s)\n", run,
+            (long long)info.step, out, ds_dtype_name(dtype), target);
+    rc = 0;
+  } else {
+    rc = cli_report_error("export");
+  }
+  ds_checkpoint_info_free(&info);
+  ds_draft_free(d);
+  free(recorded);
+  return rc;
 }
 
 /* A pretrain / distill run: the student in the HF layout of its family, with the run's
@@ -69,7 +135,7 @@ done:
 }
 
 int cmd_export(int argc, char **argv) {
-  const char *run = NULL, *out = NULL;
+  const char *run = NULL, *out = NULL, *gguf = NULL, *target = NULL, *dtype_name = NULL;
   int overwrite = 0;
   for (int i = 1; i < argc; i++) {
     if (cli_is_help(argv[i])) {
@@ -77,6 +143,12 @@ int cmd_export(int argc, char **argv) {
       return 0;
     } else if (!strcmp(argv[i], "--out")) {
       if (!(out = cli_value(argc, argv, &i))) return 2;
+    } else if (!strcmp(argv[i], "--gguf")) {
+      if (!(gguf = cli_value(argc, argv, &i))) return 2;
+    } else if (!strcmp(argv[i], "--target")) {
+      if (!(target = cli_value(argc, argv, &i))) return 2;
+    } else if (!strcmp(argv[i], "--dtype")) {
+      if (!(dtype_name = cli_value(argc, argv, &i))) return 2;
     } else if (!strcmp(argv[i], "--overwrite")) {
       overwrite = 1;
     } else if (argv[i][0] == '-' || run) {
@@ -86,9 +158,37 @@ int cmd_export(int argc, char **argv) {
       run = argv[i];
     }
   }
-  if (!run || !out) {
-    fprintf(stderr, "usage: dspark export RUN_DIR --out DIR [--overwrite]\n");
+  if (!run || !!out == !!gguf) {
+    fprintf(stderr, "usage: dspark export RUN_DIR --out DIR [--overwrite]\n"
+            "       dspark export RUN_DIR --gguf FILE.gguf [--target MODEL.gguf] [--dtype f16|bf16|f32]\n");
     return 2;
+  }
+  if (out && (target || dtype_name)) {
+    fprintf(stderr, "dspark export: %s applies to --gguf only\n", target ? "--target" : "--dtype");
+    return 2;
+  }
+  if (gguf && overwrite) {
+    fprintf(stderr, "dspark export: --overwrite applies to --out only (--gguf replaces its file)\n");
+    return 2;
+  }
+  ds_dtype dtype = DS_F16;
+  if (dtype_name && !strcmp(dtype_name, "bf16")) dtype = DS_BF16;
+  else if (dtype_name && !strcmp(dtype_name, "f32")) dtype = DS_F32;
+  else if (dtype_name && strcmp(dtype_name, "f16")) {
+    fprintf(stderr, "dspark export: --dtype '%s': expected f16, bf16 or f32\n", dtype_name);
+    return 2;
+  }
+  if (gguf) {
+    char *ckpt = ds_path_join(run, "checkpoint.safetensors"), *format = NULL;
+    int rc = 1;
+    if (!ckpt) rc = cli_report_error("export");
+    else if (ds_checkpoint_format(ckpt, &format) == DS_OK && !strcmp(format, DS_STUDENT_CHECKPOINT_FORMAT))
+      fprintf(stderr, "dspark export: %s holds a student (a causal LM), not a draft: --gguf exports drafts; convert "
+              "a student with llama.cpp's convert_hf_to_gguf.py from its --out export\n", run);
+    else rc = export_gguf(run, ckpt, gguf, target, dtype);
+    free(format);
+    free(ckpt);
+    return rc;
   }
   const ds_input_path inputs[] = {{"RUN_DIR", run}};
   int refused = cli_output_refused("export", "--out", out, DS_OUTPUT_DIR, inputs, CLI_N_INPUTS(inputs));

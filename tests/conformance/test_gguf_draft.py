@@ -1,0 +1,179 @@
+"""`dspark export RUN --gguf FILE` against llama.cpp's own converter (ctest
+conformance.test_gguf_draft; docs/gguf-export.md).
+
+A tiny Llama target with SmolLM2's tokenizer (a vocabulary whose pre-tokenizer llama.cpp's
+converter recognizes) is made here, converted to GGUF by llama.cpp's convert_hf_to_gguf.py, and
+drafts are trained against it for two steps: a full-vocabulary draft with the confidence head
+over [h ; e], and a reduced-vocabulary one (d2t, output.weight) whose confidence head sees h
+only. Each is exported both ways, `--out` (HF) and `--gguf` (f16, bf16, f32), and the converter
+of the vendored llama.cpp (scripts/setup_llama_cpp.sh) is run on the HF export with the target
+directory as --target-model-dir: every key (type and value, in order) and every tensor (name,
+type, shape, bytes, in order) must be equal. Our reader reads the file too; gated heads and
+outputs over inputs are refused.
+
+Skips (exit 77) when the llama.cpp source or the SmolLM2 GGUF (scripts/setup.sh) is absent."""
+import os
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+VERSION = "0.3.36"
+SKIP = 77
+
+
+def llama_cpp_dir():
+    cache = os.environ.get("DSPARK_LLAMA_CPP", os.path.expanduser("~/.cache/dspark/llama.cpp"))
+    d = os.path.join(cache, f"llama_cpp_python-{VERSION}", "vendor", "llama.cpp")
+    return d if os.path.isfile(os.path.join(d, "convert_hf_to_gguf.py")) else None
+
+
+def skip(why):
+    print(f"test_gguf_draft: SKIPPED: {why}", flush=True)
+    sys.exit(SKIP)
+
+
+def converter_env(lcpp, tmp):
+    """PYTHONPATH with the vendored gguf-py; a stand-in for sentencepiece when it is not
+    installed: the converter imports it before it looks for a tokenizer.model, which these
+    byte-level BPE targets do not have (it then takes the tokenizer.json path)."""
+    paths = [os.path.join(lcpp, "gguf-py")]
+    try:
+        import sentencepiece  # noqa: F401
+    except ImportError:
+        stub = os.path.join(tmp, "sentencepiece-stub")
+        os.makedirs(stub, exist_ok=True)
+        with open(os.path.join(stub, "sentencepiece.py"), "w") as f:
+            f.write("class SentencePieceProcessor:  # never used: no tokenizer.model\n    pass\n")
+        paths.append(stub)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
+    return env
+
+
+def convert(lcpp, env, src, out, outtype, target_dir=None):
+    cmd = [sys.executable, os.path.join(lcpp, "convert_hf_to_gguf.py"), src, "--outfile", out, "--outtype", outtype]
+    if target_dir:
+        cmd += ["--target-model-dir", target_dir]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if p.returncode:
+        sys.stderr.write(f"{' '.join(cmd)} failed:\n{p.stderr[-4000:]}\n")
+        raise SystemExit(1)
+
+
+def read_gguf(path):
+    """(keys in order: name -> (types, value)), (tensors in order: name -> (type, shape, bytes))."""
+    import numpy as np
+    from gguf import GGUFReader
+    r = GGUFReader(path)
+    kv = {}
+    for f in r.fields.values():
+        if not f.name.startswith("GGUF."):
+            kv[f.name] = ([t.name for t in f.types], f.contents())
+    ts = {t.name: (t.tensor_type.name, [int(x) for x in t.shape], np.asarray(t.data).tobytes()) for t in r.tensors}
+    return kv, ts
+
+
+def compare(ck, ours_path, ref_path, what):
+    ours, ref = read_gguf(ours_path), read_gguf(ref_path)
+    ck.check(list(ours[0]) == list(ref[0]), f"{what}: key order differs:\n ours {list(ours[0])}\n ref  {list(ref[0])}")
+    for k in sorted(set(ours[0]) | set(ref[0])):
+        a, b = ours[0].get(k), ref[0].get(k)
+        ck.check(a == b, f"{what}: key {k}: ours {str(a)[:200]}, llama.cpp's converter {str(b)[:200]}")
+    ck.check(list(ours[1]) == list(ref[1]), f"{what}: tensor order differs:\n ours {list(ours[1])}\n ref  {list(ref[1])}")
+    for k in sorted(set(ours[1]) | set(ref[1])):
+        a, b = ours[1].get(k), ref[1].get(k)
+        ck.check(a is not None and b is not None and a[:2] == b[:2] and a[2] == b[2],
+                 f"{what}: tensor {k}: ours {a and a[:2]}, llama.cpp's converter {b and b[:2]}"
+                 + ("" if a is None or b is None or a[:2] != b[:2] else " (bytes differ)"))
+    return ours
+
+
+def main():
+    args = common.parse_args(__doc__)
+    tmp, dspark = args.tmp, args.dspark
+    lcpp = llama_cpp_dir()
+    if not lcpp:
+        skip(f"llama.cpp's source (llama-cpp-python {VERSION}) is not set up: run scripts/setup_llama_cpp.sh")
+    smol = os.path.join(os.environ.get("DSPARK_MODELS", os.path.expanduser("~/.cache/dspark/models")),
+                        "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if not os.path.isfile(smol):
+        skip(f"{smol} (its tokenizer) is not set up: run scripts/setup.sh")
+    sys.path.insert(0, os.path.join(lcpp, "gguf-py"))
+    ck = common.Checker()
+    env = converter_env(lcpp, tmp)
+
+    def fresh(*parts):
+        d = os.path.join(tmp, *parts)
+        shutil.rmtree(d, ignore_errors=True)
+        if os.path.isfile(d):
+            os.remove(d)
+        return d
+
+    # ---- the target: tiny Llama weights, SmolLM2's tokenizer, and its GGUF by llama.cpp's converter
+    smol_dir = os.path.join(tmp, "smollm2")
+    if not os.path.isfile(os.path.join(smol_dir, "tokenizer.json")):
+        common.run([dspark, "convert", smol, "--out", fresh("smollm2")])
+    target = fresh("target")
+    common.build_tiny_model("llama", target, seed=3, vocab_size=49152, hidden_size=64, intermediate_size=128,
+                            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, tied=True,
+                            bos_token_id=1, eos_token_id=2)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(smol_dir, f), target)
+    target_gguf = os.path.join(tmp, "target.gguf")
+    convert(lcpp, env, target, target_gguf, "f32")
+    data = common.stdlib_text(os.path.join(tmp, "text.txt"), 0, 3)
+    base = [dspark, "train", "--target", target, "--data", data, "--steps", "2", "--seq-len", "64", "--num-anchors", "8",
+            "--batch-seqs", "1", "--eval-seqs", "1", "--eval-every", "0", "--threads", "2", "--overwrite"]
+
+    # ---- drafts: each run directory is named "draft", as is its HF export (general.name)
+    runs = {
+        "full": ["--block-size", "4", "--markov-rank", "16", "--target-layers", "2"],
+        "reduced": ["--block-size", "3", "--markov-rank", "8", "--target-layer-ids", "0,2", "--draft-vocab", "256",
+                    "--confidence-no-markov"],
+    }
+    dtypes = {"full": ["f16", "f32"], "reduced": ["bf16"]}
+    for name, opts in runs.items():
+        run = fresh(f"run-{name}", "draft")
+        common.run(base + ["--out", run] + opts)
+        hf = fresh(f"hf-{name}", "draft")
+        common.run([dspark, "export", run, "--out", hf])
+        for dt in dtypes[name]:
+            ours, ref = os.path.join(tmp, f"ours-{name}-{dt}.gguf"), os.path.join(tmp, f"ref-{name}-{dt}.gguf")
+            common.run([dspark, "export", run, "--gguf", ours, "--target", target_gguf, "--dtype", dt])
+            convert(lcpp, env, hf, ref, dt, target_dir=target)
+            kv, ts = compare(ck, ours, ref, f"{name} draft, {dt}")
+            print(f"{name} draft, {dt}: {len(kv)} keys, {len(ts)} tensors compared", flush=True)
+        # our own reader takes what we write (and stops at the architecture, which is no target's)
+        _, err, _ = common.run([dspark, "info", ours], expect_rc=1)
+        ck.check("general.architecture 'dflash'" in err, f"dspark info on our GGUF: {err}")
+    kv, ts = read_gguf(os.path.join(tmp, "ours-reduced-bf16.gguf"))
+    ck.check("d2t" in ts and ts["d2t"][0] == "I64" and "output.weight" in ts and "token_embd.weight" in ts,
+             f"reduced draft: tensors {list(ts)}")
+    ck.check(kv["dflash.target_layers"][1] == [1, 3] and kv["dflash.block_size"][1] == 3
+             and kv["dflash.has_confidence_head"][1] is True, "reduced draft: dflash keys")
+    kv, ts = read_gguf(os.path.join(tmp, "ours-full-f16.gguf"))
+    ck.check("output.weight" not in ts and "d2t" not in ts and ts["conf_proj.weight"][1] == [80, 1],
+             f"full draft: {list(ts)}")
+
+    # ---- refusals
+    gated = fresh("run-gated", "draft")
+    common.run(base + ["--out", gated, "--block-size", "4", "--markov-rank", "8", "--markov", "gated",
+                       "--steps", "1"])
+    _, err, _ = common.run([dspark, "export", gated, "--gguf", os.path.join(tmp, "gated.gguf"), "--target",
+                            target_gguf], expect_rc=1)
+    ck.check("llama.cpp" in err and "vanilla" in err and not os.path.exists(os.path.join(tmp, "gated.gguf")),
+             f"a gated draft: {err}")
+    run = os.path.join(tmp, "run-full", "draft")
+    for out in (target_gguf, os.path.join(run, "x.gguf")):
+        _, err, _ = common.run([dspark, "export", run, "--gguf", out, "--target", target_gguf], expect_rc=2)
+        ck.check("refusing to overwrite an input" in err, f"--gguf {out}: {err}")
+    _, err, _ = common.run([dspark, "export", run, "--gguf", os.path.join(tmp, "x.gguf")], expect_rc=2)
+    ck.check("--target" in err, f"--gguf with an HF-directory target recorded: {err}")
+    ck.finish("test_gguf_draft")
+
+
+if __name__ == "__main__":
+    main()
