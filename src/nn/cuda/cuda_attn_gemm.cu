@@ -65,8 +65,9 @@ __global__ void block_dots_kernel(float *S, int64_t ld, int64_t Lc, const float 
 }
 
 /* Row w = (h, r) of S [H, R, ld]: P = softmax over the seen columns (col_seen, nv = min(vis[r],
- * Lc)), 0 on the other columns of 0 .. Lc+g-1; in place, and rounded to bf16 into P16 [H, R,
- * ld] when non-NULL; lse[row[r] * H + h] = log-sum-exp when lse != NULL. A dropped row (vis <
+ * Lc)), 0 on the other columns of 0 .. Lc+g-1; in place, or, when P16 [H, R, ld] is non-NULL,
+ * rounded to bf16 there and in place only on the block keys' columns (the only fp32 ones read
+ * after: less memory traffic); lse[row[r] * H + h] = log-sum-exp when lse != NULL. A dropped row (vis <
  * 0) or one that sees nothing: P = 0, lse = -inf. One warp per row: each lane keeps an online
  * max and sum, then a butterfly combines them (commutative steps: every lane gets the same bits). */
 __global__ void softmax_kernel(float *S, __nv_bfloat16 *P16, int64_t ld, int64_t Lc, int64_t g,
@@ -97,7 +98,7 @@ __global__ void softmax_kernel(float *S, __nv_bfloat16 *P16, int64_t ld, int64_t
     float inv = l > 0.0f ? 1.0f / l : 0.0f;
     for (int64_t c = lane; c < n; c += 32) {
       float p = l > 0.0f && col_seen(c, nv, Lc) ? expf(s[c] - m) * inv : 0.0f;
-      s[c] = p;
+      if (!P16 || c >= Lc) s[c] = p;
       if (P16) P16[w * ld + c] = __float2bfloat16_rn(p);
     }
     if (lse && lane == 0) lse[row[r] * H + w / R] = l > 0.0f ? m + logf(l) : -INFINITY;
@@ -105,8 +106,9 @@ __global__ void softmax_kernel(float *S, __nv_bfloat16 *P16, int64_t ld, int64_t
 }
 
 /* Row w = (h, r), the backward: on the seen columns P = exp(S - lse[row[r], h]) and dS = P * (dP -
- * D[row[r], h]), 0 elsewhere (of 0 .. Lc+g-1). P over S, dS over dP, bf16 copies into P16 / dS16
- * when non-NULL (all [H, R, ld]). One warp per row. */
+ * D[row[r], h]), 0 elsewhere (of 0 .. Lc+g-1). P over S and dS over dP, or, when P16 and dS16
+ * are non-NULL, rounded to bf16 there and over S / dP only on the block keys' columns (all
+ * [H, R, ld]). One warp per row. */
 __global__ void dsoftmax_kernel(float *S, float *dP, __nv_bfloat16 *P16, __nv_bfloat16 *dS16, int64_t ld,
                                 int64_t Lc, int64_t g, const int64_t *row, const int64_t *vis, const float *lse,
                                 const float *D, int64_t R, int64_t H) {
@@ -120,10 +122,14 @@ __global__ void dsoftmax_kernel(float *S, float *dP, __nv_bfloat16 *P16, __nv_bf
       int64_t i = w * ld + c;
       float p = live && col_seen(c, nv, Lc) ? expf(S[i] - row_lse) : 0.0f;
       float ds = p == 0.0f ? 0.0f : p * (dP[i] - row_d);
-      S[i] = p;
-      dP[i] = ds;
-      if (P16) P16[i] = __float2bfloat16_rn(p);
-      if (dS16) dS16[i] = __float2bfloat16_rn(ds);
+      if (!P16 || c >= Lc) {
+        S[i] = p;
+        dP[i] = ds;
+      }
+      if (P16) {
+        P16[i] = __float2bfloat16_rn(p);
+        dS16[i] = __float2bfloat16_rn(ds);
+      }
     }
   }
 }
