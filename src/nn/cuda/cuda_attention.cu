@@ -1,8 +1,9 @@
 /* Causal attention entries of the CUDA backend: against a KV cache (decode, prefill) and over
- * packed sequences (training: forward with lse, backward). Each sequence is cut into chunks
- * of consecutive query rows that run through the GEMM path (cuda_attn_gemm.cu); a chunk's
- * keys are the sequence's 0 .. last row's position, its rows see causal prefixes of them. A
- * handful of decode queries over a short cache run the flash kernel (cuda_flash.cu) instead.
+ * packed sequences (training: forward with lse, backward), on the GEMM path
+ * (cuda_attn_gemm.cu). A long sequence is cut into chunks of consecutive query rows whose keys
+ * are the sequence's 0 .. the chunk's last row, each row seeing its causal prefix; consecutive
+ * short sequences share one chunk, each row masked to its own sequence. A handful of decode
+ * queries over a short cache run the flash kernel (cuda_flash.cu) instead.
  * seq_off is host memory (include/dspark/backend.h), so the chunks are planned here on the
  * host. Contracts in include/dspark/backend.h. */
 #include <stdlib.h>
@@ -32,36 +33,71 @@ int64_t causal_chunk_rows(int64_t first_keys, int64_t left, int64_t n_heads, int
   return cq;
 }
 
-/* The chunks' row[] and vis[] of every query row, uploaded as one array [2 * rows]: row[i] = i,
- * vis[i] = keys row i sees (first_vis[s] + its index in sequence s). Returns the device copy. */
-const int64_t *upload_causal_rows(const int64_t *seq_off, int64_t n_seqs, int64_t first_vis) {
-  int64_t rows = seq_off[n_seqs];
-  int64_t *h = (int64_t *)ds_cuda_host_array((size_t)(2 * rows), sizeof(int64_t), "causal attention rows");
-  for (int64_t s = 0; s < n_seqs; s++)
-    for (int64_t i = seq_off[s]; i < seq_off[s + 1]; i++) {
-      h[i] = i;
-      h[rows + i] = first_vis + (i - seq_off[s]);
-    }
-  const int64_t *d = (const int64_t *)ds_cuda_upload(DS_CUDA_SLOT_INDEX, h, (size_t)(2 * rows) * sizeof(int64_t));
-  free(h);
-  return d;
-}
+/* Rows whose chunks share one key range starting at their first row: sequences s0 .. s1-1.
+ * packed: several short sequences (or one) that fit one chunk together, each row masked to
+ * its own sequence's keys (the block diagonal's other products are wasted, as a long
+ * sequence's masked triangle is, but many short sequences take one chunk's launches, not one
+ * each); else a single sequence cut into causal chunks. */
+struct span {
+  int64_t s0, s1, first, len;
+  int packed;
+};
 
 void check_seq_off(const int64_t *seq_off, int64_t n_seqs) {
   DS_CHECK(seq_off[0] == 0);
   for (int64_t s = 0; s < n_seqs; s++) DS_CHECK(seq_off[s + 1] >= seq_off[s]);
 }
 
-/* Query rows q0 .. of one sequence (global rows first + q0 ..) as chunks of the GEMM path, in
- * order; keys are the sequence's (k, v views at its key 0), past of them before its row 0. */
+/* The spans of the packed sequences in order (past cached keys before row 0: decode). */
+span *plan_spans(const int64_t *seq_off, int64_t n_seqs, int64_t past, int64_t n_heads, int64_t hd,
+                 int64_t elem_bytes, int64_t *n_spans) {
+  span *sp = (span *)ds_cuda_host_array((size_t)n_seqs, sizeof(span), "causal attention spans");
+  int64_t budget = ds_attn_score_budget(), n = 0;
+  for (int64_t s = 0; s < n_seqs;) {
+    int64_t s0 = s, total = 0;
+    for (; s < n_seqs; s++) {
+      int64_t t = total + seq_off[s + 1] - seq_off[s];
+      if (t > kCausalRows || n_heads * t * ds_attn_ld(past + t, 0) * elem_bytes > budget ||
+          n_heads * t * hd * (int64_t)sizeof(float) > DS_ATTN_ROW_BYTES)
+        break;
+      total = t;
+    }
+    if (s == s0) { /* this sequence alone is too long for one chunk */
+      sp[n++] = span{s0, s0 + 1, seq_off[s0], seq_off[s0 + 1] - seq_off[s0], 0};
+      s++;
+    } else if (total > 0) {
+      sp[n++] = span{s0, s, seq_off[s0], total, 1};
+    }
+  }
+  *n_spans = n;
+  return sp;
+}
+
+/* The chunks' row[], lo[] and vis[] of every query row, uploaded as one array [3 * rows]: row[i]
+ * = i; its visible keys, counted from its span's first row (key 0 of its chunks), are its own
+ * sequence's from lo[i] up to itself, vis[i] - 1 (past more in decode). Returns the device copy. */
+const int64_t *upload_rows(const int64_t *seq_off, const span *sp, int64_t n_spans, int64_t rows, int64_t past) {
+  int64_t *h = (int64_t *)ds_cuda_host_array((size_t)(3 * rows), sizeof(int64_t), "causal attention rows");
+  for (int64_t k = 0; k < n_spans; k++)
+    for (int64_t s = sp[k].s0; s < sp[k].s1; s++)
+      for (int64_t i = seq_off[s]; i < seq_off[s + 1]; i++) {
+        h[i] = i;
+        h[rows + i] = seq_off[s] - sp[k].first;
+        h[2 * rows + i] = past + i - sp[k].first + 1;
+      }
+  const int64_t *d = (const int64_t *)ds_cuda_upload(DS_CUDA_SLOT_INDEX, h, (size_t)(3 * rows) * sizeof(int64_t));
+  free(h);
+  return d;
+}
+
+/* The chunks of one span in order; k, v: views at the span's key 0. */
 template <class Run>
-void causal_chunks(const int64_t *dev_rows, int64_t total_rows, int64_t first, int64_t len, int64_t past,
-                   const ds_attn_keys &k, const ds_attn_keys &v, int64_t n_heads, int64_t hd, int64_t elem_bytes,
-                   Run run) {
-  for (int64_t q0 = 0; q0 < len;) {
-    int64_t cq = causal_chunk_rows(past + q0 + 1, len - q0, n_heads, hd, elem_bytes);
-    ds_attn_chunk c = {dev_rows + first + q0, dev_rows + total_rows + first + q0, cq, k, v, past + q0 + cq,
-                       NULL, NULL};
+void span_chunks(const int64_t *dev, int64_t rows, const span &sp, int64_t past, const ds_attn_keys &k,
+                 const ds_attn_keys &v, int64_t n_heads, int64_t hd, int64_t elem_bytes, Run run) {
+  for (int64_t q0 = 0; q0 < sp.len;) {
+    int64_t cq = sp.packed ? sp.len : causal_chunk_rows(past + q0 + 1, sp.len - q0, n_heads, hd, elem_bytes);
+    int64_t i0 = sp.first + q0;
+    ds_attn_chunk c = {dev + i0, dev + rows + i0, dev + 2 * rows + i0, cq, k, v, past + q0 + cq, NULL, NULL};
     run(c);
     q0 += cq;
   }
@@ -109,17 +145,19 @@ void ds_cuda_attention_causal(float *out, const float *q, int64_t q_stride, cons
     decode_flash(out, q, q_stride, k, v, n, past, cap, n_heads, n_kv_heads, head_dim, scale);
     return;
   }
-  int64_t seq_off[2] = {0, n};
-  const int64_t *dev_rows = upload_causal_rows(seq_off, 1, past + 1);
   ds_attn_job j = train_job(q, n_heads, n_kv_heads, head_dim, scale);
   j.q_stride = q_stride;
   j.out = out;
+  int64_t seq_off[2] = {0, n}, n_spans = 0, eb = ds_attn_score_elem_bytes(j.bf16, 0);
+  span *sp = plan_spans(seq_off, 1, past, n_heads, head_dim, eb, &n_spans);
+  const int64_t *dev = upload_rows(seq_off, sp, n_spans, n, past);
   ds_attn_keys kk = ds_attn_keys_ready(k, past + n, head_dim, cap * head_dim, n_kv_heads, head_dim, j.bf16,
                                        DS_CUDA_SLOT_ATTN_K16);
   ds_attn_keys vv = ds_attn_keys_ready(v, past + n, head_dim, cap * head_dim, n_kv_heads, head_dim, j.bf16,
                                        DS_CUDA_SLOT_ATTN_V16);
-  causal_chunks(dev_rows, n, 0, n, past, kk, vv, n_heads, head_dim, ds_attn_score_elem_bytes(j.bf16, 0),
-                [&](const ds_attn_chunk &c) { ds_attn_gemm_forward(&j, &c); });
+  span_chunks(dev, n, sp[0], past, kk, vv, n_heads, head_dim, eb,
+              [&](const ds_attn_chunk &c) { ds_attn_gemm_forward(&j, &c); });
+  free(sp);
 }
 
 void ds_cuda_attention_causal_train(float *out, float *lse, const float *q, const float *k, const float *v,
@@ -130,20 +168,21 @@ void ds_cuda_attention_causal_train(float *out, float *lse, const float *q, cons
   DS_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0);
   int64_t rows = seq_off[n_seqs], kvs = n_kv_heads * head_dim;
   if (rows == 0) return;
-  const int64_t *dev_rows = upload_causal_rows(seq_off, n_seqs, 1);
   ds_attn_job j = train_job(q, n_heads, n_kv_heads, head_dim, scale);
   j.out = out;
   j.lse = lse;
-  for (int64_t s = 0; s < n_seqs; s++) {
-    int64_t first = seq_off[s], len = seq_off[s + 1] - first;
-    if (len == 0) continue;
-    ds_attn_keys kk = ds_attn_keys_ready(k + first * kvs, len, kvs, head_dim, n_kv_heads, head_dim, j.bf16,
-                                         DS_CUDA_SLOT_ATTN_K16);
-    ds_attn_keys vv = ds_attn_keys_ready(v + first * kvs, len, kvs, head_dim, n_kv_heads, head_dim, j.bf16,
-                                         DS_CUDA_SLOT_ATTN_V16);
-    causal_chunks(dev_rows, rows, first, len, 0, kk, vv, n_heads, head_dim, ds_attn_score_elem_bytes(j.bf16, 0),
-                  [&](const ds_attn_chunk &c) { ds_attn_gemm_forward(&j, &c); });
+  int64_t n_spans = 0, eb = ds_attn_score_elem_bytes(j.bf16, 0);
+  span *sp = plan_spans(seq_off, n_seqs, 0, n_heads, head_dim, eb, &n_spans);
+  const int64_t *dev = upload_rows(seq_off, sp, n_spans, rows, 0);
+  for (int64_t i = 0; i < n_spans; i++) {
+    ds_attn_keys kk = ds_attn_keys_ready(k + sp[i].first * kvs, sp[i].len, kvs, head_dim, n_kv_heads, head_dim,
+                                         j.bf16, DS_CUDA_SLOT_ATTN_K16);
+    ds_attn_keys vv = ds_attn_keys_ready(v + sp[i].first * kvs, sp[i].len, kvs, head_dim, n_kv_heads, head_dim,
+                                         j.bf16, DS_CUDA_SLOT_ATTN_V16);
+    span_chunks(dev, rows, sp[i], 0, kk, vv, n_heads, head_dim, eb,
+                [&](const ds_attn_chunk &c) { ds_attn_gemm_forward(&j, &c); });
   }
+  free(sp);
 }
 
 void ds_cuda_attention_causal_train_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
@@ -160,19 +199,20 @@ void ds_cuda_attention_causal_train_backward(float *dq, float *dk, float *dv, co
   j.lse_in = lse;
   j.D = ds_cuda_attn_rowsum(dout, out, rows, n_heads, head_dim);
   j.dq = dq;
-  const int64_t *dev_rows = upload_causal_rows(seq_off, n_seqs, 1);
-  for (int64_t s = 0; s < n_seqs; s++) {
-    int64_t first = seq_off[s], len = seq_off[s + 1] - first;
-    if (len == 0) continue;
-    ds_attn_keys kk = ds_attn_keys_ready(k + first * kvs, len, kvs, head_dim, n_kv_heads, head_dim, j.bf16,
+  int64_t n_spans = 0, eb = ds_attn_score_elem_bytes(j.bf16, 1);
+  span *sp = plan_spans(seq_off, n_seqs, 0, n_heads, head_dim, eb, &n_spans);
+  const int64_t *dev = upload_rows(seq_off, sp, n_spans, rows, 0);
+  for (int64_t i = 0; i < n_spans; i++) {
+    int64_t first = sp[i].first;
+    ds_attn_keys kk = ds_attn_keys_ready(k + first * kvs, sp[i].len, kvs, head_dim, n_kv_heads, head_dim, j.bf16,
                                          DS_CUDA_SLOT_ATTN_K16);
-    ds_attn_keys vv = ds_attn_keys_ready(v + first * kvs, len, kvs, head_dim, n_kv_heads, head_dim, j.bf16,
+    ds_attn_keys vv = ds_attn_keys_ready(v + first * kvs, sp[i].len, kvs, head_dim, n_kv_heads, head_dim, j.bf16,
                                          DS_CUDA_SLOT_ATTN_V16);
-    causal_chunks(dev_rows, rows, first, len, 0, kk, vv, n_heads, head_dim, ds_attn_score_elem_bytes(j.bf16, 1),
-                  [&](ds_attn_chunk c) {
-                    c.dk = dk ? dk + first * kvs : NULL;
-                    c.dv = dv ? dv + first * kvs : NULL;
-                    ds_attn_gemm_backward(&j, &c);
-                  });
+    span_chunks(dev, rows, sp[i], 0, kk, vv, n_heads, head_dim, eb, [&](ds_attn_chunk c) {
+      c.dk = dk ? dk + first * kvs : NULL;
+      c.dv = dv ? dv + first * kvs : NULL;
+      ds_attn_gemm_backward(&j, &c);
+    });
   }
+  free(sp);
 }

@@ -24,9 +24,9 @@ __device__ float warp_sum(float v) {
   return v;
 }
 
-/* Column c of a chunk's score row is seen when it is a visible context key (c < nv) or one of
- * the block's own keys (c >= Lc). */
-__device__ bool col_seen(int64_t c, int64_t nv, int64_t Lc) { return c < nv || c >= Lc; }
+/* Column c of a chunk's score row is seen when it is a visible context key (lo <= c < nv) or
+ * one of the block's own keys (c >= Lc). */
+__device__ bool col_seen(int64_t c, int64_t lo, int64_t nv, int64_t Lc) { return (c >= lo && c < nv) || c >= Lc; }
 
 /* dst[h, r, e] (dt: F32, or BF16 rounded to nearest even) = src[row(r) * row_stride + h *
  * head_stride + e], row(r) = row ? row[r] : r.  dst [H, R, hd]. */
@@ -64,22 +64,23 @@ __global__ void block_dots_kernel(float *S, int64_t ld, int64_t Lc, const float 
   }
 }
 
-/* Row w = (h, r) of S [H, R, ld]: P = softmax over the seen columns (col_seen, nv = min(vis[r],
- * Lc)), 0 on the other columns of 0 .. Lc+g-1; in place, or, when P16 [H, R, ld] is non-NULL,
+/* Row w = (h, r) of S [H, R, ld]: P = softmax over the seen columns (col_seen, lo = lo[r] or 0
+ * when lo is NULL, nv = min(vis[r], Lc)), 0 on the other columns of 0 .. Lc+g-1; in place, or, when P16 [H, R, ld] is non-NULL,
  * rounded to bf16 there and in place only on the block keys' columns (the only fp32 ones read
  * after: less memory traffic); lse[row[r] * H + h] = log-sum-exp when lse != NULL. A dropped row (vis <
  * 0) or one that sees nothing: P = 0, lse = -inf. One warp per row: each lane keeps an online
  * max and sum, then a butterfly combines them (commutative steps: every lane gets the same bits). */
 __global__ void softmax_kernel(float *S, __nv_bfloat16 *P16, int64_t ld, int64_t Lc, int64_t g,
-                               const int64_t *row, const int64_t *vis, float *lse, int64_t R, int64_t H) {
+                               const int64_t *row, const int64_t *lo, const int64_t *vis, float *lse, int64_t R,
+                               int64_t H) {
   int lane = threadIdx.x & 31;
   int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5), n = Lc + g;
   for (int64_t w = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5); w < H * R; w += warps) {
-    int64_t r = w % R, nv = vis[r] < Lc ? vis[r] : Lc;
+    int64_t r = w % R, nv = vis[r] < Lc ? vis[r] : Lc, lo_r = lo ? lo[r] : 0;
     float *s = S + w * ld, m = -INFINITY, l = 0.0f;
     if (vis[r] >= 0) { /* uniform over the warp */
       for (int64_t c = lane; c < n; c += 32) {
-        if (!col_seen(c, nv, Lc)) continue;
+        if (!col_seen(c, lo_r, nv, Lc)) continue;
         float x = s[c];
         if (x > m) {
           l = l * expf(m - x) + 1.0f; /* m = -inf at first: l = 0 * 0 + 1 */
@@ -97,7 +98,7 @@ __global__ void softmax_kernel(float *S, __nv_bfloat16 *P16, int64_t ld, int64_t
     }
     float inv = l > 0.0f ? 1.0f / l : 0.0f;
     for (int64_t c = lane; c < n; c += 32) {
-      float p = l > 0.0f && col_seen(c, nv, Lc) ? expf(s[c] - m) * inv : 0.0f;
+      float p = l > 0.0f && col_seen(c, lo_r, nv, Lc) ? expf(s[c] - m) * inv : 0.0f;
       if (!P16 || c >= Lc) s[c] = p;
       if (P16) P16[w * ld + c] = __float2bfloat16_rn(p);
     }
@@ -110,17 +111,17 @@ __global__ void softmax_kernel(float *S, __nv_bfloat16 *P16, int64_t ld, int64_t
  * are non-NULL, rounded to bf16 there and over S / dP only on the block keys' columns (all
  * [H, R, ld]). One warp per row. */
 __global__ void dsoftmax_kernel(float *S, float *dP, __nv_bfloat16 *P16, __nv_bfloat16 *dS16, int64_t ld,
-                                int64_t Lc, int64_t g, const int64_t *row, const int64_t *vis, const float *lse,
-                                const float *D, int64_t R, int64_t H) {
+                                int64_t Lc, int64_t g, const int64_t *row, const int64_t *lo, const int64_t *vis,
+                                const float *lse, const float *D, int64_t R, int64_t H) {
   int lane = threadIdx.x & 31;
   int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5), n = Lc + g;
   for (int64_t w = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5); w < H * R; w += warps) {
-    int64_t r = w % R, h = w / R, nv = vis[r] < Lc ? vis[r] : Lc;
+    int64_t r = w % R, h = w / R, nv = vis[r] < Lc ? vis[r] : Lc, lo_r = lo ? lo[r] : 0;
     float row_lse = lse[row[r] * H + h], row_d = D[row[r] * H + h];
     bool live = vis[r] >= 0 && row_lse != -INFINITY;
     for (int64_t c = lane; c < n; c += 32) {
       int64_t i = w * ld + c;
-      float p = live && col_seen(c, nv, Lc) ? expf(S[i] - row_lse) : 0.0f;
+      float p = live && col_seen(c, lo_r, nv, Lc) ? expf(S[i] - row_lse) : 0.0f;
       float ds = p == 0.0f ? 0.0f : p * (dP[i] - row_d);
       if (!P16 || c >= Lc) {
         S[i] = p;
@@ -299,8 +300,8 @@ void ds_attn_gemm_forward(const ds_attn_job *j, const ds_attn_chunk *c) {
     gemm_batched(0, 1, gr, Lc, hd, j->scale, Qh, keys_mat(c->k), 0.0f, S, ld, gr * ld, j->n_kv);
   }
   if (j->g > 0) block_dots(S, ld, Lc, j->q, j->q_stride, j->kb, j->scale, j, c);
-  softmax_kernel<<<warp_blocks(H * R), kThreads, 0, DS_CUDA_STREAM>>>(S, P16, ld, Lc, j->g, c->row, c->vis, j->lse,
-                                                                     R, H);
+  softmax_kernel<<<warp_blocks(H * R), kThreads, 0, DS_CUDA_STREAM>>>(S, P16, ld, Lc, j->g, c->row, c->lo, c->vis,
+                                                                     j->lse, R, H);
   DS_CUDA_LAUNCHED("softmax_kernel");
   float *Oh = NULL;
   if (Lc > 0) {
@@ -334,8 +335,8 @@ void ds_attn_gemm_backward(const ds_attn_job *j, const ds_attn_chunk *c) {
     block_dots(S, ld, Lc, j->q, j->q_stride, j->kb, j->scale, j, c);
     block_dots(dP, ld, Lc, j->dout, H * hd, j->vb, 1.0f, j, c);
   }
-  dsoftmax_kernel<<<warp_blocks(H * R), kThreads, 0, DS_CUDA_STREAM>>>(S, dP, P16, dS16, ld, Lc, j->g, c->row, c->vis,
-                                                                      j->lse_in, j->D, R, H);
+  dsoftmax_kernel<<<warp_blocks(H * R), kThreads, 0, DS_CUDA_STREAM>>>(S, dP, P16, dS16, ld, Lc, j->g, c->row, c->lo,
+                                                                      c->vis, j->lse_in, j->D, R, H);
   DS_CUDA_LAUNCHED("dsoftmax_kernel");
   /* the GEMMs read P and dS in their dtype; the block keys' part reads the fp32 ones */
   mat P = {P16 ? (const void *)P16 : (const void *)S, dt, ld, gr * ld};

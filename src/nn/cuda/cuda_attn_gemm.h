@@ -4,9 +4,9 @@
  * kernels for the masked softmax (lse saved), dS = P * (dP - D) and the gather / scatter of
  * rows. Not a public header.
  *
- * A chunk is R query rows that share one range of context keys 0 .. Lc-1 (each row r sees the
- * first vis[r] of them: a causal prefix or a block's ctx_len; vis < 0 marks a dropped block's
- * row) and, when g > 0, the g keys of its own block (block attention). Its queries are gathered
+ * A chunk is R query rows that share one range of context keys 0 .. Lc-1 (each row r sees keys
+ * lo[r] .. vis[r]-1 of them: a causal prefix, or its own sequence's part of several short ones
+ * packed in one chunk, or a block's ctx_len; vis < 0 marks a dropped block's row) and, when g > 0, the g keys of its own block (block attention). Its queries are gathered
  * head-major, Qh [n_heads, R, hd], so that the n_heads / n_kv_heads query heads of one kv head
  * are one [group * R, hd] matrix: every product is one GEMM batched over the kv heads (GQA
  * needs no loop). Scores S [n_heads, R, ld] with ld >= Lc + g: columns 0 .. Lc-1 the context
@@ -75,9 +75,10 @@ struct ds_attn_job {
   int64_t dk_row, dk_head; /* the context keys' gradient layout (as the fp32 keys) */
 };
 
-/* One chunk: device arrays row[R] (global query rows) and vis[R] (context keys seen). */
+/* One chunk: device arrays row[R] (global query rows), lo[R] and vis[R] (context keys seen:
+ * lo .. vis-1; lo NULL: from 0). */
 struct ds_attn_chunk {
-  const int64_t *row, *vis;
+  const int64_t *row, *lo, *vis;
   int64_t R;
   ds_attn_keys k, v; /* key 0 of the chunk's context */
   int64_t Lc;        /* context keys 0 .. Lc-1 (>= every vis) */

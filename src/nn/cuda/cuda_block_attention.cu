@@ -74,7 +74,7 @@ void block_chunks(const block_plan &p, int64_t g, int64_t n_heads, int64_t hd, i
         break;
     }
     int64_t Lc = p.order[i + nb - 1].ctx > 0 ? p.order[i + nb - 1].ctx : 0;
-    ds_attn_chunk c = {p.dev + i * g, p.dev + rows + i * g, nb * g, k, v, Lc, NULL, NULL};
+    ds_attn_chunk c = {p.dev + i * g, NULL, p.dev + rows + i * g, nb * g, k, v, Lc, NULL, NULL};
     run(c);
     i += nb;
   }
