@@ -8,8 +8,11 @@
  * matmuls only: linear 2*n*in*out, its backward (dx and dw) twice that; attention 4*head_dim
  * per visible (query, key, head) forward and 10*head_dim backward (bench_block_attention.c).
  * The attentions run in both modes too (bf16: their GEMMs on bf16 inputs), attention_causal
- * against a KV cache at decode (1 query), verify (8) and prefill (2048) shapes.
+ * against a KV cache at decode (1 query), verify (8) and prefill (2048) shapes; the few-query
+ * shapes twice, on the flash kernel and on the GEMM path (DSPARK_CUDA_ATTN_FLASH_KEYS forces
+ * one: the threshold between them in src/nn/cuda/cuda_attention.cu is set from these rows).
  * Exits 2 without a CUDA backend (a build without DSPARK_CUDA, or no device). */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -79,7 +82,8 @@ static void bench_linear(int reps) {
   ds_cuda_set_bf16_gemm(0);
 }
 
-/* attention_causal: n new queries after past cached keys, cache [KV, cap, hd]. */
+/* attention_causal: n new queries after past cached keys, cache [KV, cap, hd]; with few
+ * queries once per path ("[flash]" / "[gemm]" in the shape). */
 static void bench_decode(int reps, const char *mode) {
   const int64_t H = 32, KV = 8, hd = 128, cap = 4096;
   const float scale = 0.08838834764831845f;
@@ -89,11 +93,16 @@ static void bench_decode(int reps, const char *mode) {
   for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
     int64_t n = cases[c][0], past = cases[c][1];
     double pairs = (double)H * ((double)n * (double)past + (double)n * (double)(n + 1) / 2), sec;
-    char shape[96];
-    snprintf(shape, sizeof shape, "%lld new after %lld cached, heads %lld/%lld, hd %lld", (long long)n,
-             (long long)past, (long long)H, (long long)KV, (long long)hd);
-    TIME_IT(reps, sec, g->attention_causal(o, q, H * hd, k, v, n, past, cap, H, KV, hd, scale));
-    report("attention_causal", mode, shape, sec, 4.0 * (double)hd * pairs);
+    for (int path = 0; path < (n <= 16 ? 2 : 1); path++) {
+      const char *tag = n > 16 ? "" : path ? " [gemm]" : " [flash]";
+      if (n <= 16) setenv("DSPARK_CUDA_ATTN_FLASH_KEYS", path ? "0" : "1000000000", 1);
+      char shape[112];
+      snprintf(shape, sizeof shape, "%lld new after %lld cached, heads %lld/%lld, hd %lld%s", (long long)n,
+               (long long)past, (long long)H, (long long)KV, (long long)hd, tag);
+      TIME_IT(reps, sec, g->attention_causal(o, q, H * hd, k, v, n, past, cap, H, KV, hd, scale));
+      report("attention_causal", mode, shape, sec, 4.0 * (double)hd * pairs);
+      unsetenv("DSPARK_CUDA_ATTN_FLASH_KEYS");
+    }
   }
   g->free(k), g->free(v), g->free(q), g->free(o);
 }

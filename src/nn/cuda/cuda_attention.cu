@@ -17,10 +17,18 @@ namespace {
  * masked upper triangle of a chunk's own rows is wasted work; at 256 rows a 2048-token
  * sequence wastes 1/8 of the products, and a GEMM of 256 * group rows still fills the GPU. */
 constexpr int64_t kCausalRows = 256;
-/* attention_causal takes the flash kernel up to this many queries over this many keys (past +
- * n): below it the GEMM path is mostly launch overhead. Estimated, not measured: the flash
- * kernel streams the keys through one warp per query row. */
+/* attention_causal takes the flash kernel up to this many queries over up to flash_max_keys()
+ * keys (past + n): there the GEMM path is mostly launch overhead, while the flash kernel
+ * streams the keys through one warp per query row, slow on a long cache. Estimated, not
+ * measured yet (bench_cuda_kernels times both paths). */
 constexpr int64_t kFlashMaxQueries = 16, kFlashMaxKeys = 512;
+
+/* kFlashMaxKeys, or DSPARK_CUDA_ATTN_FLASH_KEYS from the environment (read per call; 0: never
+ * the flash kernel), for timing both paths at one shape. */
+int64_t flash_max_keys(void) {
+  const char *env = getenv("DSPARK_CUDA_ATTN_FLASH_KEYS");
+  return env && *env ? (int64_t)strtoll(env, NULL, 10) : kFlashMaxKeys;
+}
 
 /* Rows of the chunk starting at a query that sees `first_keys` keys, with `left` rows left:
  * halved until the scores (elem_bytes each, keys up to its last row) fit the budget and its
@@ -141,7 +149,7 @@ void ds_cuda_attention_causal(float *out, const float *q, int64_t q_stride, cons
                               float scale) {
   if (n == 0 || n_heads == 0) return;
   DS_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0 && past >= 0 && past + n <= cap);
-  if (n <= kFlashMaxQueries && past + n <= kFlashMaxKeys && head_dim <= DS_ATTN_MAX_HEAD_DIM) {
+  if (n <= kFlashMaxQueries && past + n <= flash_max_keys() && head_dim <= DS_ATTN_MAX_HEAD_DIM) {
     decode_flash(out, q, q_stride, k, v, n, past, cap, n_heads, n_kv_heads, head_dim, scale);
     return;
   }
