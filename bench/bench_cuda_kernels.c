@@ -7,7 +7,12 @@
  * (mean of reps after 2 warm-up calls, kernels synchronized), "tflops"}. Flops count the
  * matmuls only: linear 2*n*in*out, its backward (dx and dw) twice that; attention 4*head_dim
  * per visible (query, key, head) forward and 10*head_dim backward (bench_block_attention.c).
+ * The attentions run in both modes too (bf16: their GEMMs on bf16 inputs), attention_causal
+ * against a KV cache at decode (1 query), verify (8) and prefill (2048) shapes; the few-query
+ * shapes twice, on the flash kernel and on the GEMM path (DSPARK_CUDA_ATTN_FLASH_KEYS forces
+ * one: the threshold between them in src/nn/cuda/cuda_attention.cu is set from these rows).
  * Exits 2 without a CUDA backend (a build without DSPARK_CUDA, or no device). */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -77,7 +82,32 @@ static void bench_linear(int reps) {
   ds_cuda_set_bf16_gemm(0);
 }
 
-static void bench_attention(int reps) {
+/* attention_causal: n new queries after past cached keys, cache [KV, cap, hd]; with few
+ * queries once per path ("[flash]" / "[gemm]" in the shape). */
+static void bench_decode(int reps, const char *mode) {
+  const int64_t H = 32, KV = 8, hd = 128, cap = 4096;
+  const float scale = 0.08838834764831845f;
+  const int64_t cases[][2] = {{1, 2047}, {8, 2040}, {8, 200}, {2048, 0}}; /* {n, past} */
+  float *k = dev((size_t)(KV * cap * hd)), *v = dev((size_t)(KV * cap * hd));
+  float *q = dev((size_t)(2048 * H * hd)), *o = dev((size_t)(2048 * H * hd));
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    int64_t n = cases[c][0], past = cases[c][1];
+    double pairs = (double)H * ((double)n * (double)past + (double)n * (double)(n + 1) / 2), sec;
+    for (int path = 0; path < (n <= 16 ? 2 : 1); path++) {
+      const char *tag = n > 16 ? "" : path ? " [gemm]" : " [flash]";
+      if (n <= 16) setenv("DSPARK_CUDA_ATTN_FLASH_KEYS", path ? "0" : "1000000000", 1);
+      char shape[112];
+      snprintf(shape, sizeof shape, "%lld new after %lld cached, heads %lld/%lld, hd %lld%s", (long long)n,
+               (long long)past, (long long)H, (long long)KV, (long long)hd, tag);
+      TIME_IT(reps, sec, g->attention_causal(o, q, H * hd, k, v, n, past, cap, H, KV, hd, scale));
+      report("attention_causal", mode, shape, sec, 4.0 * (double)hd * pairs);
+      unsetenv("DSPARK_CUDA_ATTN_FLASH_KEYS");
+    }
+  }
+  g->free(k), g->free(v), g->free(q), g->free(o);
+}
+
+static void bench_attention(int reps, const char *mode) {
   const int64_t H = 32, KV = 8, hd = 128, L = 2048, n_seqs = 2;
   const float scale = 0.08838834764831845f; /* 1 / sqrt(128) */
   /* causal, whole sequences (target prefill, student training) */
@@ -90,10 +120,10 @@ static void bench_attention(int reps) {
   snprintf(shape, sizeof shape, "%lld seqs x %lld, heads %lld/%lld, hd %lld", (long long)n_seqs, (long long)L,
            (long long)H, (long long)KV, (long long)hd);
   TIME_IT(reps, sec, g->attention_causal_train(o, lse, q, k, v, off, n_seqs, H, KV, hd, scale));
-  report("attention_causal_train", "fp32", shape, sec, 4.0 * (double)hd * pairs);
+  report("attention_causal_train", mode, shape, sec, 4.0 * (double)hd * pairs);
   TIME_IT(reps, sec,
           g->attention_causal_train_backward(dq, dk, dv, dout, o, lse, q, k, v, off, n_seqs, H, KV, hd, scale));
-  report("attention_causal_train_backward", "fp32", shape, sec, 10.0 * (double)hd * pairs);
+  report("attention_causal_train_backward", mode, shape, sec, 10.0 * (double)hd * pairs);
   g->free(q), g->free(k), g->free(v), g->free(o), g->free(lse), g->free(dout), g->free(dq), g->free(dk), g->free(dv);
 
   /* the draft's block attention: 512 blocks of 7 over a 2048-token context */
@@ -116,11 +146,11 @@ static void bench_attention(int reps) {
   snprintf(shape, sizeof shape, "%lld blocks x %lld, ctx %lld, heads %lld/%lld, hd %lld", (long long)nb,
            (long long)gs, (long long)L, (long long)H, (long long)KV, (long long)hd);
   TIME_IT(reps, sec, g->block_attention(o, lse, q, kc, vc, kb, vb, ctx, L, nb, gs, H, KV, hd, scale));
-  report("block_attention", "fp32", shape, sec, 4.0 * (double)hd * bpairs);
+  report("block_attention", mode, shape, sec, 4.0 * (double)hd * bpairs);
   TIME_IT(reps, sec,
           g->block_attention_backward(dq, dkc, dvc, dkb, dvb, dout, o, lse, q, kc, vc, kb, vb, ctx, L, nb, gs, H, KV,
                                       hd, scale));
-  report("block_attention_backward", "fp32", shape, sec, 10.0 * (double)hd * bpairs);
+  report("block_attention_backward", mode, shape, sec, 10.0 * (double)hd * bpairs);
   g->free(q), g->free(kc), g->free(vc), g->free(kb), g->free(vb), g->free(o), g->free(lse), g->free(dout);
   g->free(dq), g->free(dkc), g->free(dvc), g->free(dkb), g->free(dvb);
   free(ctx);
@@ -144,7 +174,12 @@ int main(int argc, char **argv) {
   ds_rng_seed(&rng, 1);
   for (size_t i = 0; i < g_host_n; i++) g_host[i] = ds_rng_uniform_f32(&rng) - 0.5f;
   bench_linear(reps);
-  bench_attention(reps);
+  for (int bf16 = 0; bf16 < 2; bf16++) {
+    ds_cuda_set_bf16_gemm(bf16);
+    bench_attention(reps, bf16 ? "bf16" : "fp32");
+    bench_decode(reps, bf16 ? "bf16" : "fp32");
+  }
+  ds_cuda_set_bf16_gemm(0);
   free(g_host);
   return 0;
 }

@@ -211,10 +211,12 @@ const ds_backend *ds_backend_reference(void);
  * above on device memory, on the first visible device, one stream. NULL with the reason
  * recorded (ds_last_error) when the build has no CUDA or no device can be used. */
 const ds_backend *ds_backend_cuda(void);
-/* Its GEMMs (linear, linear_backward, linear_w, linear_w_backward): 0 (the default) runs them
- * in fp32 (CUBLAS_COMPUTE_32F, no TF32), as the cpu backend; 1 converts both operands to bf16
- * on the device (BF16 weights are used as stored) and runs them on tensor cores with fp32
- * accumulation and fp32 outputs. Returns the previous setting (always 0 without CUDA). */
+/* Its GEMMs (linear, linear_backward, linear_w, linear_w_backward, and the products of the
+ * attentions: QK^T, PV and their backward's): 0 (the default) runs them in fp32
+ * (CUBLAS_COMPUTE_32F, no TF32), as the cpu backend; 1 converts both operands to bf16 on the
+ * device (BF16 weights are used as stored; the attention probabilities and dS after their fp32
+ * softmax) and runs them on tensor cores with fp32 accumulation and fp32 outputs. Returns the
+ * previous setting (always 0 without CUDA). */
 int ds_cuda_set_bf16_gemm(int on);
 /* A backend by the name --device takes: "cpu" or "cuda". NULL with the reason recorded
  * (ds_last_error) for another name, or for cuda in a build without it or with no usable device. */

@@ -7,7 +7,8 @@
  * then releases a warp once all 32 of its lanes wait at a shuffle, and the block once all its
  * live threads wait at __syncthreads. A shuffle that not all lanes of a warp reach, or a
  * barrier that can never be released, is reported as the bug it would be on a GPU. cuBLAS's
- * cublasGemmEx is computed from its documented column-major definition, in double.
+ * cublasGemmEx and cublasGemmStridedBatchedEx are computed from their documented column-major
+ * definitions, in double.
  * It checks the kernels' logic (indexing, tiling, masking, reductions), not their speed or
  * the device's rounding details. */
 #include <setjmp.h>
@@ -234,5 +235,24 @@ cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperatio
       float old = b != 0.0f ? c[i + (long)j * ldc] : 0.0f; /* beta 0: C is not read */
       c[i + (long)j * ldc] = (float)(a * s + b * old);
     }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+/* Column-major, for i < batchCount: C_i = alpha op(A_i) op(B_i) + beta C_i with A_i = A + i *
+ * strideA elements of A's type (B_i, C_i likewise): each a cublasGemmEx. */
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                          int k, const void *alpha, const void *A, cudaDataType_t at, int lda,
+                                          long long strideA, const void *B, cudaDataType_t bt, int ldb,
+                                          long long strideB, const void *beta, void *C, cudaDataType_t ct, int ldc,
+                                          long long strideC, int batchCount, cublasComputeType_t ctype,
+                                          cublasGemmAlgo_t algo) {
+  if (batchCount < 0 || ct != CUDA_R_32F) return 7;
+  size_t ae = at == CUDA_R_32F ? 4 : 2, be = bt == CUDA_R_32F ? 4 : 2;
+  for (int i = 0; i < batchCount; i++) {
+    cublasStatus_t s = cublasGemmEx(h, ta, tb, m, n, k, alpha, (const char *)A + (size_t)(i * strideA) * ae, at, lda,
+                                    (const char *)B + (size_t)(i * strideB) * be, bt, ldb, beta,
+                                    (float *)C + i * strideC, ct, ldc, ctype, algo);
+    if (s != CUBLAS_STATUS_SUCCESS) return s;
+  }
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -12,7 +12,11 @@
  * count as no error (so -inf lse of dropped blocks must match exactly); non-finite cpu values
  * do not enter the norm. Tolerance: 1e-5 for the fp32 paths; 1e-3 for the bf16 GEMM mode
  * (ds_cuda_set_bf16_gemm), whose inputs are rounded to bf16 before both backends see them, so
- * the check measures the kernels, not bf16 rounding.
+ * the check measures the kernels, not bf16 rounding; 1e-2 for the attentions in the bf16 mode
+ * (BF16_ATTN_TOL below: the device also rounds the probabilities P and dS).
+ *
+ * The attentions run twice more with a tiny score budget (DSPARK_CUDA_ATTN_SCORE_BYTES), so
+ * that the GEMM path cuts every call into several chunks at these small shapes.
  *
  * The attention backwards are also run twice from zeroed gradients and must agree bit for bit
  * (the CUDA kernels sum without atomics, in a fixed order).
@@ -20,6 +24,7 @@
  * Prints one line per check (name, error, tolerance, PASS / FAIL) and exits 1 if any check
  * fails, 2 when no CUDA device can be used.
  *   cuda_kernel_check [--small] [seed]   (--small: shorter sequences, for the CPU emulation) */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +37,14 @@
 
 #define FP32_TOL 1e-5
 #define BF16_TOL 1e-3
+/* The attentions in the bf16 mode: q, k, v and dout are rounded to bf16 for both sides (as for
+ * the GEMMs), so the scores and dP are exact products summed in fp32; but the device rounds P
+ * and dS = P (dP - D) to bf16 (relative error <= 2^-9 = 1.95e-3 each) before the PV, dS K,
+ * dS^T Q and P^T dO products. Each output element is then a sum whose terms carry independent
+ * errors of at most 2^-9 of their size; measured against the largest output (the norm here) that
+ * stays below a few 2^-9: 1e-2 leaves margin while a wrong mask, head or scale (errors of order
+ * 1) still fails. */
+#define BF16_ATTN_TOL 1e-2
 
 static const ds_backend *g_cpu, *g_gpu;
 static ds_rng g_rng;
@@ -359,56 +372,65 @@ static void check_embedding(void) {
 
 /* ---------------------------------------------------------------- attention */
 
-static void check_decode_attention(void) {
+/* The flash kernel (a few queries over a short cache) and the GEMM path (more queries, or a
+ * long cache: cuda_attention.cu's thresholds are 16 queries and 512 keys). */
+static void check_decode_attention(int bf16, const char *note) {
   /* {n, past, n_heads, n_kv_heads, head_dim} */
-  int64_t cases[][5] = {{1, 37, 4, 2, 64}, {5, 0, 3, 3, 128}, {19, 11, 8, 2, 96}, {3, 200, 2, 1, 256}};
-  for (int c = 0; c < 4; c++) {
+  int64_t cases[][5] = {{1, 37, 4, 2, 64},   {5, 0, 3, 3, 128},   {19, 11, 8, 2, 96},
+                        {3, 200, 2, 1, 256}, {2, 600, 4, 2, 64},  {70, 5, 4, 1, 64}};
+  double tol = bf16 ? BF16_ATTN_TOL : FP32_TOL;
+  set_bf16(bf16);
+  for (int c = bf16 ? 4 : 0; c < 6; c++) { /* bf16 only changes the GEMM path */
     int64_t n = cases[c][0], past = cases[c][1], nh = cases[c][2], nkv = cases[c][3], hd = cases[c][4];
     int64_t cap = past + n + 3, q_stride = nh * hd + 16;
     float scale = 1.0f / sqrtf((float)hd);
-    buf q = mk((size_t)(n * q_stride), 1, 0), k = mk((size_t)(nkv * cap * hd), 1, 0);
-    buf v = mk((size_t)(nkv * cap * hd), 1, 0), out = mk((size_t)(n * nh * hd), 1, 0);
+    buf q = mk((size_t)(n * q_stride), 1, bf16), k = mk((size_t)(nkv * cap * hd), 1, bf16);
+    buf v = mk((size_t)(nkv * cap * hd), 1, bf16), out = mk((size_t)(n * nh * hd), 1, 0);
     g_cpu->attention_causal(out.h, q.h, q_stride, k.h, v.h, n, past, cap, nh, nkv, hd, scale);
     g_gpu->attention_causal(out.d, q.d, q_stride, k.d, v.d, n, past, cap, nh, nkv, hd, scale);
     char name[160];
-    snprintf(name, sizeof name, "attention_causal n%lld past%lld h%lld/%lld hd%lld", (long long)n, (long long)past,
-             (long long)nh, (long long)nkv, (long long)hd);
-    check(name, out, FP32_TOL);
+    snprintf(name, sizeof name, "attention_causal%s n%lld past%lld h%lld/%lld hd%lld%s", bf16 ? "[bf16]" : "",
+             (long long)n, (long long)past, (long long)nh, (long long)nkv, (long long)hd, note);
+    check(name, out, tol);
     rm(q); rm(k); rm(v); rm(out);
   }
+  set_bf16(0);
 }
 
 static void check_causal_train(int64_t n_heads, int64_t n_kv, int64_t hd, const int64_t *lens, int64_t n_seqs,
-                               int null_dk) {
+                               int null_dk, int bf16, const char *note) {
+  double tol = bf16 ? BF16_ATTN_TOL : FP32_TOL;
+  set_bf16(bf16);
   int64_t seq_off[16] = {0};
   for (int64_t s = 0; s < n_seqs; s++) seq_off[s + 1] = seq_off[s] + lens[s];
   int64_t rows = seq_off[n_seqs], qs = n_heads * hd, kvs = n_kv * hd;
   float scale = 1.0f / sqrtf((float)hd);
-  buf q = mk((size_t)(rows * qs), 1, 0), k = mk((size_t)(rows * kvs), 1, 0), v = mk((size_t)(rows * kvs), 1, 0);
+  buf q = mk((size_t)(rows * qs), 1, bf16), k = mk((size_t)(rows * kvs), 1, bf16);
+  buf v = mk((size_t)(rows * kvs), 1, bf16);
   buf out = mk((size_t)(rows * qs), 1, 0), lse = mk((size_t)(rows * n_heads), 1, 0);
   g_cpu->attention_causal_train(out.h, lse.h, q.h, k.h, v.h, seq_off, n_seqs, n_heads, n_kv, hd, scale);
   g_gpu->attention_causal_train(out.d, lse.d, q.d, k.d, v.d, seq_off, n_seqs, n_heads, n_kv, hd, scale);
-  char name[160], tag[48];
-  snprintf(tag, sizeof tag, "h%lld/%lld hd%lld rows%lld", (long long)n_heads, (long long)n_kv, (long long)hd,
-           (long long)rows);
+  char name[160], tag[80];
+  snprintf(tag, sizeof tag, "%sh%lld/%lld hd%lld rows%lld%s", bf16 ? "[bf16] " : "", (long long)n_heads,
+           (long long)n_kv, (long long)hd, (long long)rows, note);
   snprintf(name, sizeof name, "causal_train %s out", tag);
-  check(name, out, FP32_TOL);
+  check(name, out, tol);
   snprintf(name, sizeof name, "causal_train %s lse", tag);
-  check(name, lse, FP32_TOL);
+  check(name, lse, bf16 ? BF16_TOL : FP32_TOL); /* the scores are exact products of bf16 inputs */
   /* the backward from the cpu's forward results on both sides */
   g_gpu->copy_to_device(out.d, out.h, out.n * sizeof(float));
   g_gpu->copy_to_device(lse.d, lse.h, lse.n * sizeof(float));
-  buf dout = mk(out.n, 1, 0), dq = mk(q.n, 1, 0), dk = mk(k.n, 1, 0), dv = mk(v.n, 1, 0);
+  buf dout = mk(out.n, 1, bf16), dq = mk(q.n, 1, 0), dk = mk(k.n, 1, 0), dv = mk(v.n, 1, 0);
   g_cpu->attention_causal_train_backward(dq.h, null_dk ? NULL : dk.h, dv.h, dout.h, out.h, lse.h, q.h, k.h, v.h,
                                          seq_off, n_seqs, n_heads, n_kv, hd, scale);
   g_gpu->attention_causal_train_backward(dq.d, null_dk ? NULL : dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d,
                                          seq_off, n_seqs, n_heads, n_kv, hd, scale);
   snprintf(name, sizeof name, "causal_train_backward %s dq", tag);
-  check(name, dq, FP32_TOL);
+  check(name, dq, tol);
   snprintf(name, sizeof name, "causal_train_backward %s dk%s", tag, null_dk ? " (NULL: untouched)" : "");
-  check(name, dk, FP32_TOL);
+  check(name, dk, tol);
   snprintf(name, sizeof name, "causal_train_backward %s dv", tag);
-  check(name, dv, FP32_TOL);
+  check(name, dv, tol);
   rerun r = {{NULL}, {dq, dk, dv}, 3};
   snprintf(name, sizeof name, "causal_train_backward %s", tag);
   for (int run = 0; run < 2; run++) {
@@ -418,29 +440,33 @@ static void check_causal_train(int64_t n_heads, int64_t n_kv, int64_t hd, const 
     rerun_record(&r, name, run);
   }
   rm(q); rm(k); rm(v); rm(out); rm(lse); rm(dout); rm(dq); rm(dk); rm(dv);
+  set_bf16(0);
 }
 
 static void check_block_attention(int64_t n_heads, int64_t n_kv, int64_t hd, int64_t g, const int64_t *ctx_len,
-                                  int64_t n_blocks, int64_t n_ctx, int null_ctx_grads) {
+                                  int64_t n_blocks, int64_t n_ctx, int null_ctx_grads, int bf16, const char *note) {
   int64_t rows = n_blocks * g, qs = n_heads * hd, kvs = n_kv * hd;
   float scale = 1.0f / sqrtf((float)hd);
-  buf q = mk((size_t)(rows * qs), 1, 0), kc = mk((size_t)(n_ctx * kvs), 1, 0), vc = mk((size_t)(n_ctx * kvs), 1, 0);
-  buf kb = mk((size_t)(rows * kvs), 1, 0), vb = mk((size_t)(rows * kvs), 1, 0);
+  double tol = bf16 ? BF16_ATTN_TOL : FP32_TOL;
+  set_bf16(bf16);
+  buf q = mk((size_t)(rows * qs), 1, bf16), kc = mk((size_t)(n_ctx * kvs), 1, bf16);
+  buf vc = mk((size_t)(n_ctx * kvs), 1, bf16);
+  buf kb = mk((size_t)(rows * kvs), 1, bf16), vb = mk((size_t)(rows * kvs), 1, bf16);
   buf out = mk((size_t)(rows * qs), 1, 0), lse = mk((size_t)(rows * n_heads), 1, 0);
   g_cpu->block_attention(out.h, lse.h, q.h, kc.h, vc.h, kb.h, vb.h, ctx_len, n_ctx, n_blocks, g, n_heads, n_kv, hd,
                          scale);
   g_gpu->block_attention(out.d, lse.d, q.d, kc.d, vc.d, kb.d, vb.d, ctx_len, n_ctx, n_blocks, g, n_heads, n_kv, hd,
                          scale);
-  char name[160], tag[56];
-  snprintf(tag, sizeof tag, "h%lld/%lld hd%lld g%lld blocks%lld", (long long)n_heads, (long long)n_kv, (long long)hd,
-           (long long)g, (long long)n_blocks);
+  char name[160], tag[88];
+  snprintf(tag, sizeof tag, "%sh%lld/%lld hd%lld g%lld blocks%lld%s", bf16 ? "[bf16] " : "", (long long)n_heads,
+           (long long)n_kv, (long long)hd, (long long)g, (long long)n_blocks, note);
   snprintf(name, sizeof name, "block_attention %s out", tag);
-  check(name, out, FP32_TOL);
+  check(name, out, tol);
   snprintf(name, sizeof name, "block_attention %s lse", tag);
-  check(name, lse, FP32_TOL);
+  check(name, lse, bf16 ? BF16_TOL : FP32_TOL);
   g_gpu->copy_to_device(out.d, out.h, out.n * sizeof(float));
   g_gpu->copy_to_device(lse.d, lse.h, lse.n * sizeof(float));
-  buf dout = mk(out.n, 1, 0), dq = mk(q.n, 1, 0), dkc = mk(kc.n, 1, 0), dvc = mk(vc.n, 1, 0);
+  buf dout = mk(out.n, 1, bf16), dq = mk(q.n, 1, 0), dkc = mk(kc.n, 1, 0), dvc = mk(vc.n, 1, 0);
   buf dkb = mk(kb.n, 1, 0), dvb = mk(vb.n, 1, 0);
   g_cpu->block_attention_backward(dq.h, null_ctx_grads ? NULL : dkc.h, null_ctx_grads ? NULL : dvc.h, dkb.h, dvb.h,
                                   dout.h, out.h, lse.h, q.h, kc.h, vc.h, kb.h, vb.h, ctx_len, n_ctx, n_blocks, g,
@@ -450,15 +476,15 @@ static void check_block_attention(int64_t n_heads, int64_t n_kv, int64_t hd, int
                                   n_heads, n_kv, hd, scale);
   const char *ctx_note = null_ctx_grads ? " (NULL: untouched)" : "";
   snprintf(name, sizeof name, "block_attention_backward %s dq", tag);
-  check(name, dq, FP32_TOL);
+  check(name, dq, tol);
   snprintf(name, sizeof name, "block_attention_backward %s dk_ctx%s", tag, ctx_note);
-  check(name, dkc, FP32_TOL);
+  check(name, dkc, tol);
   snprintf(name, sizeof name, "block_attention_backward %s dv_ctx%s", tag, ctx_note);
-  check(name, dvc, FP32_TOL);
+  check(name, dvc, tol);
   snprintf(name, sizeof name, "block_attention_backward %s dk_blk", tag);
-  check(name, dkb, FP32_TOL);
+  check(name, dkb, tol);
   snprintf(name, sizeof name, "block_attention_backward %s dv_blk", tag);
-  check(name, dvb, FP32_TOL);
+  check(name, dvb, tol);
   rerun r = {{NULL}, {dq, dkc, dvc, dkb, dvb}, 5};
   snprintf(name, sizeof name, "block_attention_backward %s", tag);
   for (int run = 0; run < 2; run++) {
@@ -468,6 +494,7 @@ static void check_block_attention(int64_t n_heads, int64_t n_kv, int64_t hd, int
     rerun_record(&r, name, run);
   }
   rm(q); rm(kc); rm(vc); rm(kb); rm(vb); rm(out); rm(lse); rm(dout); rm(dq); rm(dkc); rm(dvc); rm(dkb); rm(dvb);
+  set_bf16(0);
 }
 
 int main(int argc, char **argv) {
@@ -491,18 +518,26 @@ int main(int argc, char **argv) {
   check_linear_w(1);
   check_rowwise();
   check_embedding();
-  check_decode_attention();
   int64_t lens1[] = {5, 0, 33, 1, 70}, lens2[] = {130, 9};
   if (small) lens1[4] = 21, lens2[0] = 41;
-  check_causal_train(8, 2, 64, lens1, 5, 0);
-  check_causal_train(4, 4, 128, lens2, 2, 1);
-  check_causal_train(6, 3, 80, lens1 + 2, 1, 0);
   int64_t ctx1[] = {0, 13, -1, 50, 7, -1}, ctx2[] = {200, 64, 3}, ctx3[] = {-1, -1};
   if (small) ctx2[0] = 60, ctx2[1] = 17;
-  check_block_attention(6, 2, 64, 7, ctx1, 6, 50, 0);
-  check_block_attention(4, 1, 128, 16, ctx2, 3, small ? 60 : 200, 0);
-  check_block_attention(2, 2, 96, 9, ctx1, 6, 64, 1);
-  check_block_attention(4, 2, 64, 5, ctx3, 2, 10, 0);
+  /* pass 0: the default score budget (one chunk per sequence or call at these shapes); pass 1:
+   * a few KiB (several chunks each); pass 2: the bf16 mode, several chunks too */
+  for (int pass = 0; pass < 3; pass++) {
+    const char *note = pass ? " [chunks]" : "";
+    int bf16 = pass == 2;
+    if (pass) setenv("DSPARK_CUDA_ATTN_SCORE_BYTES", "24576", 1);
+    check_decode_attention(bf16, note);
+    check_causal_train(8, 2, 64, lens1, 5, 0, bf16, note);
+    check_causal_train(4, 4, 128, lens2, 2, 1, bf16, note);
+    check_causal_train(6, 3, 80, lens1 + 2, 1, 0, bf16, note);
+    check_block_attention(6, 2, 64, 7, ctx1, 6, 50, 0, bf16, note);
+    check_block_attention(4, 1, 128, 16, ctx2, 3, small ? 60 : 200, 0, bf16, note);
+    check_block_attention(2, 2, 96, 9, ctx1, 6, 64, 1, bf16, note);
+    check_block_attention(4, 2, 64, 5, ctx3, 2, 10, 0, bf16, note);
+  }
+  unsetenv("DSPARK_CUDA_ATTN_SCORE_BYTES");
   g_gpu->synchronize();
   printf("cuda_kernel_check: %d of %d checks passed%s\n", g_checks - g_failures, g_checks,
          g_failures ? " -- FAILURES above" : "");

@@ -1,100 +1,196 @@
-/* Causal attention entries of the CUDA backend: decoding against a KV cache and training over
- * packed sequences (forward with lse, backward). They describe their work as tiles for the
- * shared flash kernels (cuda_flash.cu); seq_off is host memory (include/dspark/backend.h), so
- * the tiles are built here on the host. Contracts in include/dspark/backend.h. */
+/* Causal attention entries of the CUDA backend: against a KV cache (decode, prefill) and over
+ * packed sequences (training: forward with lse, backward), on the GEMM path
+ * (cuda_attn_gemm.cu). A long sequence is cut into chunks of consecutive query rows whose keys
+ * are the sequence's 0 .. the chunk's last row, each row seeing its causal prefix; consecutive
+ * short sequences share one chunk, each row masked to its own sequence. A handful of decode
+ * queries over a short cache run the flash kernel (cuda_flash.cu) instead.
+ * seq_off is host memory (include/dspark/backend.h), so the chunks are planned here on the
+ * host. Contracts in include/dspark/backend.h. */
 #include <stdlib.h>
 
+#include "nn/cuda/cuda_attn_gemm.h"
 #include "nn/cuda/cuda_flash.h"
 
 namespace {
 
-/* Query tiles of the packed sequences: DS_ATTN_QUERY_WARPS rows of one sequence at a time;
- * row p of a sequence sees its keys 0 .. p. */
-ds_attn_qtile *causal_query_tiles(const int64_t *seq_off, int64_t n_seqs, int64_t *n_tiles) {
-  int64_t count = 0;
-  for (int64_t s = 0; s < n_seqs; s++) {
-    int64_t len = seq_off[s + 1] - seq_off[s];
-    DS_CHECK(len >= 0);
-    count += (len + DS_ATTN_QUERY_WARPS - 1) / DS_ATTN_QUERY_WARPS;
-  }
-  ds_attn_qtile *tiles = (ds_attn_qtile *)ds_cuda_host_array((size_t)count, sizeof *tiles, "causal attention tiles");
-  int64_t k = 0;
-  for (int64_t s = 0; s < n_seqs; s++) {
-    int64_t first = seq_off[s], len = seq_off[s + 1] - first;
-    for (int64_t r0 = 0; r0 < len; r0 += DS_ATTN_QUERY_WARPS) {
-      int64_t nr = len - r0 < DS_ATTN_QUERY_WARPS ? len - r0 : DS_ATTN_QUERY_WARPS;
-      tiles[k++] = ds_attn_qtile{first + r0, nr, first, len, 0, 0, r0 + 1, 0};
-    }
-  }
-  *n_tiles = count;
-  return tiles;
+/* Query rows per chunk at most: the GEMMs compute the whole [rows, keys] rectangle, so the
+ * masked upper triangle of a chunk's own rows is wasted work; at 256 rows a 2048-token
+ * sequence wastes 1/8 of the products, and a GEMM of 256 * group rows still fills the GPU. */
+constexpr int64_t kCausalRows = 256;
+/* attention_causal takes the flash kernel up to this many queries over up to flash_max_keys()
+ * keys (past + n): there the GEMM path is mostly launch overhead, while the flash kernel
+ * streams the keys through one warp per query row, slow on a long cache. Estimated, not
+ * measured yet (bench_cuda_kernels times both paths). */
+constexpr int64_t kFlashMaxQueries = 16, kFlashMaxKeys = 512;
+
+/* kFlashMaxKeys, or DSPARK_CUDA_ATTN_FLASH_KEYS from the environment (read per call; 0: never
+ * the flash kernel), for timing both paths at one shape. */
+int64_t flash_max_keys(void) {
+  const char *env = getenv("DSPARK_CUDA_ATTN_FLASH_KEYS");
+  return env && *env ? (int64_t)strtoll(env, NULL, 10) : kFlashMaxKeys;
 }
 
-/* Key tiles: DS_ATTN_KEY_WARPS keys of one sequence, seen by the rows of the sequence at or
- * after them. */
-ds_attn_ktile *causal_key_tiles(const int64_t *seq_off, int64_t n_seqs, int64_t *n_tiles) {
-  int64_t count = 0;
-  for (int64_t s = 0; s < n_seqs; s++)
-    count += (seq_off[s + 1] - seq_off[s] + DS_ATTN_KEY_WARPS - 1) / DS_ATTN_KEY_WARPS;
-  ds_attn_ktile *tiles = (ds_attn_ktile *)ds_cuda_host_array((size_t)count, sizeof *tiles, "causal attention key tiles");
-  int64_t k = 0;
-  for (int64_t s = 0; s < n_seqs; s++) {
-    int64_t first = seq_off[s], len = seq_off[s + 1] - first;
-    for (int64_t k0 = 0; k0 < len; k0 += DS_ATTN_KEY_WARPS) {
-      int64_t nk = len - k0 < DS_ATTN_KEY_WARPS ? len - k0 : DS_ATTN_KEY_WARPS;
-      tiles[k++] = ds_attn_ktile{0, first + k0, nk, first + k0, len - k0, DS_ATTN_SEE_CAUSAL};
-    }
-  }
-  *n_tiles = count;
-  return tiles;
+/* Rows of the chunk starting at a query that sees `first_keys` keys, with `left` rows left:
+ * halved until the scores (elem_bytes each, keys up to its last row) fit the budget and its
+ * [n_heads, rows, hd] buffers DS_ATTN_ROW_BYTES; one row at least. */
+int64_t causal_chunk_rows(int64_t first_keys, int64_t left, int64_t n_heads, int64_t hd, int64_t elem_bytes) {
+  int64_t budget = ds_attn_score_budget(), cq = left < kCausalRows ? left : kCausalRows;
+  while (cq > 1 && (n_heads * cq * ds_attn_ld(first_keys + cq - 1, 0) * elem_bytes > budget ||
+                    n_heads * cq * hd * (int64_t)sizeof(float) > DS_ATTN_ROW_BYTES))
+    cq = (cq + 1) / 2;
+  return cq;
 }
 
-/* Training layout: q [rows, n_heads * hd], k and v [rows, n_kv_heads * hd]. */
-ds_attn_geom train_geom(const float *q, const float *k, const float *v, int64_t n_heads, int64_t n_kv_heads,
-                        int64_t hd, float scale) {
-  return ds_attn_geom_make(q, k, v, n_heads, n_kv_heads, hd, scale);
+/* Rows whose chunks share one key range starting at their first row: sequences s0 .. s1-1.
+ * packed: several short sequences (or one) that fit one chunk together, each row masked to
+ * its own sequence's keys (the block diagonal's other products are wasted, as a long
+ * sequence's masked triangle is, but many short sequences take one chunk's launches, not one
+ * each); else a single sequence cut into causal chunks. */
+struct span {
+  int64_t s0, s1, first, len;
+  int packed;
+};
+
+void check_seq_off(const int64_t *seq_off, int64_t n_seqs) {
+  DS_CHECK(seq_off[0] == 0);
+  for (int64_t s = 0; s < n_seqs; s++) DS_CHECK(seq_off[s + 1] >= seq_off[s]);
+}
+
+/* The spans of the packed sequences in order (past cached keys before row 0: decode). */
+span *plan_spans(const int64_t *seq_off, int64_t n_seqs, int64_t past, int64_t n_heads, int64_t hd,
+                 int64_t elem_bytes, int64_t *n_spans) {
+  span *sp = (span *)ds_cuda_host_array((size_t)n_seqs, sizeof(span), "causal attention spans");
+  int64_t budget = ds_attn_score_budget(), n = 0;
+  for (int64_t s = 0; s < n_seqs;) {
+    int64_t s0 = s, total = 0;
+    for (; s < n_seqs; s++) {
+      int64_t t = total + seq_off[s + 1] - seq_off[s];
+      if (t > kCausalRows || n_heads * t * ds_attn_ld(past + t, 0) * elem_bytes > budget ||
+          n_heads * t * hd * (int64_t)sizeof(float) > DS_ATTN_ROW_BYTES)
+        break;
+      total = t;
+    }
+    if (s == s0) { /* this sequence alone is too long for one chunk */
+      sp[n++] = span{s0, s0 + 1, seq_off[s0], seq_off[s0 + 1] - seq_off[s0], 0};
+      s++;
+    } else if (total > 0) {
+      sp[n++] = span{s0, s, seq_off[s0], total, 1};
+    }
+  }
+  *n_spans = n;
+  return sp;
+}
+
+/* The chunks' row[], lo[] and vis[] of every query row, uploaded as one array [3 * rows]: row[i]
+ * = i; its visible keys, counted from its span's first row (key 0 of its chunks), are its own
+ * sequence's from lo[i] up to itself, vis[i] - 1 (past more in decode). Returns the device copy. */
+const int64_t *upload_rows(const int64_t *seq_off, const span *sp, int64_t n_spans, int64_t rows, int64_t past) {
+  int64_t *h = (int64_t *)ds_cuda_host_array((size_t)(3 * rows), sizeof(int64_t), "causal attention rows");
+  for (int64_t k = 0; k < n_spans; k++)
+    for (int64_t s = sp[k].s0; s < sp[k].s1; s++)
+      for (int64_t i = seq_off[s]; i < seq_off[s + 1]; i++) {
+        h[i] = i;
+        h[rows + i] = seq_off[s] - sp[k].first;
+        h[2 * rows + i] = past + i - sp[k].first + 1;
+      }
+  const int64_t *d = (const int64_t *)ds_cuda_upload(DS_CUDA_SLOT_INDEX, h, (size_t)(3 * rows) * sizeof(int64_t));
+  free(h);
+  return d;
+}
+
+/* The chunks of one span in order; k, v: views at the span's key 0. */
+template <class Run>
+void span_chunks(const int64_t *dev, int64_t rows, const span &sp, int64_t past, const ds_attn_keys &k,
+                 const ds_attn_keys &v, int64_t n_heads, int64_t hd, int64_t elem_bytes, Run run) {
+  for (int64_t q0 = 0; q0 < sp.len;) {
+    int64_t cq = sp.packed ? sp.len : causal_chunk_rows(past + q0 + 1, sp.len - q0, n_heads, hd, elem_bytes);
+    int64_t i0 = sp.first + q0;
+    ds_attn_chunk c = {dev + i0, dev + rows + i0, dev + 2 * rows + i0, cq, k, v, past + q0 + cq, NULL, NULL};
+    run(c);
+    q0 += cq;
+  }
+}
+
+/* The job of q [rows, n_heads * hd] against keys [rows, n_kv_heads * hd] (the training layout). */
+ds_attn_job train_job(const float *q, int64_t n_heads, int64_t n_kv_heads, int64_t hd, float scale) {
+  ds_attn_job j = {};
+  j.q = q;
+  j.q_stride = n_heads * hd;
+  j.n_heads = n_heads;
+  j.n_kv = n_kv_heads;
+  j.hd = hd;
+  j.scale = scale;
+  j.bf16 = ds_cuda_bf16_gemm();
+  j.dk_row = n_kv_heads * hd;
+  j.dk_head = hd;
+  return j;
+}
+
+/* The flash kernel's tiles for n queries at positions past .. past+n-1 of a cache. */
+void decode_flash(float *out, const float *q, int64_t q_stride, const float *k, const float *v, int64_t n,
+                  int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale) {
+  ds_attn_geom g = {q, q_stride, k, v, head_dim, cap * head_dim, n_heads, n_heads / n_kv_heads, head_dim, scale};
+  int64_t n_tiles = (n + DS_ATTN_QUERY_WARPS - 1) / DS_ATTN_QUERY_WARPS;
+  ds_attn_qtile *tiles = (ds_attn_qtile *)ds_cuda_host_array((size_t)n_tiles, sizeof *tiles, "decode attention tiles");
+  for (int64_t i0 = 0, t = 0; i0 < n; i0 += DS_ATTN_QUERY_WARPS, t++) {
+    int64_t nr = n - i0 < DS_ATTN_QUERY_WARPS ? n - i0 : DS_ATTN_QUERY_WARPS;
+    tiles[t] = ds_attn_qtile{i0, nr, past + n, past + i0 + 1};
+  }
+  ds_cuda_flash_forward(&g, tiles, n_tiles, out);
+  free(tiles);
 }
 
 }  // namespace
 
-/* Decoding: query i (position past + i) sees cache keys 0 .. past + i of its kv head; the
- * cache is [n_kv_heads, cap, hd], so a key row is hd floats and a head cap * hd. */
+/* Query i (position past + i) sees cache keys 0 .. past + i of its kv head; the cache is
+ * [n_kv_heads, cap, hd]: a key row is hd floats, a head cap * hd. */
 void ds_cuda_attention_causal(float *out, const float *q, int64_t q_stride, const float *k, const float *v, int64_t n,
                               int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                               float scale) {
   if (n == 0 || n_heads == 0) return;
   DS_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0 && past >= 0 && past + n <= cap);
-  ds_attn_geom g = {};
-  g.q = q;
-  g.q_stride = q_stride;
-  g.ka = k;
-  g.va = v;
-  g.k_row_stride = head_dim;
-  g.k_head_stride = cap * head_dim;
-  g.n_heads = n_heads;
-  g.group = n_heads / n_kv_heads;
-  g.hd = head_dim;
-  g.scale = scale;
-  int64_t n_tiles = (n + DS_ATTN_QUERY_WARPS - 1) / DS_ATTN_QUERY_WARPS;
-  ds_attn_qtile *tiles = (ds_attn_qtile *)ds_cuda_host_array((size_t)n_tiles, sizeof *tiles, "decode attention tiles");
-  for (int64_t i0 = 0, t = 0; i0 < n; i0 += DS_ATTN_QUERY_WARPS, t++) {
-    int64_t nr = n - i0 < DS_ATTN_QUERY_WARPS ? n - i0 : DS_ATTN_QUERY_WARPS;
-    tiles[t] = ds_attn_qtile{i0, nr, 0, past + n, 0, 0, past + i0 + 1, 0};
+  if (n <= kFlashMaxQueries && past + n <= flash_max_keys() && head_dim <= DS_ATTN_MAX_HEAD_DIM) {
+    decode_flash(out, q, q_stride, k, v, n, past, cap, n_heads, n_kv_heads, head_dim, scale);
+    return;
   }
-  ds_cuda_attn_forward(&g, tiles, n_tiles, out, NULL);
-  free(tiles);
+  ds_attn_job j = train_job(q, n_heads, n_kv_heads, head_dim, scale);
+  j.q_stride = q_stride;
+  j.out = out;
+  int64_t seq_off[2] = {0, n}, n_spans = 0, eb = ds_attn_score_elem_bytes(j.bf16, 0);
+  span *sp = plan_spans(seq_off, 1, past, n_heads, head_dim, eb, &n_spans);
+  const int64_t *dev = upload_rows(seq_off, sp, n_spans, n, past);
+  ds_attn_keys kk = ds_attn_keys_ready(k, past + n, head_dim, cap * head_dim, n_kv_heads, head_dim, j.bf16,
+                                       DS_CUDA_SLOT_ATTN_K16);
+  ds_attn_keys vv = ds_attn_keys_ready(v, past + n, head_dim, cap * head_dim, n_kv_heads, head_dim, j.bf16,
+                                       DS_CUDA_SLOT_ATTN_V16);
+  span_chunks(dev, n, sp[0], past, kk, vv, n_heads, head_dim, eb,
+              [&](const ds_attn_chunk &c) { ds_attn_gemm_forward(&j, &c); });
+  free(sp);
 }
 
 void ds_cuda_attention_causal_train(float *out, float *lse, const float *q, const float *k, const float *v,
                                     const int64_t *seq_off, int64_t n_seqs, int64_t n_heads, int64_t n_kv_heads,
                                     int64_t head_dim, float scale) {
   if (n_seqs == 0 || n_heads == 0) return;
-  DS_CHECK(seq_off[0] == 0);
-  ds_attn_geom g = train_geom(q, k, v, n_heads, n_kv_heads, head_dim, scale);
-  int64_t n_tiles = 0;
-  ds_attn_qtile *tiles = causal_query_tiles(seq_off, n_seqs, &n_tiles);
-  ds_cuda_attn_forward(&g, tiles, n_tiles, out, lse);
-  free(tiles);
+  check_seq_off(seq_off, n_seqs);
+  DS_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0);
+  int64_t rows = seq_off[n_seqs], kvs = n_kv_heads * head_dim;
+  if (rows == 0) return;
+  ds_attn_job j = train_job(q, n_heads, n_kv_heads, head_dim, scale);
+  j.out = out;
+  j.lse = lse;
+  int64_t n_spans = 0, eb = ds_attn_score_elem_bytes(j.bf16, 0);
+  span *sp = plan_spans(seq_off, n_seqs, 0, n_heads, head_dim, eb, &n_spans);
+  const int64_t *dev = upload_rows(seq_off, sp, n_spans, rows, 0);
+  for (int64_t i = 0; i < n_spans; i++) {
+    ds_attn_keys kk = ds_attn_keys_ready(k + sp[i].first * kvs, sp[i].len, kvs, head_dim, n_kv_heads, head_dim,
+                                         j.bf16, DS_CUDA_SLOT_ATTN_K16);
+    ds_attn_keys vv = ds_attn_keys_ready(v + sp[i].first * kvs, sp[i].len, kvs, head_dim, n_kv_heads, head_dim,
+                                         j.bf16, DS_CUDA_SLOT_ATTN_V16);
+    span_chunks(dev, rows, sp[i], 0, kk, vv, n_heads, head_dim, eb,
+                [&](const ds_attn_chunk &c) { ds_attn_gemm_forward(&j, &c); });
+  }
+  free(sp);
 }
 
 void ds_cuda_attention_causal_train_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
@@ -102,19 +198,29 @@ void ds_cuda_attention_causal_train_backward(float *dq, float *dk, float *dv, co
                                              const int64_t *seq_off, int64_t n_seqs, int64_t n_heads,
                                              int64_t n_kv_heads, int64_t head_dim, float scale) {
   if (n_seqs == 0 || n_heads == 0 || (!dq && !dk && !dv)) return;
-  DS_CHECK(seq_off[0] == 0 && lse != NULL);
-  ds_attn_geom g = train_geom(q, k, v, n_heads, n_kv_heads, head_dim, scale);
-  const float *D = ds_cuda_attn_rowsum(dout, out, seq_off[n_seqs], n_heads, head_dim);
-  if (dq) {
-    int64_t n_tiles = 0;
-    ds_attn_qtile *tiles = causal_query_tiles(seq_off, n_seqs, &n_tiles);
-    ds_cuda_attn_dq(&g, tiles, n_tiles, dout, lse, D, dq);
-    free(tiles);
+  check_seq_off(seq_off, n_seqs);
+  DS_CHECK(lse != NULL && n_kv_heads > 0 && n_heads % n_kv_heads == 0);
+  int64_t rows = seq_off[n_seqs], kvs = n_kv_heads * head_dim;
+  if (rows == 0) return;
+  ds_attn_job j = train_job(q, n_heads, n_kv_heads, head_dim, scale);
+  j.dout = dout;
+  j.lse_in = lse;
+  j.D = ds_cuda_attn_rowsum(dout, out, rows, n_heads, head_dim);
+  j.dq = dq;
+  int64_t n_spans = 0, eb = ds_attn_score_elem_bytes(j.bf16, 1);
+  span *sp = plan_spans(seq_off, n_seqs, 0, n_heads, head_dim, eb, &n_spans);
+  const int64_t *dev = upload_rows(seq_off, sp, n_spans, rows, 0);
+  for (int64_t i = 0; i < n_spans; i++) {
+    int64_t first = sp[i].first;
+    ds_attn_keys kk = ds_attn_keys_ready(k + first * kvs, sp[i].len, kvs, head_dim, n_kv_heads, head_dim, j.bf16,
+                                         DS_CUDA_SLOT_ATTN_K16);
+    ds_attn_keys vv = ds_attn_keys_ready(v + first * kvs, sp[i].len, kvs, head_dim, n_kv_heads, head_dim, j.bf16,
+                                         DS_CUDA_SLOT_ATTN_V16);
+    span_chunks(dev, rows, sp[i], 0, kk, vv, n_heads, head_dim, eb, [&](ds_attn_chunk c) {
+      c.dk = dk ? dk + first * kvs : NULL;
+      c.dv = dv ? dv + first * kvs : NULL;
+      ds_attn_gemm_backward(&j, &c);
+    });
   }
-  if (dk || dv) {
-    int64_t n_tiles = 0;
-    ds_attn_ktile *tiles = causal_key_tiles(seq_off, n_seqs, &n_tiles);
-    ds_cuda_attn_dkdv(&g, tiles, n_tiles, n_kv_heads, dout, lse, D, dk, dv, NULL, NULL);
-    free(tiles);
-  }
+  free(sp);
 }

@@ -1,44 +1,102 @@
-/* The draft's block attention on the CUDA backend (forward with lse, backward). Block b's g
- * query slots see context keys 0 .. ctx_len[b]-1 and the block's own g keys; a dropped block
- * (ctx_len < 0) outputs 0 with lse -inf and gets no gradient. ctx_len is host memory, so the
- * tiles are built here for the shared flash kernels (cuda_flash.cu); the backward's context
- * keys need ctx_len on the device too (which blocks see a key), and it is uploaded.
- * Contracts in include/dspark/backend.h. */
+/* The draft's block attention on the CUDA backend (forward with lse, backward), on the GEMM
+ * path (cuda_attn_gemm.cu). Block b's g query slots see context keys 0 .. ctx_len[b]-1 and the
+ * block's own g keys; a dropped block (ctx_len < 0) outputs 0 with lse -inf and gets no
+ * gradient. The blocks are ordered by ctx_len (ctx_len is host memory) and cut into chunks of
+ * whole blocks with similar context lengths: a chunk's context GEMMs run over its longest
+ * context, so the products the shorter ones mask away stay few. Contracts in
+ * include/dspark/backend.h. */
 #include <stdlib.h>
 
-#include "nn/cuda/cuda_flash.h"
+#include "nn/cuda/cuda_attn_gemm.h"
 
 namespace {
 
-ds_attn_geom block_geom(const float *q, const float *k_ctx, const float *v_ctx, const float *k_blk,
-                        const float *v_blk, int64_t g_size, int64_t n_heads, int64_t n_kv_heads, int64_t hd,
-                        float scale) {
-  ds_attn_geom g = ds_attn_geom_make(q, k_ctx, v_ctx, n_heads, n_kv_heads, hd, scale);
-  g.kb = k_blk;
-  g.vb = v_blk;
-  g.g = g_size;
-  return g;
+/* A chunk takes the next block (in ctx_len order) while its context is at most the chunk's
+ * first one plus max(kSpreadKeys, first / kSpreadDiv): the wasted products stay under about
+ * a fifth, and short contexts still share one chunk (few launches). */
+constexpr int64_t kSpreadKeys = 128, kSpreadDiv = 4;
+
+struct block_ctx {
+  int64_t ctx, b;
+};
+
+int by_ctx_then_block(const void *x, const void *y) {
+  const block_ctx *a = (const block_ctx *)x, *c = (const block_ctx *)y;
+  if (a->ctx != c->ctx) return a->ctx < c->ctx ? -1 : 1;
+  return a->b < c->b ? -1 : (a->b > c->b);
 }
 
-/* Query tiles: DS_ATTN_QUERY_WARPS slots of one block; with skip_dropped the dropped blocks
- * are left out (the backward), else they are tiles that write 0 and -inf. */
-ds_attn_qtile *block_query_tiles(const int64_t *ctx_len, int64_t n_ctx, int64_t n_blocks, int64_t g,
-                                 int skip_dropped, int64_t *n_tiles) {
-  int64_t per_block = (g + DS_ATTN_QUERY_WARPS - 1) / DS_ATTN_QUERY_WARPS;
-  ds_attn_qtile *tiles =
-      (ds_attn_qtile *)ds_cuda_host_array((size_t)(n_blocks * per_block), sizeof *tiles, "block attention tiles");
-  int64_t k = 0;
+/* The blocks in chunk order (ctx_len ascending, then index; dropped blocks first, or left out
+ * without keep_dropped), their rows on the device as row[] then vis[] (n * g each), and the
+ * longest context. */
+struct block_plan {
+  block_ctx *order;
+  int64_t n;
+  const int64_t *dev;
+  int64_t max_ctx;
+};
+
+block_plan plan_blocks(const int64_t *ctx_len, int64_t n_ctx, int64_t n_blocks, int64_t g, int keep_dropped) {
+  block_plan p = {(block_ctx *)ds_cuda_host_array((size_t)n_blocks, sizeof(block_ctx), "block attention order"), 0,
+                  NULL, 0};
   for (int64_t b = 0; b < n_blocks; b++) {
-    int64_t L = ctx_len[b];
-    DS_CHECK(L <= n_ctx);
-    if (L < 0 && skip_dropped) continue;
-    for (int64_t i0 = 0; i0 < g; i0 += DS_ATTN_QUERY_WARPS) {
-      int64_t nr = g - i0 < DS_ATTN_QUERY_WARPS ? g - i0 : DS_ATTN_QUERY_WARPS;
-      tiles[k++] = ds_attn_qtile{b * g + i0, nr, 0, L < 0 ? 0 : L, b * g, g, -1, L < 0 ? 1 : 0};
-    }
+    DS_CHECK(ctx_len[b] <= n_ctx);
+    if (ctx_len[b] > p.max_ctx) p.max_ctx = ctx_len[b];
+    if (ctx_len[b] >= 0 || keep_dropped) p.order[p.n++] = block_ctx{ctx_len[b], b};
   }
-  *n_tiles = k;
-  return tiles;
+  qsort(p.order, (size_t)p.n, sizeof(block_ctx), by_ctx_then_block);
+  int64_t rows = p.n * g;
+  int64_t *h = (int64_t *)ds_cuda_host_array((size_t)(2 * rows), sizeof(int64_t), "block attention rows");
+  for (int64_t i = 0; i < p.n; i++)
+    for (int64_t t = 0; t < g; t++) {
+      h[i * g + t] = p.order[i].b * g + t;
+      h[rows + i * g + t] = p.order[i].ctx;
+    }
+  p.dev = (const int64_t *)ds_cuda_upload(DS_CUDA_SLOT_INDEX, h, (size_t)(2 * rows) * sizeof(int64_t));
+  free(h);
+  return p;
+}
+
+/* Runs the plan's chunks in order: whole blocks while the scores (elem_bytes each) fit the
+ * budget, the [n_heads, rows, hd] buffers DS_ATTN_ROW_BYTES and the contexts the spread above;
+ * one block at least. */
+template <class Run>
+void block_chunks(const block_plan &p, int64_t g, int64_t n_heads, int64_t hd, int64_t elem_bytes,
+                  const ds_attn_keys &k, const ds_attn_keys &v, Run run) {
+  int64_t budget = ds_attn_score_budget(), rows = p.n * g;
+  for (int64_t i = 0; i < p.n;) {
+    int64_t c0 = p.order[i].ctx > 0 ? p.order[i].ctx : 0, spread = c0 / kSpreadDiv, nb = 1;
+    if (spread < kSpreadKeys) spread = kSpreadKeys;
+    for (; i + nb < p.n; nb++) {
+      int64_t cn = p.order[i + nb].ctx > 0 ? p.order[i + nb].ctx : 0, r = (nb + 1) * g;
+      if (cn > c0 + spread || n_heads * r * ds_attn_ld(cn, g) * elem_bytes > budget ||
+          n_heads * r * hd * (int64_t)sizeof(float) > DS_ATTN_ROW_BYTES)
+        break;
+    }
+    int64_t Lc = p.order[i + nb - 1].ctx > 0 ? p.order[i + nb - 1].ctx : 0;
+    ds_attn_chunk c = {p.dev + i * g, NULL, p.dev + rows + i * g, nb * g, k, v, Lc, NULL, NULL};
+    run(c);
+    i += nb;
+  }
+}
+
+ds_attn_job block_job(const float *q, const float *k_blk, const float *v_blk, int64_t g, int64_t n_heads,
+                      int64_t n_kv_heads, int64_t hd, float scale) {
+  DS_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0);
+  ds_attn_job j = {};
+  j.q = q;
+  j.q_stride = n_heads * hd;
+  j.kb = k_blk;
+  j.vb = v_blk;
+  j.g = g;
+  j.n_heads = n_heads;
+  j.n_kv = n_kv_heads;
+  j.hd = hd;
+  j.scale = scale;
+  j.bf16 = ds_cuda_bf16_gemm();
+  j.dk_row = n_kv_heads * hd;
+  j.dk_head = hd;
+  return j;
 }
 
 }  // namespace
@@ -48,57 +106,47 @@ void ds_cuda_block_attention(float *out, float *lse, const float *q, const float
                              int64_t n_blocks, int64_t g, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                              float scale) {
   if (n_blocks == 0 || g == 0 || n_heads == 0) return;
-  ds_attn_geom geom = block_geom(q, k_ctx, v_ctx, k_blk, v_blk, g, n_heads, n_kv_heads, head_dim, scale);
-  int64_t n_tiles = 0;
-  ds_attn_qtile *tiles = block_query_tiles(ctx_len, n_ctx, n_blocks, g, 0, &n_tiles);
-  ds_cuda_attn_forward(&geom, tiles, n_tiles, out, lse);
-  free(tiles);
+  ds_attn_job j = block_job(q, k_blk, v_blk, g, n_heads, n_kv_heads, head_dim, scale);
+  j.out = out;
+  j.lse = lse;
+  block_plan p = plan_blocks(ctx_len, n_ctx, n_blocks, g, 1);
+  int64_t kvs = n_kv_heads * head_dim;
+  ds_attn_keys k = ds_attn_keys_ready(k_ctx, p.max_ctx, kvs, head_dim, n_kv_heads, head_dim, j.bf16,
+                                      DS_CUDA_SLOT_ATTN_K16);
+  ds_attn_keys v = ds_attn_keys_ready(v_ctx, p.max_ctx, kvs, head_dim, n_kv_heads, head_dim, j.bf16,
+                                      DS_CUDA_SLOT_ATTN_V16);
+  block_chunks(p, g, n_heads, head_dim, ds_attn_score_elem_bytes(j.bf16, 0), k, v,
+               [&](const ds_attn_chunk &c) { ds_attn_gemm_forward(&j, &c); });
+  free(p.order);
 }
 
-/* dq per query tile; dk / dv of the context per tile of DS_ATTN_KEY_WARPS context keys (every
- * block's rows are offered, each warp keeps those whose block sees its key), dk / dv of the
- * block keys per tile of one block's keys (its own g rows see them all). */
+/* The live blocks' chunks in order: dq and the block keys' gradients per chunk, the context
+ * keys' dk / dv added chunk after chunk. */
 void ds_cuda_block_attention_backward(float *dq, float *dk_ctx, float *dv_ctx, float *dk_blk, float *dv_blk,
                                       const float *dout, const float *out, const float *lse, const float *q,
                                       const float *k_ctx, const float *v_ctx, const float *k_blk, const float *v_blk,
                                       const int64_t *ctx_len, int64_t n_ctx, int64_t n_blocks, int64_t g,
                                       int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale) {
   if (n_blocks == 0 || g == 0 || n_heads == 0) return;
+  if (!dq && !dk_ctx && !dv_ctx && !dk_blk && !dv_blk) return;
   DS_CHECK(lse != NULL);
-  ds_attn_geom geom = block_geom(q, k_ctx, v_ctx, k_blk, v_blk, g, n_heads, n_kv_heads, head_dim, scale);
-  const float *D = ds_cuda_attn_rowsum(dout, out, n_blocks * g, n_heads, head_dim);
-  int64_t max_ctx = 0, live_blocks = 0;
-  for (int64_t b = 0; b < n_blocks; b++) {
-    DS_CHECK(ctx_len[b] <= n_ctx);
-    if (ctx_len[b] > max_ctx) max_ctx = ctx_len[b];
-    if (ctx_len[b] >= 0) live_blocks++;
-  }
-  if (dq) {
-    int64_t n_tiles = 0;
-    ds_attn_qtile *tiles = block_query_tiles(ctx_len, n_ctx, n_blocks, g, 1, &n_tiles);
-    ds_cuda_attn_dq(&geom, tiles, n_tiles, dout, lse, D, dq);
-    free(tiles);
-  }
-  int64_t per_block = (g + DS_ATTN_KEY_WARPS - 1) / DS_ATTN_KEY_WARPS;
-  int64_t ctx_tiles = (dk_ctx || dv_ctx) ? (max_ctx + DS_ATTN_KEY_WARPS - 1) / DS_ATTN_KEY_WARPS : 0;
-  int64_t blk_tiles = (dk_blk || dv_blk) ? live_blocks * per_block : 0;
-  if (ctx_tiles + blk_tiles == 0) return;
-  ds_attn_ktile *tiles =
-      (ds_attn_ktile *)ds_cuda_host_array((size_t)(ctx_tiles + blk_tiles), sizeof *tiles, "block attention key tiles");
-  int64_t k = 0;
-  for (int64_t t = 0; t < ctx_tiles; t++) {
-    int64_t k0 = t * DS_ATTN_KEY_WARPS, nk = max_ctx - k0 < DS_ATTN_KEY_WARPS ? max_ctx - k0 : DS_ATTN_KEY_WARPS;
-    tiles[k++] = ds_attn_ktile{0, k0, nk, 0, n_blocks * g, DS_ATTN_SEE_CTX};
-  }
-  for (int64_t b = 0; blk_tiles && b < n_blocks; b++) {
-    if (ctx_len[b] < 0) continue;
-    for (int64_t j0 = 0; j0 < g; j0 += DS_ATTN_KEY_WARPS) {
-      int64_t nk = g - j0 < DS_ATTN_KEY_WARPS ? g - j0 : DS_ATTN_KEY_WARPS;
-      tiles[k++] = ds_attn_ktile{1, b * g + j0, nk, b * g, g, DS_ATTN_SEE_ALL};
-    }
-  }
-  if (ctx_tiles) geom.ctx_len = (const int64_t *)ds_cuda_upload(DS_CUDA_SLOT_INDEX, ctx_len,
-                                                                (size_t)n_blocks * sizeof(int64_t));
-  ds_cuda_attn_dkdv(&geom, tiles, k, n_kv_heads, dout, lse, D, dk_ctx, dv_ctx, dk_blk, dv_blk);
-  free(tiles);
+  ds_attn_job j = block_job(q, k_blk, v_blk, g, n_heads, n_kv_heads, head_dim, scale);
+  j.dout = dout;
+  j.lse_in = lse;
+  j.D = ds_cuda_attn_rowsum(dout, out, n_blocks * g, n_heads, head_dim);
+  j.dq = dq;
+  j.dkb = dk_blk;
+  j.dvb = dv_blk;
+  block_plan p = plan_blocks(ctx_len, n_ctx, n_blocks, g, 0);
+  int64_t kvs = n_kv_heads * head_dim;
+  ds_attn_keys k = ds_attn_keys_ready(k_ctx, p.max_ctx, kvs, head_dim, n_kv_heads, head_dim, j.bf16,
+                                      DS_CUDA_SLOT_ATTN_K16);
+  ds_attn_keys v = ds_attn_keys_ready(v_ctx, p.max_ctx, kvs, head_dim, n_kv_heads, head_dim, j.bf16,
+                                      DS_CUDA_SLOT_ATTN_V16);
+  block_chunks(p, g, n_heads, head_dim, ds_attn_score_elem_bytes(j.bf16, 1), k, v, [&](ds_attn_chunk c) {
+    c.dk = dk_ctx;
+    c.dv = dv_ctx;
+    ds_attn_gemm_backward(&j, &c);
+  });
+  free(p.order);
 }

@@ -44,14 +44,21 @@
 /* Scratch slots: each a grow-only device buffer, reused call after call (stream order keeps
  * that safe). One call uses each slot for one purpose at a time. */
 enum {
-  DS_CUDA_SLOT_TILES = 0, /* attention tile lists */
-  DS_CUDA_SLOT_TILES2,    /* the backward's key tiles */
-  DS_CUDA_SLOT_INDEX,     /* uploaded pos / ids / ctx_len */
+  DS_CUDA_SLOT_TILES = 0, /* decode attention tile list (cuda_flash.cu) */
+  DS_CUDA_SLOT_INDEX,     /* uploaded pos / ids / attention rows and visible keys */
   DS_CUDA_SLOT_INDEX2,    /* embedding backward: rows grouped by id */
   DS_CUDA_SLOT_INDEX3,    /* embedding backward: group offsets */
   DS_CUDA_SLOT_ROWSUM,    /* attention backward: D = rowsum(dout * out) */
   DS_CUDA_SLOT_CONV_A,    /* GEMM operand A converted (bf16 or fp32) */
   DS_CUDA_SLOT_CONV_B,    /* GEMM operand B converted */
+  DS_CUDA_SLOT_ATTN_Q,    /* attention chunk (cuda_attn_gemm.cu): queries head-major */
+  DS_CUDA_SLOT_ATTN_DO,   /* its dout rows head-major */
+  DS_CUDA_SLOT_ATTN_O,    /* its PV (or dS K) product head-major */
+  DS_CUDA_SLOT_ATTN_S,    /* its scores, then P */
+  DS_CUDA_SLOT_ATTN_DP,   /* the backward's dP, then dS */
+  DS_CUDA_SLOT_ATTN_P16,  /* bf16 mode: P (and dS) rounded for the GEMMs */
+  DS_CUDA_SLOT_ATTN_K16,  /* bf16 mode: the context keys, head-major */
+  DS_CUDA_SLOT_ATTN_V16,  /* bf16 mode: the context values, head-major */
   DS_CUDA_SLOT_COUNT
 };
 

@@ -1,4 +1,4 @@
-/* CUDA emulation (see cuda_runtime.h): cublasGemmEx as cuBLAS documents it (column-major,
+/* CUDA emulation (see cuda_runtime.h): cublasGemmEx and cublasGemmStridedBatchedEx as cuBLAS documents them (column-major,
  * C = alpha op(A) op(B) + beta C), on fp32 or bf16 inputs, fp32 output, double accumulation. */
 #ifndef DSPARK_CUDA_EMU_CUBLAS_H
 #define DSPARK_CUDA_EMU_CUBLAS_H
@@ -19,4 +19,11 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                             const void *alpha, const void *A, cudaDataType_t at, int lda, const void *B,
                             cudaDataType_t bt, int ldb, const void *beta, void *C, cudaDataType_t ct, int ldc,
                             cublasComputeType_t ctype, cublasGemmAlgo_t algo);
+/* batchCount products of cublasGemmEx, operand i at A + i * strideA elements (B, C likewise). */
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                          int k, const void *alpha, const void *A, cudaDataType_t at, int lda,
+                                          long long strideA, const void *B, cudaDataType_t bt, int ldb,
+                                          long long strideB, const void *beta, void *C, cudaDataType_t ct, int ldc,
+                                          long long strideC, int batchCount, cublasComputeType_t ctype,
+                                          cublasGemmAlgo_t algo);
 #endif
