@@ -10,10 +10,11 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/prompt.h"
-#include "cli/spec_io.h"
 #include "dspark/backend.h"
 #include "dspark/checkpoint.h"
 #include "dspark/fileio.h"
+#include "dspark/prompts.h"
+#include "dspark/spec_files.h"
 #include "dspark/speculate.h"
 
 static void usage(FILE *f) {
@@ -35,7 +36,7 @@ static void usage(FILE *f) {
 }
 
 /* Marks the held-out rounds; returns the split's description. */
-static const char *split_rounds(const cli_rounds *r, int requests, uint8_t *fit, uint8_t *held) {
+static const char *split_rounds(const ds_spec_rounds *r, int requests, uint8_t *fit, uint8_t *held) {
   int by_request = requests >= 4;
   for (int64_t i = 0; i < r->n; i++) {
     int out = by_request ? r->request[i] % 4 == 3 : i % 4 == 3;
@@ -56,7 +57,7 @@ static double mean_of(const cJSON *a) {
 
 static cJSON *ece_block(const ds_round_set *s, const double *T, double *before_mean, double *after_mean) {
   cJSON *o = cJSON_CreateObject();
-  cJSON *before = cli_ece_array(s, NULL), *after = cli_ece_array(s, T);
+  cJSON *before = ds_ece_json(s, NULL), *after = ds_ece_json(s, T);
   *before_mean = mean_of(before);
   *after_mean = mean_of(after);
   int64_t rounds = 0;
@@ -64,7 +65,7 @@ static cJSON *ece_block(const ds_round_set *s, const double *T, double *before_m
   cJSON_AddNumberToObject(o, "rounds", (double)rounds);
   cJSON_AddItemToObject(o, "before", before);
   cJSON_AddItemToObject(o, "after", after);
-  cJSON_AddItemToObject(o, "count", cli_ece_counts(s));
+  cJSON_AddItemToObject(o, "count", ds_ece_counts_json(s));
   cJSON_AddNumberToObject(o, "before_mean", *before_mean);
   cJSON_AddNumberToObject(o, "after_mean", *after_mean);
   return o;
@@ -116,10 +117,10 @@ int cmd_calibrate(int argc, char **argv) {
   ds_target *t = NULL;
   ds_draft *d = NULL;
   ds_tokenizer *tok = NULL;
-  cli_chat cc = {NULL, thinking};
-  cli_prompts batch = {0};
-  cli_rounds rounds;
-  cli_rounds_init(&rounds, 0);
+  ds_prompt_chat cc = {NULL, thinking};
+  ds_prompt_batch batch = {0};
+  ds_spec_rounds rounds;
+  ds_spec_rounds_init(&rounds, 0);
   ds_spec_result *res = NULL;
   const int32_t **pv = NULL;
   int64_t *pn = NULL;
@@ -127,8 +128,8 @@ int cmd_calibrate(int argc, char **argv) {
   double *T = NULL;
   ds_model_source *src = NULL;
   if (ds_model_source_open(target_dir, &src) != DS_OK || ds_model_source_tokenizer(src, &tok) != DS_OK) goto report;
-  if (cli_load_chat_template(src, chat_template, &cc) != DS_OK) goto report;
-  if (cli_read_prompts(tok, &cc, data, chat, max_line, &batch) != DS_OK) goto report;
+  if (ds_prompt_chat_load(src, chat_template, &cc) != DS_OK) goto report;
+  if (ds_prompt_batch_read(tok, &cc, data, chat, max_line, &batch) != DS_OK) goto report;
   if (ds_target_load_source(src, ds_backend_cpu(), NULL, &t) != DS_OK ||
       ds_draft_open(draft_dir, ds_backend_cpu(), &d) != DS_OK)
     goto report;
@@ -140,7 +141,7 @@ int cmd_calibrate(int argc, char **argv) {
   }
   int64_t g = dc->block_size, K = o.draft_len > 0 && o.draft_len < g ? o.draft_len : g;
   R = batch.n;
-  cli_rounds_init(&rounds, g);
+  ds_spec_rounds_init(&rounds, g);
   pv = calloc((size_t)R, sizeof *pv);
   pn = calloc((size_t)R, sizeof *pn);
   res = calloc((size_t)R, sizeof *res);
@@ -148,7 +149,7 @@ int cmd_calibrate(int argc, char **argv) {
   if (!pv || !pn || !res || !T) goto report;
   for (int i = 0; i < R; i++) pv[i] = batch.v[i].ids, pn[i] = (int64_t)batch.v[i].len;
   o.policy = DS_SPEC_FIXED;
-  o.on_round = cli_rounds_add;
+  o.on_round = ds_spec_rounds_add;
   o.round_user = &rounds;
   if (ds_speculate_batch(t, d, pv, pn, R, &o, res) != DS_OK) goto report;
   if (rounds.failed) {
@@ -163,7 +164,7 @@ int cmd_calibrate(int argc, char **argv) {
   if (K < g)
     for (int64_t i = 0; i < rounds.n; i++) memmove(rounds.z + i * K, rounds.z + i * g, (size_t)K * sizeof(float));
   const char *split = split_rounds(&rounds, R, fit, held);
-  ds_round_set fit_set = cli_rounds_set(&rounds, fit), held_set = cli_rounds_set(&rounds, held);
+  ds_round_set fit_set = ds_spec_rounds_set(&rounds, fit), held_set = ds_spec_rounds_set(&rounds, held);
   ds_sts_fit(&fit_set, T);
   double fb, fa, hb, ha;
   cJSON *j = cJSON_CreateObject();
@@ -171,7 +172,7 @@ int cmd_calibrate(int argc, char **argv) {
   cJSON_AddStringToObject(j, "method", "sequential temperature scaling: confidence_k = sigmoid(logit_k / T_k), "
                                        "T_k fitted left to right minimizing the ECE of the cumulative acceptance");
   cJSON_AddStringToObject(j, "draft", draft_dir);
-  cli_add_draft_identity(j, d); /* speculate --calibration refuses the file for another draft */
+  ds_spec_add_draft_identity(j, d); /* speculate --calibration refuses the file for another draft */
   cJSON_AddStringToObject(j, "target", target_dir);
   cJSON_AddNumberToObject(j, "draft_len", (double)K);
   cJSON_AddNumberToObject(j, "temperature", o.temperature);
@@ -182,7 +183,7 @@ int cmd_calibrate(int argc, char **argv) {
   cJSON_AddNumberToObject(j, "grid_max", ds_sts_grid_value(DS_STS_GRID - 1));
   cJSON_AddNumberToObject(j, "ece_bins", DS_ECE_BINS);
   cJSON_AddStringToObject(j, "split", split);
-  cJSON_AddItemToObject(j, "temperatures", cli_number_array(T, K));
+  cJSON_AddItemToObject(j, "temperatures", ds_json_number_array(T, K));
   cJSON *ece = cJSON_CreateObject();
   cJSON *fit_block = ece_block(&fit_set, T, &fb, &fa), *held_block = ece_block(&held_set, T, &hb, &ha);
   int64_t n_fit = 0, n_held = 0;
@@ -200,7 +201,7 @@ int cmd_calibrate(int argc, char **argv) {
             ds_cumulative_ece(&fit_set, k, NULL, NULL), ds_cumulative_ece(&fit_set, k, T, NULL),
             ds_cumulative_ece(&held_set, k, NULL, NULL), ds_cumulative_ece(&held_set, k, T, NULL));
   fprintf(stderr, "mean      %11s  %10.4f -> %.4f  %15.4f -> %.4f\n", "", fb, fa, hb, ha);
-  if (cli_write_json("--out", out_path, j) != DS_OK) goto report;
+  if (ds_json_write_report("--out", out_path, j) != DS_OK) goto report;
   rc = 0;
   goto done;
 report:
@@ -214,8 +215,8 @@ done:
   free(held);
   free(T);
   ds_model_source_close(src);
-  cli_rounds_free(&rounds);
-  cli_prompts_free(&batch);
+  ds_spec_rounds_free(&rounds);
+  ds_prompt_batch_free(&batch);
   ds_tokenizer_free(tok);
   ds_chat_template_free(cc.tmpl);
   ds_draft_free(d);

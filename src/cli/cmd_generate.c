@@ -9,6 +9,7 @@
 #include "cli/prompt.h"
 #include "dspark/backend.h"
 #include "dspark/fileio.h"
+#include "dspark/prompts.h"
 #include "dspark/rng.h"
 #include "dspark/speculate.h"
 #include "dspark/target.h"
@@ -44,7 +45,7 @@ static void usage(FILE *f) {
 }
 
 /* --data: every prompt decoded together; one line per request, then the batch's rates. */
-static ds_status generate_batch(ds_target *m, const ds_tokenizer *tok, const cli_prompts *b, ds_spec_options *so,
+static ds_status generate_batch(ds_target *m, const ds_tokenizer *tok, const ds_prompt_batch *b, ds_spec_options *so,
                                 int print_ids, double t_load) {
   const int R = b->n;
   const int32_t **pv = malloc((size_t)R * sizeof *pv);
@@ -132,21 +133,21 @@ int cmd_generate(int argc, char **argv) {
   int rc = 1;
   ds_target *m = NULL;
   ds_tokenizer *tok = NULL;
-  cli_chat cc = {NULL, thinking};
+  ds_prompt_chat cc = {NULL, thinking};
   ds_ids ids = {0};
-  cli_prompts batch = {0};
+  ds_prompt_batch batch = {0};
   ds_model_source *src = NULL;
   if (ds_model_source_open(dir, &src) != DS_OK) goto report;
   /* the tokenizer checked against config.json, before the weights are loaded */
   if ((prompt || data || !print_ids) && ds_model_source_checked_tokenizer(src, &tok) != DS_OK) goto report;
-  if ((chat || data) && tok && cli_load_chat_template(src, chat_template, &cc) != DS_OK) goto report;
+  if ((chat || data) && tok && ds_prompt_chat_load(src, chat_template, &cc) != DS_OK) goto report;
   if (data) {
-    if (cli_read_prompts(tok, &cc, data, chat, max_line, &batch) != DS_OK) goto report;
+    if (ds_prompt_batch_read(tok, &cc, data, chat, max_line, &batch) != DS_OK) goto report;
     if (batch.n == 0) { fprintf(stderr, "dspark generate: %s holds no prompt\n", data); rc = 2; goto done; }
     for (int i = 0; i < batch.n; i++)
       if (batch.v[i].len > ids.len) ids.len = batch.v[i].len; /* the longest, for the position check */
   } else {
-    if (cli_prompt_ids(tok, &cc, prompt, given_ids, n_given, chat, &ids) != DS_OK) goto report;
+    if (ds_prompt_ids(tok, &cc, prompt, given_ids, n_given, chat, &ids) != DS_OK) goto report;
   }
   if (ids.len == 0) { fprintf(stderr, "dspark generate: the prompt has no tokens\n"); rc = 2; goto done; }
 
@@ -203,7 +204,7 @@ done:
   free(given_ids);
   ds_model_source_close(src);
   if (!data) ds_ids_free(&ids);
-  cli_prompts_free(&batch);
+  ds_prompt_batch_free(&batch);
   ds_tokenizer_free(tok);
   ds_chat_template_free(cc.tmpl);
   ds_target_free(m);

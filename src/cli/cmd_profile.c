@@ -7,9 +7,9 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
-#include "cli/spec_io.h"
 #include "dspark/backend.h"
 #include "dspark/checkpoint.h"
+#include "dspark/spec_files.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -79,21 +79,21 @@ int cmd_profile(int argc, char **argv) {
   cJSON_AddStringToObject(j, "target", target_dir);
   if (draft_dir) cJSON_AddStringToObject(j, "draft", draft_dir);
   /* speculate --profile refuses the file for another target and drops another draft's costs */
-  if (cli_add_target_identity(j, src) != DS_OK) {
+  if (ds_spec_add_target_identity(j, src) != DS_OK) {
     cJSON_Delete(j);
     goto report;
   }
-  if (d) cli_add_draft_identity(j, d);
+  if (d) ds_spec_add_draft_identity(j, d);
   cJSON_AddNumberToObject(j, "context", (double)context);
   cJSON_AddNumberToObject(j, "reps", (double)reps);
   cJSON_AddStringToObject(j, "gemm", ds_gemm_name());
   cJSON_AddStringToObject(j, "compute", ds_compute_name(ds_matmul_compute()));
   if (ds_matmul_compute() == DS_COMPUTE_BF16) cJSON_AddStringToObject(j, "gemm_bf16", ds_gemm_bf16_name());
   cJSON_AddNumberToObject(j, "threads", ds_get_num_threads());
-  cJSON_AddItemToObject(j, "verify_seconds", cli_number_array(verify, max_tokens));
-  cJSON_AddItemToObject(j, "verify_steps_per_s", cli_number_array(sps, max_tokens));
-  if (d) cJSON_AddItemToObject(j, "draft_block_seconds", cli_number_array(draft, g));
-  if (cli_write_json("--out", out_path, j) != DS_OK) goto report;
+  cJSON_AddItemToObject(j, "verify_seconds", ds_json_number_array(verify, max_tokens));
+  cJSON_AddItemToObject(j, "verify_steps_per_s", ds_json_number_array(sps, max_tokens));
+  if (d) cJSON_AddItemToObject(j, "draft_block_seconds", ds_json_number_array(draft, g));
+  if (ds_json_write_report("--out", out_path, j) != DS_OK) goto report;
   fprintf(stderr, "profile: verifying 1 token %.3f ms, %lld tokens %.3f ms (%.2fx the cost for %lldx the tokens)",
           verify[0] * 1e3, (long long)max_tokens, verify[max_tokens - 1] * 1e3, verify[max_tokens - 1] / verify[0],
           (long long)max_tokens);

@@ -9,13 +9,14 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/prompt.h"
-#include "cli/spec_io.h"
 #include "dspark/backend.h"
 #include "dspark/checkpoint.h"
 #include "dspark/fileio.h"
 #include "dspark/model_source.h"
 #include "dspark/progress.h"
+#include "dspark/prompts.h"
 #include "dspark/regenerate.h"
+#include "dspark/spec_files.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -86,7 +87,7 @@ static ds_status summary(const regen_options *o, const ds_regen_summary *g) {
   cJSON_AddNumberToObject(j, "tokens_per_s", g->seconds > 0 ? (double)g->tokens / g->seconds : 0);
   cJSON_AddStringToObject(j, "decoder", o->r.speculative ? "speculative" : "plain");
   cJSON_AddStringToObject(j, "settings", g->settings);
-  if (o->summary) return cli_write_json("--summary", o->summary, j);
+  if (o->summary) return ds_json_write_report("--summary", o->summary, j);
   char *s = cJSON_Print(j);
   cJSON_Delete(j);
   if (!s) return DS_FAIL(DS_ERR_NOMEM, "out of memory");
@@ -167,14 +168,14 @@ int cmd_regenerate(int argc, char **argv) {
   ds_set_num_threads((int)o.threads);
   int rc = 1;
   ds_tokenizer *tok = NULL;
-  cli_chat cc = {NULL, -1};
+  ds_prompt_chat cc = {NULL, -1};
   ds_regen *g = NULL;
   ds_target *target = NULL;
   ds_draft *draft = NULL;
   ds_model_source *src = NULL;
   ds_model_config pre;
   if (ds_model_source_open(o.target_dir, &src) != DS_OK || ds_model_source_tokenizer(src, &tok) != DS_OK) goto report;
-  if (!o.r.completion && cli_load_chat_template(src, o.chat_template, &cc) != DS_OK) goto report;
+  if (!o.r.completion && ds_prompt_chat_load(src, o.chat_template, &cc) != DS_OK) goto report;
   /* the tokenizer against config.json, before the weights are loaded */
   const char *cfg_label = ds_model_source_label(src, DS_MODEL_CONFIG);
   if (ds_model_source_config(src, &pre) != DS_OK ||

@@ -10,10 +10,11 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/prompt.h"
-#include "cli/spec_io.h"
 #include "dspark/backend.h"
 #include "dspark/checkpoint.h"
 #include "dspark/fileio.h"
+#include "dspark/prompts.h"
+#include "dspark/spec_files.h"
 #include "dspark/speculate.h"
 
 static void usage(FILE *f) {
@@ -83,7 +84,7 @@ typedef struct {
   const char *policy;
   const char *calibration_path; /* NULL: none */
   const double *T;              /* [g] the temperatures (1 past the file's), NULL without calibration */
-  const cli_rounds *rounds;     /* NULL without the confidence head */
+  const ds_spec_rounds *rounds; /* NULL without the confidence head */
   const char *profile_source;   /* scheduler only */
   int64_t requests_switched_off;
 } report_extras;
@@ -146,19 +147,19 @@ static ds_status write_report(const char *path, const ds_spec_options *o, int64_
   }
   if (x->rounds) {
     cJSON *cal = cJSON_CreateObject();
-    ds_round_set set = cli_rounds_set(x->rounds, NULL);
+    ds_round_set set = ds_spec_rounds_set(x->rounds, NULL);
     if (x->calibration_path) cJSON_AddStringToObject(cal, "file", x->calibration_path);
     else cJSON_AddNullToObject(cal, "file");
-    cJSON *raw = cli_ece_array(&set, NULL);
+    cJSON *raw = ds_ece_json(&set, NULL);
     cJSON_AddNumberToObject(cal, "ece_raw_mean", mean_array(raw));
     cJSON_AddItemToObject(cal, "ece_raw", raw);
     if (x->T) {
-      cJSON *after = cli_ece_array(&set, x->T);
+      cJSON *after = ds_ece_json(&set, x->T);
       cJSON_AddNumberToObject(cal, "ece_calibrated_mean", mean_array(after));
       cJSON_AddItemToObject(cal, "ece_calibrated", after);
-      cJSON_AddItemToObject(cal, "temperatures", cli_number_array(x->T, g));
+      cJSON_AddItemToObject(cal, "temperatures", ds_json_number_array(x->T, g));
     }
-    cJSON_AddItemToObject(cal, "count", cli_ece_counts(&set));
+    cJSON_AddItemToObject(cal, "count", ds_ece_counts_json(&set));
     cJSON_AddItemToObject(j, "calibration", cal);
   } else {
     cJSON_AddNullToObject(j, "calibration"); /* no confidence head */
@@ -175,7 +176,7 @@ static ds_status write_report(const char *path, const ds_spec_options *o, int64_
   cJSON_AddStringToObject(j, "compute", ds_compute_name(ds_matmul_compute()));
   if (ds_matmul_compute() == DS_COMPUTE_BF16) cJSON_AddStringToObject(j, "gemm_bf16", ds_gemm_bf16_name());
   cJSON_AddNumberToObject(j, "threads", ds_get_num_threads());
-  return cli_write_json("--report", path, j);
+  return ds_json_write_report("--report", path, j);
 }
 
 int cmd_speculate(int argc, char **argv) {
@@ -257,25 +258,25 @@ int cmd_speculate(int argc, char **argv) {
   ds_target *t = NULL;
   ds_draft *d = NULL;
   ds_tokenizer *tok = NULL;
-  cli_chat cc = {NULL, thinking};
+  ds_prompt_chat cc = {NULL, thinking};
   ds_ids ids = {0};
-  cli_prompts batch = {0};
+  ds_prompt_batch batch = {0};
   ds_spec_result sum, plain_sum, *res = NULL;
   double *temps = NULL, *T = NULL, *verify = NULL, *draft_cost = NULL;
   int64_t n_temps = 0, n_verify = 0, n_draft_cost = 0, requests_off = 0;
   char profile_source[512] = "";
-  cli_rounds rounds;
-  cli_rounds_init(&rounds, 0);
+  ds_spec_rounds rounds;
+  ds_spec_rounds_init(&rounds, 0);
   memset(&sum, 0, sizeof sum);
   memset(&plain_sum, 0, sizeof plain_sum);
   ds_model_source *src = NULL;
   if (ds_model_source_open(target_dir, &src) != DS_OK) goto report;
   if ((prompt || data || !print_ids) && ds_model_source_tokenizer(src, &tok) != DS_OK) goto report;
-  if ((chat || data) && tok && cli_load_chat_template(src, chat_template, &cc) != DS_OK) goto report;
+  if ((chat || data) && tok && ds_prompt_chat_load(src, chat_template, &cc) != DS_OK) goto report;
   if (data) {
-    if (cli_read_prompts(tok, &cc, data, chat, max_line, &batch) != DS_OK) goto report;
+    if (ds_prompt_batch_read(tok, &cc, data, chat, max_line, &batch) != DS_OK) goto report;
   } else {
-    if (cli_prompt_ids(tok, &cc, prompt, given, n_given, chat, &ids) != DS_OK) goto report;
+    if (ds_prompt_ids(tok, &cc, prompt, given, n_given, chat, &ids) != DS_OK) goto report;
     if (ids.len == 0) { fprintf(stderr, "dspark speculate: the prompt has no tokens\n"); rc = 2; goto done; }
   }
   int R = data ? batch.n : 1;
@@ -295,7 +296,7 @@ int cmd_speculate(int argc, char **argv) {
   const ds_draft_config *dc = ds_draft_get_config(d);
   int64_t g = dc->block_size, drafted = o.draft_len > 0 && o.draft_len < g ? o.draft_len : g;
   if (calibration) {
-    if (cli_read_calibration(calibration, d, draft_dir, drafted, &temps, &n_temps) != DS_OK) {
+    if (ds_spec_read_calibration(calibration, d, draft_dir, drafted, &temps, &n_temps) != DS_OK) {
       free(pv), free(pn);
       goto report;
     }
@@ -309,7 +310,7 @@ int cmd_speculate(int argc, char **argv) {
   for (int64_t k = 0; k < g; k++) T[k] = k < n_temps ? temps[k] : 1.0;
   if (o.policy == DS_SPEC_SCHEDULER) {
     if (profile) {
-      if (cli_read_profile(profile, src, d, draft_dir, &verify, &n_verify, &draft_cost, &n_draft_cost) != DS_OK) {
+      if (ds_spec_read_profile(profile, src, d, draft_dir, &verify, &n_verify, &draft_cost, &n_draft_cost) != DS_OK) {
         free(pv), free(pn);
         goto report;
       }
@@ -335,8 +336,8 @@ int cmd_speculate(int argc, char **argv) {
     o.n_verify = n_verify;
   }
   if (dc->enable_confidence_head) {
-    cli_rounds_init(&rounds, g);
-    o.on_round = cli_rounds_add;
+    ds_spec_rounds_init(&rounds, g);
+    o.on_round = ds_spec_rounds_add;
     o.round_user = &rounds;
   }
   uint64_t seed0 = o.seed;
@@ -400,7 +401,7 @@ int cmd_speculate(int argc, char **argv) {
   fprintf(stderr, "\nper round: draft %.3f ms, verify %.3f ms, bookkeeping %.3f ms", 1e3 * sum.draft_s / steps,
           1e3 * sum.verify_s / steps, 1e3 * (book > 0 ? book : 0) / steps);
   if (rounds.n > 0 && !rounds.failed) {
-    ds_round_set set = cli_rounds_set(&rounds, NULL);
+    ds_round_set set = ds_spec_rounds_set(&rounds, NULL);
     double raw = 0, cal = 0;
     for (int64_t k = 0; k < g; k++) raw += ds_cumulative_ece(&set, k, NULL, NULL), cal += ds_cumulative_ece(&set, k, T, NULL);
     fprintf(stderr, "\ncalibration: mean ECE of the cumulative acceptance %.4f", raw / (double)g);
@@ -423,11 +424,11 @@ done:
   free(T);
   free(verify);
   free(draft_cost);
-  cli_rounds_free(&rounds);
+  ds_spec_rounds_free(&rounds);
   free(given);
   ds_model_source_close(src);
   ds_ids_free(&ids);
-  cli_prompts_free(&batch);
+  ds_prompt_batch_free(&batch);
   free(res);
   ds_tokenizer_free(tok);
   ds_chat_template_free(cc.tmpl);

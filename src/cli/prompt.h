@@ -1,42 +1,11 @@
-/* The prompt of `generate` and `speculate`, built one way for both so their outputs compare
- * token for token: --prompt-ids as given, --prompt tokenized with special tokens (the
- * tokenizer's template), or with --chat as a user turn followed by the assistant prompt,
- * rendered by the target's chat template (cli_chat; ChatML when it has none). */
+/* The command line's side of prompts: the chat options of argv and the output on stdout. The
+ * prompts themselves (--prompt-ids, --prompt, --chat, --data) are the decoding stage's
+ * (dspark/prompts.h). */
 #ifndef DSPARK_CLI_PROMPT_H
 #define DSPARK_CLI_PROMPT_H
 
-#include "dspark/chat_template.h"
-#include "dspark/model_source.h"
 #include "dspark/tokenizer.h"
 
-/* ids receives the prompt; tok may be NULL when given is used. */
-/* How chat prompts are rendered: the template (NULL: ChatML) and enable_thinking as in
- * ds_chat_options (-1: not passed). */
-typedef struct {
-  ds_chat_template *tmpl;
-  int enable_thinking;
-} cli_chat;
-
-ds_status cli_prompt_ids(const ds_tokenizer *tok, const cli_chat *cc, const char *prompt, const int32_t *given,
-                         int64_t n_given, int chat, ds_ids *ids);
-/* Prompts of a batch from FILE, read by the training data's reader (ds_data_reader: a file,
- * directory or glob, plain / .gz / .zst, lines bounded by max_line_bytes, 0: the default): a
- * JSONL line holds {"messages": [...]} or ShareGPT {"conversations": [...]} (rendered with cc;
- * a final assistant turn is left out and the assistant prompt added) or {"text": TEXT} /
- * {"prompt": TEXT}; a plain-text file holds one prompt per non-blank line. A text is tokenized
- * like --prompt, or as a user turn with chat. Errors name the file and the line; data without
- * a prompt is an error. */
-typedef struct {
-  ds_ids *v;
-  int n;
-} cli_prompts;
-ds_status cli_read_prompts(const ds_tokenizer *tok, const cli_chat *cc, const char *path, int chat,
-                           size_t max_line_bytes, cli_prompts *out);
-void cli_prompts_free(cli_prompts *p);
-
-/* cc->tmpl: override_path, else the model's chat template (ds_model_source_chat_template); NULL
- * means ChatML, which is said on stderr. */
-ds_status cli_load_chat_template(ds_model_source *src, const char *override_path, cli_chat *cc);
 /* --chat-template FILE / --enable-thinking on|off at argv[*i]: 1 when taken (values stored,
  * *i advanced), 0 when argv[*i] is neither, -1 on a bad value (reported; a usage error). */
 int cli_chat_option(const char *cmd, int argc, char **argv, int *i, const char **template_path, int *enable_thinking);

@@ -6,6 +6,7 @@
 
 #include "decode/regen_internal.h"
 #include "dspark/progress.h"
+#include "dspark/prompts.h"
 #include "dspark/rng.h"
 #include "text/chat_json.h"
 #include "text/chat_reasoning.h"
@@ -43,7 +44,7 @@ static ds_status render_turn(ds_regen *g, regen_conv *c, int r, ds_ids *ids) {
   DS_TRY(tk_chat_messages(cJSON_GetObjectItemCaseSensitive(c->obj, "messages"), label, &m, &n));
   size_t a = (size_t)turn_message(cJSON_GetObjectItemCaseSensitive(c->obj, "messages"), r);
   int source_reasoning = a < n && m[a].reasoning != NULL;
-  ds_chat_options opt = {1, g->o.thinking == DS_THINK_ON ? 1 : g->o.thinking == DS_THINK_DEFAULT ? -1 : 0};
+  int thinking = g->o.thinking == DS_THINK_ON ? 1 : g->o.thinking == DS_THINK_DEFAULT ? -1 : 0;
   ds_status st = DS_OK;
   if (g->o.thinking == DS_THINK_KEEP && source_reasoning) c->kept = 1;
   if (c->kept && g->tmpl) {
@@ -61,9 +62,7 @@ static ds_status render_turn(ds_regen *g, regen_conv *c, int r, ds_ids *ids) {
     if (st == DS_OK) st = ds_tokenizer_encode(g->tok, text, (size_t)(at - text), 0, ids);
     free(text);
   } else {
-    ds_ids mask = {0};
-    st = ds_chat_encode(g->tok, g->tmpl, m, a, &opt, ids, &mask);
-    ds_ids_free(&mask);
+    st = ds_prompt_render(g->tok, g->tmpl, m, a, thinking, ids); /* as generate / speculate render a chat prompt */
   }
   free(m);
   if (st != DS_OK) ds_error_wrap(st, "%s: turn %d", label, r + 1);

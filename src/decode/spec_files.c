@@ -1,6 +1,6 @@
-/* Round records, calibration files and profile files of the speculative-decoding commands
- * (cli/spec_io.h). */
-#include "cli/spec_io.h"
+/* Round records, identity records, calibration files and profile files of speculative decoding
+ * (dspark/spec_files.h). */
+#include "dspark/spec_files.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -8,17 +8,16 @@
 #include <string.h>
 
 #include "core/json_util.h"
-#include "dspark/cache.h"
 #include "dspark/fileio.h"
 #include "dspark/progress.h"
 
-void cli_rounds_init(cli_rounds *r, int64_t K) {
+void ds_spec_rounds_init(ds_spec_rounds *r, int64_t K) {
   memset(r, 0, sizeof *r);
   r->K = K;
 }
 
-void cli_rounds_add(void *user, int request, const float *conf, int64_t n_conf, int64_t n_prop, int64_t n_acc) {
-  cli_rounds *r = user;
+void ds_spec_rounds_add(void *user, int request, const float *conf, int64_t n_conf, int64_t n_prop, int64_t n_acc) {
+  ds_spec_rounds *r = user;
   if (r->failed) return;
   if (r->n == r->cap) {
     int64_t cap = r->cap ? 2 * r->cap : 256;
@@ -44,7 +43,7 @@ void cli_rounds_add(void *user, int request, const float *conf, int64_t n_conf, 
   r->n++;
 }
 
-void cli_rounds_free(cli_rounds *r) {
+void ds_spec_rounds_free(ds_spec_rounds *r) {
   free(r->z);
   free(r->n_prop);
   free(r->n_acc);
@@ -52,17 +51,17 @@ void cli_rounds_free(cli_rounds *r) {
   memset(r, 0, sizeof *r);
 }
 
-ds_round_set cli_rounds_set(const cli_rounds *r, const uint8_t *use) {
+ds_round_set ds_spec_rounds_set(const ds_spec_rounds *r, const uint8_t *use) {
   return (ds_round_set){r->z, r->n_prop, r->n_acc, use, r->n, r->K};
 }
 
-cJSON *cli_ece_array(const ds_round_set *s, const double *T) {
+cJSON *ds_ece_json(const ds_round_set *s, const double *T) {
   cJSON *a = cJSON_CreateArray();
   for (int64_t k = 0; k < s->K; k++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ds_cumulative_ece(s, k, T, NULL)));
   return a;
 }
 
-cJSON *cli_ece_counts(const ds_round_set *s) {
+cJSON *ds_ece_counts_json(const ds_round_set *s) {
   cJSON *a = cJSON_CreateArray();
   for (int64_t k = 0; k < s->K; k++) {
     int64_t n = 0;
@@ -72,13 +71,13 @@ cJSON *cli_ece_counts(const ds_round_set *s) {
   return a;
 }
 
-cJSON *cli_number_array(const double *v, int64_t n) {
+cJSON *ds_json_number_array(const double *v, int64_t n) {
   cJSON *a = cJSON_CreateArray();
   for (int64_t i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
   return a;
 }
 
-ds_status cli_write_json(const char *option, const char *path, cJSON *j) {
+ds_status ds_json_write_report(const char *option, const char *path, cJSON *j) {
   char *text = cJSON_Print(j);
   cJSON_Delete(j);
   if (!text) return DS_FAIL(DS_ERR_NOMEM, "out of memory writing %s %s", option, path);
@@ -127,7 +126,7 @@ static ds_status read_json(const char *path, cJSON **out) {
   return DS_OK;
 }
 
-void cli_add_draft_identity(cJSON *j, const ds_draft *d) {
+void ds_spec_add_draft_identity(cJSON *j, const ds_draft *d) {
   char id[24];
   snprintf(id, sizeof id, "%016llx", (unsigned long long)ds_draft_identity(d));
   cJSON_AddStringToObject(j, "draft_identity", id);
@@ -141,7 +140,7 @@ static ds_status target_config_hash(ds_model_source *target, char out[24]) {
   return st;
 }
 
-ds_status cli_add_target_identity(cJSON *j, ds_model_source *target) {
+ds_status ds_spec_add_target_identity(cJSON *j, ds_model_source *target) {
   char h[24];
   DS_TRY(target_config_hash(target, h));
   cJSON_AddStringToObject(j, "target_config_xxh64", h);
@@ -170,8 +169,8 @@ static ds_status check_draft(const cJSON *j, const char *path, const ds_draft *d
   return DS_OK;
 }
 
-ds_status cli_read_calibration(const char *path, const ds_draft *d, const char *draft_dir, int64_t drafted, double **T,
-                               int64_t *n) {
+ds_status ds_spec_read_calibration(const char *path, const ds_draft *d, const char *draft_dir, int64_t drafted,
+                                   double **T, int64_t *n) {
   *T = NULL;
   *n = 0;
   cJSON *j = NULL;
@@ -236,8 +235,8 @@ static ds_status check_profile(const cJSON *j, const char *path, ds_model_source
   return DS_OK;
 }
 
-ds_status cli_read_profile(const char *path, ds_model_source *target, const ds_draft *d, const char *draft_dir,
-                           double **verify_s, int64_t *n_verify, double **draft_s, int64_t *n_draft) {
+ds_status ds_spec_read_profile(const char *path, ds_model_source *target, const ds_draft *d, const char *draft_dir,
+                               double **verify_s, int64_t *n_verify, double **draft_s, int64_t *n_draft) {
   cJSON *j = NULL;
   *draft_s = NULL;
   *n_draft = 0;
