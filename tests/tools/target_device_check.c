@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "dspark/backend.h"
 #include "dspark/common.h"
@@ -48,7 +47,7 @@ static void compare(const char *name, const float *got, const float *want, size_
 /* A tiny Qwen3: V 97, d 64, 2 layers, 4 query heads over 2 kv heads of 16, intermediate 96. */
 static void write_tiny(const char *dir) {
   enum { V = 97, D = 64, L = 2, H = 4, KV = 2, HD = 16, I = 96 };
-  mkdir(dir, 0755);
+  if (ds_mkdir_p(dir) != DS_OK) die(dir);
   char path[1024];
   snprintf(path, sizeof path, "%s/config.json", dir);
   const char *cfg = "{\"architectures\": [\"Qwen3ForCausalLM\"], \"model_type\": \"qwen3\", \"vocab_size\": 97, "
