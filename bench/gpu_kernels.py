@@ -34,9 +34,29 @@ def timed(fn, reps):
     return (time.perf_counter() - t0) / reps
 
 
-def torch_rows(reps):
+def sdpa_rows(rows, op, shape, q_shape, kv_shape, how, pairs, hd, reps):
+    """PyTorch's scaled_dot_product_attention (GQA; `how`: is_causal or attn_mask), forward and
+    backward, in fp32 and bf16; pairs: visible (query, key, head) triples for the TFLOP/s."""
     import torch
     import torch.nn.functional as F
+    for mode, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        q = torch.randn(*q_shape, device="cuda", dtype=dt, requires_grad=True)
+        k = torch.randn(*kv_shape, device="cuda", dtype=dt, requires_grad=True)
+        v = torch.randn(*kv_shape, device="cuda", dtype=dt, requires_grad=True)
+        fwd = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **how)
+        sec = timed(fwd, reps)
+        rows.append(dict(op=op, mode=mode, shape=shape, ms=sec * 1e3, tflops=4 * hd * pairs / sec / 1e12))
+        o = fwd()
+        do = torch.randn_like(o)
+        sec = timed(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), reps)
+        rows.append(dict(op=op + "_backward", mode=mode, shape=shape, ms=sec * 1e3,
+                         tflops=10 * hd * pairs / sec / 1e12))
+        del q, k, v, o, do
+        torch.cuda.empty_cache()
+
+
+def torch_rows(reps):
+    import torch
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dev = "cuda"
@@ -60,21 +80,8 @@ def torch_rows(reps):
     H, KV, hd, L, S = 32, 8, 128, 2048, 2
     pairs = S * L * (L + 1) / 2 * H
     shape = f"{S} seqs x {L}, heads {H}/{KV}, hd {hd}"
-    for mode, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        q = torch.randn(S, H, L, hd, device=dev, dtype=dt, requires_grad=True)
-        k = torch.randn(S, KV, L, hd, device=dev, dtype=dt, requires_grad=True)
-        v = torch.randn(S, KV, L, hd, device=dev, dtype=dt, requires_grad=True)
-        fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        sec = timed(fwd, reps)
-        rows.append(dict(op="attention_causal_train", mode=mode, shape=shape, ms=sec * 1e3,
-                         tflops=4 * hd * pairs / sec / 1e12))
-        o = fwd()
-        do = torch.randn_like(o)
-        sec = timed(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), reps)
-        rows.append(dict(op="attention_causal_train_backward", mode=mode, shape=shape, ms=sec * 1e3,
-                         tflops=10 * hd * pairs / sec / 1e12))
-        del q, k, v, o, do
-        torch.cuda.empty_cache()
+    sdpa_rows(rows, "attention_causal_train", shape, (S, H, L, hd), (S, KV, L, hd), dict(is_causal=True),
+              pairs, hd, reps)
     # block attention: 512 blocks of 7 over a 2048-token context, lengths drawn uniformly
     nb, g = 512, 7
     gen = torch.Generator().manual_seed(3)
@@ -86,21 +93,8 @@ def torch_rows(reps):
                        ((kpos[None, :] - L) // g) == blk_of[:, None]).to(dev)
     bpairs = float(((ctx + g) * g).sum()) * H
     shape = f"{nb} blocks x {g}, ctx {L}, heads {H}/{KV}, hd {hd}"
-    for mode, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        q = torch.randn(1, H, qrows, hd, device=dev, dtype=dt, requires_grad=True)
-        k = torch.randn(1, KV, L + qrows, hd, device=dev, dtype=dt, requires_grad=True)
-        v = torch.randn(1, KV, L + qrows, hd, device=dev, dtype=dt, requires_grad=True)
-        fwd = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        sec = timed(fwd, reps)
-        rows.append(dict(op="block_attention", mode=mode, shape=shape, ms=sec * 1e3,
-                         tflops=4 * hd * bpairs / sec / 1e12))
-        o = fwd()
-        do = torch.randn_like(o)
-        sec = timed(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), reps)
-        rows.append(dict(op="block_attention_backward", mode=mode, shape=shape, ms=sec * 1e3,
-                         tflops=10 * hd * bpairs / sec / 1e12))
-        del q, k, v, o, do
-        torch.cuda.empty_cache()
+    sdpa_rows(rows, "block_attention", shape, (1, H, qrows, hd), (1, KV, L + qrows, hd), dict(attn_mask=mask),
+              bpairs, hd, reps)
     return rows
 
 

@@ -111,21 +111,6 @@ void span_chunks(const int64_t *dev, int64_t rows, const span &sp, int64_t past,
   }
 }
 
-/* The job of q [rows, n_heads * hd] against keys [rows, n_kv_heads * hd] (the training layout). */
-ds_attn_job train_job(const float *q, int64_t n_heads, int64_t n_kv_heads, int64_t hd, float scale) {
-  ds_attn_job j = {};
-  j.q = q;
-  j.q_stride = n_heads * hd;
-  j.n_heads = n_heads;
-  j.n_kv = n_kv_heads;
-  j.hd = hd;
-  j.scale = scale;
-  j.bf16 = ds_cuda_bf16_gemm();
-  j.dk_row = n_kv_heads * hd;
-  j.dk_head = hd;
-  return j;
-}
-
 /* The flash kernel's tiles for n queries at positions past .. past+n-1 of a cache. */
 void decode_flash(float *out, const float *q, int64_t q_stride, const float *k, const float *v, int64_t n,
                   int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale) {
@@ -153,7 +138,7 @@ void ds_cuda_attention_causal(float *out, const float *q, int64_t q_stride, cons
     decode_flash(out, q, q_stride, k, v, n, past, cap, n_heads, n_kv_heads, head_dim, scale);
     return;
   }
-  ds_attn_job j = train_job(q, n_heads, n_kv_heads, head_dim, scale);
+  ds_attn_job j = ds_attn_job_make(q, n_heads, n_kv_heads, head_dim, scale);
   j.q_stride = q_stride;
   j.out = out;
   int64_t seq_off[2] = {0, n}, n_spans = 0, eb = ds_attn_score_elem_bytes(j.bf16, 0);
@@ -176,7 +161,7 @@ void ds_cuda_attention_causal_train(float *out, float *lse, const float *q, cons
   DS_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0);
   int64_t rows = seq_off[n_seqs], kvs = n_kv_heads * head_dim;
   if (rows == 0) return;
-  ds_attn_job j = train_job(q, n_heads, n_kv_heads, head_dim, scale);
+  ds_attn_job j = ds_attn_job_make(q, n_heads, n_kv_heads, head_dim, scale);
   j.out = out;
   j.lse = lse;
   int64_t n_spans = 0, eb = ds_attn_score_elem_bytes(j.bf16, 0);
@@ -202,7 +187,7 @@ void ds_cuda_attention_causal_train_backward(float *dq, float *dk, float *dv, co
   DS_CHECK(lse != NULL && n_kv_heads > 0 && n_heads % n_kv_heads == 0);
   int64_t rows = seq_off[n_seqs], kvs = n_kv_heads * head_dim;
   if (rows == 0) return;
-  ds_attn_job j = train_job(q, n_heads, n_kv_heads, head_dim, scale);
+  ds_attn_job j = ds_attn_job_make(q, n_heads, n_kv_heads, head_dim, scale);
   j.dout = dout;
   j.lse_in = lse;
   j.D = ds_cuda_attn_rowsum(dout, out, rows, n_heads, head_dim);

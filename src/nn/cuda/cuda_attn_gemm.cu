@@ -287,6 +287,21 @@ ds_attn_keys ds_attn_keys_ready(const float *k, int64_t rows, int64_t row_stride
   return view;
 }
 
+ds_attn_job ds_attn_job_make(const float *q, int64_t n_heads, int64_t n_kv, int64_t hd, float scale) {
+  DS_CHECK(n_kv > 0 && n_heads % n_kv == 0);
+  ds_attn_job j = {};
+  j.q = q;
+  j.q_stride = n_heads * hd;
+  j.n_heads = n_heads;
+  j.n_kv = n_kv;
+  j.hd = hd;
+  j.scale = scale;
+  j.bf16 = ds_cuda_bf16_gemm();
+  j.dk_row = n_kv * hd;
+  j.dk_head = hd;
+  return j;
+}
+
 void ds_attn_gemm_forward(const ds_attn_job *j, const ds_attn_chunk *c) {
   int64_t H = j->n_heads, hd = j->hd, R = c->R, Lc = c->Lc, gr = H / j->n_kv * R, ld = ds_attn_ld(Lc, j->g);
   if (R == 0 || H == 0) return;

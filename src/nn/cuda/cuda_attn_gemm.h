@@ -85,6 +85,10 @@ struct ds_attn_chunk {
   float *dk, *dv;    /* backward: gradient rows of keys 0 .. Lc-1 (NULL skips) */
 };
 
+/* A job over queries q [rows, n_heads * hd] against keys of layout [rows, n_kv * hd] (the
+ * training and block layouts), in the current GEMM mode; no block keys, no outputs set yet. */
+ds_attn_job ds_attn_job_make(const float *q, int64_t n_heads, int64_t n_kv, int64_t hd, float scale);
+
 /* out rows of the chunk = softmax(scale * q k^T) v over what each row sees; lse when set. */
 void ds_attn_gemm_forward(const ds_attn_job *job, const ds_attn_chunk *c);
 /* dq, dk, dv, dkb, dvb += the chunk's share (no dropped rows here). */

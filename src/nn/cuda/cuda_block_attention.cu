@@ -82,21 +82,19 @@ void block_chunks(const block_plan &p, int64_t g, int64_t n_heads, int64_t hd, i
 
 ds_attn_job block_job(const float *q, const float *k_blk, const float *v_blk, int64_t g, int64_t n_heads,
                       int64_t n_kv_heads, int64_t hd, float scale) {
-  DS_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0);
-  ds_attn_job j = {};
-  j.q = q;
-  j.q_stride = n_heads * hd;
+  ds_attn_job j = ds_attn_job_make(q, n_heads, n_kv_heads, hd, scale);
   j.kb = k_blk;
   j.vb = v_blk;
   j.g = g;
-  j.n_heads = n_heads;
-  j.n_kv = n_kv_heads;
-  j.hd = hd;
-  j.scale = scale;
-  j.bf16 = ds_cuda_bf16_gemm();
-  j.dk_row = n_kv_heads * hd;
-  j.dk_head = hd;
   return j;
+}
+
+/* The context keys and values 0 .. p.max_ctx-1, ready for the job's GEMM mode. */
+void context_keys(const ds_attn_job &j, const float *k_ctx, const float *v_ctx, int64_t max_ctx, ds_attn_keys *k,
+                  ds_attn_keys *v) {
+  int64_t kvs = j.n_kv * j.hd;
+  *k = ds_attn_keys_ready(k_ctx, max_ctx, kvs, j.hd, j.n_kv, j.hd, j.bf16, DS_CUDA_SLOT_ATTN_K16);
+  *v = ds_attn_keys_ready(v_ctx, max_ctx, kvs, j.hd, j.n_kv, j.hd, j.bf16, DS_CUDA_SLOT_ATTN_V16);
 }
 
 }  // namespace
@@ -110,11 +108,8 @@ void ds_cuda_block_attention(float *out, float *lse, const float *q, const float
   j.out = out;
   j.lse = lse;
   block_plan p = plan_blocks(ctx_len, n_ctx, n_blocks, g, 1);
-  int64_t kvs = n_kv_heads * head_dim;
-  ds_attn_keys k = ds_attn_keys_ready(k_ctx, p.max_ctx, kvs, head_dim, n_kv_heads, head_dim, j.bf16,
-                                      DS_CUDA_SLOT_ATTN_K16);
-  ds_attn_keys v = ds_attn_keys_ready(v_ctx, p.max_ctx, kvs, head_dim, n_kv_heads, head_dim, j.bf16,
-                                      DS_CUDA_SLOT_ATTN_V16);
+  ds_attn_keys k, v;
+  context_keys(j, k_ctx, v_ctx, p.max_ctx, &k, &v);
   block_chunks(p, g, n_heads, head_dim, ds_attn_score_elem_bytes(j.bf16, 0), k, v,
                [&](const ds_attn_chunk &c) { ds_attn_gemm_forward(&j, &c); });
   free(p.order);
@@ -138,11 +133,8 @@ void ds_cuda_block_attention_backward(float *dq, float *dk_ctx, float *dv_ctx, f
   j.dkb = dk_blk;
   j.dvb = dv_blk;
   block_plan p = plan_blocks(ctx_len, n_ctx, n_blocks, g, 0);
-  int64_t kvs = n_kv_heads * head_dim;
-  ds_attn_keys k = ds_attn_keys_ready(k_ctx, p.max_ctx, kvs, head_dim, n_kv_heads, head_dim, j.bf16,
-                                      DS_CUDA_SLOT_ATTN_K16);
-  ds_attn_keys v = ds_attn_keys_ready(v_ctx, p.max_ctx, kvs, head_dim, n_kv_heads, head_dim, j.bf16,
-                                      DS_CUDA_SLOT_ATTN_V16);
+  ds_attn_keys k, v;
+  context_keys(j, k_ctx, v_ctx, p.max_ctx, &k, &v);
   block_chunks(p, g, n_heads, head_dim, ds_attn_score_elem_bytes(j.bf16, 1), k, v, [&](ds_attn_chunk c) {
     c.dk = dk_ctx;
     c.dv = dv_ctx;
