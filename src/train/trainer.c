@@ -161,6 +161,8 @@ static ds_status reduce_rows(ds_trainer *t, int64_t n, ds_report *r, int *bad) {
 static double pair_value(const ds_report *r, int i) { return r->pair[i][1] > 0 ? r->pair[i][0] / r->pair[i][1] : 0.0; }
 
 static ds_status evaluate(ds_trainer *t, double elapsed) {
+  /* No held-out split (--eval-seqs 0): nothing to measure, and no eval record to write. */
+  if (t->obj->n_eval <= 0) return DS_OK;
   ds_report r;
   memset(t->report_rows, 0, (size_t)t->obj->n_eval * REPORT_DOUBLES * sizeof(double));
   for (int64_t e = rank_of(t); e < t->obj->n_eval; e += world_of(t)) {
@@ -175,7 +177,7 @@ static ds_status evaluate(ds_trainer *t, double elapsed) {
   if (!ds_trainer_is_writer(t)) return DS_OK;
   DS_TRY(ds_trainer_metrics_write(t, "eval", &r, -1, -1, -1, elapsed));
   if (!t->o.quiet) {
-    char line[512];
+    char line[512] = "";
     size_t at = 0;
     for (int i = 0; i < t->ops->n_pairs && at < sizeof line; i++)
       if (r.pair_present[i])

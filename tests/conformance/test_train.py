@@ -67,6 +67,15 @@ def main():
     ck.check(needed <= set(metrics[1]), f"train metrics lack {needed - set(metrics[1])}")
     ck.check(any(m["kind"] == "eval" for m in metrics), "no eval metrics")
 
+    # no held-out split: no eval record and no eval line (there is nothing to measure)
+    e = run_dir("run-no-eval")
+    no_eval = [x if x != "2" or base[i - 1] != "--eval-seqs" else "0" for i, x in enumerate(base)]
+    no_eval = [x for x in no_eval if x != "--quiet"]
+    out, err, _ = common.run(no_eval + ["--out", e, "--steps", "3"])
+    kinds = [json.loads(l)["kind"] for l in open(os.path.join(e, "metrics.jsonl"))]
+    ck.check("eval" not in kinds, f"--eval-seqs 0 wrote eval records: {kinds}")
+    ck.check("eval at step" not in out + err, "--eval-seqs 0 printed an eval line")
+
     # stop after 3 steps, resume: identical end state
     c = run_dir("run-c")
     common.run(base + ["--out", c, "--save-every", "2", "--stop-after", "3"])
