@@ -3,9 +3,10 @@
 # source distribution of llama-cpp-python (vendor/llama.cpp: convert_hf_to_gguf.py, gguf-py, the
 # C++ sources), downloaded once with pip and unpacked into a cache outside the checkout.
 # Idempotent; prints the llama.cpp directory last. With --build it also builds, CPU only and
-# with no network code, the programs the llama.cpp tests use (llama-simple: plain greedy decoding;
-# llama-speculative-simple: speculative decoding, --spec-type draft-dspark) into
-# $DSPARK_LLAMA_CPP/build-0.3.36/bin (slow: about half an hour on 2 cores, -j1 under nice).
+# with no network code, the programs the llama.cpp tests and benchmarks use (llama-simple: plain
+# greedy decoding; llama-speculative-simple: speculative decoding, --spec-type draft-dspark;
+# llama-bench: prefill and decode tokens/s; llama-tokenize; llama-quantize: other types of the same
+# weights; llama-batched-bench) into $DSPARK_LLAMA_CPP/build-0.3.36/bin.
 #
 #   DSPARK_LLAMA_CPP_JOBS   parallel build jobs (default 1)
 #   DSPARK_LLAMA_CPP        cache folder (default ~/.cache/dspark/llama.cpp)
@@ -25,8 +26,10 @@ src="$cache/$name/vendor/llama.cpp"
 
 build_programs() {
   ((build)) || return 0
-  local bdir="$cache/build-$version" targets=(llama-simple llama-speculative-simple)
-  if [ -x "$bdir/bin/llama-simple" ] && [ -x "$bdir/bin/llama-speculative-simple" ]; then
+  local bdir="$cache/build-$version" t missing=0
+  local targets=(llama-simple llama-speculative-simple llama-bench llama-tokenize llama-quantize llama-batched-bench)
+  for t in "${targets[@]}"; do [ -x "$bdir/bin/$t" ] || missing=1; done
+  if ((!missing)); then
     echo "setup: llama.cpp programs present ($bdir/bin)"
     return 0
   fi
