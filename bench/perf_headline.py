@@ -106,10 +106,11 @@ def cpu_heading(cpu):
     return f"### {cpu['model']} ({kind}family {cpu['family']} model {cpu['model_number']}): {', '.join(isa)}"
 
 
-def kernels(dspark):
-    """The "matmuls:" and "bf16 matmuls ...:" lines of `dspark --help`."""
+def kernels(dspark, threads):
+    """The "matmuls:" and "bf16 matmuls ...:" lines of `dspark --help` (with the run's threads)."""
     try:
-        text = subprocess.run([dspark, "--help"], capture_output=True, text=True).stdout
+        text = subprocess.run([dspark, "--help"], capture_output=True, text=True,
+                              env=dict(os.environ, OMP_NUM_THREADS=str(threads))).stdout
     except OSError:
         return "unknown (dspark --help did not run)"
     fp32 = re.search(r"^matmuls: (.*)$", text, re.M)
@@ -226,7 +227,7 @@ def main():
     os.makedirs(out, exist_ok=True)
     root = os.path.dirname(HERE)
     meta = {"heading": cpu_heading(cpu), "cpu": {**cpu, "flags": sorted(cpu["flags"])}, "threads": args.threads,
-            "date": time.strftime("%Y-%m-%d", time.gmtime()), "kernels": kernels(args.dspark), "quick": args.quick,
+            "date": time.strftime("%Y-%m-%d", time.gmtime()), "kernels": kernels(args.dspark, args.threads), "quick": args.quick,
             "command": command, "load_before": os.getloadavg()[0], "steps": []}
     print(meta["heading"] + f"; load average {meta['load_before']:.1f}", flush=True)
     for key, argv, name in plan:
