@@ -241,7 +241,7 @@ def main():
         if key == "target_fp32" and rc == 0:
             with open(os.path.join(out, name)) as f:
                 j = json.load(f)
-            meta["peer"] = f"PyTorch {j['torch_version']} CPU, transformers {j['transformers_version']}"
+            meta["peer"] = f"PyTorch {j['torch_version'].split('+')[0]} CPU, transformers {j['transformers_version']}"
     meta["load_after"] = os.getloadavg()[0]
     with open(os.path.join(out, "headline.json"), "w") as f:
         json.dump(meta, f, indent=1)
