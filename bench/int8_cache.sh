@@ -9,7 +9,7 @@
 # on two held-out sets: the demo's 15 prompts (one request at a time, as the demo) and 128 more
 # lines of the drafts' half of the corpus that no training or calibration prompt uses (batched;
 # written by this script, seeded). The decision uses the 128: with 15 prompts the evaluation
-# itself moved tau by 1-2% between drafts (measured, docs/benchmarks.md).
+# itself moved tau by 1-2% between drafts (measured, docs/performance.md).
 # The int8 format is kept only if its mean tau is within 1% of bf16's and f32's; the tau losses
 # are also given paired by seed with their standard errors. Several seeds: drafts trained from
 # features that differ in their last bits already diverge by a few percent of tau, so one seed

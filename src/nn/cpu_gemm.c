@@ -3,7 +3,7 @@
  *   onednn    oneDNN's dnnl_sgemm: JIT kernels chosen from the CPU's features at run time, the
  *             library PyTorch uses on CPU; the default, because it reaches the machine's fp32
  *             peak on every x86 CPU measured whatever the environment sets (bench/bench_gemm.c,
- *             docs/benchmarks.md); with MKL's cblas_sgemm, loaded at run time where the build
+ *             docs/performance.md); with MKL's cblas_sgemm, loaded at run time where the build
  *             found it (nn/cpu_gemm_mkl.h), for the large products, where it measured faster;
  *   openblas  cblas_sgemm (+ sgemv for one row); its kernel follows its own CPU detection and
  *             OPENBLAS_CORETYPE, which falls back to a generic kernel on CPUs it does not know;

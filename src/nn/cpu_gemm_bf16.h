@@ -111,8 +111,8 @@ int ds_bf16_tiles_native(void);
 
 /* Rows at or above which the cpu backend's matmuls take the bf16 GEMM under DS_COMPUTE_BF16;
  * below, the fp32 paths run (the numbers then carry no bf16 rounding at all). Measured with
- * bench/bench_gemm_bf16 (2 threads, AMX, W 2304x768 and 768x2048; docs/benchmarks.md, "bf16
- * compute"): with a trainable fp32 weight, rounded on every call, bf16 wins from 8-16 rows
+ * bench/bench_gemm_bf16 (2 threads, AMX, W 2304x768 and 768x2048; docs/performance.md, "GEMM
+ * kernels"): with a trainable fp32 weight, rounded on every call, bf16 wins from 8-16 rows
  * (16 rows: 82 vs 42-72 GFLOP/s; 1 row: 5 vs 14); on a frozen BF16 weight, read in place, from
  * 8 rows (114-127 vs 85 for the direct 16-bit kernels; 4 rows: 63 vs 76); for the weight
  * gradient dW += dy^T x (k = rows) from 32 rows (126-231 vs 124-134; 16 rows: 65-69 vs 82-109). */

@@ -9,7 +9,7 @@
  * and the libraries add conversions. Measured on an Intel Xeon (family 6 model 207, AMX not
  * exposed), 2 threads, the models' shapes: the bf16 GEMMs of oneDNN 2.6 and 3.2, MKL 2026.2 and
  * PyTorch 100-220 GFLOP/s, oneDNN's sgemm 210-305 in the same runs (bench/gemm_bf16_libs.sh,
- * build/release/bench_sgemm; docs/benchmarks.md).
+ * build/release/bench_sgemm; docs/performance.md, "GEMM kernels").
  *
  * A frozen BF16 weight is converted a band of rows at a time into a scratch that stays in cache,
  * so it keeps no fp32 copy (it is read in place, as the checkpoint holds it). A frozen F32 weight

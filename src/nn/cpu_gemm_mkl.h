@@ -4,7 +4,7 @@
  * `mkl` into the venv) or from $DSPARK_MKL (a path, or "none"); without it every product stays
  * on oneDNN. Why: over a Qwen3-1.7B's layers, whose weights stream from memory, MKL's kernels
  * ran 1.42x oneDNN 2.6's; over a 100M model's, which stay in cache, oneDNN ran 1.2x MKL's
- * (bench/gemm_bf16_libs.sh --layers; docs/benchmarks.md, issue 9). Not a public header. */
+ * (bench/gemm_bf16_libs.sh --layers; docs/performance.md, "GEMM kernels"). Not a public header. */
 #ifndef DSPARK_NN_CPU_GEMM_MKL_H
 #define DSPARK_NN_CPU_GEMM_MKL_H
 
@@ -30,7 +30,7 @@ void ds_mkl_bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_
 
 /* MKL's fp32 GEMM, which the fp32 GEMM (ds_cpu_sgemm) takes for products of at least
  * DS_MKL_SGEMM_MIN multiply-adds: on the models' shapes it ran 278-311 GFLOP/s against 239-276 for
- * oneDNN 2.6's dnnl_sgemm (Intel Xeon model 207, 2 threads; docs/benchmarks.md, issue 9).
+ * oneDNN 2.6's dnnl_sgemm (Intel Xeon model 207, 2 threads; a probe of the same shapes).
  * _available is ds_mkl_bf16_available (the same library and rules). Shapes and flags as
  * ds_cpu_sgemm. */
 enum { DS_MKL_SGEMM_MIN = 1 << 22 };

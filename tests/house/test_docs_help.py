@@ -4,8 +4,8 @@
 1. every option `dspark COMMAND --help` prints appears on one of the pages that document that
    command (PAGES; docs/commands.md, docs/data.md and docs/compute.md for all);
 2. every option the command pages name (COMMAND_PAGES) is an option of some command, so a page
-   cannot keep an option that was renamed or removed. Other pages (benchmarks, scripts, MPI,
-   CUDA) name options of other programs and are not read.
+   cannot keep an option that was renamed or removed. Other pages (performance, benchmark
+   scripts, MPI, CUDA) name options of other programs and are not read.
 
 Usage: test_docs_help.py --dspark path/to/dspark --root REPO
 Exits 1 naming each option and page that disagree."""
