@@ -9,6 +9,7 @@
 
 #include "dspark/draft.h"
 #include "dspark/fileio.h"
+#include "dspark/model_source.h"
 #include "dspark/progress.h"
 #include "train/draft_objective_internal.h"
 
@@ -34,15 +35,21 @@ static ds_status cache_template_ids(draft_run *t, const ds_cache_manifest *m) {
   for (int i = 0; i < 2; i++) {
     int exists = 0;
     if (!dirs[i] || ds_path_probe(dirs[i], &exists) != DS_OK || !exists) continue;
+    /* a model directory or a GGUF file (whose template is in its metadata) */
+    ds_model_source *src = NULL;
     ds_chat_template *tmpl = NULL;
-    if (ds_chat_template_load(dirs[i], o->chat_template, &tmpl) != DS_OK || !tmpl) {
+    if (ds_model_source_open(dirs[i], &src) != DS_OK ||
+        ds_model_source_chat_template(src, o->chat_template, &tmpl) != DS_OK || !tmpl) {
       ds_chat_template_free(tmpl);
+      ds_model_source_close(src);
+      ds_error_clear();
       continue;
     }
     ds_status st = DS_OK;
     int same = ds_chat_template_hash(tmpl) == m->chat_template_xxh64;
     if (same) st = ds_draft_run_template_ids(t, tmpl, thinking);
     ds_chat_template_free(tmpl);
+    ds_model_source_close(src);
     if (same) return st;
   }
   ds_note("--draft-vocab: the cache's chat template (Jinja, xxh64 %016llx) is not at hand (pass --target with the "

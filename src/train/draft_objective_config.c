@@ -11,6 +11,7 @@
 #include "core/json_util.h"
 #include "dspark/fileio.h"
 #include "dspark/dataset.h"
+#include "dspark/model_source.h"
 #include "train/draft_objective_internal.h"
 
 static const char *k_mask_candidates[] = {"<|mask|>", "<mask>", "<|MASK|>", "[MASK]", "<|mask_token|>"};
@@ -120,8 +121,12 @@ ds_status ds_draft_run_config(draft_run *t) {
     ds_model_config from_dir;
     const ds_model_config *stops = &t->tc;
     if (t->target) stops = ds_target_config(t->target);
-    else if (o->target_dir) {
-      DS_TRY(ds_config_load_dir(o->target_dir, &from_dir));
+    else if (o->target_dir) { /* a model directory or a GGUF file */
+      ds_model_source *src = NULL;
+      ds_status st = ds_model_source_open(o->target_dir, &src);
+      if (st == DS_OK) st = ds_model_source_config(src, &from_dir);
+      ds_model_source_close(src);
+      DS_TRY(st);
       stops = &from_dir;
     }
     DS_TRY(ds_draft_run_vocab(t, stops));

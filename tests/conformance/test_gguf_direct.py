@@ -163,6 +163,14 @@ def check_model(p, data, chat_data, mask_id, heavy=True, new_tokens=6):
     rc = p.out("run-cache", "g")
     p.run(["train", "--cache", cap["d"], "--target", p.g, "--out", rc] + train)
     p.same(train_lines(rc), train_lines(run["d"]), "train --cache --target FILE.gguf's metrics")
+    # and with --draft-vocab (its stop ids come from the named target): the same vocabulary and run
+    rv = {}
+    for m, tag in ((p.g, "g"), (p.d, "d")):
+        rv[tag] = p.out("run-cache-vocab", tag)
+        p.run(["train", "--cache", cap["d"], "--target", m, "--out", rv[tag], "--draft-vocab", "24"] + train)
+    vocab = [json.load(open(os.path.join(rv[t], "run.json"))).get("draft_vocab_xxh64") for t in ("g", "d")]
+    ck.check(vocab[0] is not None and vocab[0] == vocab[1], f"{T}: train --cache --draft-vocab: S {vocab}")
+    p.same(train_lines(rv["g"]), train_lines(rv["d"]), "train --cache --target FILE.gguf --draft-vocab's metrics")
 
     # distill: teacher and student from the file
     dist = {}
