@@ -4,8 +4,10 @@ conformance.test_gguf_draft; docs/gguf-export.md).
 A tiny Llama target with SmolLM2's tokenizer (a vocabulary whose pre-tokenizer llama.cpp's
 converter recognizes) is made here, converted to GGUF by llama.cpp's convert_hf_to_gguf.py, and
 drafts are trained against it for two steps: a full-vocabulary draft with the confidence head
-over [h ; e], and a reduced-vocabulary one (d2t, output.weight) whose confidence head sees h
-only. Each is exported both ways, `--out` (HF) and `--gguf` (f16, bf16, f32), and the converter
+over [h ; e], a reduced-vocabulary one (d2t, output.weight) whose confidence head sees h
+only, and one whose "reduced" vocabulary is all of V (--draft-vocab V: d2t the identity, no
+output.weight, as the converter has it). The GGUF's d2t must be S, the absolute target ids the
+HF export's offsets encode. Each is exported both ways, `--out` (HF) and `--gguf` (f16, bf16, f32), and the converter
 of the vendored llama.cpp (scripts/setup_llama_cpp.sh) is run on the HF export with the target
 directory as --target-model-dir: every key (type and value, in order) and every tensor (name,
 type, shape, bytes, in order) must be equal. Our reader reads the file too; gated heads and
@@ -133,8 +135,9 @@ def main():
         "full": ["--block-size", "4", "--markov-rank", "16", "--target-layers", "2"],
         "reduced": ["--block-size", "3", "--markov-rank", "8", "--target-layer-ids", "0,2", "--draft-vocab", "256",
                     "--confidence-no-markov"],
+        "identity": ["--block-size", "3", "--markov-rank", "8", "--target-layers", "2", "--draft-vocab", "49152"],
     }
-    dtypes = {"full": ["f16", "f32"], "reduced": ["bf16"]}
+    dtypes = {"full": ["f16", "f32"], "reduced": ["bf16"], "identity": ["f32"]}
     for name, opts in runs.items():
         run = fresh(f"run-{name}", "draft")
         common.run(base + ["--out", run] + opts)
@@ -152,11 +155,46 @@ def main():
     kv, ts = read_gguf(os.path.join(tmp, "ours-reduced-bf16.gguf"))
     ck.check("d2t" in ts and ts["d2t"][0] == "I64" and "output.weight" in ts and "token_embd.weight" in ts,
              f"reduced draft: tensors {list(ts)}")
+    # llama.cpp's layout: W1 over the target's vocabulary (any previous token), W2 and the head over S
+    ck.check(ts["markov_w1.weight"][1] == [8, 49152] and ts["markov_w2.weight"][1] == [8, 256]
+             and ts["output.weight"][1] == [64, 256], "reduced draft: markov_w1 / markov_w2 / output shapes")
     ck.check(kv["dflash.target_layers"][1] == [1, 3] and kv["dflash.block_size"][1] == 3
              and kv["dflash.has_confidence_head"][1] is True, "reduced draft: dflash keys")
+    # d2t round trip: the GGUF's absolute ids are S = j + d2t[j] of the HF export (vLLM's offsets)
+    import numpy as np
+    from safetensors.numpy import load_file
+    for name, n in (("reduced", 256), ("identity", 49152)):
+        hf = load_file(os.path.join(tmp, f"hf-{name}", "draft", "model.safetensors"))
+        S = hf["d2t"].astype(np.int64) + np.arange(hf["d2t"].size, dtype=np.int64)
+        ours = read_gguf(os.path.join(tmp, f"ours-{name}-{dtypes[name][-1]}.gguf"))[1]
+        got = np.frombuffer(ours["d2t"][2], dtype=np.int64) if "d2t" in ours else None
+        ck.check(S.size == n and bool(np.all(np.diff(S) > 0)) and got is not None and np.array_equal(got, S)
+                 and bool(np.all(hf["t2d"].astype(bool) == np.isin(np.arange(49152), S))),
+                 f"{name} draft: the GGUF's d2t is not S of the HF export's d2t / t2d")
+    ident = read_gguf(os.path.join(tmp, "ours-identity-f32.gguf"))[1]
+    ck.check("output.weight" not in ident and ident["markov_w2.weight"][1] == [8, 49152],
+             f"identity draft: tensors {list(ident)}")
     kv, ts = read_gguf(os.path.join(tmp, "ours-full-f16.gguf"))
     ck.check("output.weight" not in ts and "d2t" not in ts and ts["conf_proj.weight"][1] == [80, 1],
              f"full draft: {list(ts)}")
+
+    # ---- --draft-vocab from a cache captured from the .gguf: its Jinja template (tokenizer keys,
+    # not a directory's files) is found through the recorded target and its assistant-turn ids
+    # (SmolLM2's <|im_end|> and the newline after it) are in S
+    import json
+    chat = os.path.join(tmp, "chat.jsonl")
+    with open(chat, "w") as f:
+        for q, a in (("Name a color.", "Blue is a color."), ("Count to three.", "One, two, three.")):
+            f.write(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}) + "\n")
+    cache = fresh("cache-gguf")
+    common.run([dspark, "capture", "--target", target_gguf, "--data", chat, "--out", cache, "--seq-len", "48"])
+    run = fresh("run-cache-vocab")
+    _, err, _ = common.run([dspark, "train", "--cache", cache, "--out", run, "--steps", "1", "--num-anchors", "4",
+                            "--batch-seqs", "1", "--eval-seqs", "0", "--eval-every", "0", "--block-size", "3",
+                            "--markov-rank", "8", "--draft-vocab", "64", "--threads", "2"])
+    newline = common.run([dspark, "tokenize", target, "--text", "\n"])[0].split()
+    ck.check("not at hand" not in err and "2 mandatory" in err and newline == ["198"],
+             f"--draft-vocab from a cache of a .gguf target: the template's ids (<|im_end|> 2, newline {newline}): {err}")
 
     # ---- refusals
     gated = fresh("run-gated", "draft")
