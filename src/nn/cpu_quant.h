@@ -38,9 +38,13 @@ typedef enum { DS_QISA_PORTABLE = 0, DS_QISA_AVX2, DS_QISA_VNNI } ds_qisa;
 ds_qisa ds_qisa_best(void); /* what this CPU runs, capped by $DSPARK_MAX_ISA as ds_isa_best */
 const char *ds_qisa_name(ds_qisa isa);
 
-/* The direct path for at most this many rows of x; the chunked one above (measured: see
- * docs/compute.md, "Quantized frozen weights"). */
-enum { DS_QUANT_DIRECT_MAX_ROWS = 16 };
+/* The direct path for at most this many rows of x, the chunked one above. Measured with
+ * bench_quant (SmolLM2-135M's shapes, Q4_1 and Q8_0, 1 thread, AMD EPYC with VNNI): the direct
+ * path's time grows with every row (each row of x redoes the block dots) while the chunked one
+ * pays one dequantization; they cross at 8 rows on the layers' matrices and at 16-24 on the
+ * 49152-row head (its dequantization is large), so 8: decode and verification of drafts up to 7
+ * tokens stay direct. */
+enum { DS_QUANT_DIRECT_MAX_ROWS = 8 };
 
 /* qx's buffers for n rows of in values (malloc'd, NULL on failure) and x quantized into them. */
 int ds_qx_alloc(ds_qx *qx, int64_t n, int64_t in);
@@ -64,6 +68,8 @@ void ds_quant_rows_vnni(float *y, int64_t ldy, const ds_qx *x, int64_t n, const 
  * Returns 0 (nothing written) when the quantized x cannot be allocated. */
 int ds_quant_direct_cat(ds_qisa isa, float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out,
                         int n_seg, const float *bias, int64_t n, int64_t in);
+/* Rows per chunk of the chunked path (see cpu_quant.c). */
+int64_t ds_quant_chunk_rows(int64_t in, int64_t out);
 /* y[n, out] (ldy) = x[n, in] @ w[out, in]^T (+ bias) through ds_gemm_f32 on chunk_rows
  * dequantized rows at a time. Returns 0 (nothing written) when the scratch cannot be allocated. */
 int ds_quant_chunked(float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n, int64_t in,
