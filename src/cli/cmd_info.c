@@ -139,6 +139,8 @@ int cmd_info(int argc, char **argv) {
              "leaves out take the defaults of the family's transformers config class (LlamaConfig,\n"
              "Qwen2Config, Qwen3Config).\n"
              "  --tensors   also list every tensor with dtype and shape\n"
+             "  --weights as-stored|bf16|f32  how the target holds its weights (default as-stored: a GGUF's\n"
+             "              quantized matrices in place; docs/compute.md)\n"
              "  --config    print only the resolved configuration as one JSON object (defaults applied,\n"
              "              the generation stop set and where it comes from); the weights are not read\n");
       return 0;

@@ -32,4 +32,10 @@ const char *ds_gguf_model_text(const ds_gguf_model *m, ds_model_file f, size_t *
  * checked, renamed and dequantized in place into the image, in the model's dtype. */
 ds_status ds_gguf_model_weights(const ds_gguf_model *m, unsigned char **image, size_t *size);
 
+/* The GGUF tensor that becomes the HF tensor `hf` (NULL when none does) and, for llama's q / k,
+ * the heads whose rows llama.cpp's converter interleaved (*qk_heads 0: rows in HF order). */
+const ds_gguf_tensor *ds_gguf_model_tensor_of(const ds_gguf_model *m, const char *hf, int *qk_heads);
+/* The GGUF model of a source opened from a GGUF file, NULL for a directory (model_source.c). */
+const ds_gguf_model *ds_model_source_gguf(const ds_model_source *s);
+
 #endif

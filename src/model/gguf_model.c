@@ -367,3 +367,14 @@ ds_status ds_gguf_model_weights(const ds_gguf_model *m, unsigned char **image, s
   *size = 0;
   return weights_image(m->g, &m->h, m->dtype, image, size);
 }
+
+const ds_gguf_tensor *ds_gguf_model_tensor_of(const ds_gguf_model *m, const char *hf, int *qk_heads) {
+  char name[160];
+  int64_t shape[2];
+  for (size_t i = 0; i < ds_gguf_tensor_count(m->g); i++) {
+    const ds_gguf_tensor *t = ds_gguf_tensor_at(m->g, i);
+    if (hf_name(&m->h, t->name, name, sizeof name, shape, qk_heads) && !strcmp(name, hf)) return t;
+  }
+  *qk_heads = 0;
+  return NULL;
+}
