@@ -1,0 +1,82 @@
+"""A GGUF target with its quantized matrices used in place (`--weights as-stored`, the default of
+the commands that run a frozen target) against the same file dequantized to fp32 at load
+(`--weights f32`), on the real SmolLM2-135M-Instruct Q4_1 (Q4_1 layers, a Q8_0 tied embedding and
+head; DSPARK_SMOLLM2_GGUF or the cache folder; exit 77, skipped, when it is not fetched):
+
+- the prefill regime (many rows: dequantized chunks of the weights into the fp32 GEMM, x in
+  fp32): logits equal to the fp32 model's up to fp32 summation order (normwise <= 1e-4);
+- the decode regime (`forward --chunk 1`: one row per call, x rounded to int8 per block of 32 as
+  llama.cpp does): logits within 6e-2 normwise (measured 4.0e-2) of the fp32 model's and the greedy (argmax) token
+  the same at >= 90% of the positions of a greedy continuation (teacher-forced);
+- `generate`'s first greedy tokens from a prompt equal between the two (a near-tie may part them
+  later: the report prints how many agree);
+- `info` names the quantized dtype and the bytes held in place; `--weights bf16` runs.
+The measured numbers are printed (docs/compute.md quotes them)."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+import numpy as np  # noqa: E402
+from safetensors.numpy import load_file  # noqa: E402
+
+SMOLLM2 = os.environ.get("DSPARK_SMOLLM2_GGUF") or os.path.expanduser(
+    "~/.cache/dspark/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+PROMPT = "504,1463,282,260,4469,7057"  # "The history of the Roman Empire"
+
+
+def forward(args, weights, ids, chunk, tag):
+    out = os.path.join(args.tmp, f"fw-{tag}.safetensors")
+    cmd = [args.dspark, "forward", SMOLLM2, "--ids", ids, "--out", out, "--weights", weights, "--threads", "2"]
+    if chunk:
+        cmd += ["--chunk", str(chunk)]
+    common.run(cmd, timeout=900)
+    return load_file(out)["logits.0"]
+
+
+def main():
+    args = common.parse_args(__doc__)
+    if not os.path.exists(SMOLLM2):
+        print(f"SmolLM2: {SMOLLM2} not fetched (scripts/setup.sh fetches it): skipped")
+        sys.exit(77)
+    ck = common.Checker()
+    # a greedy continuation of the fp32 model, then the whole sequence teacher-forced
+    out, _, _ = common.run([args.dspark, "generate", SMOLLM2, "--prompt-ids", PROMPT, "--max-new-tokens", "40",
+                            "--print-ids", "--ignore-eos", "--weights", "f32", "--threads", "2"], timeout=900)
+    cont = out.split()
+    ids = PROMPT + "," + ",".join(cont)
+    ref = forward(args, "f32", ids, 0, "f32")
+    pre = forward(args, "as-stored", ids, 0, "q-prefill")
+    dec = forward(args, "as-stored", ids, 1, "q-decode")
+    e_pre = common.normwise_rel_err(pre, ref)
+    e_dec = common.normwise_rel_err(dec, ref)
+    agree = float(np.mean(np.argmax(dec, axis=1) == np.argmax(ref, axis=1)))
+    n = ref.shape[0]
+    print(f"SmolLM2 Q4_1 (Q8_0 head), {n} positions: prefill regime normwise {e_pre:.2e}; decode regime normwise "
+          f"{e_dec:.2e}, max |dlogit| {np.max(np.abs(dec - ref)):.3f} of max |logit| {np.max(np.abs(ref)):.2f}, "
+          f"greedy agreement {agree:.3f}")
+    ck.check(e_pre <= 1e-4, f"prefill regime: {e_pre:.2e} from the fp32 model (summation order only: <= 1e-4)")
+    ck.check(e_dec <= 6e-2, f"decode regime: {e_dec:.2e} from the fp32 model (<= 6e-2)")
+    ck.check(agree >= 0.9, f"decode regime: greedy agreement {agree:.3f} (>= 0.9)")
+
+    # generate: greedy from the prompt, quantized against fp32
+    out_q, err_q, _ = common.run([args.dspark, "generate", SMOLLM2, "--prompt-ids", PROMPT, "--max-new-tokens", "40",
+                                  "--print-ids", "--ignore-eos", "--threads", "2"], timeout=900)
+    q = out_q.split()
+    same = next((i for i, (a, b) in enumerate(zip(q, cont)) if a != b), min(len(q), len(cont)))
+    print(f"generate: the first {same} of {len(cont)} greedy tokens agree with the fp32 model")
+    ck.check(same >= 8, f"generate's first greedy tokens part from the fp32 model's after {same}")
+
+    out_i, _, _ = common.run([args.dspark, "info", SMOLLM2], timeout=300)
+    ck.check("Q4_1" in out_i, f"info does not name the quantized weights:\n{out_i[:1500]}")
+    out_b, _, _ = common.run([args.dspark, "generate", SMOLLM2, "--prompt-ids", PROMPT, "--max-new-tokens", "4",
+                              "--print-ids", "--ignore-eos", "--weights", "bf16", "--threads", "2"], timeout=900)
+    ck.check(len(out_b.split()) == 4, f"--weights bf16 gave {out_b!r}")
+    r = common.run([args.dspark, "generate", SMOLLM2, "--prompt-ids", PROMPT, "--weights", "int3"], expect_rc=2)
+    ck.check("--weights takes" in r[1], f"a bad --weights value: {r[1][:300]}")
+    ck.finish("test_quant_target")
+
+
+if __name__ == "__main__":
+    main()
