@@ -34,7 +34,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--chunk-kb")) chunk_kb = atoi(argv[++i]);
   }
   if (threads) ds_set_num_threads(threads);
-  printf("quantized kernels: %s, GEMM: %s, threads %d\n", ds_quant_kernel_name(), ds_gemm_name(), ds_get_num_threads());
+  printf("quantized kernels: %s, GEMM: %s, threads %d\n", ds_weight_quant_kernel_name(), ds_gemm_name(), ds_get_num_threads());
   const ds_dtype types[] = {DS_Q4_1, DS_Q8_0, DS_Q4_0, DS_Q4_K, DS_Q6_K};
   const int64_t shapes[3][2] = {{3072, 576}, {576, 1536}, {49152, 576}};
   const int64_t rows[] = {1, 2, 4, 8, 12, 16, 24, 32, 64, 128};

@@ -237,6 +237,7 @@ static ds_status map16(ds_target *m, const char *name, int64_t rows, int64_t col
   else m->ck_mapped = 1;
   *out = (ds_weight){data, v->dtype};
   m->mapped_bytes += v->nbytes;
+  m->mapped_of[v->dtype] += v->nbytes;
   m->mapped_dtype = m->mapped_dtype == DS_F32 ? v->dtype : m->mapped_dtype;
   return DS_OK;
 }
@@ -270,6 +271,7 @@ static ds_status map_quant(ds_target *m, const ds_model_source *src, const char 
   }
   *out = (ds_weight){data, dt};
   m->mapped_bytes += t->nbytes;
+  m->mapped_of[dt] += t->nbytes;
   m->mapped_dtype = m->mapped_dtype == DS_F32 ? dt : m->mapped_dtype;
   return DS_OK;
 }
@@ -547,6 +549,10 @@ const ds_model_config *ds_target_config(const ds_target *m) { return &m->cfg; }
 ds_weight ds_target_embed(const ds_target *m) { return m->embed; }
 ds_weight ds_target_lm_head(const ds_target *m) { return m->lm_head; }
 int ds_target_head_is_embedding(const ds_target *m) { return !m->own_head; }
+
+size_t ds_target_mapped_bytes(const ds_target *m, ds_dtype dt) {
+  return (unsigned)dt < DS_DTYPE_COUNT ? m->mapped_of[dt] : 0;
+}
 
 void ds_target_weight_memory(const ds_target *m, size_t *f32_bytes, size_t *mapped_bytes, ds_dtype *mapped_dtype) {
   if (f32_bytes) *f32_bytes = m->n_params * sizeof(float);

@@ -157,7 +157,7 @@ const char *ds_qisa_name(ds_qisa isa) {
   return isa == DS_QISA_VNNI ? "AVX-512 VNNI" : isa == DS_QISA_AVX2 ? "AVX2" : "portable";
 }
 
-const char *ds_quant_kernel_name(void) { return ds_qisa_name(ds_qisa_best()); }
+const char *ds_weight_quant_kernel_name(void) { return ds_qisa_name(ds_qisa_best()); }
 
 static ds_quant_rows_fn pick_rows(ds_qisa isa) {
   ds_qisa best = ds_qisa_best();

@@ -87,7 +87,5 @@ void ds_cpu_linear_quant_cat(float *y, int64_t ldy, const float *x, const ds_wei
                              const float *bias, int64_t n, int64_t in);
 void ds_cpu_linear_quant_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out);
 void ds_cpu_embedding_quant(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d);
-/* The instruction set the quantized kernels run here ("AVX-512 VNNI", "AVX2", "portable"). */
-const char *ds_quant_kernel_name(void);
 
 #endif

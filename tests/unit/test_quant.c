@@ -252,7 +252,7 @@ static void test_quantize_x(void) {
   EXPECT(qx.d[1] == 0.0f);
   ds_qx_free(&qx);
   free(x);
-  fprintf(stderr, "quantized weight kernels on this CPU: %s\n", ds_quant_kernel_name());
+  fprintf(stderr, "quantized weight kernels on this CPU: %s\n", ds_weight_quant_kernel_name());
 }
 
 int main(void) {
