@@ -45,72 +45,108 @@ QI __m256 q_fma(__m256i isum, float scale, __m256 acc) {
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(scale), acc);
 }
 
-/* One weight row [in] (type dt, a constant after inlining) dotted with one quantized x row:
- * xq[in], xd[in / 32], xs[in / 16]. */
-QI float q_dot_row(const unsigned char *w, ds_dtype dt, const int8_t *xq, const float *xd, const int16_t *xs,
-                   int64_t in) {
-  __m256 acc = _mm256_setzero_ps();
-  float extra = 0.0f; /* the min / offset terms */
+/* Up to 4 rows of quantized x (xq[in], xd[in / 32], xs[in / 16] each). */
+typedef struct {
+  const int8_t *q[4];
+  const float *d[4];
+  const int16_t *s[4];
+} q_xrows;
+
+/* One block of a weight row (block b: 32 values, or 256 for the K-quants) against R rows of x:
+ * acc[r] (8 lanes) and extra[r] (the min / offset terms) accumulate. dt and R are constants after
+ * inlining: the weight block is unpacked once for the R rows. */
+QI void q_block(ds_dtype dt, const unsigned char *w, int64_t b, const q_xrows *x, int R, __m256 *acc, float *extra) {
   const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
   if (dt == DS_Q8_0) {
-    for (int64_t b = 0; b < in / 32; b++, w += 34) {
-      __m256i wq = q_load(w + 2), xv = q_load(xq + 32 * b);
-      __m256i p = QDOT(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xv, wq));
-      acc = q_fma(p, q_f16(w) * xd[b], acc);
-    }
+    __m256i wq = q_load(w + 2), wa = _mm256_sign_epi8(wq, wq);
+    float dw = q_f16(w);
+    for (int r = 0; r < R; r++)
+      acc[r] = q_fma(QDOT(wa, _mm256_sign_epi8(q_load(x->q[r] + 32 * b), wq)), dw * x->d[r][b], acc[r]);
   } else if (dt == DS_Q4_0 || dt == DS_Q4_1) {
     int q41 = dt == DS_Q4_1;
-    for (int64_t b = 0; b < in / 32; b++, w += q41 ? 20 : 18) {
-      __m256i p = QDOT(q_nibbles16(w + (q41 ? 4 : 2)), q_load(xq + 32 * b));
-      float dw = q_f16(w) * xd[b];
-      int xsum = xs[2 * b] + xs[2 * b + 1];
-      acc = q_fma(p, dw, acc);
-      extra += q41 ? q_f16(w + 2) * xd[b] * (float)xsum : -8.0f * dw * (float)xsum;
+    __m256i u = q_nibbles16(w + (q41 ? 4 : 2));
+    float dw = q_f16(w), mw = q41 ? q_f16(w + 2) : -8.0f * dw; /* Q4_0: x = d (q - 8) */
+    for (int r = 0; r < R; r++) {
+      float dx = x->d[r][b];
+      acc[r] = q_fma(QDOT(u, q_load(x->q[r] + 32 * b)), dw * dx, acc[r]);
+      extra[r] += mw * dx * (float)(x->s[r][2 * b] + x->s[r][2 * b + 1]);
     }
   } else if (dt == DS_Q4_K) {
-    for (int64_t b = 0; b < in / 256; b++, w += 144) {
-      float d = q_f16(w), dmin = q_f16(w + 2);
-      uint8_t sc[8], mn[8];
-      ds_ggml_q4k_scales(w + 4, sc, mn);
-      for (int g = 0; g < 4; g++) { /* 32 bytes: sub-block 2g in the low nibbles, 2g + 1 high */
-        __m256i q = q_load(w + 16 + 32 * g);
-        int64_t k = 8 * b + 2 * g;
-        __m256i p0 = QDOT(_mm256_and_si256(q, m4), q_load(xq + 32 * k));
-        __m256i p1 = QDOT(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), q_load(xq + 32 * (k + 1)));
-        acc = q_fma(p0, d * (float)sc[2 * g] * xd[k], acc);
-        acc = q_fma(p1, d * (float)sc[2 * g + 1] * xd[k + 1], acc);
-        extra -= dmin * ((float)mn[2 * g] * xd[k] * (float)(xs[2 * k] + xs[2 * k + 1]) +
-                         (float)mn[2 * g + 1] * xd[k + 1] * (float)(xs[2 * k + 2] + xs[2 * k + 3]));
+    float d = q_f16(w), dmin = q_f16(w + 2);
+    uint8_t sc[8], mn[8];
+    ds_ggml_q4k_scales(w + 4, sc, mn);
+    for (int g = 0; g < 4; g++) { /* 32 bytes: sub-block 2g in the low nibbles, 2g + 1 high */
+      __m256i q = q_load(w + 16 + 32 * g);
+      __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      int64_t k = 8 * b + 2 * g; /* x's blocks k, k + 1 */
+      float s0 = d * (float)sc[2 * g], s1 = d * (float)sc[2 * g + 1];
+      float n0 = dmin * (float)mn[2 * g], n1 = dmin * (float)mn[2 * g + 1];
+      for (int r = 0; r < R; r++) {
+        const float *xd = x->d[r];
+        const int16_t *xs = x->s[r];
+        acc[r] = q_fma(QDOT(lo, q_load(x->q[r] + 32 * k)), s0 * xd[k], acc[r]);
+        acc[r] = q_fma(QDOT(hi, q_load(x->q[r] + 32 * (k + 1))), s1 * xd[k + 1], acc[r]);
+        extra[r] -= n0 * xd[k] * (float)(xs[2 * k] + xs[2 * k + 1]) + n1 * xd[k + 1] * (float)(xs[2 * k + 2] + xs[2 * k + 3]);
       }
     }
   } else { /* DS_Q6_K */
-    for (int64_t b = 0; b < in / 256; b++, w += 210) {
-      const unsigned char *ql = w, *qh = w + 128;
-      const int8_t *sc = (const int8_t *)(w + 192);
-      float d = q_f16(w + 208);
-      for (int c = 0; c < 8; c++) { /* values 32c .. 32c + 31: half c / 4, quarter c % 4 of it */
-        int h = c / 4, q = c % 4;
-        __m256i lo = _mm256_and_si256(_mm256_srl_epi16(q_load(ql + 64 * h + 32 * (q & 1)), _mm_cvtsi32_si128(4 * (q >> 1))), m4);
-        __m256i hi = _mm256_and_si256(_mm256_srl_epi16(q_load(qh + 32 * h), _mm_cvtsi32_si128(2 * q)), m2);
-        int64_t k = 8 * b + c, G = 16 * b + 2 * c; /* x's block of 32, its first group of 16 */
-        __m256i p = QDOT(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), q_load(xq + 32 * k));
+    const unsigned char *ql = w, *qh = w + 128;
+    const int8_t *sc = (const int8_t *)(w + 192);
+    float d = q_f16(w + 208);
+    for (int c = 0; c < 8; c++) { /* values 32c .. 32c + 31: half c / 4, quarter c % 4 of it */
+      int h = c / 4, q = c % 4;
+      __m256i lo = _mm256_and_si256(_mm256_srl_epi16(q_load(ql + 64 * h + 32 * (q & 1)), _mm_cvtsi32_si128(4 * (q >> 1))), m4);
+      __m256i hi = _mm256_and_si256(_mm256_srl_epi16(q_load(qh + 32 * h), _mm_cvtsi32_si128(2 * q)), m2);
+      __m256i v = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+      int64_t k = 8 * b + c, G = 16 * b + 2 * c; /* x's block of 32, its first group of 16 */
+      float t0 = d * (float)sc[2 * c], t1 = d * (float)sc[2 * c + 1];
+      for (int r = 0; r < R; r++) {
         /* lanes 0-3 sum values 0-15 (scale sc[2c]), lanes 4-7 values 16-31 (sc[2c + 1]) */
-        float s0 = d * (float)sc[2 * c] * xd[k], s1 = d * (float)sc[2 * c + 1] * xd[k];
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0)), acc);
-        extra -= 32.0f * (s0 * (float)xs[G] + s1 * (float)xs[G + 1]); /* x = d sc (q - 32) */
+        float s0 = t0 * x->d[r][k], s1 = t1 * x->d[r][k];
+        __m256i p = QDOT(v, q_load(x->q[r] + 32 * k));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0)), acc[r]);
+        extra[r] -= 32.0f * (s0 * (float)x->s[r][G] + s1 * (float)x->s[r][G + 1]); /* x = d sc (q - 32) */
       }
     }
   }
-  return q_hsum(acc) + extra;
+}
+
+/* out[r] = one weight row [in] (type dt) dotted with R rows of x. Blocks alternate between two
+ * sets of accumulators, so consecutive blocks do not wait on one another's adds. */
+QI void q_dot_rows(const unsigned char *w, ds_dtype dt, const q_xrows *x, int64_t in, int R, float *out) {
+  int64_t blk = dt == DS_Q4_K || dt == DS_Q6_K ? 256 : 32, nb = in / blk;
+  size_t bb = ds_quant_row_bytes(dt, blk);
+  __m256 a0[4], a1[4];
+  float e0[4] = {0}, e1[4] = {0};
+  for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    q_block(dt, w + (size_t)b * bb, b, x, R, a0, e0);
+    q_block(dt, w + (size_t)(b + 1) * bb, b + 1, x, R, a1, e1);
+  }
+  if (b < nb) q_block(dt, w + (size_t)b * bb, b, x, R, a0, e0);
+  for (int r = 0; r < R; r++) out[r] = q_hsum(_mm256_add_ps(a0[r], a1[r])) + (e0[r] + e1[r]);
 }
 
 QI void q_rows(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *w, ds_dtype dt, int64_t in,
                int64_t o0, int64_t o1, const float *bias) {
   size_t rb = ds_quant_row_bytes(dt, in);
   for (int64_t o = o0; o < o1; o++)
-    for (int64_t i = 0; i < n; i++)
-      y[i * ldy + o] = q_dot_row(w + (size_t)o * rb, dt, x->q + i * in, x->d + i * (in / 32), x->s + i * (in / 16), in) +
-                       (bias ? bias[o] : 0.0f);
+    for (int64_t i = 0; i < n; i += 4) { /* 4 rows of x per pass over the weight row (read from L1) */
+      int R = n - i < 4 ? (int)(n - i) : 4;
+      q_xrows xr;
+      for (int r = 0; r < R; r++)
+        xr.q[r] = x->q + (i + r) * in, xr.d[r] = x->d + (i + r) * (in / 32), xr.s[r] = x->s + (i + r) * (in / 16);
+      float out[4] = {0};
+      const unsigned char *wr = w + (size_t)o * rb;
+      switch (R) {
+        case 4: q_dot_rows(wr, dt, &xr, in, 4, out); break;
+        case 3: q_dot_rows(wr, dt, &xr, in, 3, out); break;
+        case 2: q_dot_rows(wr, dt, &xr, in, 2, out); break;
+        default: q_dot_rows(wr, dt, &xr, in, 1, out); break;
+      }
+      for (int r = 0; r < R; r++) y[(i + r) * ldy + o] = out[r] + (bias ? bias[o] : 0.0f);
+    }
 }
 
 /* The exported kernel: the type's branch chosen once, outside the loops. */
