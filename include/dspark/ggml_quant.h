@@ -46,6 +46,9 @@ int ds_dtype_of_ggml_type(uint32_t type, ds_dtype *out);
 int ds_dtype_is_quantized(ds_dtype dt);
 size_t ds_quant_row_bytes(ds_dtype dt, int64_t cols);
 int64_t ds_quant_block(ds_dtype dt); /* values per block (32 or 256), 0 for an unquantized dtype */
+/* -1 when every block of the rows x cols weight in dt (quantized) has finite scales (and mins),
+ * so every value it dequantizes to is finite; else the first row with a NaN or infinite one. */
+int64_t ds_quant_first_nonfinite_row(ds_dtype dt, const void *data, int64_t rows, int64_t cols);
 
 #ifdef __cplusplus
 }

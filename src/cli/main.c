@@ -109,8 +109,9 @@ static int take_compute_option(const char *cmd, int *argc, char **argv) {
 
 /* --weights as-stored|bf16|f32 (or --weights=...) of the commands that run a frozen target only,
  * taken out of argv as --compute is; sets how the target holds its weights (model_source.h;
- * the default for them: as-stored). The other commands keep the library's default, f32: train's
- * drafts and capture's caches copy the target's tables, which a quantized type cannot be. */
+ * the default for them: as-stored). The other commands keep the library's default (a GGUF
+ * dequantized to fp32): train's drafts and capture's caches copy the target's tables, which a
+ * quantized type cannot be. */
 static int take_weights_option(const char *cmd, int *argc, char **argv) {
   ds_set_target_weights(DS_WEIGHTS_AS_STORED);
   for (int i = 2; i < *argc;) {

@@ -217,3 +217,21 @@ size_t ds_quant_row_bytes(ds_dtype dt, int64_t cols) {
   const type_info *t = info((uint32_t)g);
   return (size_t)(cols / t->block) * t->bytes;
 }
+
+/* an IEEE half's exponent all ones: infinity or NaN */
+static int half_nonfinite(const unsigned char *p) { return (p[1] & 0x7C) == 0x7C; }
+
+int64_t ds_quant_first_nonfinite_row(ds_dtype dt, const void *data, int64_t rows, int64_t cols) {
+  int g = ds_dtype_ggml_type(dt);
+  if (g < 0) return -1;
+  const type_info *t = info((uint32_t)g);
+  /* where each type keeps its halves: d (and m / dmin after it) */
+  size_t at = dt == DS_Q6_K ? 208 : 0;
+  int halves = dt == DS_Q4_1 || dt == DS_Q4_K ? 2 : 1;
+  const unsigned char *b = data;
+  int64_t per_row = cols / t->block;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t k = 0; k < per_row; k++, b += t->bytes)
+      if (half_nonfinite(b + at) || (halves == 2 && half_nonfinite(b + at + 2))) return r;
+  return -1;
+}

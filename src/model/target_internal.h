@@ -69,6 +69,7 @@ struct ds_target {
   size_t mapped_bytes; /* bytes of the 16-bit or quantized weights used in place (a tied table once) */
   ds_dtype mapped_dtype; /* their dtype (DS_F32 when there is none; the first one when mixed) */
   size_t mapped_of[DS_DTYPE_COUNT]; /* mapped_bytes by dtype */
+  int n_quant_mapped;                /* quantized tensors taken from the GGUF */
   ds_weight embed;   /* (V, d) */
   ds_weight lm_head; /* (V, d), the same data as embed when tied */
   float *norm;       /* (d) */

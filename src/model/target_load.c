@@ -70,6 +70,29 @@ static int group_quant(const ds_model_source *src, int64_t layer, const char *co
   return 1;
 }
 
+/* The HF names of the tensors plan_storage will keep quantized (same rule, decided from the GGUF
+ * alone), so that the image of the GGUF's weights leaves them unconverted: a quantized model
+ * loads without a transient fp32 copy of itself. *names is malloc'd (256 bytes a name). */
+static int quant_names(const ds_target *m, const ds_model_source *src, char (**names)[256]) {
+  int64_t L = m->cfg.num_hidden_layers;
+  const char *const *suffixes[4] = {k_qkv, k_o, k_gate_up, k_down};
+  int counts[4] = {3, 1, 2, 1}, n = 0;
+  *names = malloc((size_t)(7 * L + 2) * sizeof **names);
+  if (!*names) return -1;
+  for (int64_t l = 0; l < L; l++)
+    for (int k = 0; k < 4; k++)
+      if (group_quant(src, l, suffixes[k], counts[k]))
+        for (int i = 0; i < counts[k]; i++)
+          snprintf((*names)[n++], 256, "model.layers.%lld.%s", (long long)l, suffixes[k][i]);
+  const char *tables[2] = {k_embed_name, k_head_name};
+  for (int i = 0; i < 2; i++) {
+    const ds_gguf_tensor *t;
+    int qk;
+    if (stored_quant(src, tables[i], &t, &qk) != DS_F32) snprintf((*names)[n++], 256, "%s", tables[i]);
+  }
+  return n;
+}
+
 /* Each group: quantized in place (2), 16-bit in place (1) or fp32 (0). --weights f32 converts
  * everything. */
 static void plan_storage(ds_target *m, const ds_checkpoint *ck, const ds_model_source *src) {
@@ -258,6 +281,10 @@ static ds_status map_quant(ds_target *m, const ds_model_source *src, const char 
   size_t rb = ds_quant_row_bytes(dt, cols);
   if (t->nbytes != rb * (size_t)rows)
     return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' holds %zu bytes, not %zu", m->dir, t->name, t->nbytes, rb * (size_t)rows);
+  int64_t bad = ds_quant_first_nonfinite_row(dt, t->data, rows, cols);
+  if (bad >= 0)
+    return DS_FAIL(DS_ERR_NUMERIC, "%s: tensor '%s' (%s): a scale of row %lld is not finite (NaN or infinity)", m->dir,
+                   t->name, ds_dtype_name(dt), (long long)bad);
   const void *data = t->data;
   if (qk) {
     unsigned char *copy = NULL;
@@ -272,6 +299,7 @@ static ds_status map_quant(ds_target *m, const ds_model_source *src, const char 
   *out = (ds_weight){data, dt};
   m->mapped_bytes += t->nbytes;
   m->mapped_of[dt] += t->nbytes;
+  m->n_quant_mapped++;
   m->mapped_dtype = m->mapped_dtype == DS_F32 ? dt : m->mapped_dtype;
   return DS_OK;
 }
@@ -472,7 +500,20 @@ ds_status ds_target_load_source(ds_model_source *src, const ds_backend *backend,
   m->layers = ds_calloc((size_t)c->num_hidden_layers, sizeof *m->layers, "layer table");
   m->inv_freq = ds_malloc((size_t)c->head_dim / 2 * sizeof(float), "rope table");
   if (!m->layers || !m->inv_freq) { st = DS_ERR_NOMEM; goto fail; }
-  if ((st = ds_model_source_weights(src, &m->ck)) != DS_OK) goto fail;
+  char(*skip)[256] = NULL;
+  int n_skip = 0;
+  if (ds_model_source_gguf(src) && ds_target_weights() == DS_WEIGHTS_AS_STORED && !weights_xxh64 &&
+      (n_skip = quant_names(m, src, &skip)) < 0) {
+    st = DS_FAIL(DS_ERR_NOMEM, "out of memory");
+    goto fail;
+  }
+  const char **skip_ptrs = n_skip ? malloc((size_t)n_skip * sizeof *skip_ptrs) : NULL;
+  for (int i = 0; skip_ptrs && i < n_skip; i++) skip_ptrs[i] = skip[i];
+  st = n_skip && !skip_ptrs ? DS_FAIL(DS_ERR_NOMEM, "out of memory")
+                            : ds_model_source_weights_except(src, skip_ptrs, skip_ptrs ? n_skip : 0, &m->ck);
+  free(skip_ptrs);
+  free(skip);
+  if (st != DS_OK) goto fail;
   if (weights_xxh64 && (st = ds_cache_hash_checkpoint(m->ck, weights_xxh64)) != DS_OK) goto fail;
   plan_head(m, m->ck);
   plan_storage(m, m->ck, src);
@@ -494,6 +535,9 @@ ds_status ds_target_load_source(ds_model_source *src, const ds_backend *backend,
     if (!any16) ds_ckpt_read_once(m->ck);
     st = load_weights(m, src);
   }
+  /* every tensor left out of the image was taken from the GGUF, none read as the image's zeros */
+  if (st == DS_OK && n_skip && m->n_quant_mapped < n_skip)
+    st = DS_FAIL(DS_ERR_INTERNAL, "%s: %d of the %d tensors kept quantized were used", m->dir, m->n_quant_mapped, n_skip);
   if (st == DS_OK && !m->ck_mapped) {
     ds_ckpt_close(m->ck); /* nothing lies in it: the mapping (or a GGUF's image) is not needed */
     m->ck = NULL;

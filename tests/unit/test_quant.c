@@ -169,6 +169,30 @@ static void test_paths(void) {
   }
 }
 
+/* A row's result does not depend on the other rows of its call (direct path: x quantized per row,
+ * each row's dots accumulated on their own), bit for bit: decode (1 row a call) and verification
+ * (several) give the same numbers, which keeps speculation lossless on quantized weights. */
+static void test_rows_independent(void) {
+  for (int t = 0; t < N_TYPES; t++) {
+    ds_dtype dt = k_types[t];
+    int64_t in = ds_quant_block(dt) == 256 ? 512 : 160, out = 37, n = 7;
+    unsigned char *w = rand_weight(dt, out, in);
+    ds_weight qw = {w, dt};
+    float *x = rand_x(n, in), *all = malloc((size_t)(n * out) * sizeof(float)), one[37];
+    for (int isa = DS_QISA_PORTABLE; isa <= (int)ds_qisa_best(); isa++) {
+      EXPECT(ds_quant_direct_cat((ds_qisa)isa, all, out, x, &qw, &out, 1, NULL, n, in));
+      int same = 1;
+      for (int64_t i = 0; i < n; i++) {
+        EXPECT(ds_quant_direct_cat((ds_qisa)isa, one, out, x + i * in, &qw, &out, 1, NULL, 1, in));
+        same &= !memcmp(one, all + i * out, sizeof one);
+      }
+      if (!same) fprintf(stderr, "%s %s: rows depend on their call\n", ds_qisa_name((ds_qisa)isa), ds_dtype_name(dt));
+      EXPECT(same);
+    }
+    free(w), free(x), free(all);
+  }
+}
+
 /* linear_w_cat over three segments of different types and sizes (a fused q | k | v). */
 static void test_cat(void) {
   int64_t in = 256, out[3] = {40, 19, 19}, total = 78, ldy = total + 2;
@@ -259,6 +283,7 @@ int main(void) {
   ds_rng_seed(&g_rng, 27);
   TEST_RUN(test_quantize_x);
   TEST_RUN(test_paths);
+  TEST_RUN(test_rows_independent);
   TEST_RUN(test_cat);
   TEST_RUN(test_embedding_backward);
   return TEST_RESULT();
