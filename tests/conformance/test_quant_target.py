@@ -10,6 +10,10 @@ head; DSPARK_SMOLLM2_GGUF or the cache folder; exit 77, skipped, when it is not 
   the same at >= 90% of the positions of a greedy continuation (teacher-forced);
 - `generate` runs; how many of its greedy tokens agree with the fp32 model's is printed (a
   near-tie parts them);
+- `forward --chunk 8` gives `--chunk 1`'s logits bit for bit (a row's numbers do not depend on
+  the rest of a call of up to 8 rows), and `speculate` with the SmolLM2 demo's trained draft
+  (DSPARK_SMOLLM2_DRAFT or ~/.cache/dspark/demo-smollm2/dspark, when there) prints `generate`'s
+  greedy tokens;
 - `info` names the quantized dtypes and the bytes held in place; `--weights bf16` runs; a NaN
   scale in a quantized matrix is refused at load, naming the tensor and the row.
 The measured numbers are printed (docs/compute.md quotes them)."""
@@ -70,6 +74,21 @@ def main():
     ck.check(len(q) == 24, f"generate gave {out_q!r}")
     same = next((i for i, (a, b) in enumerate(zip(q, cont)) if a != b), min(len(q), len(cont)))
     print(f"generate: the first {same} greedy tokens agree with the fp32 model's")
+
+    # a row's numbers do not depend on the rest of its call (up to 8 rows: decode and verification
+    # of short drafts), bit for bit through the whole target: what keeps speculation lossless
+    c1 = forward(args, "as-stored", ids, 1, "q-chunk1")
+    c8 = forward(args, "as-stored", ids, 8, "q-chunk8")
+    ck.check(np.array_equal(c1, c8), f"chunks of 8 rows differ from one row at a time by {np.max(np.abs(c1 - c8))}")
+    draft = os.environ.get("DSPARK_SMOLLM2_DRAFT") or os.path.expanduser("~/.cache/dspark/demo-smollm2/dspark")
+    if os.path.exists(os.path.join(draft, "checkpoint.safetensors")):
+        sp, _, _ = common.run([args.dspark, "speculate", "--target", SMOLLM2, "--draft", draft, "--prompt-ids", PROMPT,
+                               "--max-new-tokens", "48", "--print-ids", "--ignore-eos", "--threads", "2"], timeout=900)
+        ge, _, _ = common.run([args.dspark, "generate", SMOLLM2, "--prompt-ids", PROMPT, "--max-new-tokens", "48",
+                               "--print-ids", "--ignore-eos", "--threads", "2"], timeout=900)
+        ck.check(sp.split() == ge.split(), f"speculate on the quantized weights: {sp.split()}\n generate: {ge.split()}")
+    else:
+        print(f"no trained SmolLM2 draft at {draft} (the SmolLM2 demo trains one): speculate not compared")
 
     out_i, _, _ = common.run([args.dspark, "info", SMOLLM2], timeout=300)
     line = [x for x in out_i.splitlines() if x.startswith("weights in memory:")]
