@@ -19,7 +19,8 @@ int ds_qx_alloc(ds_qx *qx, int64_t n, int64_t in) {
   qx->q = malloc(cells);
   qx->d = malloc(cells / DS_QX_BLOCK * sizeof(float) + sizeof(float));
   qx->s = malloc(cells / 16 * sizeof(int16_t) + sizeof(int16_t));
-  if (qx->q && qx->d && qx->s) return 1;
+  qx->m = malloc(cells / DS_QX_BLOCK * sizeof(float) + sizeof(float));
+  if (qx->q && qx->d && qx->s && qx->m) return 1;
   ds_qx_free(qx);
   return 0;
 }
@@ -28,7 +29,8 @@ void ds_qx_free(ds_qx *qx) {
   free(qx->q);
   free(qx->d);
   free(qx->s);
-  qx->q = NULL, qx->d = NULL, qx->s = NULL;
+  free(qx->m);
+  qx->q = NULL, qx->d = NULL, qx->s = NULL, qx->m = NULL;
 }
 
 /* Per block of 32: d = max|x| / 127 and q = round(x / d) (nearest, ties to even), so every
@@ -52,6 +54,7 @@ void ds_qx_quantize(ds_qx *qx, const float *x, int64_t n, int64_t in) {
         else s1 += (int)v;
       }
       qx->d[i * nb + b] = d;
+      qx->m[i * nb + b] = d * (float)(s0 + s1);
       qx->s[(i * nb + b) * 2] = (int16_t)s0;
       qx->s[(i * nb + b) * 2 + 1] = (int16_t)s1;
     }

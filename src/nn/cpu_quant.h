@@ -30,6 +30,7 @@ typedef struct {
   int8_t *q;  /* (n, in) */
   float *d;   /* (n, in / 32)  each block's step */
   int16_t *s; /* (n, in / 16)  sum of q over each 16 values (the offset and min terms) */
+  float *m;   /* (n, in / 32)  d * sum of q over the block: the sum of x's rounded values there */
 } ds_qx;
 
 /* The instruction sets of these kernels: VNNI is AVX-512 VNNI (with VL and BW), used at 256 bits

@@ -48,7 +48,7 @@ QI __m256 q_fma(__m256i isum, float scale, __m256 acc) {
 /* Up to 4 rows of quantized x (xq[in], xd[in / 32], xs[in / 16] each). */
 typedef struct {
   const int8_t *q[4];
-  const float *d[4];
+  const float *d[4], *m[4];
   const int16_t *s[4];
 } q_xrows;
 
@@ -69,7 +69,7 @@ QI void q_block(ds_dtype dt, const unsigned char *w, int64_t b, const q_xrows *x
     for (int r = 0; r < R; r++) {
       float dx = x->d[r][b];
       acc[r] = q_fma(QDOT(u, q_load(x->q[r] + 32 * b)), dw * dx, acc[r]);
-      extra[r] += mw * dx * (float)(x->s[r][2 * b] + x->s[r][2 * b + 1]);
+      extra[r] += mw * x->m[r][b];
     }
   } else if (dt == DS_Q4_K) {
     float d = q_f16(w), dmin = q_f16(w + 2);
@@ -83,10 +83,9 @@ QI void q_block(ds_dtype dt, const unsigned char *w, int64_t b, const q_xrows *x
       float n0 = dmin * (float)mn[2 * g], n1 = dmin * (float)mn[2 * g + 1];
       for (int r = 0; r < R; r++) {
         const float *xd = x->d[r];
-        const int16_t *xs = x->s[r];
         acc[r] = q_fma(QDOT(lo, q_load(x->q[r] + 32 * k)), s0 * xd[k], acc[r]);
         acc[r] = q_fma(QDOT(hi, q_load(x->q[r] + 32 * (k + 1))), s1 * xd[k + 1], acc[r]);
-        extra[r] -= n0 * xd[k] * (float)(xs[2 * k] + xs[2 * k + 1]) + n1 * xd[k + 1] * (float)(xs[2 * k + 2] + xs[2 * k + 3]);
+        extra[r] -= n0 * x->m[r][k] + n1 * x->m[r][k + 1];
       }
     }
   } else { /* DS_Q6_K */
@@ -136,7 +135,8 @@ QI void q_rows(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned 
       int R = n - i < 4 ? (int)(n - i) : 4;
       q_xrows xr;
       for (int r = 0; r < R; r++)
-        xr.q[r] = x->q + (i + r) * in, xr.d[r] = x->d + (i + r) * (in / 32), xr.s[r] = x->s + (i + r) * (in / 16);
+        xr.q[r] = x->q + (i + r) * in, xr.d[r] = x->d + (i + r) * (in / 32), xr.s[r] = x->s + (i + r) * (in / 16),
+        xr.m[r] = x->m + (i + r) * (in / 32);
       float out[4] = {0};
       const unsigned char *wr = w + (size_t)o * rb;
       switch (R) {
