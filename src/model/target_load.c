@@ -256,8 +256,9 @@ static ds_status map16(ds_target *m, const char *name, int64_t rows, int64_t col
     DS_TRY(own(m, v->nbytes, &copy));
     memcpy(copy, data, v->nbytes);
     data = copy;
+  } else {
+    m->ck_mapped = 1; /* used where it lies: the checkpoint stays open */
   }
-  else m->ck_mapped = 1;
   *out = (ds_weight){data, v->dtype};
   m->mapped_bytes += v->nbytes;
   m->mapped_of[v->dtype] += v->nbytes;
