@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "dspark/common.h"
+#include "dspark/ggml_quant.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,14 +44,6 @@ typedef enum {
   DS_GGUF_I64 = 11,
   DS_GGUF_F64 = 12,
 } ds_gguf_vtype;
-
-/* Tensor types (ggml's numbering); those with a name in ds_ggml_type_name are known to the
- * layout checks, those ds_ggml_type_dequantizable says yes to are converted. */
-enum {
-  DS_GGML_F32 = 0, DS_GGML_F16 = 1, DS_GGML_Q4_0 = 2, DS_GGML_Q4_1 = 3, DS_GGML_Q5_0 = 6, DS_GGML_Q5_1 = 7,
-  DS_GGML_Q8_0 = 8, DS_GGML_Q2_K = 10, DS_GGML_Q3_K = 11, DS_GGML_Q4_K = 12, DS_GGML_Q5_K = 13, DS_GGML_Q6_K = 14,
-  DS_GGML_I64 = 27, DS_GGML_BF16 = 30,
-};
 
 /* A string inside the mapping: not NUL-terminated. */
 typedef struct {
@@ -111,19 +104,11 @@ size_t ds_gguf_tensor_count(const ds_gguf *g);
 const ds_gguf_tensor *ds_gguf_tensor_at(const ds_gguf *g, size_t i); /* in file order */
 const ds_gguf_tensor *ds_gguf_find_tensor(const ds_gguf *g, const char *name); /* NULL if absent */
 
-/* ggml types: the name ("Q4_K"; NULL for an unknown type), the block (elements, bytes: 0 when
- * unknown) and whether ds_gguf_dequantize converts it. */
-const char *ds_ggml_type_name(uint32_t type);
-void ds_ggml_type_block(uint32_t type, int64_t *block_elems, size_t *block_bytes);
-int ds_ggml_type_dequantizable(uint32_t type);
-
 /* The tensor's values as fp32, dst[numel] in its storage order (row ne[0] fastest), each value
  * to the bit what the gguf Python package's dequantizers give (gguf.quants). A type it does not
  * convert is refused naming the type and the tensor; a non-finite value is DS_ERR_NUMERIC naming
  * the tensor and the element. */
 ds_status ds_gguf_dequantize(const ds_gguf *g, const ds_gguf_tensor *t, float *dst);
-/* n values (a multiple of the type's block) of blocks at src (no checks: the layer below). */
-void ds_ggml_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
 
 #ifdef __cplusplus
 }

@@ -40,6 +40,25 @@ const char *ds_model_file_name(ds_model_file f);
 
 typedef struct ds_model_source ds_model_source;
 
+/* How a frozen target's weights are held (`--weights`, docs/compute.md "Quantized frozen weights"):
+ *   DS_WEIGHTS_DEQUANTIZED  the library's default, what every command did before: a GGUF
+ *                         dequantized to fp32, a directory's BF16 / F16 matrices used in place;
+ *   DS_WEIGHTS_F32        every matrix converted to fp32 at load (a directory's 16-bit ones too);
+ *   DS_WEIGHTS_AS_STORED  a GGUF's matrices in Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K used in place, in
+ *                         their quantized type (memory-mapped; llama's permuted q / k rows copied
+ *                         in order), the rest as F32; a directory's BF16 / F16 matrices in place;
+ *   DS_WEIGHTS_BF16       a GGUF dequantized to BF16 (used in place in its image); a directory's
+ *                         BF16 / F16 matrices in place.
+ * Process-wide, set once by the program before loading (as ds_set_matmul_compute); read when a
+ * source opens and when a target loads. */
+typedef enum {
+  DS_WEIGHTS_DEQUANTIZED = 0, DS_WEIGHTS_AS_STORED = 1, DS_WEIGHTS_BF16 = 2, DS_WEIGHTS_F32 = 3
+} ds_weights_mode;
+void ds_set_target_weights(ds_weights_mode mode);
+ds_weights_mode ds_target_weights(void);
+const char *ds_weights_mode_name(ds_weights_mode mode); /* "dequantized", "as-stored", "bf16", "f32" */
+int ds_weights_mode_parse(const char *s, ds_weights_mode *out); /* as-stored | bf16 | f32 (fp32); 1 on success */
+
 /* 1 when path is a regular file that starts with the GGUF magic (for commands that also take
  * other files, such as tokenize's tokenizer.json). */
 int ds_model_path_is_gguf(const char *path);

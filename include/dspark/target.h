@@ -50,6 +50,8 @@ ds_weight ds_target_lm_head(const ds_target *m);
  * in place in the checkpoint's mapping (a tied table counted once), in *mapped_dtype (BF16 or
  * F16; DS_F32 when nothing is mapped). Each pointer may be NULL. */
 void ds_target_weight_memory(const ds_target *m, size_t *f32_bytes, size_t *mapped_bytes, ds_dtype *mapped_dtype);
+/* The bytes of those used in place that are in dtype dt (BF16, F16, or a quantized type). */
+size_t ds_target_mapped_bytes(const ds_target *m, ds_dtype dt);
 /* 1 when lm_head is the embedding table itself (tied and not stored separately). */
 int ds_target_head_is_embedding(const ds_target *m);
 

@@ -67,7 +67,8 @@ static int print_model(ds_model_source *src, double t0, int list_tensors) {
   double load_s = ds_time_sec() - t0;
   const ds_model_config *c = ds_target_config(m);
   printf("model:              %s%s\n", ds_model_source_path(src),
-         ds_model_source_is_gguf(src) ? " (GGUF file: converted in memory at load, weights dequantized to fp32)" : "");
+         ds_model_source_is_gguf(src) ? (ds_target_weights() == DS_WEIGHTS_AS_STORED ? " (GGUF file: converted in memory at load, quantized matrices kept as stored)"
+          : " (GGUF file: converted in memory at load, weights dequantized)") : "");
   printf("architecture:       %s (%s)\n", c->architecture, ds_arch_name(c->arch));
   /* a tied config whose checkpoint stores its own head holds both tables */
   int64_t n_params = ds_config_num_params(c) +
@@ -102,14 +103,21 @@ static int print_model(ds_model_source *src, double t0, int list_tensors) {
   ds_target_weight_memory(m, &f32_bytes, &mapped_bytes, &mapped_dtype);
   char all[32], mapped[32], f32[32];
   printf("weights in memory:  %s", human_bytes(f32_bytes + mapped_bytes, all));
-  if (mapped_bytes)
-    printf(": %s %s used in place (memory-mapped checkpoint), %s F32 (converted at load)",
-           human_bytes(mapped_bytes, mapped), ds_dtype_name(mapped_dtype), human_bytes(f32_bytes, f32));
-  else
+  if (mapped_bytes) {
+    const char *sep = ": ";
+    for (int dt = 0; dt < DS_DTYPE_COUNT; dt++)
+      if (ds_target_mapped_bytes(m, (ds_dtype)dt)) {
+        printf("%s%s %s", sep, human_bytes(ds_target_mapped_bytes(m, (ds_dtype)dt), mapped), ds_dtype_name((ds_dtype)dt));
+        sep = " + ";
+      }
+    printf(" used in place (memory-mapped checkpoint), %s F32 (converted at load)", human_bytes(f32_bytes, f32));
+    (void)mapped_dtype;
+  } else
     printf(" F32 (converted at load)");
   printf("\n");
-  printf("loaded in:          %.2f s (%s compute, GEMM %s, 16-bit weight kernels %s, %d threads)\n", load_s,
-         ds_compute_name(ds_matmul_compute()), ds_gemm_name(), ds_weight16_kernel_name(), ds_get_num_threads());
+  printf("loaded in:          %.2f s (%s compute, GEMM %s, 16-bit weight kernels %s, quantized weight kernels %s, "
+         "%d threads)\n", load_s, ds_compute_name(ds_matmul_compute()), ds_gemm_name(), ds_weight16_kernel_name(),
+         ds_weight_quant_kernel_name(), ds_get_num_threads());
   printf("bf16 compute GEMM:  %s (--compute bf16)\n", ds_gemm_bf16_name());
   ds_target_free(m);
 
@@ -139,6 +147,8 @@ int cmd_info(int argc, char **argv) {
              "leaves out take the defaults of the family's transformers config class (LlamaConfig,\n"
              "Qwen2Config, Qwen3Config).\n"
              "  --tensors   also list every tensor with dtype and shape\n"
+             "  --weights as-stored|bf16|f32  how the target holds its weights (default as-stored: a GGUF's\n"
+             "              quantized matrices in place; docs/compute.md)\n"
              "  --config    print only the resolved configuration as one JSON object (defaults applied,\n"
              "              the generation stop set and where it comes from); the weights are not read\n");
       return 0;

@@ -8,13 +8,16 @@ static const struct { const char *name; size_t size; } k_dtypes[DS_DTYPE_COUNT] 
     [DS_F64] = {"F64", 8}, [DS_I64] = {"I64", 8}, [DS_I32] = {"I32", 4},
     [DS_I16] = {"I16", 2}, [DS_I8] = {"I8", 1},   [DS_U8] = {"U8", 1},
     [DS_BOOL] = {"BOOL", 1},
+    /* block-quantized: no element size (ggml_quant.h has their blocks) */
+    [DS_Q8_0] = {"Q8_0", 0}, [DS_Q4_0] = {"Q4_0", 0}, [DS_Q4_1] = {"Q4_1", 0},
+    [DS_Q4_K] = {"Q4_K", 0}, [DS_Q6_K] = {"Q6_K", 0},
 };
 
 size_t ds_dtype_size(ds_dtype dt) { return (unsigned)dt < DS_DTYPE_COUNT ? k_dtypes[dt].size : 0; }
 const char *ds_dtype_name(ds_dtype dt) { return (unsigned)dt < DS_DTYPE_COUNT ? k_dtypes[dt].name : "?"; }
 
 int ds_dtype_from_name(const char *name, ds_dtype *out) {
-  for (int i = 0; i < DS_DTYPE_COUNT; i++)
+  for (int i = 0; i <= DS_BOOL; i++) /* a safetensors name: never a quantized type */
     if (strcmp(name, k_dtypes[i].name) == 0) { *out = (ds_dtype)i; return 1; }
   return 0;
 }

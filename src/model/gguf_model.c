@@ -185,6 +185,7 @@ typedef struct {
   char name[160];
   int64_t shape[2];
   int ndim, qk_heads;
+  int skip; /* not filled: the target uses this tensor in its quantized type */
 } tensor_plan;
 
 /* Every tensor named and checked against the shapes the config gives, and the set complete. */
@@ -231,8 +232,8 @@ static ds_status fill_tensor(const ds_gguf *g, const ds_gguf_tensor *t, const te
   return st;
 }
 
-static ds_status weights_image(const ds_gguf *g, const hparams *h, ds_dtype dtype, unsigned char **image,
-                               size_t *size) {
+static ds_status weights_image(const ds_gguf *g, const hparams *h, ds_dtype dtype, const char *const *skip,
+                               int n_skip, unsigned char **image, size_t *size) {
   const char *path = ds_gguf_path(g);
   size_t n = ds_gguf_tensor_count(g);
   tensor_plan *plan = calloc(n ? n : 1, sizeof *plan);
@@ -240,6 +241,8 @@ static ds_status weights_image(const ds_gguf *g, const hparams *h, ds_dtype dtyp
   ds_st_writer *w = ds_st_writer_new();
   ds_status st = plan && offsets && w ? DS_OK : DS_FAIL(DS_ERR_NOMEM, "%s: tensor table", path);
   if (st == DS_OK) st = plan_tensors(g, h, plan);
+  for (size_t i = 0; st == DS_OK && i < n; i++) /* reserved, never written: their pages stay unmapped */
+    for (int k = 0; k < n_skip; k++) plan[i].skip |= !strcmp(plan[i].name, skip[k]);
   for (size_t i = 0; i < n && st == DS_OK; i++) st = ds_st_writer_reserve(w, plan[i].name, dtype, plan[i].ndim, plan[i].shape);
   if (st == DS_OK) st = ds_st_writer_image(w, path, image, size, offsets);
   /* Each tensor lands where the image reserved it: the weights are held once. The tensors are
@@ -250,7 +253,7 @@ static ds_status weights_image(const ds_gguf *g, const hparams *h, ds_dtype dtyp
   if (st == DS_OK) {
 #pragma omp parallel for schedule(dynamic, 1) reduction(max : failed)
     for (int64_t i = 0; i < (int64_t)n; i++)
-      if (fill_tensor(g, ds_gguf_tensor_at(g, (size_t)i), &plan[i], dtype, *image + offsets[i]) != DS_OK &&
+      if (!plan[i].skip && fill_tensor(g, ds_gguf_tensor_at(g, (size_t)i), &plan[i], dtype, *image + offsets[i]) != DS_OK &&
           failed < 0)
         failed = i;
   }
@@ -362,8 +365,20 @@ const char *ds_gguf_model_text(const ds_gguf_model *m, ds_model_file f, size_t *
   return t;
 }
 
-ds_status ds_gguf_model_weights(const ds_gguf_model *m, unsigned char **image, size_t *size) {
+ds_status ds_gguf_model_weights(const ds_gguf_model *m, const char *const *skip, int n_skip, unsigned char **image,
+                                size_t *size) {
   *image = NULL;
   *size = 0;
-  return weights_image(m->g, &m->h, m->dtype, image, size);
+  return weights_image(m->g, &m->h, m->dtype, skip, n_skip, image, size);
+}
+
+const ds_gguf_tensor *ds_gguf_model_tensor_of(const ds_gguf_model *m, const char *hf, int *qk_heads) {
+  char name[160];
+  int64_t shape[2];
+  for (size_t i = 0; i < ds_gguf_tensor_count(m->g); i++) {
+    const ds_gguf_tensor *t = ds_gguf_tensor_at(m->g, i);
+    if (hf_name(&m->h, t->name, name, sizeof name, shape, qk_heads) && !strcmp(name, hf)) return t;
+  }
+  *qk_heads = 0;
+  return NULL;
 }

@@ -94,8 +94,10 @@ ds_status ds_model_source_open(const char *path, ds_model_source **out) {
     else if (gguf) snprintf(s->label[i], n, "%s (%s)", path, k_files[i].name);
     else snprintf(s->label[i], n, "%s/%s", path, k_files[i].name);
   }
-  /* in memory, the weights in fp32: the files `dspark convert --dtype f32` writes */
-  if (st == DS_OK && gguf) st = ds_gguf_model_open(path, DS_F32, &s->gguf);
+  /* in memory, the weights in fp32 (the files `dspark convert --dtype f32` writes), or in bf16 for
+   * --weights bf16 */
+  if (st == DS_OK && gguf)
+    st = ds_gguf_model_open(path, ds_target_weights() == DS_WEIGHTS_BF16 ? DS_BF16 : DS_F32, &s->gguf);
   if (st != DS_OK) {
     ds_model_source_close(s);
     return st;
@@ -105,6 +107,30 @@ ds_status ds_model_source_open(const char *path, ds_model_source **out) {
 }
 
 const char *ds_model_source_path(const ds_model_source *s) { return s->path; }
+const ds_gguf_model *ds_model_source_gguf(const ds_model_source *s) { return s->gguf; }
+
+static ds_weights_mode g_weights = DS_WEIGHTS_DEQUANTIZED; /* set once by the program, as the compute mode */
+
+void ds_set_target_weights(ds_weights_mode mode) { g_weights = mode; }
+ds_weights_mode ds_target_weights(void) { return g_weights; }
+
+const char *ds_weights_mode_name(ds_weights_mode mode) {
+  return mode == DS_WEIGHTS_AS_STORED ? "as-stored" : mode == DS_WEIGHTS_BF16 ? "bf16"
+         : mode == DS_WEIGHTS_F32     ? "f32" : "dequantized";
+}
+
+int ds_weights_mode_parse(const char *s, ds_weights_mode *out) {
+  for (int m = DS_WEIGHTS_AS_STORED; m <= DS_WEIGHTS_F32; m++)
+    if (!strcmp(s, ds_weights_mode_name((ds_weights_mode)m))) {
+      *out = (ds_weights_mode)m;
+      return 1;
+    }
+  if (!strcmp(s, "fp32")) {
+    *out = DS_WEIGHTS_F32;
+    return 1;
+  }
+  return 0;
+}
 int ds_model_source_is_gguf(const ds_model_source *s) { return s->gguf != NULL; }
 
 const char *ds_model_source_label(const ds_model_source *s, ds_model_file f) {
@@ -206,11 +232,15 @@ ds_status ds_model_source_chat_template(ds_model_source *s, const char *override
 }
 
 ds_status ds_model_source_weights(ds_model_source *s, ds_checkpoint **out) {
+  return ds_model_source_weights_except(s, NULL, 0, out);
+}
+
+ds_status ds_model_source_weights_except(ds_model_source *s, const char *const *skip, int n_skip, ds_checkpoint **out) {
   *out = NULL;
   if (!s->gguf) return ds_ckpt_open(s->path, out);
   unsigned char *image;
   size_t size;
-  DS_TRY(ds_gguf_model_weights(s->gguf, &image, &size));
+  DS_TRY(ds_gguf_model_weights(s->gguf, skip, n_skip, &image, &size));
   return ds_ckpt_open_memory(image, size, s->path, out);
 }
 

@@ -3,6 +3,7 @@
 #ifndef DSPARK_MODEL_TARGET_INTERNAL_H
 #define DSPARK_MODEL_TARGET_INTERNAL_H
 
+#include "dspark/gguf.h"
 #include "dspark/safetensors.h"
 #include "dspark/target.h"
 
@@ -14,7 +15,7 @@ typedef struct {
   ds_weight seg[3];
   int64_t seg_rows[3];
   int n_seg;
-  int mapped; /* 1: the segments are the checkpoint's 16-bit tensors */
+  int mapped; /* 1: the segments are the checkpoint's 16-bit tensors; 2: a GGUF's quantized ones */
 } target_linear;
 
 typedef struct {
@@ -62,8 +63,13 @@ struct ds_target {
   ds_checkpoint *ck;   /* open while a weight is used where it lies in its mapping, else NULL */
   void **owned;        /* 16-bit tensors copied out of the mapping (unaligned there), freed with the target */
   int n_owned;
-  size_t mapped_bytes; /* bytes of the 16-bit weights used in place (a tied table counted once) */
-  ds_dtype mapped_dtype; /* their dtype (DS_F32 when there is none) */
+  int ck_mapped;       /* 1 when a weight lies in ck's mapping (ck stays open) */
+  ds_gguf *gguf;       /* --weights as-stored on a GGUF: the file mapped again for the quantized
+                        * weights used in place, NULL otherwise */
+  size_t mapped_bytes; /* bytes of the 16-bit or quantized weights used in place (a tied table once) */
+  ds_dtype mapped_dtype; /* their dtype (DS_F32 when there is none; the first one when mixed) */
+  size_t mapped_of[DS_DTYPE_COUNT]; /* mapped_bytes by dtype */
+  int n_quant_mapped;                /* quantized tensors taken from the GGUF */
   ds_weight embed;   /* (V, d) */
   ds_weight lm_head; /* (V, d), the same data as embed when tied */
   float *norm;       /* (d) */

@@ -8,6 +8,8 @@
 #include "dspark/cache.h"
 #include "dspark/dtype.h"
 #include "dspark/fileio.h"
+#include "dspark/ggml_quant.h"
+#include "model/gguf_internal.h"
 #include "model/rope_freq.h"
 #include "model/target_internal.h"
 
@@ -47,17 +49,72 @@ static const char *embed_source(const ds_target *m, const ds_checkpoint *ck) {
   return from_head ? k_head_name : k_embed_name;
 }
 
-static void plan_storage(ds_target *m, const ds_checkpoint *ck) {
+/* --weights as-stored on a GGUF: the quantized dtype the GGUF tensor behind `name` is kept in
+ * (one of the types the kernels run), else DS_F32 (the tensor comes from the dequantized image). */
+static ds_dtype stored_quant(const ds_model_source *src, const char *name, const ds_gguf_tensor **t, int *qk_heads) {
+  const ds_gguf_model *g = ds_model_source_gguf(src);
+  ds_dtype dt = DS_F32;
+  *t = g && ds_target_weights() == DS_WEIGHTS_AS_STORED ? ds_gguf_model_tensor_of(g, name, qk_heads) : NULL;
+  if (*t && !ds_dtype_of_ggml_type((*t)->type, &dt)) dt = DS_F32;
+  return dt;
+}
+
+static int group_quant(const ds_model_source *src, int64_t layer, const char *const *suffixes, int n) {
+  char name[256];
+  for (int i = 0; i < n; i++) {
+    snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)layer, suffixes[i]);
+    const ds_gguf_tensor *t;
+    int qk;
+    if (stored_quant(src, name, &t, &qk) == DS_F32) return 0;
+  }
+  return 1;
+}
+
+/* The HF names of the tensors plan_storage will keep quantized (same rule, decided from the GGUF
+ * alone), so that the image of the GGUF's weights leaves them unconverted: a quantized model
+ * loads without a transient fp32 copy of itself. *names is malloc'd (256 bytes a name). */
+static int quant_names(const ds_target *m, const ds_model_source *src, char (**names)[256]) {
+  int64_t L = m->cfg.num_hidden_layers;
+  const char *const *suffixes[4] = {k_qkv, k_o, k_gate_up, k_down};
+  int counts[4] = {3, 1, 2, 1}, n = 0;
+  *names = malloc((size_t)(7 * L + 2) * sizeof **names);
+  if (!*names) return -1;
+  for (int64_t l = 0; l < L; l++)
+    for (int k = 0; k < 4; k++)
+      if (group_quant(src, l, suffixes[k], counts[k]))
+        for (int i = 0; i < counts[k]; i++)
+          snprintf((*names)[n++], 256, "model.layers.%lld.%s", (long long)l, suffixes[k][i]);
+  const char *tables[2] = {k_embed_name, k_head_name};
+  for (int i = 0; i < 2; i++) {
+    const ds_gguf_tensor *t;
+    int qk;
+    if (stored_quant(src, tables[i], &t, &qk) != DS_F32) snprintf((*names)[n++], 256, "%s", tables[i]);
+  }
+  return n;
+}
+
+/* Each group: quantized in place (2), 16-bit in place (1) or fp32 (0). --weights f32 converts
+ * everything. */
+static void plan_storage(ds_target *m, const ds_checkpoint *ck, const ds_model_source *src) {
+  int keep = ds_target_weights() != DS_WEIGHTS_F32;
   for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++) {
     layer_weights *w = &m->layers[l];
-    w->qkv.mapped = group16(ck, l, k_qkv, 3);
-    w->wo.mapped = group16(ck, l, k_o, 1);
-    w->gate_up.mapped = group16(ck, l, k_gate_up, 2);
-    w->down.mapped = group16(ck, l, k_down, 1);
+    target_linear *lin[4] = {&w->qkv, &w->wo, &w->gate_up, &w->down};
+    const char *const *suffixes[4] = {k_qkv, k_o, k_gate_up, k_down};
+    int counts[4] = {3, 1, 2, 1};
+    for (int k = 0; k < 4; k++)
+      lin[k]->mapped = !keep ? 0 : group_quant(src, l, suffixes[k], counts[k]) ? 2 : group16(ck, l, suffixes[k], counts[k]);
   }
-  m->embed.dtype = stored16(ck, embed_source(m, ck)) ? ds_ckpt_find(ck, embed_source(m, ck))->dtype : DS_F32;
+  const ds_gguf_tensor *t;
+  int qk;
+  ds_dtype q = stored_quant(src, embed_source(m, ck), &t, &qk);
+  m->embed.dtype = q != DS_F32 ? q
+                   : keep && stored16(ck, embed_source(m, ck)) ? ds_ckpt_find(ck, embed_source(m, ck))->dtype
+                                                               : DS_F32;
+  q = stored_quant(src, k_head_name, &t, &qk);
   m->lm_head.dtype = !m->own_head ? m->embed.dtype
-                     : stored16(ck, k_head_name) ? ds_ckpt_find(ck, k_head_name)->dtype : DS_F32;
+                     : q != DS_F32 ? q
+                     : keep && stored16(ck, k_head_name) ? ds_ckpt_find(ck, k_head_name)->dtype : DS_F32;
 }
 
 /* Tied embeddings as transformers (5.x) ties them when loading: with tie_word_embeddings a
@@ -175,6 +232,16 @@ static ds_status read1(const ds_checkpoint *ck, const char *name, int64_t n, flo
   return ds_ckpt_read_f32(ck, name, 1, &n, dst);
 }
 
+/* A buffer of nbytes the target owns (freed with it). */
+static ds_status own(ds_target *m, size_t nbytes, void **out) {
+  void **owned = realloc(m->owned, (size_t)(m->n_owned + 1) * sizeof *owned);
+  if (!owned) return DS_FAIL(DS_ERR_NOMEM, "out of memory");
+  m->owned = owned;
+  if (!(*out = ds_malloc_aligned(nbytes ? nbytes : 1, "quantized q / k rows"))) return DS_ERR_NOMEM;
+  m->owned[m->n_owned++] = *out;
+  return DS_OK;
+}
+
 /* A BF16 / F16 tensor [rows, cols], checked (shape, finite values) and used where it lies; a
  * tensor at an odd offset in its file (possible, if unusual) is copied to aligned memory
  * first, still in its dtype. */
@@ -185,31 +252,70 @@ static ds_status map16(ds_target *m, const char *name, int64_t rows, int64_t col
   DS_CHECK(is16(v->dtype));
   const void *data = v->data;
   if ((uintptr_t)data % 2 != 0) {
-    void **owned = realloc(m->owned, (size_t)(m->n_owned + 1) * sizeof *owned);
-    if (!owned) return DS_FAIL(DS_ERR_NOMEM, "%s: out of memory", name);
-    m->owned = owned;
-    void *copy = ds_malloc_aligned(v->nbytes, "realigned weight");
-    if (!copy) return DS_ERR_NOMEM;
+    void *copy = NULL;
+    DS_TRY(own(m, v->nbytes, &copy));
     memcpy(copy, data, v->nbytes);
-    m->owned[m->n_owned++] = copy;
     data = copy;
+  } else {
+    m->ck_mapped = 1; /* used where it lies: the checkpoint stays open */
   }
   *out = (ds_weight){data, v->dtype};
   m->mapped_bytes += v->nbytes;
-  m->mapped_dtype = m->mapped_dtype == DS_F32 || m->mapped_dtype == v->dtype ? v->dtype : m->mapped_dtype;
+  m->mapped_of[v->dtype] += v->nbytes;
+  m->mapped_dtype = m->mapped_dtype == DS_F32 ? v->dtype : m->mapped_dtype;
+  return DS_OK;
+}
+
+/* A GGUF tensor kept in its quantized type as the HF tensor `name` [rows, cols]: used where it
+ * lies in the target's own mapping of the file; llama's interleaved q / k rows are copied back
+ * to HF order (whole rows of blocks: in head h, file row 2i + j is HF row j * hd / 2 + i). */
+static ds_status map_quant(ds_target *m, const ds_model_source *src, const char *name, int64_t rows, int64_t cols,
+                           ds_weight *out) {
+  const ds_gguf_tensor *st;
+  int qk;
+  ds_dtype dt = stored_quant(src, name, &st, &qk);
+  DS_CHECK(dt != DS_F32 && m->gguf);
+  const ds_gguf_tensor *t = ds_gguf_find_tensor(m->gguf, st->name);
+  if (!t || t->type != st->type || t->ndim != 2 || t->ne[0] != cols || t->ne[1] != rows || cols % ds_quant_block(dt))
+    return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' (%s) is not the [%lld, %lld] matrix of %s (or the file changed)",
+                   m->dir, st->name, ds_dtype_name(dt), (long long)rows, (long long)cols, name);
+  size_t rb = ds_quant_row_bytes(dt, cols);
+  if (t->nbytes != rb * (size_t)rows)
+    return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' holds %zu bytes, not %zu", m->dir, t->name, t->nbytes, rb * (size_t)rows);
+  int64_t bad = ds_quant_first_nonfinite_row(dt, t->data, rows, cols);
+  if (bad >= 0)
+    return DS_FAIL(DS_ERR_NUMERIC, "%s: tensor '%s' (%s): a scale of row %lld is not finite (NaN or infinity)", m->dir,
+                   t->name, ds_dtype_name(dt), (long long)bad);
+  const void *data = t->data;
+  if (qk) {
+    unsigned char *copy = NULL;
+    DS_TRY(own(m, t->nbytes, (void **)&copy));
+    int64_t hd = rows / qk, half = hd / 2;
+    for (int64_t h = 0; h < qk; h++)
+      for (int64_t i = 0; i < half; i++)
+        for (int j = 0; j < 2; j++)
+          memcpy(copy + (size_t)(h * hd + j * half + i) * rb, (const unsigned char *)t->data + (size_t)(h * hd + 2 * i + j) * rb, rb);
+    data = copy;
+  }
+  *out = (ds_weight){data, dt};
+  m->mapped_bytes += t->nbytes;
+  m->mapped_of[dt] += t->nbytes;
+  m->n_quant_mapped++;
+  m->mapped_dtype = m->mapped_dtype == DS_F32 ? dt : m->mapped_dtype;
   return DS_OK;
 }
 
 /* One group of tensors (suffixes, each rows[i] x cols): into the fp32 buffer one after the
  * other (the fused segment layout_params placed), or mapped, one segment each. */
-static ds_status load_linear(ds_target *m, int64_t layer, target_linear *t, const char *const *suffixes,
-                             const int64_t *rows, int n, int64_t cols) {
+static ds_status load_linear(ds_target *m, const ds_model_source *src, int64_t layer, target_linear *t,
+                             const char *const *suffixes, const int64_t *rows, int n, int64_t cols) {
   char name[256];
   float *dst = t->mapped ? NULL : (float *)t->seg[0].data;
   for (int i = 0; i < n; i++) {
     snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)layer, suffixes[i]);
     if (t->mapped) {
-      DS_TRY(map16(m, name, rows[i], cols, &t->seg[i]));
+      if (t->mapped == 2) DS_TRY(map_quant(m, src, name, rows[i], cols, &t->seg[i]));
+      else DS_TRY(map16(m, name, rows[i], cols, &t->seg[i]));
       t->seg_rows[i] = rows[i];
     } else {
       DS_TRY(read2(m->ck, name, rows[i], cols, dst));
@@ -220,22 +326,24 @@ static ds_status load_linear(ds_target *m, int64_t layer, target_linear *t, cons
   return DS_OK;
 }
 
-static ds_status load_weights(ds_target *m) {
+static ds_status load_weights(ds_target *m, const ds_model_source *src) {
   const ds_model_config *c = &m->cfg;
   const ds_checkpoint *ck = m->ck;
   int64_t d = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
   char name[256];
   if (m->embed.dtype == DS_F32) DS_TRY(read2(ck, embed_source(m, ck), V, d, (float *)m->embed.data));
+  else if (ds_dtype_is_quantized(m->embed.dtype)) DS_TRY(map_quant(m, src, embed_source(m, ck), V, d, &m->embed));
   else DS_TRY(map16(m, embed_source(m, ck), V, d, &m->embed));
   if (!m->own_head) m->lm_head = m->embed;
   else if (m->lm_head.dtype == DS_F32) DS_TRY(read2(ck, k_head_name, V, d, (float *)m->lm_head.data));
+  else if (ds_dtype_is_quantized(m->lm_head.dtype)) DS_TRY(map_quant(m, src, k_head_name, V, d, &m->lm_head));
   else DS_TRY(map16(m, k_head_name, V, d, &m->lm_head));
   DS_TRY(read1(ck, "model.norm.weight", d, m->norm));
   int64_t qkv_rows[3] = {m->q_dim, m->kv_dim, m->kv_dim}, d_rows[1] = {d}, gu_rows[2] = {I, I};
   for (int64_t l = 0; l < c->num_hidden_layers; l++) {
     layer_weights *w = &m->layers[l];
 #define NAME(fmt) (snprintf(name, sizeof name, "model.layers.%lld." fmt, (long long)l), name)
-    DS_TRY(load_linear(m, l, &w->qkv, k_qkv, qkv_rows, 3, d));
+    DS_TRY(load_linear(m, src, l, &w->qkv, k_qkv, qkv_rows, 3, d));
     if (c->attention_bias) {
       DS_TRY(read1(ck, NAME("self_attn.q_proj.bias"), m->q_dim, w->bqkv));
       DS_TRY(read1(ck, NAME("self_attn.k_proj.bias"), m->kv_dim, w->bqkv + m->q_dim));
@@ -245,10 +353,10 @@ static ds_status load_weights(ds_target *m) {
       DS_TRY(read1(ck, NAME("self_attn.q_norm.weight"), c->head_dim, w->q_norm));
       DS_TRY(read1(ck, NAME("self_attn.k_norm.weight"), c->head_dim, w->k_norm));
     }
-    DS_TRY(load_linear(m, l, &w->wo, k_o, d_rows, 1, m->q_dim));
+    DS_TRY(load_linear(m, src, l, &w->wo, k_o, d_rows, 1, m->q_dim));
     if (c->o_proj_bias) DS_TRY(read1(ck, NAME("self_attn.o_proj.bias"), d, w->bo));
-    DS_TRY(load_linear(m, l, &w->gate_up, k_gate_up, gu_rows, 2, d));
-    DS_TRY(load_linear(m, l, &w->down, k_down, d_rows, 1, I));
+    DS_TRY(load_linear(m, src, l, &w->gate_up, k_gate_up, gu_rows, 2, d));
+    DS_TRY(load_linear(m, src, l, &w->down, k_down, d_rows, 1, I));
     if (c->mlp_bias) {
       DS_TRY(read1(ck, NAME("mlp.gate_proj.bias"), I, w->b_gate_up));
       DS_TRY(read1(ck, NAME("mlp.up_proj.bias"), I, w->b_gate_up + I));
@@ -393,10 +501,26 @@ ds_status ds_target_load_source(ds_model_source *src, const ds_backend *backend,
   m->layers = ds_calloc((size_t)c->num_hidden_layers, sizeof *m->layers, "layer table");
   m->inv_freq = ds_malloc((size_t)c->head_dim / 2 * sizeof(float), "rope table");
   if (!m->layers || !m->inv_freq) { st = DS_ERR_NOMEM; goto fail; }
-  if ((st = ds_model_source_weights(src, &m->ck)) != DS_OK) goto fail;
+  char(*skip)[256] = NULL;
+  int n_skip = 0;
+  if (ds_model_source_gguf(src) && ds_target_weights() == DS_WEIGHTS_AS_STORED && !weights_xxh64 &&
+      (n_skip = quant_names(m, src, &skip)) < 0) {
+    st = DS_FAIL(DS_ERR_NOMEM, "out of memory");
+    goto fail;
+  }
+  const char **skip_ptrs = n_skip ? malloc((size_t)n_skip * sizeof *skip_ptrs) : NULL;
+  for (int i = 0; skip_ptrs && i < n_skip; i++) skip_ptrs[i] = skip[i];
+  st = n_skip && !skip_ptrs ? DS_FAIL(DS_ERR_NOMEM, "out of memory")
+                            : ds_model_source_weights_except(src, skip_ptrs, skip_ptrs ? n_skip : 0, &m->ck);
+  free(skip_ptrs);
+  free(skip);
+  if (st != DS_OK) goto fail;
   if (weights_xxh64 && (st = ds_cache_hash_checkpoint(m->ck, weights_xxh64)) != DS_OK) goto fail;
   plan_head(m, m->ck);
-  plan_storage(m, m->ck);
+  plan_storage(m, m->ck, src);
+  if (ds_model_source_gguf(src) && ds_target_weights() == DS_WEIGHTS_AS_STORED &&
+      (st = ds_gguf_open(ds_model_source_path(src), &m->gguf)) != DS_OK)
+    goto fail;
   m->n_params = layout_params(m, NULL);
   if ((st = preflight(m, m->ck)) == DS_OK) {
     m->params = ds_malloc_aligned((m->n_params ? m->n_params : 1) * sizeof(float), "model weights");
@@ -410,12 +534,22 @@ ds_status ds_target_load_source(ds_model_source *src, const ds_backend *backend,
     int any16 = 0;
     for (size_t i = 0; i < ds_ckpt_count(m->ck); i++) any16 |= is16(ds_ckpt_tensor(m->ck, i)->dtype);
     if (!any16) ds_ckpt_read_once(m->ck);
-    st = load_weights(m);
+    st = load_weights(m, src);
   }
-  if (st == DS_OK && m->mapped_bytes == 0 && m->n_owned == 0) {
-    ds_ckpt_close(m->ck); /* everything was converted: the mapping (or a GGUF's image) is not needed */
+  /* every tensor left out of the image was taken from the GGUF, none read as the image's zeros */
+  if (st == DS_OK && n_skip && m->n_quant_mapped < n_skip)
+    st = DS_FAIL(DS_ERR_INTERNAL, "%s: %d of the %d tensors kept quantized were used", m->dir, m->n_quant_mapped, n_skip);
+  if (st == DS_OK && !m->ck_mapped) {
+    ds_ckpt_close(m->ck); /* nothing lies in it: the mapping (or a GGUF's image) is not needed */
     m->ck = NULL;
   }
+  if (st == DS_OK && m->gguf && m->mapped_bytes == 0) {
+    ds_gguf_close(m->gguf); /* no tensor of a type kept quantized */
+    m->gguf = NULL;
+  }
+  if (st == DS_OK && m->gguf && m->be->device_memory)
+    st = DS_FAIL(DS_ERR_UNSUPPORTED, "%s: quantized weights run on the cpu backend only; give --weights bf16 or f32 "
+                 "for the %s backend", m->dir, m->be->name);
   if ((st == DS_ERR_FORMAT || st == DS_ERR_NOT_FOUND) && c->defaulted[0])
     ds_error_wrap(st, "%s leaves these fields to %s's defaults (as transformers does): %s", m->config_label,
                   ds_config_class_name(c->arch), c->defaulted);
@@ -447,6 +581,7 @@ void ds_target_free(ds_target *m) {
   for (int i = 0; i < m->n_owned; i++) ds_free_aligned(m->owned[i]);
   free(m->owned);
   ds_ckpt_close(m->ck); /* after the last use of a mapped weight */
+  ds_gguf_close(m->gguf);
   free(m->layers);
   if (m->be->device_memory) m->be->free(m->inv_freq);
   else free(m->inv_freq);
@@ -459,6 +594,10 @@ const ds_model_config *ds_target_config(const ds_target *m) { return &m->cfg; }
 ds_weight ds_target_embed(const ds_target *m) { return m->embed; }
 ds_weight ds_target_lm_head(const ds_target *m) { return m->lm_head; }
 int ds_target_head_is_embedding(const ds_target *m) { return !m->own_head; }
+
+size_t ds_target_mapped_bytes(const ds_target *m, ds_dtype dt) {
+  return (unsigned)dt < DS_DTYPE_COUNT ? m->mapped_of[dt] : 0;
+}
 
 void ds_target_weight_memory(const ds_target *m, size_t *f32_bytes, size_t *mapped_bytes, ds_dtype *mapped_dtype) {
   if (f32_bytes) *f32_bytes = m->n_params * sizeof(float);

@@ -19,7 +19,14 @@
 
 /* ---------------------------------------------------------------- causal attention (KV cache) */
 
-enum { ATTN_QCHUNK = 64 };
+/* Queries per sgemm; a call of at most ATTN_ROWWISE_MAX queries (decode, verification of a short
+ * draft) runs one query at a time over exactly its visible keys, as a decode step computes it, so
+ * a row's output does not depend on the other rows of its call: the target's numbers for a token
+ * are then the same in a verification as in plain decoding (with quantized weights, whose
+ * activations are rounded to 8 bits, a last-bit difference here could flip a rounding and part
+ * `speculate` from `generate`; nn/cpu_quant.h's direct path is row-independent up to the same
+ * count). */
+enum { ATTN_QCHUNK = 64, ATTN_ROWWISE_MAX = 8 };
 
 /* out[n, n_heads*hd] = softmax(q k^T * scale, causal) v; k, v: [n_kv_heads, cap, hd]. */
 void ds_cpu_attention_causal(float *out, const float *q, int64_t q_stride, const float *k, const float *v, int64_t n,
@@ -29,7 +36,8 @@ void ds_cpu_attention_causal(float *out, const float *q, int64_t q_stride, const
       ds_cpu_attention_causal_bf16(out, q, q_stride, k, v, n, past, cap, n_heads, n_kv_heads, head_dim, scale))
     return;
   int64_t group = n_heads / n_kv_heads;
-  int64_t n_chunks = (n + ATTN_QCHUNK - 1) / ATTN_QCHUNK;
+  int64_t qchunk = n <= ATTN_ROWWISE_MAX ? 1 : ATTN_QCHUNK;
+  int64_t n_chunks = (n + qchunk - 1) / qchunk;
   int64_t out_stride = n_heads * head_dim;
   DS_OMP(parallel)
   {
@@ -39,7 +47,7 @@ void ds_cpu_attention_causal(float *out, const float *q, int64_t q_stride, const
     DS_OMP(for collapse(2) schedule(dynamic))
     for (int64_t h = 0; h < n_heads; h++)
       for (int64_t c = 0; c < n_chunks; c++) {
-        int64_t q0 = c * ATTN_QCHUNK, qn = n - q0 < ATTN_QCHUNK ? n - q0 : ATTN_QCHUNK;
+        int64_t q0 = c * qchunk, qn = n - q0 < qchunk ? n - q0 : qchunk;
         int64_t kend = past + q0 + qn; /* keys visible to the last query of the chunk */
         const float *kh = k + (h / group) * cap * head_dim;
         const float *vh = v + (h / group) * cap * head_dim;

@@ -9,6 +9,7 @@
 #include "nn/cpu_gemm_bf16.h"
 #include "nn/cpu_kernels.h"
 #include "nn/cpu_linear16.h"
+#include "nn/cpu_quant.h"
 #include "nn/fast_exp.h"
 #include "nn/host_memory.h"
 #include "nn/linear_cat.h"
@@ -60,6 +61,8 @@ static void cpu_linear_w(float *y, int64_t ldy, const float *x, ds_weight w, con
     ds_cpu_gemm_bf16_frozen(1, n, out, in, x, in, w.data, NULL, bias ? 1.0f : 0.0f, y, ldy);
   } else if (w.dtype == DS_F32) {
     linear_f32(y, ldy, x, w.data, bias, n, in, out);
+  } else if (ds_dtype_is_quantized(w.dtype)) {
+    ds_cpu_linear_quant(y, ldy, x, w, bias, n, in, out);
   } else {
     ds_cpu_linear16(y, ldy, x, w, bias, n, in, out);
   }
@@ -75,16 +78,18 @@ static void cpu_linear_w_cat(float *y, int64_t ldy, const float *x, const ds_wei
   int fuse = n_seg > 1 && n_seg <= CAT_MAX && ds_matmul_compute() == DS_COMPUTE_BF16 &&
              (w[0].dtype == DS_F32 ? n >= DS_BF16_MIN_ROWS_F32W : w[0].dtype == DS_BF16 && n >= DS_BF16_MIN_ROWS_BF16W);
   int64_t total = 0;
-  int all16 = 1;
+  int all16 = 1, allq = 1;
   const void *segs[CAT_MAX];
   for (int s = 0; s < n_seg; s++) {
     fuse = fuse && w[s].dtype == w[0].dtype;
     all16 = all16 && (w[s].dtype == DS_BF16 || w[s].dtype == DS_F16);
+    allq = allq && ds_dtype_is_quantized(w[s].dtype);
     if (s < CAT_MAX) segs[s] = w[s].data;
     total += out[s];
   }
   if (!fuse) {
     if (all16) ds_cpu_linear16_cat(y, ldy, x, w, out, n_seg, bias, n, in);
+    else if (allq) ds_cpu_linear_quant_cat(y, ldy, x, w, out, n_seg, bias, n, in);
     else ds_linear_w_each_segment(cpu_linear_w, y, ldy, x, w, out, n_seg, bias, n, in);
     return;
   }
@@ -100,7 +105,14 @@ static void cpu_linear_w_backward(float *dx, const float *dy, ds_weight w, int64
   if (w.dtype == DS_F32 && ds_matmul_compute() == DS_COMPUTE_BF16 && n >= DS_BF16_MIN_ROWS_F32W)
     ds_cpu_gemm_bf16_frozen(0, n, in, out, dy, out, w.data, NULL, 1.0f, dx, in); /* its own packed copy */
   else if (w.dtype == DS_F32) matmul_w(0, 0, n, in, out, dy, out, w.data, in, 1.0f, dx, in, n, DS_BF16_MIN_ROWS_F32W);
+  else if (ds_dtype_is_quantized(w.dtype)) ds_cpu_linear_quant_backward(dx, dy, w, n, in, out);
   else ds_cpu_linear16_backward(dx, dy, w, n, in, out);
+}
+
+/* y[n, d] = table[ids[i]]: quantized tables here, the others in cpu_linear16.c. */
+static void cpu_embedding_w(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d) {
+  if (ds_dtype_is_quantized(table.dtype)) ds_cpu_embedding_quant(y, ids, table, n, d);
+  else ds_cpu_embedding_w(y, ids, table, n, d);
 }
 
 enum { COL_CHUNK = 64 }; /* columns per task when summing over rows */
@@ -361,7 +373,7 @@ static const ds_backend k_cpu = {
     .linear_w_cat = cpu_linear_w_cat,
     .rmsnorm_heads = cpu_rmsnorm_heads,
     .linear_w_backward = cpu_linear_w_backward,
-    .embedding_w = ds_cpu_embedding_w,
+    .embedding_w = cpu_embedding_w,
     .alloc = ds_host_alloc,
     .free = ds_host_free,
     .copy_to_device = ds_host_copy,

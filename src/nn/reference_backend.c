@@ -9,6 +9,7 @@
 #include "dspark/backend.h"
 #include "dspark/common.h"
 #include "dspark/dtype.h"
+#include "dspark/ggml_quant.h"
 #include "nn/host_memory.h"
 #include "nn/linear_cat.h"
 
@@ -52,15 +53,35 @@ static double ref_weight_at(ds_weight w, int64_t idx) {
   return w.dtype == DS_BF16 ? ds_bf16_to_f32(h) : ds_f16_to_f32(h);
 }
 
-/* y[n, out] (row stride ldy) = x[n, in] @ w[out, in]^T (+ bias[out]), w in F32 / BF16 / F16. */
-static void ref_linear_w(float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n, int64_t in,
-                         int64_t out) {
+/* A quantized weight [rows, cols] dequantized whole (the core's dequantizers: gguf.quants' values
+ * to the bit) into a malloc'd F32 weight; any other weight as it is. */
+static ds_weight ref_dequantized(ds_weight w, int64_t rows, int64_t cols) {
+  if (!ds_dtype_is_quantized(w.dtype)) return w;
+  float *f = malloc((size_t)(rows * cols) * sizeof *f);
+  DS_CHECK(f != NULL);
+  size_t rb = ds_quant_row_bytes(w.dtype, cols);
+  for (int64_t r = 0; r < rows; r++)
+    ds_ggml_dequantize_row((uint32_t)ds_dtype_ggml_type(w.dtype), (const unsigned char *)w.data + (size_t)r * rb,
+                           f + r * cols, cols);
+  return (ds_weight){f, DS_F32};
+}
+
+static void ref_release(ds_weight used, ds_weight given) {
+  if (used.data != given.data) free((void *)used.data);
+}
+
+/* y[n, out] (row stride ldy) = x[n, in] @ w[out, in]^T (+ bias[out]), w in F32 / BF16 / F16 or
+ * quantized (dequantized first). */
+static void ref_linear_w(float *y, int64_t ldy, const float *x, ds_weight given, const float *bias, int64_t n,
+                         int64_t in, int64_t out) {
+  ds_weight w = ref_dequantized(given, out, in);
   for (int64_t i = 0; i < n; i++)
     for (int64_t o = 0; o < out; o++) {
       double s = bias ? bias[o] : 0.0;
       for (int64_t p = 0; p < in; p++) s += (double)x[i * in + p] * ref_weight_at(w, o * in + p);
       y[i * ldy + o] = (float)s;
     }
+  ref_release(w, given);
 }
 
 static void ref_linear_w_cat(float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out, int n_seg,
@@ -69,17 +90,26 @@ static void ref_linear_w_cat(float *y, int64_t ldy, const float *x, const ds_wei
 }
 
 /* dx[n, in] += dy[n, out] @ w[out, in] */
-static void ref_linear_w_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out) {
+static void ref_linear_w_backward(float *dx, const float *dy, ds_weight given, int64_t n, int64_t in, int64_t out) {
+  ds_weight w = ref_dequantized(given, out, in);
   for (int64_t i = 0; i < n; i++)
     for (int64_t p = 0; p < in; p++) {
       double s = 0.0;
       for (int64_t o = 0; o < out; o++) s += (double)dy[i * out + o] * ref_weight_at(w, o * in + p);
       dx[i * in + p] += (float)s;
     }
+  ref_release(w, given);
 }
 
 /* y[n, d] = table[ids[i], :] */
 static void ref_embedding_w(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d) {
+  if (ds_dtype_is_quantized(table.dtype)) { /* one row at a time: the table may be a vocabulary */
+    size_t rb = ds_quant_row_bytes(table.dtype, d);
+    for (int64_t i = 0; i < n; i++)
+      ds_ggml_dequantize_row((uint32_t)ds_dtype_ggml_type(table.dtype),
+                             (const unsigned char *)table.data + (size_t)ids[i] * rb, y + i * d, d);
+    return;
+  }
   for (int64_t i = 0; i < n; i++)
     for (int64_t j = 0; j < d; j++) y[i * d + j] = (float)ref_weight_at(table, (int64_t)ids[i] * d + j);
 }

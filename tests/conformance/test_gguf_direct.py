@@ -1,6 +1,6 @@
 """A .gguf file wherever a model directory is taken: every command given MODEL.gguf gives, to the
-bit, what it gives with the directory `dspark convert --dtype f32` writes from the same file, and
-writes nothing beside the file.
+bit, what it gives with the directory `dspark convert --dtype f32` writes from the same file (with
+`--weights f32` where a command takes it), and writes nothing beside the file.
 
 - tiny Llama (tied head, its q / k rows interleaved as llama.cpp writes them), Qwen2 (q / k / v
   biases) and Qwen3 (q / k norms) models, 3 layers, written to GGUF by test_gguf_convert's writer
@@ -34,6 +34,9 @@ import numpy as np  # noqa: E402
 import gguf  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
+# The commands whose default (--weights as-stored) runs a GGUF's quantized matrices in place
+# (test_quant_target checks those); here they run with --weights f32, what the directory holds.
+WEIGHTS_COMMANDS = ("generate", "forward", "speculate", "regenerate", "calibrate", "profile", "info")
 TIMING = ("tokens_per_s", "elapsed_s", "peak_rss_mib", "elapsed", "seconds")
 CONV = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Wie geht's? def f(x):"},
         {"role": "assistant", "content": "Gut."}, {"role": "user", "content": "And you?"}]
@@ -54,6 +57,8 @@ class Pair:
         self.args, self.ck, self.label, self.g, self.d, self.tmp = args, ck, label, gguf_path, conv_dir, tmp
 
     def run(self, cmd, expect_rc=0):
+        if cmd[0] in WEIGHTS_COMMANDS and self.g in cmd:
+            cmd = cmd + ["--weights", "f32"]  # as the directory: the default keeps quantized types in place
         r = subprocess.run([self.args.dspark] + cmd, capture_output=True, text=True, timeout=900)
         if expect_rc is not None and r.returncode != expect_rc:
             raise SystemExit(f"{self.label}: {' '.join(cmd)}: exit {r.returncode}\n{r.stderr[-3000:]}")

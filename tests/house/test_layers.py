@@ -25,7 +25,7 @@ RANK = {"core": 0, "io": 1, "text": 1, "nn": 1, "comm": 1, "model": 2, "loss": 3
 # Which folder each public header belongs to (the folder whose .c files implement it).
 HEADER_LAYER = {
     "common.h": "core", "dtype.h": "core", "rng.h": "core", "fileio.h": "core", "progress.h": "core",
-    "sequences.h": "core",
+    "sequences.h": "core", "ggml_quant.h": "core",
     "safetensors.h": "io", "hfconfig.h": "io", "cache.h": "io", "gguf.h": "io", "gguf_write.h": "io", "gguf_model.h": "model",
     "tokenizer.h": "text", "dataset.h": "text", "chat_template.h": "text",
     "backend.h": "nn", "profile.h": "nn",

@@ -1,4 +1,4 @@
-/* ggml's tensor types (include/dspark/gguf.h): block sizes, and dequantization to fp32 that gives
+/* ggml's tensor types (include/dspark/ggml_quant.h): block sizes, and dequantization to fp32 that gives
  * the gguf Python package's values to the bit (gguf.quants): the same fp32 operations in the
  * same order, each rounded on its own (this file is compiled with -ffp-contract=off: a fused
  * multiply-add would round once where numpy rounds twice).
@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "dspark/dtype.h"
-#include "dspark/gguf.h"
+#include "dspark/ggml_quant.h"
 
 typedef struct {
   uint32_t type;
@@ -108,24 +108,25 @@ static void q8_0(const unsigned char *b, float *y) { /* 34 bytes -> 32 */
   for (int j = 0; j < 32; j++) y[j] = (float)(int8_t)b[2 + j] * d;
 }
 
-/* Q4_K / Q5_K: the 6-bit scale and min of sub-block j from the 12 scale bytes s */
-static void scale_min_k4(const unsigned char *s, int j, int *sc, int *mn) {
-  if (j < 4) {
-    *sc = s[j] & 63;
-    *mn = s[j + 4] & 63;
-  } else {
-    *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+void ds_ggml_q4k_scales(const unsigned char *s, uint8_t sc[8], uint8_t mn[8]) {
+  for (int j = 0; j < 8; j++) {
+    if (j < 4) {
+      sc[j] = s[j] & 63;
+      mn[j] = s[j + 4] & 63;
+    } else {
+      sc[j] = (uint8_t)((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
+      mn[j] = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
   }
 }
 
 /* Q4_K (qh NULL) and Q5_K: 144 / 176 bytes -> 256 */
 static void qk_45(const unsigned char *b, const unsigned char *qh, const unsigned char *qs, float *y) {
   float d = half(b), dmin = half(b + 2);
+  uint8_t sc[8], mn[8];
+  ds_ggml_q4k_scales(b + 4, sc, mn);
   for (int j = 0; j < 8; j++) {
-    int sc, mn;
-    scale_min_k4(b + 4, j, &sc, &mn);
-    float ds = d * (float)sc, dm = dmin * (float)mn;
+    float ds = d * (float)sc[j], dm = dmin * (float)mn[j];
     const unsigned char *q = qs + 32 * (j / 2);
     int shift = 4 * (j % 2);
     for (int l = 0; l < 32; l++) {
@@ -175,4 +176,62 @@ void ds_ggml_dequantize_row(uint32_t type, const void *src, float *dst, int64_t 
   }
   const type_info *t = info(type);
   for (int64_t i = 0; i < n / t->block; i++) block(b + (size_t)i * t->bytes, dst + i * t->block);
+}
+
+/* ---------------------------------------------------------------- quantized ds_dtypes */
+
+static const struct {
+  ds_dtype dt;
+  uint32_t ggml;
+} k_quant_dtypes[] = {
+    {DS_Q8_0, DS_GGML_Q8_0}, {DS_Q4_0, DS_GGML_Q4_0}, {DS_Q4_1, DS_GGML_Q4_1},
+    {DS_Q4_K, DS_GGML_Q4_K}, {DS_Q6_K, DS_GGML_Q6_K},
+};
+enum { N_QUANT_DTYPES = sizeof k_quant_dtypes / sizeof k_quant_dtypes[0] };
+
+int ds_dtype_ggml_type(ds_dtype dt) {
+  for (int i = 0; i < N_QUANT_DTYPES; i++)
+    if (k_quant_dtypes[i].dt == dt) return (int)k_quant_dtypes[i].ggml;
+  return -1;
+}
+
+int ds_dtype_of_ggml_type(uint32_t type, ds_dtype *out) {
+  for (int i = 0; i < N_QUANT_DTYPES; i++)
+    if (k_quant_dtypes[i].ggml == type) {
+      *out = k_quant_dtypes[i].dt;
+      return 1;
+    }
+  return 0;
+}
+
+int ds_dtype_is_quantized(ds_dtype dt) { return ds_dtype_ggml_type(dt) >= 0; }
+
+int64_t ds_quant_block(ds_dtype dt) {
+  int g = ds_dtype_ggml_type(dt);
+  return g < 0 ? 0 : info((uint32_t)g)->block;
+}
+
+size_t ds_quant_row_bytes(ds_dtype dt, int64_t cols) {
+  int g = ds_dtype_ggml_type(dt);
+  if (g < 0) return 0;
+  const type_info *t = info((uint32_t)g);
+  return (size_t)(cols / t->block) * t->bytes;
+}
+
+/* an IEEE half's exponent all ones: infinity or NaN */
+static int half_nonfinite(const unsigned char *p) { return (p[1] & 0x7C) == 0x7C; }
+
+int64_t ds_quant_first_nonfinite_row(ds_dtype dt, const void *data, int64_t rows, int64_t cols) {
+  int g = ds_dtype_ggml_type(dt);
+  if (g < 0) return -1;
+  const type_info *t = info((uint32_t)g);
+  /* where each type keeps its halves: d (and m / dmin after it) */
+  size_t at = dt == DS_Q6_K ? 208 : 0;
+  int halves = dt == DS_Q4_1 || dt == DS_Q4_K ? 2 : 1;
+  const unsigned char *b = data;
+  int64_t per_row = cols / t->block;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t k = 0; k < per_row; k++, b += t->bytes)
+      if (half_nonfinite(b + at) || (halves == 2 && half_nonfinite(b + at + 2))) return r;
+  return -1;
 }

@@ -1,0 +1,292 @@
+/* Matmuls and lookups on frozen block-quantized weights for the CPU backend (contracts in
+ * nn/cpu_quant.h and include/dspark/backend.h): the activation quantizer, the portable row
+ * kernel, the choice of instruction set and regime, and the OpenMP regions. The AVX2 / VNNI
+ * row kernels are cpu_quant_avx2.c / cpu_quant_avx512.c. */
+#include "nn/cpu_quant.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dspark/dtype.h"
+#include "nn/cpu_isa.h"
+#include "nn/cpu_kernels.h"
+
+/* ---------------------------------------------------------------- activations */
+
+int ds_qx_alloc(ds_qx *qx, int64_t n, int64_t in) {
+  size_t cells = (size_t)(n > 0 ? n : 1) * (size_t)(in > 0 ? in : 1);
+  qx->q = malloc(cells);
+  qx->d = malloc(cells / DS_QX_BLOCK * sizeof(float) + sizeof(float));
+  qx->s = malloc(cells / 16 * sizeof(int16_t) + sizeof(int16_t));
+  qx->m = malloc(cells / DS_QX_BLOCK * sizeof(float) + sizeof(float));
+  if (qx->q && qx->d && qx->s && qx->m) return 1;
+  ds_qx_free(qx);
+  return 0;
+}
+
+void ds_qx_free(ds_qx *qx) {
+  free(qx->q);
+  free(qx->d);
+  free(qx->s);
+  free(qx->m);
+  qx->q = NULL, qx->d = NULL, qx->s = NULL, qx->m = NULL;
+}
+
+/* Per block of 32: d = max|x| / 127 and q = round(x / d) (nearest, ties to even), so every
+ * |x - d q| <= d / 2 (up to the rounding of 1 / d). A block of zeros gets d = 0, q = 0. */
+void ds_qx_quantize(ds_qx *qx, const float *x, int64_t n, int64_t in) {
+  DS_CHECK(in % DS_QX_BLOCK == 0);
+  int64_t nb = in / DS_QX_BLOCK;
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t b = 0; b < nb; b++) {
+      const float *xb = x + i * in + b * DS_QX_BLOCK;
+      int8_t *q = qx->q + i * in + b * DS_QX_BLOCK;
+      float amax = 0.0f;
+      for (int l = 0; l < DS_QX_BLOCK; l++) amax = fmaxf(amax, fabsf(xb[l]));
+      float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+      int s0 = 0, s1 = 0;
+      for (int l = 0; l < DS_QX_BLOCK; l++) {
+        long v = lrintf(xb[l] * id);
+        v = v > 127 ? 127 : v < -127 ? -127 : v;
+        q[l] = (int8_t)v;
+        if (l < 16) s0 += (int)v;
+        else s1 += (int)v;
+      }
+      qx->d[i * nb + b] = d;
+      qx->m[i * nb + b] = d * (float)(s0 + s1);
+      qx->s[(i * nb + b) * 2] = (int16_t)s0;
+      qx->s[(i * nb + b) * 2 + 1] = (int16_t)s1;
+    }
+}
+
+/* ---------------------------------------------------------------- portable row kernel */
+
+static float f16_at(const unsigned char *p) { return ds_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+
+/* One weight row (nb blocks of type dt) dotted with one quantized x row. Shapes: w row of in
+ * values, xq[in], xd[in / 32], xs[in / 16]. */
+static float dot_row_portable(const unsigned char *w, ds_dtype dt, const int8_t *xq, const float *xd,
+                              const int16_t *xs, int64_t in) {
+  float acc = 0.0f;
+  switch (dt) {
+    case DS_Q8_0:
+      for (int64_t b = 0; b < in / 32; b++, w += 34) {
+        const int8_t *q = (const int8_t *)(w + 2);
+        int s = 0;
+        for (int l = 0; l < 32; l++) s += q[l] * xq[32 * b + l];
+        acc += f16_at(w) * xd[b] * (float)s;
+      }
+      break;
+    case DS_Q4_0:
+    case DS_Q4_1: {
+      int q41 = dt == DS_Q4_1;
+      for (int64_t b = 0; b < in / 32; b++, w += q41 ? 20 : 18) {
+        const unsigned char *qs = w + (q41 ? 4 : 2);
+        const int8_t *x = xq + 32 * b;
+        int s = 0, xsum = xs[2 * b] + xs[2 * b + 1];
+        for (int l = 0; l < 16; l++) s += (qs[l] & 0xF) * x[l] + (qs[l] >> 4) * x[l + 16];
+        if (q41) acc += f16_at(w) * xd[b] * (float)s + f16_at(w + 2) * xd[b] * (float)xsum;
+        else acc += f16_at(w) * xd[b] * (float)(s - 8 * xsum); /* x = d (q - 8) */
+      }
+      break;
+    }
+    case DS_Q4_K:
+      for (int64_t b = 0; b < in / 256; b++, w += 144) {
+        float d = f16_at(w), dmin = f16_at(w + 2);
+        uint8_t sc[8], mn[8];
+        ds_ggml_q4k_scales(w + 4, sc, mn);
+        for (int j = 0; j < 8; j++) {
+          const unsigned char *qs = w + 16 + 32 * (j / 2);
+          int shift = 4 * (j % 2), s = 0;
+          int64_t k = 8 * b + j; /* x's block of 32 */
+          for (int l = 0; l < 32; l++) s += ((qs[l] >> shift) & 0xF) * xq[32 * k + l];
+          acc += xd[k] * (d * (float)sc[j] * (float)s - dmin * (float)mn[j] * (float)(xs[2 * k] + xs[2 * k + 1]));
+        }
+      }
+      break;
+    case DS_Q6_K:
+      for (int64_t b = 0; b < in / 256; b++, w += 210) {
+        const unsigned char *ql = w, *qh = w + 128;
+        const int8_t *sc = (const int8_t *)(w + 192);
+        float d = f16_at(w + 208);
+        for (int g = 0; g < 16; g++) { /* 16 values of one scale */
+          int s = 0;
+          for (int l = 0; l < 16; l++) {
+            int v = 16 * g + l, half = v / 128, within = v % 128;
+            int lo = (ql[64 * half + within % 64] >> (4 * (within / 64))) & 0xF;
+            int hi = (qh[32 * half + within % 32] >> (2 * (within / 32))) & 3;
+            s += (lo | hi << 4) * xq[256 * b + v];
+          }
+          int64_t G = 16 * b + g; /* x's group of 16 */
+          acc += d * (float)sc[g] * xd[G / 2] * (float)(s - 32 * xs[G]); /* x = d sc (q - 32) */
+        }
+      }
+      break;
+    default: DS_CHECK(!"a quantized dtype the kernels do not know");
+  }
+  return acc;
+}
+
+void ds_quant_rows_portable(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *w, ds_dtype dt,
+                            int64_t in, int64_t o0, int64_t o1, const float *bias) {
+  size_t rb = ds_quant_row_bytes(dt, in);
+  for (int64_t o = o0; o < o1; o++)
+    for (int64_t i = 0; i < n; i++)
+      y[i * ldy + o] = dot_row_portable(w + (size_t)o * rb, dt, x->q + i * in, x->d + i * (in / 32),
+                                        x->s + i * (in / 16), in) +
+                       (bias ? bias[o] : 0.0f);
+}
+
+/* ---------------------------------------------------------------- instruction sets */
+
+static int cpu_has_vnni(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512bw");
+#else
+  return 0;
+#endif
+}
+
+ds_qisa ds_qisa_best(void) {
+  ds_isa isa = ds_isa_best(); /* AVX2 there means AVX2 + FMA + F16C, which the AVX2 kernel uses */
+  if (isa == DS_ISA_AVX512) return cpu_has_vnni() ? DS_QISA_VNNI : DS_QISA_AVX2;
+  return isa == DS_ISA_AVX2 ? DS_QISA_AVX2 : DS_QISA_PORTABLE;
+}
+
+const char *ds_qisa_name(ds_qisa isa) {
+  return isa == DS_QISA_VNNI ? "AVX-512 VNNI" : isa == DS_QISA_AVX2 ? "AVX2" : "portable";
+}
+
+const char *ds_weight_quant_kernel_name(void) { return ds_qisa_name(ds_qisa_best()); }
+
+static ds_quant_rows_fn pick_rows(ds_qisa isa) {
+  ds_qisa best = ds_qisa_best();
+  if (isa > best) isa = best; /* never a SIGILL */
+#if defined(__x86_64__) || defined(__i386__)
+  if (isa == DS_QISA_VNNI) return ds_quant_rows_vnni;
+  if (isa == DS_QISA_AVX2) return ds_quant_rows_avx2;
+#endif
+  return ds_quant_rows_portable;
+}
+
+/* ---------------------------------------------------------------- regimes */
+
+enum { ROW_BLOCK = 16 }; /* weight rows per parallel task */
+
+int ds_quant_direct_cat(ds_qisa isa, float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out,
+                        int n_seg, const float *bias, int64_t n, int64_t in) {
+  enum { SEG_MAX = 8 };
+  if (n <= 0 || n_seg <= 0) return 1;
+  DS_CHECK(n_seg <= SEG_MAX);
+  ds_qx qx;
+  if (!ds_qx_alloc(&qx, n, in)) return 0;
+  ds_qx_quantize(&qx, x, n, in);
+  ds_quant_rows_fn rows = pick_rows(isa);
+  int64_t first_block[SEG_MAX + 1], col[SEG_MAX], blocks = 0, total = 0;
+  for (int s = 0; s < n_seg; s++) {
+    DS_CHECK(ds_dtype_is_quantized(w[s].dtype) && in % ds_quant_block(w[s].dtype) == 0);
+    first_block[s] = blocks, col[s] = total;
+    blocks += (out[s] + ROW_BLOCK - 1) / ROW_BLOCK;
+    total += out[s];
+  }
+  first_block[n_seg] = blocks;
+  DS_OMP(parallel for schedule(static) if (total * in > 65536))
+  for (int64_t b = 0; b < blocks; b++) {
+    int s = 0;
+    while (b >= first_block[s + 1]) s++;
+    int64_t o0 = (b - first_block[s]) * ROW_BLOCK, o1 = o0 + ROW_BLOCK < out[s] ? o0 + ROW_BLOCK : out[s];
+    rows(y + col[s], ldy, &qx, n, w[s].data, w[s].dtype, in, o0, o1, bias ? bias + col[s] : NULL);
+  }
+  ds_qx_free(&qx);
+  return 1;
+}
+
+void ds_quant_dequantize_rows(float *dst, ds_weight w, int64_t in, int64_t r0, int64_t rows) {
+  size_t rb = ds_quant_row_bytes(w.dtype, in);
+  uint32_t type = (uint32_t)ds_dtype_ggml_type(w.dtype);
+  const unsigned char *base = (const unsigned char *)w.data + (size_t)r0 * rb;
+  DS_OMP(parallel for schedule(static) if (rows * in > 65536))
+  for (int64_t r = 0; r < rows; r++) ds_ggml_dequantize_row(type, base + (size_t)r * rb, dst + r * in, in);
+}
+
+/* About 4 MiB of fp32 rows (at least 16, a multiple of 16): measured on SmolLM2-135M's shapes
+ * (bench_quant --chunk-kb, 1 thread, AMD EPYC), 4 MiB chunks ran 1.1-2x faster than 16 MiB ones
+ * (a fresh 16 MiB scratch is page-faulted on every call, and the rows leave the cache before the
+ * GEMM reads them) and up to 1.5x faster than 1 MiB ones (more, smaller GEMM calls). */
+int64_t ds_quant_chunk_rows(int64_t in, int64_t out) {
+  int64_t rows = ((int64_t)4 << 20) / (4 * (in > 0 ? in : 1));
+  rows = rows < 16 ? 16 : rows & ~(int64_t)15;
+  return rows < out ? rows : out;
+}
+
+static float *scratch_alloc(int64_t floats) {
+  size_t bytes = ((size_t)floats * sizeof(float) + 63) & ~(size_t)63;
+  return aligned_alloc(64, bytes ? bytes : 64); /* no error recorded: the caller falls back */
+}
+
+int ds_quant_chunked(float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n, int64_t in,
+                     int64_t out, int64_t chunk_rows) {
+  if (n <= 0 || out <= 0) return 1;
+  if (chunk_rows < 1 || chunk_rows > out) chunk_rows = out;
+  float *buf = scratch_alloc(chunk_rows * in);
+  if (!buf) return 0;
+  if (bias) {
+    DS_OMP(parallel for schedule(static) if (n * out > 65536))
+    for (int64_t i = 0; i < n; i++) memcpy(y + i * ldy, bias, (size_t)out * sizeof(float));
+  }
+  for (int64_t o0 = 0; o0 < out; o0 += chunk_rows) {
+    int64_t c = out - o0 < chunk_rows ? out - o0 : chunk_rows;
+    ds_quant_dequantize_rows(buf, w, in, o0, c);
+    ds_gemm_f32(0, 1, n, c, in, x, in, buf, in, bias ? 1.0f : 0.0f, y + o0, ldy);
+  }
+  free(buf);
+  return 1;
+}
+
+/* ---------------------------------------------------------------- backend entries */
+
+void ds_cpu_linear_quant(float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n,
+                         int64_t in, int64_t out) {
+  int64_t one[1] = {out};
+  if (n > DS_QUANT_DIRECT_MAX_ROWS && ds_quant_chunked(y, ldy, x, w, bias, n, in, out, ds_quant_chunk_rows(in, out)))
+    return;
+  if (!ds_quant_direct_cat(ds_qisa_best(), y, ldy, x, &w, one, 1, bias, n, in) &&
+      !ds_quant_chunked(y, ldy, x, w, bias, n, in, out, 16))
+    DS_CHECK(!"out of memory in a quantized matmul");
+}
+
+void ds_cpu_linear_quant_cat(float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out, int n_seg,
+                             const float *bias, int64_t n, int64_t in) {
+  if (n <= DS_QUANT_DIRECT_MAX_ROWS && n_seg <= 8 && ds_quant_direct_cat(ds_qisa_best(), y, ldy, x, w, out, n_seg, bias, n, in))
+    return;
+  int64_t col = 0;
+  for (int s = 0; s < n_seg; s++) {
+    ds_cpu_linear_quant(y + col, ldy, x, w[s], bias ? bias + col : NULL, n, in, out[s]);
+    col += out[s];
+  }
+}
+
+void ds_cpu_linear_quant_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out) {
+  if (n <= 0 || in <= 0 || out <= 0) return;
+  int64_t chunk = ds_quant_chunk_rows(in, out);
+  float *buf = scratch_alloc(chunk * in);
+  if (!buf) chunk = 16, buf = scratch_alloc(chunk * in);
+  DS_CHECK(buf != NULL);
+  for (int64_t o0 = 0; o0 < out; o0 += chunk) {
+    int64_t c = out - o0 < chunk ? out - o0 : chunk;
+    ds_quant_dequantize_rows(buf, w, in, o0, c);
+    ds_gemm_f32(0, 0, n, in, c, dy + o0, out, buf, in, 1.0f, dx, in); /* dx += dy[:, o0:o0+c] @ w[o0:o0+c, :] */
+  }
+  free(buf);
+}
+
+void ds_cpu_embedding_quant(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d) {
+  size_t rb = ds_quant_row_bytes(table.dtype, d);
+  uint32_t type = (uint32_t)ds_dtype_ggml_type(table.dtype);
+  DS_OMP(parallel for schedule(static) if (n * d > 65536))
+  for (int64_t i = 0; i < n; i++)
+    ds_ggml_dequantize_row(type, (const unsigned char *)table.data + (size_t)ids[i] * rb, y + i * d, d);
+}

@@ -1,0 +1,94 @@
+/* Internal to the CPU backend: the kernels behind linear_w / linear_w_backward / embedding_w on
+ * frozen weights in GGUF's block-quantized types (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; layouts in
+ * dspark/ggml_quant.h), in both regimes and for each instruction set, so the tests can run
+ * every path the CPU has against the naive reference. Not a public header.
+ *
+ * Two regimes:
+ *   direct   (decode, verification: few rows of x) x is quantized per block of 32 values to
+ *            int8 with one fp32 scale (d = max|x| / 127, q = round(x / d)), and each weight
+ *            row is read once, its blocks dotted with x's in integers (AVX2 maddubs, AVX-512
+ *            VNNI dpbusd, or plain C), each block's integer sum scaled in fp32. The result is
+ *            that of the weights' exact values times x rounded to 8 bits per block: per output,
+ *            |y - y_ref| <= sum over x's blocks of (d_block / 2) * sum |w| over the block
+ *            (the error of each rounded x is at most half a step), plus fp32 rounding.
+ *   chunked  (prefill, capture: many rows) chunk_rows rows of W dequantized to fp32 (the
+ *            exact values, ds_ggml_dequantize_row) into a scratch, multiplied by ds_gemm_f32:
+ *            x stays fp32; the reference's numbers up to fp32 summation order.
+ * Activations are quantized per 32 for every type, the K-quants included (llama.cpp uses one
+ * scale per 256 for them): a K-quant's sub-blocks are 32 (Q4_K) or 16 (Q6_K) values with their
+ * own scales anyway, so this costs one fp32 multiply per sub-block and rounds x more finely. */
+#ifndef DSPARK_NN_CPU_QUANT_H
+#define DSPARK_NN_CPU_QUANT_H
+
+#include "dspark/backend.h"
+#include "dspark/ggml_quant.h"
+
+enum { DS_QX_BLOCK = 32 };
+
+/* x[n, in] quantized per block of 32 (in a multiple of 32). */
+typedef struct {
+  int8_t *q;  /* (n, in) */
+  float *d;   /* (n, in / 32)  each block's step */
+  int16_t *s; /* (n, in / 16)  sum of q over each 16 values (the offset and min terms) */
+  float *m;   /* (n, in / 32)  d * sum of q over the block: the sum of x's rounded values there */
+} ds_qx;
+
+/* The instruction sets of these kernels: VNNI is AVX-512 VNNI (with VL and BW), used at 256 bits
+ * (its dpbusd replaces AVX2's maddubs + madd pair; the rest is the AVX2 kernel). */
+typedef enum { DS_QISA_PORTABLE = 0, DS_QISA_AVX2, DS_QISA_VNNI } ds_qisa;
+ds_qisa ds_qisa_best(void); /* what this CPU runs, capped by $DSPARK_MAX_ISA as ds_isa_best */
+const char *ds_qisa_name(ds_qisa isa);
+
+/* The direct path for at most this many rows of x, the chunked one above. Measured with
+ * bench_quant (SmolLM2-135M's shapes, Q4_1 and Q8_0, 1 thread, AMD EPYC with VNNI): the direct
+ * path's time grows with every row (each row of x redoes the block dots) while the chunked one
+ * pays one dequantization; at 8 rows the direct path takes 0.72-0.94 of the chunked one's time
+ * on every shape (the 49152-row head's dequantization is large), at 12 the layers' matrices
+ * favour the chunked one. 8 is also where the causal attention stops running row by row
+ * (cpu_attention.c): up to 8 rows a row's numbers do not depend on its call, which keeps
+ * speculation (verification of a draft block of up to 7 tokens) equal to plain decoding. */
+enum { DS_QUANT_DIRECT_MAX_ROWS = 8 };
+
+/* qx's buffers for n rows of in values (malloc'd, NULL on failure) and x quantized into them. */
+int ds_qx_alloc(ds_qx *qx, int64_t n, int64_t in);
+void ds_qx_free(ds_qx *qx);
+void ds_qx_quantize(ds_qx *qx, const float *x, int64_t n, int64_t in);
+
+/* One instruction set's row kernel: y[i, o] (row stride ldy) = dot(w row o, qx row i)
+ * (+ bias[o]) for i < n, o in [o0, o1); w holds rows of row_bytes (dtype dt, in values each). */
+typedef void (*ds_quant_rows_fn)(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *w,
+                                 ds_dtype dt, int64_t in, int64_t o0, int64_t o1, const float *bias);
+void ds_quant_rows_portable(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *w, ds_dtype dt,
+                            int64_t in, int64_t o0, int64_t o1, const float *bias);
+void ds_quant_rows_avx2(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *w, ds_dtype dt,
+                        int64_t in, int64_t o0, int64_t o1, const float *bias);
+void ds_quant_rows_vnni(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *w, ds_dtype dt,
+                        int64_t in, int64_t o0, int64_t o1, const float *bias);
+
+/* y[n, sum(out)] (row stride ldy) = x[n, in] @ [w[0]; w[1]; ...]^T (+ bias), each segment a
+ * quantized weight [out[s], in], segment s writing its columns after the previous ones, all in
+ * one parallel region (a decode step's k and v are too small to pay a fork / join each).
+ * Returns 0 (nothing written) when the quantized x cannot be allocated. */
+int ds_quant_direct_cat(ds_qisa isa, float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out,
+                        int n_seg, const float *bias, int64_t n, int64_t in);
+/* Rows per chunk of the chunked path (see cpu_quant.c). */
+int64_t ds_quant_chunk_rows(int64_t in, int64_t out);
+/* y[n, out] (ldy) = x[n, in] @ w[out, in]^T (+ bias) through ds_gemm_f32 on chunk_rows
+ * dequantized rows at a time. Returns 0 (nothing written) when the scratch cannot be allocated. */
+int ds_quant_chunked(float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n, int64_t in,
+                     int64_t out, int64_t chunk_rows);
+/* dst[rows, in] = rows [r0, r0 + rows) of w dequantized (in parallel over rows). */
+void ds_quant_dequantize_rows(float *dst, ds_weight w, int64_t in, int64_t r0, int64_t rows);
+
+/* The cpu backend's entries on quantized weights: direct or chunked by the rows of x, the best
+ * instruction set; the backward dx[n, in] += dy[n, out] @ w always dequantizes chunks into the
+ * GEMM (only a frozen table's backward, rare: a draft's head is never quantized); the
+ * embedding dequantizes the rows it looks up. */
+void ds_cpu_linear_quant(float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n,
+                         int64_t in, int64_t out);
+void ds_cpu_linear_quant_cat(float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out, int n_seg,
+                             const float *bias, int64_t n, int64_t in);
+void ds_cpu_linear_quant_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out);
+void ds_cpu_embedding_quant(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d);
+
+#endif

@@ -1,0 +1,290 @@
+/* The kernels on frozen block-quantized weights (nn/cpu_quant.h; the backend's linear_w,
+ * linear_w_cat, linear_w_backward and embedding_w on Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) against the
+ * naive reference (the core's dequantizers, tested to the bit against gguf.quants, then an fp32
+ * matmul accumulated in double), for every type, every instruction set this CPU has, n = 1, 3,
+ * 17, 64 rows, and output sizes that are not multiples of the kernels' tile of 16 rows.
+ *
+ * Tolerances, per output value y[i, o] (w the dequantized weight, x the fp32 activations):
+ *   direct path (x rounded to int8 per block of 32 with step d_b = max|x_b| / 127, so each
+ *   |x - x_rounded| <= d_b / 2): |y - ref| <= sum over blocks b of d_b / 2 * sum_b |w|, times
+ *   1 + 1e-5 (the rounding of 1 / d_b), plus fp32 accumulation, bounded by in * 2^-23 * sum |w x|
+ *   (and the same for the rounded x);
+ *   chunked path (dequantized weights, x in fp32, the fp32 GEMM): the reference up to fp32
+ *   summation order, |y - ref| <= in * 2^-23 * sum |w x|;
+ *   embedding: the dequantized rows, bit for bit. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dspark/backend.h"
+#include "dspark/dtype.h"
+#include "dspark/ggml_quant.h"
+#include "dspark/rng.h"
+#include "nn/cpu_quant.h"
+#include "test_util.h"
+
+static ds_rng g_rng;
+
+static float urand(void) { return 2.0f * ds_rng_uniform_f32(&g_rng) - 1.0f; }
+
+static void put_f16(unsigned char *p, float v) {
+  uint16_t h = ds_f32_to_f16(v);
+  p[0] = (unsigned char)h, p[1] = (unsigned char)(h >> 8);
+}
+
+static const ds_dtype k_types[] = {DS_Q8_0, DS_Q4_0, DS_Q4_1, DS_Q4_K, DS_Q6_K};
+enum { N_TYPES = sizeof k_types / sizeof k_types[0] };
+
+/* A random weight [rows, cols] in dt: random quant bytes (every bit pattern of the nibbles,
+ * 6-bit and 2-bit fields, scales and mins), finite random f16 scales. Q8_0's -128 is kept out
+ * (llama.cpp's quantizer never writes it; the AVX2 sign trick relies on it). */
+static unsigned char *rand_weight(ds_dtype dt, int64_t rows, int64_t cols) {
+  size_t rb = ds_quant_row_bytes(dt, cols), nbytes = rb * (size_t)rows;
+  unsigned char *w = malloc(nbytes);
+  for (size_t i = 0; i < nbytes; i++) w[i] = (unsigned char)(ds_rng_next_u64(&g_rng) >> 56);
+  int64_t blk = ds_quant_block(dt), nb = rows * cols / blk;
+  for (int64_t b = 0; b < nb; b++) {
+    switch (dt) {
+      case DS_Q8_0: {
+        unsigned char *p = w + b * 34;
+        put_f16(p, 0.01f * urand());
+        for (int l = 0; l < 32; l++)
+          if (p[2 + l] == 0x80) p[2 + l] = 0x81;
+        break;
+      }
+      case DS_Q4_0: put_f16(w + b * 18, 0.02f * urand()); break;
+      case DS_Q4_1:
+        put_f16(w + b * 20, 0.02f * urand());
+        put_f16(w + b * 20 + 2, 0.1f * urand());
+        break;
+      case DS_Q4_K:
+        put_f16(w + b * 144, 0.002f * urand());
+        put_f16(w + b * 144 + 2, 0.002f * urand());
+        break;
+      case DS_Q6_K: put_f16(w + b * 210 + 208, 0.001f * urand()); break;
+      default: break;
+    }
+  }
+  return w;
+}
+
+static float *dequantized(ds_dtype dt, const unsigned char *w, int64_t rows, int64_t cols) {
+  float *f = malloc((size_t)(rows * cols) * sizeof *f);
+  size_t rb = ds_quant_row_bytes(dt, cols);
+  for (int64_t r = 0; r < rows; r++)
+    ds_ggml_dequantize_row((uint32_t)ds_dtype_ggml_type(dt), w + (size_t)r * rb, f + r * cols, cols);
+  return f;
+}
+
+/* x with a spread of magnitudes (some blocks 100x others), so the per-block steps differ */
+static float *rand_x(int64_t n, int64_t in) {
+  float *x = malloc((size_t)(n * in) * sizeof *x);
+  for (int64_t i = 0; i < n * in; i++) x[i] = urand() * ((i / 32) % 3 == 0 ? 0.01f : 1.0f);
+  return x;
+}
+
+/* The bounds of the header for y[i, o]: *direct (activations rounded per block) and *chunked. */
+static void bounds(const float *wf, const float *x, int64_t i, int64_t o, int64_t in, double *direct,
+                   double *chunked) {
+  double rounding = 0, mag = 0;
+  for (int64_t b = 0; b < in / 32; b++) {
+    double amax = 0, sw = 0;
+    for (int l = 0; l < 32; l++) {
+      amax = fmax(amax, fabs(x[i * in + 32 * b + l]));
+      sw += fabs(wf[o * in + 32 * b + l]);
+      mag += fabs((double)wf[o * in + 32 * b + l] * x[i * in + 32 * b + l]);
+    }
+    rounding += amax / 127.0 / 2.0 * sw;
+  }
+  double acc = (double)in * 0x1p-23 * (mag + rounding) + 1e-30;
+  *direct = rounding * (1 + 1e-5) + acc;
+  *chunked = (double)in * 0x1p-23 * mag + 1e-30;
+}
+
+typedef struct {
+  int64_t in, out;
+} shape2;
+
+static int check_against(const char *what, ds_dtype dt, const float *got, int64_t ldy, const float *want,
+                         const float *wf, const float *x, int64_t n, int64_t in, int64_t out, int direct) {
+  int bad = 0;
+  double worst = 0;
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t o = 0; o < out; o++) {
+      double bd, bc, e = fabs((double)got[i * ldy + o] - want[i * out + o]);
+      bounds(wf, x, i, o, in, &bd, &bc);
+      double b = direct ? bd : bc;
+      worst = fmax(worst, e / b);
+      if (!(e <= b)) bad++;
+    }
+  if (bad)
+    fprintf(stderr, "%s %s n=%lld in=%lld out=%lld: %d values outside the bound (worst %.2f of it)\n", what,
+            ds_dtype_name(dt), (long long)n, (long long)in, (long long)out, bad, worst);
+  return bad == 0;
+}
+
+static void ref_linear(float *y, const unsigned char *w, ds_dtype dt, const float *x, const float *bias, int64_t n,
+                       int64_t in, int64_t out) {
+  ds_backend_reference()->linear_w(y, out, x, (ds_weight){w, dt}, bias, n, in, out);
+}
+
+static const int64_t k_rows[] = {1, 3, 17, 64};
+
+static void test_paths(void) {
+  for (int t = 0; t < N_TYPES; t++) {
+    ds_dtype dt = k_types[t];
+    int k = ds_quant_block(dt) == 256;
+    shape2 shapes[2] = {{k ? 256 : 96, 37}, {k ? 512 : 544, 70}};
+    for (int s = 0; s < 2; s++) {
+      int64_t in = shapes[s].in, out = shapes[s].out, ldy = out + 3;
+      unsigned char *w = rand_weight(dt, out, in);
+      float *wf = dequantized(dt, w, out, in);
+      float *bias = rand_x(1, out);
+      for (int r = 0; r < 4; r++) {
+        int64_t n = k_rows[r];
+        float *x = rand_x(n, in), *want = malloc((size_t)(n * out) * sizeof(float));
+        float *got = malloc((size_t)(n * ldy) * sizeof(float));
+        ref_linear(want, w, dt, x, NULL, n, in, out);
+        ds_weight qw = {w, dt};
+        for (int isa = DS_QISA_PORTABLE; isa <= (int)ds_qisa_best(); isa++) {
+          for (int64_t q = 0; q < n * ldy; q++) got[q] = 7.0f;
+          EXPECT(ds_quant_direct_cat((ds_qisa)isa, got, ldy, x, &qw, &out, 1, NULL, n, in));
+          EXPECT(check_against(ds_qisa_name((ds_qisa)isa), dt, got, ldy, want, wf, x, n, in, out, 1));
+          for (int64_t i = 0; i < n; i++)
+            for (int64_t c = out; c < ldy; c++) EXPECT(got[i * ldy + c] == 7.0f); /* the gap untouched */
+        }
+        int64_t chunks[3] = {5, 16, out};
+        for (int c = 0; c < 3; c++) {
+          EXPECT(ds_quant_chunked(got, ldy, x, qw, NULL, n, in, out, chunks[c]));
+          EXPECT(check_against("chunked", dt, got, ldy, want, wf, x, n, in, out, 0));
+        }
+        /* the backend entry, with a bias (either regime by n) */
+        ref_linear(want, w, dt, x, bias, n, in, out);
+        ds_backend_cpu()->linear_w(got, ldy, x, qw, bias, n, in, out);
+        EXPECT(check_against("linear_w", dt, got, ldy, want, wf, x, n, in, out, n <= DS_QUANT_DIRECT_MAX_ROWS));
+        free(x), free(want), free(got);
+      }
+      free(w), free(wf), free(bias);
+    }
+  }
+}
+
+/* A row's result does not depend on the other rows of its call (direct path: x quantized per row,
+ * each row's dots accumulated on their own), bit for bit: decode (1 row a call) and verification
+ * (several) give the same numbers, which keeps speculation lossless on quantized weights. */
+static void test_rows_independent(void) {
+  for (int t = 0; t < N_TYPES; t++) {
+    ds_dtype dt = k_types[t];
+    int64_t in = ds_quant_block(dt) == 256 ? 512 : 160, out = 37, n = 7;
+    unsigned char *w = rand_weight(dt, out, in);
+    ds_weight qw = {w, dt};
+    float *x = rand_x(n, in), *all = malloc((size_t)(n * out) * sizeof(float)), one[37];
+    for (int isa = DS_QISA_PORTABLE; isa <= (int)ds_qisa_best(); isa++) {
+      EXPECT(ds_quant_direct_cat((ds_qisa)isa, all, out, x, &qw, &out, 1, NULL, n, in));
+      int same = 1;
+      for (int64_t i = 0; i < n; i++) {
+        EXPECT(ds_quant_direct_cat((ds_qisa)isa, one, out, x + i * in, &qw, &out, 1, NULL, 1, in));
+        same &= !memcmp(one, all + i * out, sizeof one);
+      }
+      if (!same) fprintf(stderr, "%s %s: rows depend on their call\n", ds_qisa_name((ds_qisa)isa), ds_dtype_name(dt));
+      EXPECT(same);
+    }
+    free(w), free(x), free(all);
+  }
+}
+
+/* linear_w_cat over three segments of different types and sizes (a fused q | k | v). */
+static void test_cat(void) {
+  int64_t in = 256, out[3] = {40, 19, 19}, total = 78, ldy = total + 2;
+  ds_dtype dts[3] = {DS_Q4_K, DS_Q6_K, DS_Q8_0};
+  unsigned char *w[3];
+  ds_weight ws[3];
+  for (int s = 0; s < 3; s++) w[s] = rand_weight(dts[s], out[s], in), ws[s] = (ds_weight){w[s], dts[s]};
+  for (int r = 0; r < 4; r++) {
+    int64_t n = k_rows[r];
+    float *x = rand_x(n, in), *bias = rand_x(1, total);
+    float *got = malloc((size_t)(n * ldy) * sizeof(float)), *want = malloc((size_t)(n * ldy) * sizeof(float));
+    ds_backend_cpu()->linear_w_cat(got, ldy, x, ws, out, 3, bias, n, in);
+    ds_backend_reference()->linear_w_cat(want, ldy, x, ws, out, 3, bias, n, in);
+    int64_t col = 0;
+    for (int s = 0; s < 3; s++) {
+      float *wf = dequantized(dts[s], w[s], out[s], in), *ws_want = malloc((size_t)(n * out[s]) * sizeof(float));
+      for (int64_t i = 0; i < n; i++) memcpy(ws_want + i * out[s], want + i * ldy + col, (size_t)out[s] * sizeof(float));
+      EXPECT(check_against("linear_w_cat", dts[s], got + col, ldy, ws_want, wf, x, n, in, out[s],
+                           n <= DS_QUANT_DIRECT_MAX_ROWS));
+      col += out[s];
+      free(wf), free(ws_want);
+    }
+    free(x), free(bias), free(got), free(want);
+  }
+  for (int s = 0; s < 3; s++) free(w[s]);
+}
+
+/* The embedding gives the dequantized rows exactly; the backward (dx += dy @ w) is the
+ * reference's up to summation order. */
+static void test_embedding_backward(void) {
+  for (int t = 0; t < N_TYPES; t++) {
+    ds_dtype dt = k_types[t];
+    int64_t d = ds_quant_block(dt) == 256 ? 512 : 96, V = 29, n = 17;
+    unsigned char *w = rand_weight(dt, V, d);
+    float *wf = dequantized(dt, w, V, d);
+    int32_t ids[17];
+    for (int i = 0; i < 17; i++) ids[i] = (int32_t)((i * 7 + 3) % V);
+    float *got = malloc((size_t)(n * d) * sizeof(float));
+    ds_backend_cpu()->embedding_w(got, ids, (ds_weight){w, dt}, n, d);
+    int same = 1;
+    for (int64_t i = 0; i < n; i++) same &= !memcmp(got + i * d, wf + ids[i] * d, (size_t)d * sizeof(float));
+    EXPECT(same);
+    float *dy = rand_x(n, V), *dx = malloc((size_t)(n * d) * sizeof(float)), *dx_ref = malloc((size_t)(n * d) * sizeof(float));
+    for (int64_t q = 0; q < n * d; q++) dx[q] = dx_ref[q] = 0.5f;
+    ds_backend_cpu()->linear_w_backward(dx, dy, (ds_weight){w, dt}, n, d, V);
+    ds_backend_reference()->linear_w_backward(dx_ref, dy, (ds_weight){w, dt}, n, d, V);
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t p = 0; p < d; p++) {
+        double mag = 0.5;
+        for (int64_t o = 0; o < V; o++) mag += fabs((double)dy[i * V + o] * wf[o * d + p]);
+        worst = fmax(worst, fabs((double)dx[i * d + p] - dx_ref[i * d + p]) / ((double)(V + 1) * 0x1p-23 * mag));
+      }
+    if (!(worst <= 1)) fprintf(stderr, "backward %s: %.2f of the bound\n", ds_dtype_name(dt), worst);
+    EXPECT(worst <= 1);
+    free(w), free(wf), free(got), free(dy), free(dx), free(dx_ref);
+  }
+}
+
+/* The activation quantizer: steps, rounding to nearest within half a step, sums of 16. */
+static void test_quantize_x(void) {
+  int64_t n = 3, in = 96;
+  float *x = rand_x(n, in);
+  for (int l = 0; l < 32; l++) x[32 + l] = 0.0f; /* an all-zero block: step 0, quants 0 */
+  ds_qx qx;
+  EXPECT(ds_qx_alloc(&qx, n, in));
+  ds_qx_quantize(&qx, x, n, in);
+  int ok = 1;
+  for (int64_t b = 0; b < n * in / 32; b++) {
+    float d = qx.d[b];
+    int s0 = 0, s1 = 0;
+    for (int l = 0; l < 32; l++) {
+      int q = qx.q[32 * b + l];
+      ok &= q >= -127 && q <= 127 && fabs((double)x[32 * b + l] - (double)d * q) <= d * 0.5 * (1 + 1e-5);
+      if (l < 16) s0 += q;
+      else s1 += q;
+    }
+    ok &= qx.s[2 * b] == s0 && qx.s[2 * b + 1] == s1;
+  }
+  EXPECT(ok);
+  EXPECT(qx.d[1] == 0.0f);
+  ds_qx_free(&qx);
+  free(x);
+  fprintf(stderr, "quantized weight kernels on this CPU: %s\n", ds_weight_quant_kernel_name());
+}
+
+int main(void) {
+  ds_rng_seed(&g_rng, 27);
+  TEST_RUN(test_quantize_x);
+  TEST_RUN(test_paths);
+  TEST_RUN(test_rows_independent);
+  TEST_RUN(test_cat);
+  TEST_RUN(test_embedding_backward);
+  return TEST_RESULT();
+}
