@@ -31,17 +31,21 @@ const char *ds_gguf_model_text(const ds_gguf_model *m, ds_model_file f, size_t *
 /* The weights as a safetensors image (ds_st_writer_image; malloc'd, the caller's): every tensor
  * checked, renamed and dequantized in place into the image, in the model's dtype; the n_skip
  * tensors named in skip (HF names: those a target uses quantized in place) are reserved but
- * neither converted nor checked, and read as zeros (their pages are never touched). */
-ds_status ds_gguf_model_weights(const ds_gguf_model *m, const char *const *skip, int n_skip, unsigned char **image,
-                                size_t *size);
+ * neither converted nor checked, and read as zeros (their pages are never touched). keep16: a
+ * matrix stored as F16 or BF16 stays in that dtype (the same values, exactly: what a target
+ * running its weights as stored uses in place through the 16-bit path). */
+ds_status ds_gguf_model_weights(const ds_gguf_model *m, const char *const *skip, int n_skip, int keep16,
+                                unsigned char **image, size_t *size);
 
 /* The GGUF tensor that becomes the HF tensor `hf` (NULL when none does) and, for llama's q / k,
  * the heads whose rows llama.cpp's converter interleaved (*qk_heads 0: rows in HF order). */
 const ds_gguf_tensor *ds_gguf_model_tensor_of(const ds_gguf_model *m, const char *hf, int *qk_heads);
 /* The GGUF model of a source opened from a GGUF file, NULL for a directory (model_source.c). */
 const ds_gguf_model *ds_model_source_gguf(const ds_model_source *s);
-/* ds_model_source_weights with a GGUF's tensors named in skip left unconverted (above); a
- * directory's checkpoint is opened as ds_model_source_weights opens it. */
-ds_status ds_model_source_weights_except(ds_model_source *s, const char *const *skip, int n_skip, ds_checkpoint **out);
+/* ds_model_source_weights with a GGUF's tensors named in skip left unconverted and, with keep16,
+ * its F16 / BF16 matrices in their dtype (above); a directory's checkpoint is opened as
+ * ds_model_source_weights opens it. */
+ds_status ds_model_source_weights_except(ds_model_source *s, const char *const *skip, int n_skip, int keep16,
+                                         ds_checkpoint **out);
 
 #endif

@@ -232,8 +232,14 @@ static ds_status fill_tensor(const ds_gguf *g, const ds_gguf_tensor *t, const te
   return st;
 }
 
+/* The dtype tensor i takes in the image: its own for an F16 / BF16 matrix under keep16. */
+static ds_dtype image_dtype(const ds_gguf_tensor *t, const tensor_plan *p, ds_dtype dtype, int keep16) {
+  if (!keep16 || p->ndim != 2) return dtype;
+  return t->type == DS_GGML_F16 ? DS_F16 : t->type == DS_GGML_BF16 ? DS_BF16 : dtype;
+}
+
 static ds_status weights_image(const ds_gguf *g, const hparams *h, ds_dtype dtype, const char *const *skip,
-                               int n_skip, unsigned char **image, size_t *size) {
+                               int n_skip, int keep16, unsigned char **image, size_t *size) {
   const char *path = ds_gguf_path(g);
   size_t n = ds_gguf_tensor_count(g);
   tensor_plan *plan = calloc(n ? n : 1, sizeof *plan);
@@ -243,7 +249,9 @@ static ds_status weights_image(const ds_gguf *g, const hparams *h, ds_dtype dtyp
   if (st == DS_OK) st = plan_tensors(g, h, plan);
   for (size_t i = 0; st == DS_OK && i < n; i++) /* reserved, never written: their pages stay unmapped */
     for (int k = 0; k < n_skip; k++) plan[i].skip |= !strcmp(plan[i].name, skip[k]);
-  for (size_t i = 0; i < n && st == DS_OK; i++) st = ds_st_writer_reserve(w, plan[i].name, dtype, plan[i].ndim, plan[i].shape);
+  for (size_t i = 0; i < n && st == DS_OK; i++)
+    st = ds_st_writer_reserve(w, plan[i].name, image_dtype(ds_gguf_tensor_at(g, i), &plan[i], dtype, keep16),
+                              plan[i].ndim, plan[i].shape);
   if (st == DS_OK) st = ds_st_writer_image(w, path, image, size, offsets);
   /* Each tensor lands where the image reserved it: the weights are held once. The tensors are
    * shared out between the threads whole (one barrier for the model, not one per tensor: on a
@@ -253,12 +261,14 @@ static ds_status weights_image(const ds_gguf *g, const hparams *h, ds_dtype dtyp
   if (st == DS_OK) {
 #pragma omp parallel for schedule(dynamic, 1) reduction(max : failed)
     for (int64_t i = 0; i < (int64_t)n; i++)
-      if (!plan[i].skip && fill_tensor(g, ds_gguf_tensor_at(g, (size_t)i), &plan[i], dtype, *image + offsets[i]) != DS_OK &&
-          failed < 0)
-        failed = i;
+      if (!plan[i].skip && failed < 0) {
+        const ds_gguf_tensor *t = ds_gguf_tensor_at(g, (size_t)i);
+        if (fill_tensor(g, t, &plan[i], image_dtype(t, &plan[i], dtype, keep16), *image + offsets[i]) != DS_OK) failed = i;
+      }
   }
   if (st == DS_OK && failed >= 0) {
-    st = fill_tensor(g, ds_gguf_tensor_at(g, (size_t)failed), &plan[failed], dtype, *image + offsets[failed]);
+    const ds_gguf_tensor *t = ds_gguf_tensor_at(g, (size_t)failed);
+    st = fill_tensor(g, t, &plan[failed], image_dtype(t, &plan[failed], dtype, keep16), *image + offsets[failed]);
     if (st == DS_OK) st = DS_FAIL(DS_ERR_NUMERIC, "%s: tensor '%s' failed to convert in a worker thread", path,
                                   ds_gguf_tensor_at(g, (size_t)failed)->name);
   }
@@ -365,11 +375,11 @@ const char *ds_gguf_model_text(const ds_gguf_model *m, ds_model_file f, size_t *
   return t;
 }
 
-ds_status ds_gguf_model_weights(const ds_gguf_model *m, const char *const *skip, int n_skip, unsigned char **image,
-                                size_t *size) {
+ds_status ds_gguf_model_weights(const ds_gguf_model *m, const char *const *skip, int n_skip, int keep16,
+                                unsigned char **image, size_t *size) {
   *image = NULL;
   *size = 0;
-  return weights_image(m->g, &m->h, m->dtype, skip, n_skip, image, size);
+  return weights_image(m->g, &m->h, m->dtype, skip, n_skip, keep16, image, size);
 }
 
 const ds_gguf_tensor *ds_gguf_model_tensor_of(const ds_gguf_model *m, const char *hf, int *qk_heads) {

@@ -232,15 +232,16 @@ ds_status ds_model_source_chat_template(ds_model_source *s, const char *override
 }
 
 ds_status ds_model_source_weights(ds_model_source *s, ds_checkpoint **out) {
-  return ds_model_source_weights_except(s, NULL, 0, out);
+  return ds_model_source_weights_except(s, NULL, 0, 0, out);
 }
 
-ds_status ds_model_source_weights_except(ds_model_source *s, const char *const *skip, int n_skip, ds_checkpoint **out) {
+ds_status ds_model_source_weights_except(ds_model_source *s, const char *const *skip, int n_skip, int keep16,
+                                         ds_checkpoint **out) {
   *out = NULL;
   if (!s->gguf) return ds_ckpt_open(s->path, out);
   unsigned char *image;
   size_t size;
-  DS_TRY(ds_gguf_model_weights(s->gguf, skip, n_skip, &image, &size));
+  DS_TRY(ds_gguf_model_weights(s->gguf, skip, n_skip, keep16, &image, &size));
   return ds_ckpt_open_memory(image, size, s->path, out);
 }
 

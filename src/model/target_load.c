@@ -503,6 +503,9 @@ ds_status ds_target_load_source(ds_model_source *src, const ds_backend *backend,
   if (!m->layers || !m->inv_freq) { st = DS_ERR_NOMEM; goto fail; }
   char(*skip)[256] = NULL;
   int n_skip = 0;
+  /* a GGUF's F16 / BF16 matrices used in place through the 16-bit path, as a directory's are;
+   * not when the caller hashes the weights (caches and runs record the fp32 image's hash) */
+  int as_stored16 = ds_model_source_gguf(src) && ds_target_weights() == DS_WEIGHTS_AS_STORED && !weights_xxh64;
   if (ds_model_source_gguf(src) && ds_target_weights() == DS_WEIGHTS_AS_STORED && !weights_xxh64 &&
       (n_skip = quant_names(m, src, &skip)) < 0) {
     st = DS_FAIL(DS_ERR_NOMEM, "out of memory");
@@ -511,7 +514,7 @@ ds_status ds_target_load_source(ds_model_source *src, const ds_backend *backend,
   const char **skip_ptrs = n_skip ? malloc((size_t)n_skip * sizeof *skip_ptrs) : NULL;
   for (int i = 0; skip_ptrs && i < n_skip; i++) skip_ptrs[i] = skip[i];
   st = n_skip && !skip_ptrs ? DS_FAIL(DS_ERR_NOMEM, "out of memory")
-                            : ds_model_source_weights_except(src, skip_ptrs, skip_ptrs ? n_skip : 0, &m->ck);
+                            : ds_model_source_weights_except(src, skip_ptrs, skip_ptrs ? n_skip : 0, as_stored16, &m->ck);
   free(skip_ptrs);
   free(skip);
   if (st != DS_OK) goto fail;

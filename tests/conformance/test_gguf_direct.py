@@ -296,6 +296,36 @@ def check_tiny(args, ck, tmp):
     refusals(args, ck, tmp, *first)
 
 
+def check_16bit(args, ck, tmp):
+    """A GGUF of F16 or BF16 matrices runs them in place under --weights as-stored (the 16-bit
+    path a directory's BF16 / F16 weights take): the same values as --weights f32, every product
+    accumulated in fp32, so logits and greedy ids agree up to fp32 summation order."""
+    from safetensors.numpy import load_file
+    tokens, merges = conv.train_tokenizer(tmp)
+    V, eos = len(tokens), tokens.index("<|im_end|>")  # noqa: N806
+    for arch, qt, name in (("llama", Q.F16, "F16"), ("qwen2", Q.BF16, "BF16")):
+        model = common.build_tiny_model(arch, os.path.join(tmp, f"hf16-{arch}"), seed=9, vocab_size=V, eos_token_id=eos,
+                                        bos_token_id=eos - 1, num_hidden_layers=2, intermediate_size=96,
+                                        num_attention_heads=4, num_key_value_heads=2, hidden_size=64)
+        g = os.path.join(tmp, f"model16-{arch}.gguf")
+        conv.write_gguf(model, arch, tokens, merges, g, "smollm" if arch == "llama" else "qwen2", [qt])
+        info, _, _ = common.run([args.dspark, "info", g])
+        ck.check(f"{name} used in place" in info, f"{arch} {name}: info does not use the matrices in place:\n{info}")
+        logits = {}
+        for w in ("as-stored", "f32"):
+            out = os.path.join(tmp, f"fw16-{arch}-{w}.safetensors")
+            common.run([args.dspark, "forward", g, "--ids", "5,17,3,99,42,7;8,9,10", "--out", out, "--weights", w,
+                        "--threads", "2"])
+            logits[w] = load_file(out)
+        for k in logits["f32"]:
+            err = common.normwise_rel_err(logits["as-stored"][k], logits["f32"][k])
+            ck.check(err < 1e-5, f"{arch} {name}: forward {k} as stored vs f32: {err:.2e}")
+        ids = [common.run([args.dspark, "generate", g, "--prompt-ids", "5,17,3", "--max-new-tokens", "8", "--print-ids",
+                           "--ignore-eos", "--weights", w, "--threads", "2"])[0] for w in ("as-stored", "f32")]
+        ck.check(ids[0] == ids[1], f"{arch} {name}: greedy ids as stored {ids[0]!r}, f32 {ids[1]!r}")
+    print("F16 / BF16 GGUF matrices run in place as stored: forward and greedy ids agree with --weights f32")
+
+
 def check_smollm2(args, ck, tmp):
     path = os.environ.get("DSPARK_SMOLLM2_GGUF", conv.SMOLLM2_DEFAULT)
     if not os.path.exists(path):
@@ -327,6 +357,7 @@ def main():
     args = common.parse_args(__doc__)
     ck = common.Checker()
     check_tiny(args, ck, args.tmp)
+    check_16bit(args, ck, args.tmp)
     check_smollm2(args, ck, args.tmp)
     ck.finish("test_gguf_direct")
 
