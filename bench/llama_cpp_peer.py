@@ -11,7 +11,8 @@ from it by llama-quantize, which dequantizes the Q4_1 values first) and each thr
     draft proposing --draft-len tokens a round: llama-speculative-simple --spec-type
     draft-dspark against `dspark speculate` (decode tokens/s over all prompts, tokens accepted
     per token drafted);
-  - peak RSS of each program (wait4).
+  - peak RSS of each program (wait4): plain (llama-bench's process against `dspark generate`'s)
+    and speculative (target and draft in one process on both sides).
 Writes bench/out/llama_cpp_peer.json and prints the Markdown table.
 
     $VENV/bin/python bench/llama_cpp_peer.py --dspark build/release/dspark \\
@@ -145,7 +146,7 @@ def main():
     rows = []
     for t, model in models.items():
         for th in [int(x) for x in a.threads.split(",")]:
-            lb, _ = lcpp.bench(bins, model, th, a.prefill, a.decode, a.reps)
+            lb, lbr = lcpp.bench(bins, model, th, a.prefill, a.decode, a.reps)
             pf, dc, rss = bench_dspark_plain(a.dspark, model, th, long_ids, a.decode, a.reps)
             ll, ours = bench_spec(a.dspark, bins, model, a.draft, draft_gguf, prompts, th, a.spec_tokens,
                                   a.draft_len, a.work)
@@ -155,7 +156,8 @@ def main():
                    "llama_spec": ll["tokens"] / ll["seconds"], "dspark_spec": ours["tokens"] / ours["seconds"],
                    "llama_accept": ll["accepted"] / max(ll["drafted"], 1),
                    "dspark_accept": ours["accepted"] / max(ours["drafted"], 1),
-                   "llama_rss": ll["rss"], "dspark_rss": max(rss, ours["rss"]), "llama_backend": lb["backend"]}
+                   "llama_plain_rss": lbr.rss_mib, "dspark_plain_rss": rss,
+                   "llama_spec_rss": ll["rss"], "dspark_spec_rss": ours["rss"], "llama_backend": lb["backend"]}
             rows.append(row)
             print(json.dumps(row), flush=True)
     res = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "dspark_kernels": gemm.group(1) if gemm else "",
@@ -165,12 +167,14 @@ def main():
         json.dump(res, f, indent=1)
     print(f"\n{res['date']}, {res['cpu']}; dspark {res['dspark_kernels']}; llama.cpp {VERSION_NOTE}")
     print("| GGUF | threads | prefill tok/s llama.cpp / dspark | decode tok/s llama.cpp / dspark | "
-          "speculative tok/s llama.cpp / dspark | accepted per drafted llama.cpp / dspark | peak RSS MiB llama.cpp / dspark |")
-    print("|---|---|---|---|---|---|---|")
+          "speculative tok/s llama.cpp / dspark | accepted per drafted llama.cpp / dspark | "
+          "peak RSS MiB, plain: llama-bench / generate | peak RSS MiB, speculative: llama.cpp / dspark |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['type']} | {r['threads']} | {r['llama_prefill']:.0f} / {r['dspark_prefill']:.0f} | "
               f"{r['llama_decode']:.1f} / {r['dspark_decode']:.1f} | {r['llama_spec']:.1f} / {r['dspark_spec']:.1f} | "
-              f"{r['llama_accept']:.3f} / {r['dspark_accept']:.3f} | {r['llama_rss']:.0f} / {r['dspark_rss']:.0f} |")
+              f"{r['llama_accept']:.3f} / {r['dspark_accept']:.3f} | {r['llama_plain_rss']:.0f} / {r['dspark_plain_rss']:.0f} | "
+              f"{r['llama_spec_rss']:.0f} / {r['dspark_spec_rss']:.0f} |")
 
 
 VERSION_NOTE = f"as vendored in llama-cpp-python {lcpp.VERSION}, CPU build"
