@@ -27,6 +27,7 @@
 
 #include "dspark/backend.h"
 #include "nn/cpu_gemm_mkl.h"
+#include "nn/cpu_isa.h"
 #include "nn/cpu_kernels.h"
 
 #if defined(DSPARK_GEMM_ONEDNN)
@@ -136,8 +137,12 @@ static int route_native_locked(void) {
   int native = native_locked();
   g_route_why = want == 0 ? "DSPARK_BF16_GEMM=sgemm" : "";
   if (want < 0) {
-    want = native && (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx;
-    g_route_why = "faster than the native matmul without AMX; DSPARK_BF16_GEMM=native for it";
+    /* measured: native wins with AMX, and on AMD Zen 4 (AVX512_BF16 dot products at twice the
+     * fp32 FMAs' rate: a SmolLM2 prefill 1.9x, a draft step 1.5x); on Intel CPUs with
+     * AVX512_BF16 and no AMX the sgemm route won (docs/compute.md) */
+    int amx = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx;
+    want = native && (amx || ds_cpu_is_amd());
+    g_route_why = "faster than the native matmul on Intel without AMX; DSPARK_BF16_GEMM=native for it";
   }
   if (want == 1 && !native)
     fprintf(stderr, "warning: DSPARK_BF16_GEMM=native, but this CPU or oneDNN has no native bf16 matmul: "

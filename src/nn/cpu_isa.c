@@ -46,6 +46,16 @@ ds_isa ds_isa_best(void) {
   return g_best;
 }
 
+int ds_cpu_is_amd(void) {
+#ifdef DS_X86
+  unsigned a, v[3];
+  if (!__get_cpuid(0, &a, &v[0], &v[2], &v[1])) return 0; /* the vendor string is in EBX, EDX, ECX */
+  return !memcmp(v, "AuthenticAMD", 12);
+#else
+  return 0;
+#endif
+}
+
 const char *ds_isa_name(ds_isa isa) {
   return isa == DS_ISA_AVX512 ? "AVX-512" : isa == DS_ISA_AVX2 ? "AVX2" : "portable";
 }

@@ -11,5 +11,8 @@ typedef enum { DS_ISA_PORTABLE = 0, DS_ISA_AVX2, DS_ISA_AVX512 } ds_isa;
  * DNNL_MAX_CPU_ISA and MKL's MKL_ENABLE_INSTRUCTIONS for the libraries). */
 ds_isa ds_isa_best(void);
 const char *ds_isa_name(ds_isa isa);
+/* 1 on an AMD CPU (cpuid vendor "AuthenticAMD"): for choices measured per vendor, such as the bf16
+ * GEMM route (Zen 4's bf16 dot products outrun its fp32 FMAs, an Intel CPU's without AMX do not). */
+int ds_cpu_is_amd(void);
 
 #endif
