@@ -109,6 +109,10 @@ const ds_gguf_tensor *ds_gguf_find_tensor(const ds_gguf *g, const char *name); /
  * convert is refused naming the type and the tensor; a non-finite value is DS_ERR_NUMERIC naming
  * the tensor and the element. */
 ds_status ds_gguf_dequantize(const ds_gguf *g, const ds_gguf_tensor *t, float *dst);
+/* Drops the file pages of t's data from this process's resident set (madvise DONTNEED on the
+ * whole pages inside it) once a copy has been made: a later read faults them in again from the
+ * file. Nothing for a handle over memory. */
+void ds_gguf_release(const ds_gguf *g, const ds_gguf_tensor *t);
 
 #ifdef __cplusplus
 }

@@ -1,9 +1,12 @@
 /* GGUF reading (include/dspark/gguf.h): the header, key-values and tensor infos of a mapped file
  * or a buffer, every length and offset checked against the bytes there before anything is used. */
+#define _DEFAULT_SOURCE /* madvise */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "dspark/fileio.h"
 #include "dspark/gguf.h"
@@ -553,4 +556,11 @@ ds_status ds_gguf_dequantize(const ds_gguf *g, const ds_gguf_tensor *t, float *d
     return DS_FAIL(DS_ERR_NUMERIC, "%s: tensor '%s' (%s): element %lld is %g, not finite", g->label, t->name,
                    ds_ggml_type_name(t->type), (long long)bad, (double)dst[bad]);
   return DS_OK;
+}
+
+void ds_gguf_release(const ds_gguf *g, const ds_gguf_tensor *t) {
+  if (!g || !g->mapped || !t || !t->nbytes) return;
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  uintptr_t lo = ((uintptr_t)t->data + page - 1) / page * page, hi = ((uintptr_t)t->data + t->nbytes) / page * page;
+  if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice only: a failure loses nothing */
 }

@@ -224,6 +224,7 @@ static ds_status fill_tensor(const ds_gguf *g, const ds_gguf_tensor *t, const te
   float *f = dtype == DS_F32 ? dst : malloc((size_t)t->numel * sizeof *f);
   if (!f) return DS_FAIL(DS_ERR_NOMEM, "%s: tensor '%s'", ds_gguf_path(g), t->name);
   ds_status st = ds_gguf_dequantize(g, t, f);
+  ds_gguf_release(g, t); /* the image holds it now: the file's pages need not stay resident */
   if (st == DS_OK && p->qk_heads) st = unpermute_rows(f, p->shape[0], p->ndim == 2 ? p->shape[1] : 1, p->qk_heads);
   if (dtype != DS_F32) {
     if (st == DS_OK) ds_convert_from_f32(dst, dtype, f, (size_t)t->numel);
