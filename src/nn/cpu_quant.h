@@ -39,15 +39,14 @@ typedef enum { DS_QISA_PORTABLE = 0, DS_QISA_AVX2, DS_QISA_VNNI } ds_qisa;
 ds_qisa ds_qisa_best(void); /* what this CPU runs, capped by $DSPARK_MAX_ISA as ds_isa_best */
 const char *ds_qisa_name(ds_qisa isa);
 
-/* The direct path for at most this many rows of x, the chunked one above. Measured with
- * bench_quant (SmolLM2-135M's shapes, Q4_1 and Q8_0, 1 thread, AMD EPYC with VNNI): the direct
- * path's time grows with every row (each row of x redoes the block dots) while the chunked one
- * pays one dequantization; at 8 rows the direct path takes 0.72-0.94 of the chunked one's time
- * on every shape (the 49152-row head's dequantization is large), at 12 the layers' matrices
- * favour the chunked one. 8 is also where the causal attention stops running row by row
- * (cpu_attention.c): up to 8 rows a row's numbers do not depend on its call, which keeps
- * speculation (verification of a draft block of up to 7 tokens) equal to plain decoding. */
-enum { DS_QUANT_DIRECT_MAX_ROWS = 8 };
+/* The direct path for at most this many rows of x, the chunked one above. Per matrix
+ * (bench_quant, SmolLM2-135M's shapes, 1 thread) the chunked path looked cheaper from 12 rows,
+ * but on whole decode steps it is not: `generate --data` of 16 requests on SmolLM2 Q4_1 (2
+ * threads, AMD EPYC with VNNI) decoded 69 tokens/s chunked against 254 direct, as each step
+ * dequantizes every matrix again; 32 requests ran 322 direct. A row's numbers on the direct path
+ * do not depend on the other rows of its call (the causal attention's row-by-row limit, 8 in
+ * cpu_attention.c, is what keeps verification equal to plain decoding). */
+enum { DS_QUANT_DIRECT_MAX_ROWS = 32 };
 
 /* qx's buffers for n rows of in values (malloc'd, NULL on failure) and x quantized into them. */
 int ds_qx_alloc(ds_qx *qx, int64_t n, int64_t in);
