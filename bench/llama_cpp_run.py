@@ -19,6 +19,12 @@ def cache_dir():
     return os.environ.get("DSPARK_LLAMA_CPP", os.path.expanduser("~/.cache/dspark/llama.cpp"))
 
 
+def source_dir():
+    """The vendored llama.cpp source (its converter, gguf-py), or None when it is not unpacked."""
+    d = os.path.join(cache_dir(), f"llama_cpp_python-{VERSION}", "vendor", "llama.cpp")
+    return d if os.path.isfile(os.path.join(d, "convert_hf_to_gguf.py")) else None
+
+
 def bin_dir():
     """The folder of the built programs, or None when one of them is missing."""
     d = os.path.join(cache_dir(), f"build-{VERSION}", "bin")

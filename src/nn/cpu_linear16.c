@@ -290,25 +290,16 @@ void ds_linear16_direct(ds_isa isa, float *y, int64_t ldy, const float *x, ds_we
 
 void ds_linear16_direct_cat(ds_isa isa, float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out,
                             int n_seg, const float *bias, int64_t n, int64_t in) {
-  enum { SEG_MAX = 8 };
   if (n <= 0 || n_seg <= 0) return;
-  DS_CHECK(n_seg <= SEG_MAX);
+  DS_CHECK(n_seg <= DS_CAT_SEG_MAX);
   rows_fn rows = pick_rows(clamp_isa(isa));
-  int64_t first_block[SEG_MAX + 1], col[SEG_MAX], blocks = 0, total = 0;
-  for (int s = 0; s < n_seg; s++) {
-    first_block[s] = blocks, col[s] = total;
-    blocks += (out[s] + ROW_BLOCK - 1) / ROW_BLOCK;
-    total += out[s];
-  }
-  first_block[n_seg] = blocks;
-  /* one parallel region over every segment's row blocks: a decode step's k and v are too small
-   * to pay a fork / join each */
-  DS_OMP(parallel for schedule(static) if (total * in > 65536))
-  for (int64_t b = 0; b < blocks; b++) {
-    int s = 0;
-    while (b >= first_block[s + 1]) s++;
-    int64_t o0 = (b - first_block[s]) * ROW_BLOCK, o1 = o0 + ROW_BLOCK < out[s] ? o0 + ROW_BLOCK : out[s];
-    rows(y + col[s], ldy, x, w[s].data, bias ? bias + col[s] : NULL, n, in, o0, o1, is_f16(w[s]));
+  ds_cat_blocks c;
+  ds_cat_blocks_init(&c, out, n_seg, ROW_BLOCK);
+  DS_OMP(parallel for schedule(static) if (c.total * in > 65536))
+  for (int64_t b = 0; b < c.blocks; b++) {
+    int64_t o0, o1;
+    int s = ds_cat_block(&c, out, b, &o0, &o1);
+    rows(y + c.col[s], ldy, x, w[s].data, bias ? bias + c.col[s] : NULL, n, in, o0, o1, is_f16(w[s]));
   }
 }
 
@@ -406,7 +397,7 @@ void ds_cpu_linear16_cat(float *y, int64_t ldy, const float *x, const ds_weight 
                          const float *bias, int64_t n, int64_t in) {
   int direct = n <= DS_LINEAR16_DIRECT_MAX_ROWS || n * in * (int64_t)sizeof(float) <= DS_LINEAR16_DIRECT_MAX_X_BYTES;
   for (int s = 0; s < n_seg; s++) direct = direct && !bf16_compute(w[s], n);
-  if (direct && n_seg <= 8) {
+  if (direct && n_seg <= DS_CAT_SEG_MAX) {
     ds_linear16_direct_cat(ds_isa_best(), y, ldy, x, w, out, n_seg, bias, n, in);
     return;
   }

@@ -11,6 +11,7 @@
 #include "dspark/dtype.h"
 #include "nn/cpu_isa.h"
 #include "nn/cpu_kernels.h"
+#include "nn/linear_cat.h"
 
 /* ---------------------------------------------------------------- activations */
 
@@ -178,27 +179,20 @@ enum { ROW_BLOCK = 16 }; /* weight rows per parallel task */
 
 int ds_quant_direct_cat(ds_qisa isa, float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out,
                         int n_seg, const float *bias, int64_t n, int64_t in) {
-  enum { SEG_MAX = 8 };
   if (n <= 0 || n_seg <= 0) return 1;
-  DS_CHECK(n_seg <= SEG_MAX);
+  DS_CHECK(n_seg <= DS_CAT_SEG_MAX);
+  for (int s = 0; s < n_seg; s++) DS_CHECK(ds_dtype_is_quantized(w[s].dtype) && in % ds_quant_block(w[s].dtype) == 0);
   ds_qx qx;
   if (!ds_qx_alloc(&qx, n, in)) return 0;
   ds_qx_quantize(&qx, x, n, in);
   ds_quant_rows_fn rows = pick_rows(isa);
-  int64_t first_block[SEG_MAX + 1], col[SEG_MAX], blocks = 0, total = 0;
-  for (int s = 0; s < n_seg; s++) {
-    DS_CHECK(ds_dtype_is_quantized(w[s].dtype) && in % ds_quant_block(w[s].dtype) == 0);
-    first_block[s] = blocks, col[s] = total;
-    blocks += (out[s] + ROW_BLOCK - 1) / ROW_BLOCK;
-    total += out[s];
-  }
-  first_block[n_seg] = blocks;
-  DS_OMP(parallel for schedule(static) if (total * in > 65536))
-  for (int64_t b = 0; b < blocks; b++) {
-    int s = 0;
-    while (b >= first_block[s + 1]) s++;
-    int64_t o0 = (b - first_block[s]) * ROW_BLOCK, o1 = o0 + ROW_BLOCK < out[s] ? o0 + ROW_BLOCK : out[s];
-    rows(y + col[s], ldy, &qx, n, w[s].data, w[s].dtype, in, o0, o1, bias ? bias + col[s] : NULL);
+  ds_cat_blocks c;
+  ds_cat_blocks_init(&c, out, n_seg, ROW_BLOCK);
+  DS_OMP(parallel for schedule(static) if (c.total * in > 65536))
+  for (int64_t b = 0; b < c.blocks; b++) {
+    int64_t o0, o1;
+    int s = ds_cat_block(&c, out, b, &o0, &o1);
+    rows(y + c.col[s], ldy, &qx, n, w[s].data, w[s].dtype, in, o0, o1, bias ? bias + c.col[s] : NULL);
   }
   ds_qx_free(&qx);
   return 1;
@@ -260,7 +254,7 @@ void ds_cpu_linear_quant(float *y, int64_t ldy, const float *x, ds_weight w, con
 
 void ds_cpu_linear_quant_cat(float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out, int n_seg,
                              const float *bias, int64_t n, int64_t in) {
-  if (n <= DS_QUANT_DIRECT_MAX_ROWS && n_seg <= 8 && ds_quant_direct_cat(ds_qisa_best(), y, ldy, x, w, out, n_seg, bias, n, in))
+  if (n <= DS_QUANT_DIRECT_MAX_ROWS && n_seg <= DS_CAT_SEG_MAX && ds_quant_direct_cat(ds_qisa_best(), y, ldy, x, w, out, n_seg, bias, n, in))
     return;
   int64_t col = 0;
   for (int s = 0; s < n_seg; s++) {

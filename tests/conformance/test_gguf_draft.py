@@ -20,16 +20,11 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import common  # noqa: E402
+import llama_cpp_run  # noqa: E402
 
-VERSION = "0.3.36"
 SKIP = 77
-
-
-def llama_cpp_dir():
-    cache = os.environ.get("DSPARK_LLAMA_CPP", os.path.expanduser("~/.cache/dspark/llama.cpp"))
-    d = os.path.join(cache, f"llama_cpp_python-{VERSION}", "vendor", "llama.cpp")
-    return d if os.path.isfile(os.path.join(d, "convert_hf_to_gguf.py")) else None
 
 
 def skip(why):
@@ -96,9 +91,9 @@ def compare(ck, ours_path, ref_path, what):
 def main():
     args = common.parse_args(__doc__)
     tmp, dspark = args.tmp, args.dspark
-    lcpp = llama_cpp_dir()
+    lcpp = llama_cpp_run.source_dir()
     if not lcpp:
-        skip(f"llama.cpp's source (llama-cpp-python {VERSION}) is not set up: run scripts/setup_llama_cpp.sh")
+        skip(f"llama.cpp's source (llama-cpp-python {llama_cpp_run.VERSION}) is not set up: run scripts/setup_llama_cpp.sh")
     smol = os.path.join(os.environ.get("DSPARK_MODELS", os.path.expanduser("~/.cache/dspark/models")),
                         "SmolLM2-135M-Instruct.Q4_1.gguf")
     if not os.path.isfile(smol):
