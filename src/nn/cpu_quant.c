@@ -18,20 +18,22 @@
 int ds_qx_alloc(ds_qx *qx, int64_t n, int64_t in) {
   size_t cells = (size_t)(n > 0 ? n : 1) * (size_t)(in > 0 ? in : 1);
   qx->q = malloc(cells);
+  qx->qu = malloc(cells);
   qx->d = malloc(cells / DS_QX_BLOCK * sizeof(float) + sizeof(float));
   qx->s = malloc(cells / 16 * sizeof(int16_t) + sizeof(int16_t));
   qx->m = malloc(cells / DS_QX_BLOCK * sizeof(float) + sizeof(float));
-  if (qx->q && qx->d && qx->s && qx->m) return 1;
+  if (qx->q && qx->qu && qx->d && qx->s && qx->m) return 1;
   ds_qx_free(qx);
   return 0;
 }
 
 void ds_qx_free(ds_qx *qx) {
   free(qx->q);
+  free(qx->qu);
   free(qx->d);
   free(qx->s);
   free(qx->m);
-  qx->q = NULL, qx->d = NULL, qx->s = NULL, qx->m = NULL;
+  qx->q = NULL, qx->qu = NULL, qx->d = NULL, qx->s = NULL, qx->m = NULL;
 }
 
 /* Per block of 32: d = max|x| / 127 and q = round(x / d) (nearest, ties to even), so every
@@ -51,6 +53,7 @@ void ds_qx_quantize(ds_qx *qx, const float *x, int64_t n, int64_t in) {
         long v = lrintf(xb[l] * id);
         v = v > 127 ? 127 : v < -127 ? -127 : v;
         q[l] = (int8_t)v;
+        qx->qu[i * in + b * DS_QX_BLOCK + l] = (uint8_t)(v + 128);
         if (l < 16) s0 += (int)v;
         else s1 += (int)v;
       }

@@ -4,7 +4,8 @@
  *   QDOT(u, s)    32 unsigned bytes u times 32 signed bytes s, summed in fours into 8 int32
  *                 (AVX2: maddubs then madd with ones; never saturates here, as |u| <= 128 with
  *                 |s| <= 127 (Q8_0) or u <= 63 (the rest); AVX-512 VNNI: one dpbusd),
- *   QROWS         the name of the row kernel they export.
+ *   QROWS         the name of the row kernel they define (exported, or with QROWS_LINKAGE
+ *                 defined as static, kept to the including file).
  * Only the integer dot product differs between the two, so the rest is written once; a header
  * of static functions, included by those two files only, because each must compile it under its
  * own target. Every block's integer sum is scaled in fp32 by (weight scale * x's step) into 8
@@ -149,8 +150,12 @@ QI void q_rows(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned 
     }
 }
 
-/* The exported kernel: the type's branch chosen once, outside the loops. */
-QT void QROWS(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *w, ds_dtype dt, int64_t in,
+#ifndef QROWS_LINKAGE
+#define QROWS_LINKAGE
+#endif
+
+/* The row kernel: the type's branch chosen once, outside the loops. */
+QROWS_LINKAGE QT void QROWS(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *w, ds_dtype dt, int64_t in,
               int64_t o0, int64_t o1, const float *bias) {
   switch (dt) {
     case DS_Q8_0: q_rows(y, ldy, x, n, w, DS_Q8_0, in, o0, o1, bias); break;
