@@ -186,47 +186,51 @@ T256_INLINE float hsum_256(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+/* tile_512 at 8 lanes: one weight row times C rows of x, two accumulator chains each. */
 T256_INLINE void tile_256(float *y, int64_t ldy, const float *x, const uint16_t *w, const float *bias, int64_t in,
-                          int R, int C, int f16) {
-  __m256 acc[4][3];
-  for (int r = 0; r < R; r++)
-    for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+                          int C, int f16) {
+  __m256 acc[4][2];
+  for (int c = 0; c < C; c++) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
   int64_t p = 0;
-  for (; p + 8 <= in; p += 8) {
-    __m256 wv[4], xv[3];
-    for (int r = 0; r < R; r++) wv[r] = load8_256(w + r * in + p, f16);
-    if (!(p & 31)) /* the next band's rows, as tile_512 */
-      for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + (R + r) * in + p), _MM_HINT_T0);
-    for (int c = 0; c < C; c++) xv[c] = _mm256_loadu_ps(x + c * in + p);
-    for (int r = 0; r < R; r++)
-      for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(wv[r], xv[c], acc[r][c]);
-  }
-  for (int r = 0; r < R; r++)
+  for (; p + 16 <= in; p += 16) {
+    if (!(p & 31)) _mm_prefetch((const char *)(w + 8 * in + p), _MM_HINT_T0); /* as tile_512 */
+    __m256 w0 = load8_256(w + p, f16), w1 = load8_256(w + p + 8, f16);
     for (int c = 0; c < C; c++) {
-      float s = hsum_256(acc[r][c]);
-      for (int64_t q = p; q < in; q++) s += conv16(w[r * in + q], f16) * x[c * in + q];
-      y[c * ldy + r] = s + (bias ? bias[r] : 0.0f);
+      acc[c][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + c * in + p), acc[c][0]);
+      acc[c][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + c * in + p + 8), acc[c][1]);
     }
+  }
+  if (p + 8 <= in) {
+    __m256 w0 = load8_256(w + p, f16);
+    for (int c = 0; c < C; c++) acc[c][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + c * in + p), acc[c][0]);
+    p += 8;
+  }
+  for (int c = 0; c < C; c++) {
+    float s = hsum_256(_mm256_add_ps(acc[c][0], acc[c][1]));
+    for (int64_t q = p; q < in; q++) s += conv16(w[q], f16) * x[c * in + q];
+    y[c * ldy] = s + (bias ? bias[0] : 0.0f);
+  }
 }
 
-/* 16 registers: 4 weight rows x 3 rows of x accumulators, plus the loads. */
+/* One weight row against every row of x, 4 rows of x at a time (16 registers: 8 accumulators,
+ * 2 weight vectors, the x loads). */
 T256_INLINE void band_256(float *y, int64_t ldy, const float *x, const uint16_t *w, const float *bias, int64_t n,
-                          int64_t in, int R, int f16) {
+                          int64_t in, int f16) {
   int64_t i = 0;
-  for (; i + 3 <= n; i += 3) tile_256(y + i * ldy, ldy, x + i * in, w, bias, in, R, 3, f16);
-  for (; i < n; i++) tile_256(y + i * ldy, ldy, x + i * in, w, bias, in, R, 1, f16);
+  for (; i + 4 <= n; i += 4) tile_256(y + i * ldy, ldy, x + i * in, w, bias, in, 4, f16);
+  switch (n - i) {
+    case 3: tile_256(y + i * ldy, ldy, x + i * in, w, bias, in, 3, f16); break;
+    case 2: tile_256(y + i * ldy, ldy, x + i * in, w, bias, in, 2, f16); break;
+    case 1: tile_256(y + i * ldy, ldy, x + i * in, w, bias, in, 1, f16); break;
+    default: break;
+  }
 }
 
 T256 static void rows_avx2(float *y, int64_t ldy, const float *x, const uint16_t *w, const float *bias, int64_t n,
                            int64_t in, int64_t o0, int64_t o1, int f16) {
-  int64_t o = o0;
-  for (; o + 4 <= o1; o += 4) {
-    if (f16) band_256(y + o, ldy, x, w + o * in, bias ? bias + o : NULL, n, in, 4, 1);
-    else band_256(y + o, ldy, x, w + o * in, bias ? bias + o : NULL, n, in, 4, 0);
-  }
-  for (; o < o1; o++) {
-    if (f16) band_256(y + o, ldy, x, w + o * in, bias ? bias + o : NULL, n, in, 1, 1);
-    else band_256(y + o, ldy, x, w + o * in, bias ? bias + o : NULL, n, in, 1, 0);
+  for (int64_t o = o0; o < o1; o++) {
+    if (f16) band_256(y + o, ldy, x, w + o * in, bias ? bias + o : NULL, n, in, 1);
+    else band_256(y + o, ldy, x, w + o * in, bias ? bias + o : NULL, n, in, 0);
   }
 }
 
