@@ -1,5 +1,5 @@
-/* The quantized row kernel with AVX-512 VNNI (nn/cpu_quant.h). Q8_0, Q4_0 and Q4_1 run at 512
- * bits with the weight rows across the lanes; the K-quants run the 256-bit body of
+/* The quantized row kernel with AVX-512 VNNI (nn/cpu_quant.h). Q8_0, Q4_0, Q4_1 and Q4_K run at
+ * 512 bits with the weight rows across the lanes; Q6_K runs the 256-bit body of
  * nn/cpu_quant_x86.h with one dpbusd as its integer dot product.
  *
  * Lanes are weight rows: 16 rows' block b is transposed in registers so that vector j holds
@@ -103,25 +103,79 @@ QI void z_block16(ds_dtype dt, const unsigned char *blk0, size_t rb, int rows, c
   }
 }
 
+/* Q4_K (256 values: d, dmin, 12 bytes of 6-bit scales / mins of 8 sub-blocks of 32, then 4 x 32
+ * bytes whose low nibbles are sub-block 2g and high nibbles 2g + 1): the first 16 bytes of 16
+ * rows transposed give d, dmin and the packed scales as vectors, unpacked for the 16 rows at once;
+ * then each sub-block as a Q4_1 block, its scale d * sc and min dmin * mn (accm: subtracted). */
+QI void z_block16_q4k(const unsigned char *blk0, size_t rb, int rows, const ds_qx *x, int64_t i0, int64_t in,
+                      int64_t b, int R, __m512 *accf, __m512 *accm) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi8(0x3F), hi2 = _mm512_set1_epi8(0x30);
+  const unsigned char *p[Z_ROWS];
+  for (int l = 0; l < Z_ROWS; l++) p[l] = rows == Z_ROWS || l < rows ? blk0 + (size_t)l * rb : z_zeros;
+  __m512i h[4];
+  z_transpose16x4(p, h); /* h[0]: d | dmin << 16; h[1..3]: scale bytes 0-3, 4-7, 8-11 */
+  __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0]));
+  __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16)));
+  __m512i sc[2], mn[2]; /* bytes j of sub-blocks j (0-3) and 4 + j */
+  sc[0] = _mm512_and_si512(h[1], m6), mn[0] = _mm512_and_si512(h[2], m6);
+  sc[1] = _mm512_or_si512(_mm512_and_si512(h[3], m4), _mm512_and_si512(_mm512_srli_epi32(h[1], 2), hi2));
+  mn[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(h[3], 4), m4),
+                          _mm512_and_si512(_mm512_srli_epi32(h[2], 2), hi2));
+  for (int g = 0; g < 4; g++) {
+    __m512i t[8];
+    for (int l = 0; l < Z_ROWS; l++) p[l] = rows == Z_ROWS || l < rows ? blk0 + (size_t)l * rb + 16 + 32 * g : z_zeros;
+    z_transpose16x4(p, t);
+    for (int l = 0; l < Z_ROWS; l++) p[l] += rows == Z_ROWS || l < rows ? 16 : 0;
+    z_transpose16x4(p, t + 4);
+    for (int half = 0; half < 2; half++) { /* sub-block 2g + half: the low, then the high nibbles */
+      int j = 2 * g + half;
+      __m512i wv[8];
+      for (int q = 0; q < 8; q++)
+        wv[q] = half ? _mm512_and_si512(_mm512_srli_epi16(t[q], 4), m4) : _mm512_and_si512(t[q], m4);
+      __m512i sj = _mm512_and_si512(_mm512_srli_epi32(sc[j / 4], 8 * (j % 4)), _mm512_set1_epi32(0xFF));
+      __m512i mj = _mm512_and_si512(_mm512_srli_epi32(mn[j / 4], 8 * (j % 4)), _mm512_set1_epi32(0xFF));
+      __m512 ds = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sj)), dm = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mj));
+      for (int r = 0; r < R; r++) {
+        int64_t k = (i0 + r) * (in / 32) + 8 * b + j; /* x's block of 32 */
+        int32_t v[8];
+        memcpy(v, x->q + (i0 + r) * in + 32 * (8 * b + j), 32);
+        __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], _mm512_set1_epi32(v[0]));
+        __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], _mm512_set1_epi32(v[1]));
+        for (int q = 2; q < 8; q += 2)
+          s0 = _mm512_dpbusd_epi32(s0, wv[q], _mm512_set1_epi32(v[q])),
+          s1 = _mm512_dpbusd_epi32(s1, wv[q + 1], _mm512_set1_epi32(v[q + 1]));
+        s0 = _mm512_add_epi32(s0, s1);
+        accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(ds, _mm512_set1_ps(x->d[k])), accf[r]);
+        accm[r] = _mm512_fmadd_ps(dm, _mm512_set1_ps(x->m[k]), accm[r]);
+      }
+    }
+  }
+}
+
 /* y[i0 + r, o0 + l] for l < rows (at most 16) and r < R: the group's weight rows against R rows
  * of x. Lane l's sums run in block order whatever R and rows are: a row's result depends on
  * nothing else in its call. */
 QI void z_group(float *y, int64_t ldy, const ds_qx *x, int64_t i0, int R, const unsigned char *w, size_t rb,
                 ds_dtype dt, int64_t in, int64_t o0, int rows, const float *bias) {
-  size_t bb = ds_quant_row_bytes(dt, 32);
+  int64_t blk = ds_quant_block(dt), nb = in / blk;
+  size_t bb = ds_quant_row_bytes(dt, blk);
   __mmask16 live = (__mmask16)((1u << rows) - 1);
   __m512 accf[Z_MAX_X], accm[Z_MAX_X];
   for (int r = 0; r < R; r++) accf[r] = accm[r] = _mm512_setzero_ps();
   const unsigned char *g0 = w + (size_t)o0 * rb, *next = g0 + Z_ROWS * rb;
-  int64_t nb = in / 32, ahead = ((int64_t)(Z_ROWS * rb) / nb + 63) & ~(int64_t)63; /* bytes prefetched per block */
+  int64_t ahead = ((int64_t)(Z_ROWS * rb) / nb + 63) & ~(int64_t)63; /* bytes prefetched per block */
   for (int64_t b = 0; b < nb; b++) {
     if (i0 == 0 && rows == Z_ROWS) /* the next group's rows (contiguous), spread over this group's blocks */
       for (int64_t c = 0; c < ahead; c += 64) _mm_prefetch((const char *)next + b * ahead + c, _MM_HINT_T0);
-    if (rows == Z_ROWS) z_block16(dt, g0 + (size_t)b * bb, rb, Z_ROWS, x, i0, in, b, R, accf, accm);
-    else z_block16(dt, g0 + (size_t)b * bb, rb, rows, x, i0, in, b, R, accf, accm);
+    const unsigned char *gb = g0 + (size_t)b * bb;
+    if (dt == DS_Q4_K && rows == Z_ROWS) z_block16_q4k(gb, rb, Z_ROWS, x, i0, in, b, R, accf, accm);
+    else if (dt == DS_Q4_K) z_block16_q4k(gb, rb, rows, x, i0, in, b, R, accf, accm);
+    else if (rows == Z_ROWS) z_block16(dt, gb, rb, Z_ROWS, x, i0, in, b, R, accf, accm);
+    else z_block16(dt, gb, rb, rows, x, i0, in, b, R, accf, accm);
   }
   __m512 bv = bias ? _mm512_maskz_loadu_ps(live, bias + o0) : _mm512_setzero_ps();
-  __m512 ms = _mm512_set1_ps(dt == DS_Q4_0 ? -8.0f : 1.0f); /* Q4_0: x = d (q - 8) */
+  /* Q4_0: x = d (q - 8); Q4_K: x = d sc q - dmin mn */
+  __m512 ms = _mm512_set1_ps(dt == DS_Q4_0 ? -8.0f : dt == DS_Q4_K ? -1.0f : 1.0f);
   for (int r = 0; r < R; r++) {
     __m512 v = dt == DS_Q8_0 ? accf[r] : _mm512_fmadd_ps(ms, accm[r], accf[r]);
     _mm512_mask_storeu_ps(y + (i0 + r) * ldy + o0, live, _mm512_add_ps(v, bv));
@@ -155,6 +209,7 @@ QT void ds_quant_rows_vnni(float *y, int64_t ldy, const ds_qx *x, int64_t n, con
     case DS_Q8_0: z_rows(y, ldy, x, n, w, DS_Q8_0, in, o0, o1, bias); break;
     case DS_Q4_0: z_rows(y, ldy, x, n, w, DS_Q4_0, in, o0, o1, bias); break;
     case DS_Q4_1: z_rows(y, ldy, x, n, w, DS_Q4_1, in, o0, o1, bias); break;
+    case DS_Q4_K: z_rows(y, ldy, x, n, w, DS_Q4_K, in, o0, o1, bias); break;
     default: q_rows_vnni256(y, ldy, x, n, w, dt, in, o0, o1, bias); break;
   }
 }
