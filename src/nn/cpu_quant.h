@@ -34,9 +34,9 @@ typedef struct {
   float *m;   /* (n, in / 32)  d * sum of q over the block: the sum of x's rounded values there */
 } ds_qx;
 
-/* The instruction sets of these kernels: VNNI is AVX-512 VNNI (with VL and BW): Q8_0 / Q4_0 / Q4_1 /
- * Q4_K at 512 bits, 16 weight rows across the lanes (cpu_quant_avx512.c), Q6_K at 256 bits (its
- * dpbusd replaces AVX2's maddubs + madd pair; the rest is the AVX2 kernel). */
+/* The instruction sets of these kernels: VNNI is AVX-512 VNNI (with VL, BW and DQ), every type at
+ * 512 bits with 16 weight rows across the lanes (cpu_quant_avx512.c); AVX2 a weight row at a time
+ * (cpu_quant_avx2.c). */
 typedef enum { DS_QISA_PORTABLE = 0, DS_QISA_AVX2, DS_QISA_VNNI } ds_qisa;
 ds_qisa ds_qisa_best(void); /* what this CPU runs, capped by $DSPARK_MAX_ISA as ds_isa_best */
 const char *ds_qisa_name(ds_qisa isa);

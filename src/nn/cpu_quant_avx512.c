@@ -1,6 +1,5 @@
-/* The quantized row kernel with AVX-512 VNNI (nn/cpu_quant.h). Q8_0, Q4_0, Q4_1 and Q4_K run at
- * 512 bits with the weight rows across the lanes; Q6_K runs the 256-bit body of
- * nn/cpu_quant_x86.h with one dpbusd as its integer dot product.
+/* The quantized row kernel with AVX-512 VNNI (nn/cpu_quant.h): every type at 512 bits with the
+ * weight rows across the lanes.
  *
  * Lanes are weight rows: 16 rows' block b is transposed in registers so that vector j holds
  * dword j (4 consecutive quants) of every row, and one dpbusd against x's matching 4 bytes
@@ -14,11 +13,13 @@
  * block order whatever the number of rows of x and of weights in the call, so a row's result
  * does not depend on its call (verification equals decoding, bit for bit). */
 #if defined(__x86_64__) || defined(__i386__)
-#define QT __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")))
-#define QDOT(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (s))
-#define QROWS q_rows_vnni256
-#define QROWS_LINKAGE static
-#include "nn/cpu_quant_x86.h"
+#include <immintrin.h>
+#include <string.h>
+
+#include "nn/cpu_quant.h"
+
+#define QT __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define QI static inline __attribute__((always_inline)) QT
 
 enum { Z_ROWS = 16, Z_MAX_X = 8 }; /* weight rows per lane vector; rows of x per pass */
 
@@ -152,6 +153,70 @@ QI void z_block16_q4k(const unsigned char *blk0, size_t rb, int rows, const ds_q
   }
 }
 
+/* Q6_K (256 values: ql[128] low 4 bits, qh[64] high 2 bits, 16 int8 scales of 16 values, d):
+ * per half h of 128 values, group c (values 32c .. 32c + 31 of the half) takes the low (c < 2) or
+ * high (c >= 2) nibbles of ql bytes 64h + 32 (c % 2) .. + 31 and bits 2c, 2c + 1 of qh bytes
+ * 32h .. + 31; its first 16 values have scale 8h + 2c, the next 16 scale 8h + 2c + 1. The two
+ * integer chains of a group are its two scales' halves; x = d sc (q - 32), the 32 applied
+ * through x's sums of 16 (accm). */
+QI void z_block16_q6k(const unsigned char *blk0, size_t rb, int rows, const ds_qx *x, int64_t i0, int64_t in,
+                      int64_t b, int R, __m512 *accf, __m512 *accm) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
+  const unsigned char *p[Z_ROWS];
+  int live[Z_ROWS];
+  for (int l = 0; l < Z_ROWS; l++) live[l] = rows == Z_ROWS || l < rows;
+  int32_t dh[Z_ROWS] = {0};
+  for (int l = 0; l < Z_ROWS; l++)
+    if (live[l]) memcpy(dh + l, blk0 + (size_t)l * rb + 208, 2);
+  __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_loadu_si512(dh)));
+  __m512i sc[4]; /* dword i: scales 4i .. 4i + 3 of the 16 rows */
+  for (int l = 0; l < Z_ROWS; l++) p[l] = live[l] ? blk0 + (size_t)l * rb + 192 : z_zeros;
+  z_transpose16x4(p, sc);
+  for (int h = 0; h < 2; h++) {
+    __m512i qh[8], ql[2][8];
+    for (int l = 0; l < Z_ROWS; l++) p[l] = live[l] ? blk0 + (size_t)l * rb + 128 + 32 * h : z_zeros;
+    z_transpose16x4(p, qh);
+    for (int l = 0; l < Z_ROWS; l++) p[l] += live[l] ? 16 : 0;
+    z_transpose16x4(p, qh + 4);
+    for (int half = 0; half < 2; half++) {
+      for (int l = 0; l < Z_ROWS; l++) p[l] = live[l] ? blk0 + (size_t)l * rb + 64 * h + 32 * half : z_zeros;
+      z_transpose16x4(p, ql[half]);
+      for (int l = 0; l < Z_ROWS; l++) p[l] += live[l] ? 16 : 0;
+      z_transpose16x4(p, ql[half] + 4);
+    }
+    for (int c = 0; c < 4; c++) {
+      __m512i wv[8];
+      for (int q = 0; q < 8; q++) {
+        __m512i lo = c < 2 ? _mm512_and_si512(ql[c % 2][q], m4) : _mm512_and_si512(_mm512_srli_epi16(ql[c % 2][q], 4), m4);
+        __m512i hb = _mm512_and_si512(_mm512_srli_epi16(qh[q], 2 * c), m2);
+        wv[q] = _mm512_or_si512(lo, _mm512_slli_epi16(hb, 4));
+      }
+      int i0s = 8 * h + 2 * c; /* the scale of values 0-15 of the group; i0s + 1 of 16-31 */
+      __m512i s_a = _mm512_srai_epi32(_mm512_slli_epi32(sc[i0s / 4], 24 - 8 * (i0s % 4)), 24);
+      __m512i s_b = _mm512_srai_epi32(_mm512_slli_epi32(sc[(i0s + 1) / 4], 24 - 8 * ((i0s + 1) % 4)), 24);
+      __m512 da = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s_a)), db = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s_b));
+      int64_t kb = 8 * b + 4 * h + c; /* x's block of 32 */
+      for (int r = 0; r < R; r++) {
+        int64_t k = (i0 + r) * (in / 32) + kb;
+        int32_t v[8];
+        memcpy(v, x->q + (i0 + r) * in + 32 * kb, 32);
+        __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], _mm512_set1_epi32(v[0]));
+        __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[4], _mm512_set1_epi32(v[4]));
+        for (int q = 1; q < 4; q++)
+          s0 = _mm512_dpbusd_epi32(s0, wv[q], _mm512_set1_epi32(v[q])),
+          s1 = _mm512_dpbusd_epi32(s1, wv[4 + q], _mm512_set1_epi32(v[4 + q]));
+        float dx = x->d[k];
+        __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(s0), da);
+        t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), db, t);
+        accf[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(dx), accf[r]);
+        __m512 u = _mm512_mul_ps(da, _mm512_set1_ps((float)x->s[2 * k]));
+        u = _mm512_fmadd_ps(db, _mm512_set1_ps((float)x->s[2 * k + 1]), u);
+        accm[r] = _mm512_fmadd_ps(u, _mm512_set1_ps(dx), accm[r]);
+      }
+    }
+  }
+}
+
 /* y[i0 + r, o0 + l] for l < rows (at most 16) and r < R: the group's weight rows against R rows
  * of x. Lane l's sums run in block order whatever R and rows are: a row's result depends on
  * nothing else in its call. */
@@ -170,12 +235,14 @@ QI void z_group(float *y, int64_t ldy, const ds_qx *x, int64_t i0, int R, const 
     const unsigned char *gb = g0 + (size_t)b * bb;
     if (dt == DS_Q4_K && rows == Z_ROWS) z_block16_q4k(gb, rb, Z_ROWS, x, i0, in, b, R, accf, accm);
     else if (dt == DS_Q4_K) z_block16_q4k(gb, rb, rows, x, i0, in, b, R, accf, accm);
+    else if (dt == DS_Q6_K && rows == Z_ROWS) z_block16_q6k(gb, rb, Z_ROWS, x, i0, in, b, R, accf, accm);
+    else if (dt == DS_Q6_K) z_block16_q6k(gb, rb, rows, x, i0, in, b, R, accf, accm);
     else if (rows == Z_ROWS) z_block16(dt, gb, rb, Z_ROWS, x, i0, in, b, R, accf, accm);
     else z_block16(dt, gb, rb, rows, x, i0, in, b, R, accf, accm);
   }
   __m512 bv = bias ? _mm512_maskz_loadu_ps(live, bias + o0) : _mm512_setzero_ps();
-  /* Q4_0: x = d (q - 8); Q4_K: x = d sc q - dmin mn */
-  __m512 ms = _mm512_set1_ps(dt == DS_Q4_0 ? -8.0f : dt == DS_Q4_K ? -1.0f : 1.0f);
+  /* Q4_0: x = d (q - 8); Q4_K: x = d sc q - dmin mn; Q6_K: x = d sc (q - 32) */
+  __m512 ms = _mm512_set1_ps(dt == DS_Q4_0 ? -8.0f : dt == DS_Q4_K ? -1.0f : dt == DS_Q6_K ? -32.0f : 1.0f);
   for (int r = 0; r < R; r++) {
     __m512 v = dt == DS_Q8_0 ? accf[r] : _mm512_fmadd_ps(ms, accm[r], accf[r]);
     _mm512_mask_storeu_ps(y + (i0 + r) * ldy + o0, live, _mm512_add_ps(v, bv));
@@ -210,7 +277,8 @@ QT void ds_quant_rows_vnni(float *y, int64_t ldy, const ds_qx *x, int64_t n, con
     case DS_Q4_0: z_rows(y, ldy, x, n, w, DS_Q4_0, in, o0, o1, bias); break;
     case DS_Q4_1: z_rows(y, ldy, x, n, w, DS_Q4_1, in, o0, o1, bias); break;
     case DS_Q4_K: z_rows(y, ldy, x, n, w, DS_Q4_K, in, o0, o1, bias); break;
-    default: q_rows_vnni256(y, ldy, x, n, w, dt, in, o0, o1, bias); break;
+    case DS_Q6_K: z_rows(y, ldy, x, n, w, DS_Q6_K, in, o0, o1, bias); break;
+    default: DS_CHECK(!"a quantized dtype the kernels do not know");
   }
 }
 #endif
