@@ -78,7 +78,13 @@ typedef struct {
   int complete;
   char *target_path;             /* as given to the capture (malloc'd) */
   char target_architecture[64];
-  uint64_t target_weights_xxh64; /* see DS_CACHE_WEIGHTS_HASH_COVERS */
+  uint64_t target_weights_xxh64; /* see DS_CACHE_WEIGHTS_HASH_COVERS (the model's, whatever
+                                    target_weights) */
+  char target_weights[16];       /* how the target held its weights while capturing
+                                    (`--weights`, ds_target_weights_held): "as-stored", "bf16" or
+                                    "f32"; "" for a cache written before the field (absent from
+                                    its manifest: a GGUF in fp32, a directory's 16-bit matrices
+                                    in place) */
   uint64_t target_config_xxh64;  /* of config.json's bytes */
   uint64_t tokenizer_xxh64;      /* of tokenizer.json's bytes */
   char chat_template[32];
@@ -120,7 +126,8 @@ char *ds_cache_manifest_json(const ds_cache_manifest *m);
  * (manifest_xxh64, first in the file). label names the file in messages. */
 ds_status ds_cache_manifest_parse(const char *json, size_t len, const char *label, ds_cache_manifest *out);
 /* Compares every field that identifies the capture (all but complete, shards and the
- * target_weights file hash); the first difference is an error naming the field and both values. */
+ * target_weights file hash; target_weights included: a resumed capture never mixes shards of
+ * weights held otherwise); the first difference is an error naming the field and both values. */
 ds_status ds_cache_manifest_same_capture(const ds_cache_manifest *have, const ds_cache_manifest *want,
                                          const char *label);
 /* "shard-%06d.safetensors" */

@@ -50,7 +50,10 @@ typedef struct ds_model_source ds_model_source;
  *   DS_WEIGHTS_BF16       a GGUF dequantized to BF16 (used in place in its image); a directory's
  *                         BF16 / F16 matrices in place.
  * Process-wide, set once by the program before loading (as ds_set_matmul_compute); read when a
- * source opens and when a target loads. */
+ * target loads (ds_target_load_source), never by what names the model: a source's texts,
+ * ds_model_source_weights and the weights' hash are the same under every mode (the files
+ * `dspark convert --dtype f32` writes), so caches and runs made under one mode are recognized
+ * under another. ds_target_weights_held says what a loaded target holds. */
 typedef enum {
   DS_WEIGHTS_DEQUANTIZED = 0, DS_WEIGHTS_AS_STORED = 1, DS_WEIGHTS_BF16 = 2, DS_WEIGHTS_F32 = 3
 } ds_weights_mode;
@@ -94,7 +97,7 @@ ds_status ds_model_source_chat_template(ds_model_source *s, const char *override
 
 /* The weights as a checkpoint the caller owns (ds_ckpt_close): a directory's safetensors,
  * mapped (ds_ckpt_open); a GGUF file's tensors dequantized to fp32 into one image in memory,
- * built on each call (a target that converts them at load frees it once loaded). */
+ * built on each call, whatever ds_target_weights() (a student reads its initial weights here). */
 ds_status ds_model_source_weights(ds_model_source *s, ds_checkpoint **out);
 /* The weights' hash as caches record it (ds_cache_hash_checkpoint), for a model that is checked
  * and not loaded (a GGUF's tensors are converted for it, then freed). */

@@ -33,8 +33,10 @@ typedef struct ds_kv_cache ds_kv_cache;
  * embeddings follow transformers: with tie_word_embeddings a stored lm_head.weight is used as the
  * head (and a checkpoint with only lm_head.weight ties the embedding to it). A forward past
  * max_position_embeddings is an error naming the limit and the model. weights_xxh64 (may be
- * NULL) receives the weights' hash as caches record it (ds_cache_hash_checkpoint), taken from the
- * checkpoint the target loads, so a GGUF is not converted twice. The source may be closed after. */
+ * NULL) receives the weights' hash as caches record it (ds_cache_hash_checkpoint of
+ * ds_model_source_weights: the same under every --weights), taken from the checkpoint the target
+ * loads when that is the fp32 one (a GGUF is then not converted twice), from a conversion of its
+ * own when the target holds a GGUF's weights otherwise. The source may be closed after. */
 ds_status ds_target_load_source(ds_model_source *src, const ds_backend *backend, uint64_t *weights_xxh64,
                                 ds_target **out);
 /* The same from a path (a model directory or a .gguf file). */
@@ -52,6 +54,16 @@ ds_weight ds_target_lm_head(const ds_target *m);
 void ds_target_weight_memory(const ds_target *m, size_t *f32_bytes, size_t *mapped_bytes, ds_dtype *mapped_dtype);
 /* The bytes of those used in place that are in dtype dt (BF16, F16, or a quantized type). */
 size_t ds_target_mapped_bytes(const ds_target *m, ds_dtype dt);
+/* The weights the target runs with, as caches and runs record them ("target_weights",
+ * ds_weights_mode_name): DS_WEIGHTS_F32 when it holds every matrix in fp32 (whatever was asked:
+ * its numbers are --weights f32's), DS_WEIGHTS_BF16 for a GGUF dequantized to bf16,
+ * DS_WEIGHTS_AS_STORED when some matrix is used in the checkpoint's own type (a GGUF's quantized,
+ * F16 or BF16 ones; a directory's BF16 / F16 ones, which --weights bf16 also keeps). */
+ds_weights_mode ds_target_weights_held(const ds_target *m);
+/* 1 when the target holds its weights as DS_WEIGHTS_DEQUANTIZED (what every command did before
+ * --weights: a GGUF in fp32, a directory's 16-bit matrices in place) holds them, so it computes
+ * what a cache or run that records no weights computed. */
+int ds_target_weights_as_before(const ds_target *m);
 /* 1 when lm_head is the embedding table itself (tied and not stored separately). */
 int ds_target_head_is_embedding(const ds_target *m);
 

@@ -25,6 +25,7 @@
 #include "dspark/draft.h"
 #include "dspark/dtype.h"
 #include "dspark/fileio.h"
+#include "dspark/ggml_quant.h"
 #include "dspark/safetensors.h"
 #include "dspark/target.h"
 #include "dspark/tokenizer.h"
@@ -62,6 +63,7 @@ typedef struct {
   double t_forward, t_select, t_write, t_wait;
   int64_t bytes_written;
   ds_cache_size size;         /* what the whole cache takes (ds_cache_estimate) */
+  int weights_as_before;      /* the target holds its weights as a capture before --weights did */
 } capture;
 
 /* ---------------------------------------------------------------- setup */
@@ -76,6 +78,27 @@ static ds_status copy_text(ds_model_source *src, ds_model_file f, char **text, s
   return DS_OK;
 }
 
+/* A frozen table [V, d] as target_weights.safetensors stores it: in the target's dtype (F32,
+ * BF16, F16), a quantized one (--weights as-stored) dequantized to fp32, the exact values the
+ * target multiplies by (a draft's replicas are never quantized). */
+static ds_dtype table_dtype(ds_weight w) { return ds_dtype_is_quantized(w.dtype) ? DS_F32 : w.dtype; }
+
+/* *out: w itself, or its fp32 values in *copy (the caller frees it with ds_free_aligned). */
+static ds_status stored_table(ds_weight w, int64_t V, int64_t d, ds_weight *out, float **copy) {
+  *out = w;
+  *copy = NULL;
+  if (!ds_dtype_is_quantized(w.dtype)) return DS_OK;
+  float *f = ds_malloc_aligned((size_t)(V * d) * sizeof *f, "target_weights.safetensors");
+  if (!f) return DS_ERR_NOMEM;
+  size_t rb = ds_quant_row_bytes(w.dtype, d);
+  for (int64_t r = 0; r < V; r++)
+    ds_ggml_dequantize_row((uint32_t)ds_dtype_ggml_type(w.dtype), (const unsigned char *)w.data + (size_t)r * rb,
+                           f + r * d, d);
+  *out = (ds_weight){f, DS_F32};
+  *copy = f;
+  return DS_OK;
+}
+
 static ds_status load_inputs(capture *c, ds_model_source *src) {
   const ds_capture_options *o = c->o;
   DS_TRY(ds_model_source_check_positions(src, o->seq_len, "--seq-len"));
@@ -84,6 +107,10 @@ static ds_status load_inputs(capture *c, ds_model_source *src) {
   int hash = !o->forward_only && !o->estimate;
   DS_TRY(ds_target_load_source(src, ds_backend_cpu(), hash ? &c->m.target_weights_xxh64 : NULL, &c->target));
   const ds_model_config *tc = ds_target_config(c->target);
+  /* how it holds its weights (--weights): the features are those of the target as it runs */
+  snprintf(c->m.target_weights, sizeof c->m.target_weights, "%s",
+           ds_weights_mode_name(ds_target_weights_held(c->target)));
+  c->weights_as_before = ds_target_weights_as_before(c->target);
   DS_TRY(copy_text(src, DS_MODEL_CONFIG, &c->config_text, &c->config_len));
   DS_TRY(copy_text(src, DS_MODEL_TOKENIZER, &c->tok_text, &c->tok_len));
   DS_TRY(ds_tokenizer_load_memory(c->tok_text, c->tok_len, ds_model_source_label(src, DS_MODEL_TOKENIZER), &c->tok));
@@ -151,7 +178,7 @@ static ds_status load_inputs(capture *c, ds_model_source *src) {
   c->K = o->topk;
   c->V = tc->vocab_size;
   c->n_shards_total = (m->num_samples + m->shard_size - 1) / m->shard_size;
-  return ds_cache_estimate(m, ds_target_embed(c->target).dtype, ds_target_lm_head(c->target).dtype,
+  return ds_cache_estimate(m, table_dtype(ds_target_embed(c->target)), table_dtype(ds_target_lm_head(c->target)),
                            (int64_t)c->config_len, (int64_t)c->tok_len, &c->size);
 }
 
@@ -225,12 +252,17 @@ static ds_status write_manifest(capture *c) {
 static ds_status write_target_weights(capture *c) {
   char *path = ds_path_join(c->o->out_dir, "target_weights.safetensors");
   ds_st_writer *w = NULL;
-  ds_status st = path ? ds_cache_target_weights_writer(ds_target_embed(c->target), ds_target_lm_head(c->target), c->V,
-                                                       c->d, &w)
-                      : DS_ERR_NOMEM;
+  ds_weight embed, head;
+  float *embed_copy = NULL, *head_copy = NULL;
+  ds_status st = path ? stored_table(ds_target_embed(c->target), c->V, c->d, &embed, &embed_copy) : DS_ERR_NOMEM;
+  if (st == DS_OK && ds_target_lm_head(c->target).data == ds_target_embed(c->target).data) head = embed; /* tied */
+  else if (st == DS_OK) st = stored_table(ds_target_lm_head(c->target), c->V, c->d, &head, &head_copy);
+  if (st == DS_OK) st = ds_cache_target_weights_writer(embed, head, c->V, c->d, &w);
   if (st == DS_OK) st = ds_st_writer_write(w, path);
   if (st == DS_OK) st = ds_cache_hash_file(path, &c->m.target_weights_file_xxh64);
   ds_st_writer_free(w);
+  ds_free_aligned(embed_copy);
+  ds_free_aligned(head_copy);
   free(path);
   return st;
 }
@@ -272,6 +304,10 @@ static ds_status resume_state(capture *c, int64_t *kept, int *weights_ok, int *d
     return ds_error_wrap(st, "cannot resume the capture in %s (use a new --out, or delete that directory)",
                          c->o->out_dir);
   }
+  /* a cache from before --weights records none: it is resumed by a capture that holds the
+   * weights as that one did */
+  if (!old.target_weights[0] && c->weights_as_before)
+    memcpy(old.target_weights, c->m.target_weights, sizeof old.target_weights);
   st = ds_cache_manifest_same_capture(&old, &c->m, path);
   free(path);
   if (st != DS_OK) {

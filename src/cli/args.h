@@ -31,6 +31,12 @@ int cli_max_line_option(int argc, char **argv, int *i, size_t *out);
   "  --max-line-bytes N      the longest data line read whole, in bytes (K, M, G suffixes: KiB, MiB, GiB;\n" \
   "                          default 64M); a plain-text file read as one document counts as one line\n"
 
+/* The --help line of --weights, which main takes out of argv for the commands that run a frozen
+ * target (cli_weights_given, dspark/model_source.h). */
+#define CLI_WEIGHTS_HELP                                                                                   \
+  "  --weights as-stored|bf16|f32  a GGUF's quantized matrices used in place (default), or dequantized\n" \
+  "                        to bf16 / f32 at load (docs/compute.md, \"Quantized frozen weights\")\n"
+
 /* ds_output_check for command cmd, before any work: 0 when the output may be written; else,
  * after the error (naming the option and the input), the command's exit status: 2 for an
  * output over an input (a usage error), 1 for a path that cannot be used (a file where a

@@ -28,8 +28,7 @@ static void usage(FILE *f) {
           "held out of the fit and scored separately (with fewer than 4 requests, every 4th round).\n"
           "`dspark speculate --calibration FILE.json` applies the temperatures, to this draft only (the file\n"
           "records its identity and block size) and for at most the positions fitted (--draft-len).\n"
-          "  --weights as-stored|bf16|f32  a GGUF's quantized matrices used in place (default), or dequantized\n"
-          "                        to bf16 / f32 at load (docs/compute.md, \"Quantized frozen weights\")\n"
+          CLI_WEIGHTS_HELP
           "  --max-new-tokens N (64)  --draft-len L (the block size)  --temperature T (0)  --top-p P  --seed S\n"
           "  --chat  --chat-template FILE  --enable-thinking on|off  --ignore-eos  --threads N   as for\n"
           "                           `dspark speculate`\n"

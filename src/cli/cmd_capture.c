@@ -47,6 +47,8 @@ static void usage(FILE *f) {
     "  --temperature T          log-probs of softmax(x / T) (1)\n"
     "  --seed S                 recorded in the manifest (0)\n"
     "  --threads N  --quiet  --compute fp32|bf16 (matmul precision, default fp32)\n"
+    CLI_WEIGHTS_HELP
+    "                        (the manifest records them: target_weights; a resume must hold them alike)\n"
     "  --estimate               print the cache's size for this data and these options (bytes per stored\n"
     "                           position of each tensor, shards, total, free space) and write nothing;\n"
     "                           --out is optional here\n"

@@ -17,8 +17,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: dspark forward MODEL --ids IDS --out FILE.safetensors [options]\n"
           "MODEL: a model directory or a .gguf file (docs/commands.md, \"Models\")\n"
-          "  --weights as-stored|bf16|f32  a GGUF's quantized matrices used in place (default), or dequantized\n"
-          "                        to bf16 / f32 at load (docs/compute.md, \"Quantized frozen weights\")\n"
+          CLI_WEIGHTS_HELP
           "  --ids IDS          token ids, comma-separated; ';' separates the sequences of a batch\n"
           "                     (every sequence needs at least one id; an empty one is a usage error)\n"
           "  --out FILE         safetensors with, per sequence b: logits.b [n, V] (or [1, V] with\n"

@@ -19,8 +19,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: dspark generate MODEL (--prompt TEXT | --prompt-ids IDS | --data FILE) [options]\n"
           "MODEL: a model directory or a .gguf file (docs/commands.md, \"Models\")\n"
-          "  --weights as-stored|bf16|f32  a GGUF's quantized matrices used in place (default), or dequantized\n"
-          "                        to bf16 / f32 at load (docs/compute.md, \"Quantized frozen weights\")\n"
+          CLI_WEIGHTS_HELP
           "  --prompt TEXT         prompt, tokenized with the model's tokenizer.json\n"
           "  --chat                wrap the prompt as a user turn + assistant prompt in the target's chat template\n"
           "                        (chat_template.jinja / tokenizer_config.json; ChatML if none)\n"

@@ -45,6 +45,9 @@ static void print_manifest(const ds_cache_manifest *m, const char *dir) {
   printf("manifest xxh64:      %s (verified)\n", hm);
   printf("target:              %s (%s)\n", m->target_path, m->target_architecture);
   printf("  weights xxh64:     %s (%s)\n", h1, DS_CACHE_WEIGHTS_HASH_COVERS);
+  printf("  weights held:      %s\n", m->target_weights[0] ? m->target_weights
+                                       : "not recorded (captured before --weights: a GGUF's in fp32, a directory's "
+                                         "16-bit matrices in place)");
   printf("  config.json xxh64: %s\n", h2);
   printf("  tokenizer xxh64:   %s\n", h3);
   printf("  chat template:     %s (xxh64 %s)\n", m->chat_template, h4);

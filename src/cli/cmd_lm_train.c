@@ -21,6 +21,8 @@ static void usage(FILE *f, int distill) {
       "divided by the step's global token count; KD is the ghost-token sparse KL over the teacher's top-K\n"
       "(+ the ghost bucket), or the dense KL with a live teacher and --topk 0 (spec/kd.md).\n"
       "  --teacher MODEL       the live teacher (runs on every batch; its top-K selected as capture does)\n"
+      CLI_WEIGHTS_HELP
+      "                        (the live teacher's; run.json records it as teacher_weights; not with --cache)\n"
       "  --cache CACHE         an offline cache from `dspark capture --topk K` (its sequences; its K must be >=\n"
       "                        --topk, its temperature --temperature; with --teacher too, the teacher is checked)\n"
       "  --student MODEL | --student-config FILE   continue an HF checkpoint (or a .gguf), or a fresh student (seeded)\n"
@@ -120,6 +122,12 @@ static int lm_command(int argc, char **argv, int distill) {
     }
   }
   if (!cli_loop_check(name, &o.loop)) return 2;
+  if (distill && o.cache_dir && cli_weights_given()) {
+    fprintf(stderr, "dspark distill: --weights sets how the live teacher holds its weights, but with --cache the "
+            "teacher does not run: the cache's manifest records the weights it was captured with (target_weights; "
+            "`dspark inspect %s`)\n", o.cache_dir);
+    return 2;
+  }
   const ds_input_path inputs[] = {{"--student", o.student_dir}, {distill ? "--student-config" : "--config", o.student_config},
                                   {"--tokenizer", o.tokenizer_path}, {"--data", o.data_path}, {"--teacher", o.teacher_dir},
                                   {"--cache", o.cache_dir}, {"--chat-template", o.chat_template}};

@@ -18,8 +18,7 @@ static void usage(FILE *f) {
           "Measures the seconds of one target pass verifying B tokens (with the KV cache of a context, the\n"
           "logits of every row), B = 1 .. --max-tokens: verify_seconds[B-1] and verify_steps_per_s[B-1] =\n"
           "SPS(B); with --draft also draft_block_seconds[L-1] = one draft block and L head steps.\n"
-          "  --weights as-stored|bf16|f32  a GGUF's quantized matrices used in place (default), or dequantized\n"
-          "                        to bf16 / f32 at load (docs/compute.md, \"Quantized frozen weights\")\n"
+          CLI_WEIGHTS_HELP
           "  --max-tokens B   the largest batch of verified tokens (32); the scheduler admits no more\n"
           "  --context C      cached tokens before the measured pass (128)\n"
           "  --reps N         timings per entry, the median kept (3)\n"

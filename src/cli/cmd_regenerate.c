@@ -24,8 +24,7 @@ static void usage(FILE *f) {
           "MODEL: a model directory or a .gguf file (docs/commands.md, \"Models\")\n"
           "Replaces every assistant turn of each conversation by the target's own answer (a conversation\n"
           "ending with a user turn gets one appended) and appends it to --out, one line per conversation.\n"
-          "  --weights as-stored|bf16|f32  a GGUF's quantized matrices used in place (default), or dequantized\n"
-          "                        to bf16 / f32 at load (docs/compute.md, \"Quantized frozen weights\")\n"
+          CLI_WEIGHTS_HELP
           "  --data INPUTS         read as `dspark train --data` reads them (a file, a directory, a glob; .gz /\n"
           "                        .zst): JSONL {\"messages\": [{\"role\", \"content\"[, \"reasoning_content\"]}, ...]},\n"
           "                        ShareGPT {\"conversations\": [{\"from\", \"value\"}, ...]} (written out as\n"

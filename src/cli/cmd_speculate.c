@@ -23,8 +23,7 @@ static void usage(FILE *f) {
           "MODEL: a model directory or a .gguf file (docs/commands.md, \"Models\")\n"
           "Decodes with the target, proposing tokens with the draft and verifying them in one target pass\n"
           "per round; the output is the target's own (greedy: token for token what `dspark generate` prints).\n"
-          "  --weights as-stored|bf16|f32  a GGUF's quantized matrices used in place (default), or dequantized\n"
-          "                        to bf16 / f32 at load (docs/compute.md, \"Quantized frozen weights\")\n"
+          CLI_WEIGHTS_HELP
           "  --draft DIR           an export (`dspark export`) or a run directory (its checkpoint)\n"
           "  --prompt TEXT  --chat  --prompt-ids IDS  --max-new-tokens N (64)  --temperature T (0 = greedy)\n"
           "  --data FILE           a batch of requests (one plain-text prompt per line, or JSONL with\n"

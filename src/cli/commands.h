@@ -27,6 +27,10 @@ int cmd_profile(int argc, char **argv);
  * process. Opened by main before the command runs. */
 struct ds_comm *cli_comm(void);
 
+/* 1 when the command line gave --weights (taken out of argv by main for the commands that take
+ * it; its value set with ds_set_target_weights). */
+int cli_weights_given(void);
+
 /* Prints "dspark: <status>: <message>" for the thread's last error and returns 1. */
 int cli_report_error(const char *what);
 

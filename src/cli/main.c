@@ -15,7 +15,7 @@ typedef struct {
   int (*run)(int argc, char **argv);
   const char *summary;
   int computes; /* runs matmuls: says once when they would run a slow path on this CPU */
-  int weights;  /* runs a frozen target only (no draft or cache copies its tables): takes --weights */
+  int weights;  /* runs a frozen target (not one whose tables a draft copies while training): takes --weights */
 } command;
 
 static const command k_commands[] = {
@@ -26,8 +26,8 @@ static const command k_commands[] = {
     {"tokenize", cmd_tokenize, "encode text / decode ids with a tokenizer.json; ChatML rendering", 0, 0},
     {"train", cmd_train, "train a DSpark draft against the live target or from a cache", 1, 0},
     {"pretrain", cmd_pretrain, "train a causal LM (a student) from scratch or a checkpoint with the LM loss", 1, 0},
-    {"distill", cmd_distill, "distill a student from a teacher (live or cached top-K): ghost-token KD + LM", 1, 0},
-    {"capture", cmd_capture, "run the target once; write the offline feature / KD cache (resumable)", 1, 0},
+    {"distill", cmd_distill, "distill a student from a teacher (live or cached top-K): ghost-token KD + LM", 1, 1},
+    {"capture", cmd_capture, "run the target once; write the offline feature / KD cache (resumable)", 1, 1},
     {"inspect", cmd_inspect, "print a cache's manifest, counts and bytes per token; verify its checksums", 0, 0},
     {"export", cmd_export, "write a trained draft in the HF layout serving engines load", 0, 0},
     {"regenerate", cmd_regenerate, "replace conversations' assistant turns by the target's own answers (resumable)", 1, 1},
@@ -107,11 +107,15 @@ static int take_compute_option(const char *cmd, int *argc, char **argv) {
   return 1;
 }
 
-/* --weights as-stored|bf16|f32 (or --weights=...) of the commands that run a frozen target only,
+/* --weights as-stored|bf16|f32 (or --weights=...) of the commands that run a frozen target
+ * (capture's, distill's live teacher included: a cache stores a quantized table dequantized),
  * taken out of argv as --compute is; sets how the target holds its weights (model_source.h;
  * the default for them: as-stored). The other commands keep the library's default (a GGUF
- * dequantized to fp32): train's drafts and capture's caches copy the target's tables, which a
- * quantized type cannot be. */
+ * dequantized to fp32): train copies the live target's tables into the draft it trains. */
+static int g_weights_given; /* --weights was on the command line */
+
+int cli_weights_given(void) { return g_weights_given; }
+
 static int take_weights_option(const char *cmd, int *argc, char **argv) {
   ds_set_target_weights(DS_WEIGHTS_AS_STORED);
   for (int i = 2; i < *argc;) {
@@ -132,6 +136,7 @@ static int take_weights_option(const char *cmd, int *argc, char **argv) {
       return 0;
     }
     ds_set_target_weights(w);
+    g_weights_given = 1;
     memmove(argv + i, argv + i + used, (size_t)(*argc - i - used + 1) * sizeof *argv);
     *argc -= used;
   }

@@ -96,6 +96,7 @@ char *ds_cache_manifest_json(const ds_cache_manifest *m) {
   cJSON_AddStringToObject(j, "target_architecture", m->target_architecture);
   add_hex(j, "target_weights_xxh64", m->target_weights_xxh64);
   cJSON_AddStringToObject(j, "target_weights_hash_covers", DS_CACHE_WEIGHTS_HASH_COVERS);
+  if (m->target_weights[0]) cJSON_AddStringToObject(j, "target_weights", m->target_weights);
   add_hex(j, "target_config_xxh64", m->target_config_xxh64);
   add_hex(j, "tokenizer_xxh64", m->tokenizer_xxh64);
   cJSON_AddStringToObject(j, "chat_template", m->chat_template);
@@ -156,8 +157,8 @@ char *ds_cache_manifest_json(const ds_cache_manifest *m) {
 
 static const char *k_fields[] = {
     "manifest_xxh64", "format", "format_version", "complete", "target_path", "target_architecture", "target_weights_xxh64",
-    "target_weights_hash_covers", "target_config_xxh64", "tokenizer_xxh64", "chat_template", "chat_template_xxh64",
-    "vocab_size", "hidden_size", "num_hidden_layers", "target_layer_ids", "dtype", "seq_length", "eos_token_id",
+    "target_weights_hash_covers", "target_weights", "target_config_xxh64", "tokenizer_xxh64", "chat_template",
+    "chat_template_xxh64", "vocab_size", "hidden_size", "num_hidden_layers", "target_layer_ids", "dtype", "seq_length", "eos_token_id",
     "min_length", "num_samples", "num_tokens", "shard_size", "data_path", "data_xxh64", "seed", "features", "kd",
     "target_weights_file_xxh64", "shards"};
 
@@ -333,6 +334,20 @@ static ds_status parse_shards(const cJSON *root, const char *label, ds_cache_man
   return DS_OK;
 }
 
+/* "target_weights": optional (a cache written before it has none: ""), else one of the modes. */
+static ds_status parse_target_weights(const cJSON *root, const char *label, ds_cache_manifest *m) {
+  const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, "target_weights");
+  m->target_weights[0] = 0;
+  if (!it) return DS_OK;
+  static const char *const k_modes[] = {"as-stored", "bf16", "f32"};
+  for (size_t i = 0; cJSON_IsString(it) && i < sizeof k_modes / sizeof k_modes[0]; i++)
+    if (!strcmp(it->valuestring, k_modes[i])) {
+      snprintf(m->target_weights, sizeof m->target_weights, "%s", k_modes[i]);
+      return DS_OK;
+    }
+  return DS_FAIL(DS_ERR_FORMAT, "%s: field 'target_weights' must be \"as-stored\", \"bf16\" or \"f32\"", label);
+}
+
 static ds_status parse_root(const cJSON *root, const char *label, ds_cache_manifest *m) {
   if (!cJSON_IsObject(root)) return DS_FAIL(DS_ERR_FORMAT, "%s: the manifest must be a JSON object", label);
   const cJSON *it;
@@ -359,6 +374,7 @@ static ds_status parse_root(const cJSON *root, const char *label, ds_cache_manif
   DS_TRY(copy_str(m->target_architecture, sizeof m->target_architecture, s, "target_architecture", label));
   DS_TRY(get_hex(root, "target_weights_xxh64", label, &m->target_weights_xxh64));
   DS_TRY(get_str(root, "target_weights_hash_covers", label, &s));
+  DS_TRY(parse_target_weights(root, label, m));
   DS_TRY(get_hex(root, "target_config_xxh64", label, &m->target_config_xxh64));
   DS_TRY(get_hex(root, "tokenizer_xxh64", label, &m->tokenizer_xxh64));
   DS_TRY(get_str(root, "chat_template", label, &s));
@@ -517,6 +533,13 @@ ds_status ds_cache_manifest_same_capture(const ds_cache_manifest *have, const ds
   SAME_S(target_path)
   SAME_S(target_architecture)
   SAME_H(target_weights_xxh64)
+  if (strcmp(have->target_weights, want->target_weights))
+    return DS_FAIL(DS_ERR_ARG, "%s: field 'target_weights' is %s%s%s in the cache but \"%s\" in this run (how the "
+                   "target held its weights: --weights)", label, have->target_weights[0] ? "\"" : "",
+                   have->target_weights[0] ? have->target_weights
+                                           : "absent (an older capture, which held a GGUF's weights in fp32 and a "
+                                             "directory's 16-bit matrices in place)",
+                   have->target_weights[0] ? "\"" : "", want->target_weights);
   SAME_H(target_config_xxh64)
   SAME_H(tokenizer_xxh64)
   SAME_S(chat_template)

@@ -29,7 +29,7 @@ ds_status ds_gguf_convert(const char *path, const char *out_dir, ds_dtype dtype)
   }
   unsigned char *image = NULL;
   size_t size = 0;
-  if (st == DS_OK) st = ds_gguf_model_weights(m, NULL, 0, 0, &image, &size);
+  if (st == DS_OK) st = ds_gguf_model_weights(m, dtype, NULL, 0, 0, &image, &size);
   if (st == DS_OK) st = write_file(out_dir, "model.safetensors", image, size);
   ds_st_image_free(image, size);
   ds_gguf_model_close(m);

@@ -19,8 +19,8 @@ ds_status ds_gguf_special_tokens(const ds_gguf *g, int64_t vocab, ds_gguf_specia
 ds_status ds_gguf_tokenizer_texts(const ds_gguf *g, const ds_gguf_special *sp, char **tokenizer, char **config);
 
 /* The model a GGUF file holds: opened (validated: architecture, hyper-parameters, special tokens,
- * tokenizer) with the texts of its files built, for weights in dtype (DS_F32 or DS_BF16: the
- * config's torch_dtype says which). */
+ * tokenizer) with the texts of its files built, config.json's torch_dtype saying dtype (DS_F32 or
+ * DS_BF16: what `dspark convert --dtype` writes the weights in). */
 typedef struct ds_gguf_model ds_gguf_model;
 
 ds_status ds_gguf_model_open(const char *path, ds_dtype dtype, ds_gguf_model **out);
@@ -29,22 +29,23 @@ const char *ds_gguf_model_path(const ds_gguf_model *m);
 /* A file's text (NULL for a file a GGUF never gives: chat_template.jinja), owned by m. */
 const char *ds_gguf_model_text(const ds_gguf_model *m, ds_model_file f, size_t *len);
 /* The weights as a safetensors image (ds_st_writer_image; malloc'd, the caller's): every tensor
- * checked, renamed and dequantized in place into the image, in the model's dtype; the n_skip
+ * checked, renamed and dequantized in place into the image, in dtype (DS_F32 or DS_BF16); the n_skip
  * tensors named in skip (HF names: those a target uses quantized in place) are reserved but
  * neither converted nor checked, and read as zeros (their pages are never touched). keep16: a
  * matrix stored as F16 or BF16 stays in that dtype (the same values, exactly: what a target
  * running its weights as stored uses in place through the 16-bit path). */
-ds_status ds_gguf_model_weights(const ds_gguf_model *m, const char *const *skip, int n_skip, int keep16,
-                                unsigned char **image, size_t *size);
+ds_status ds_gguf_model_weights(const ds_gguf_model *m, ds_dtype dtype, const char *const *skip, int n_skip,
+                                int keep16, unsigned char **image, size_t *size);
 
 /* The GGUF tensor that becomes the HF tensor `hf` (NULL when none does) and, for llama's q / k,
  * the heads whose rows llama.cpp's converter interleaved (*qk_heads 0: rows in HF order). */
 const ds_gguf_tensor *ds_gguf_model_tensor_of(const ds_gguf_model *m, const char *hf, int *qk_heads);
 /* The GGUF model of a source opened from a GGUF file, NULL for a directory (model_source.c). */
 const ds_gguf_model *ds_model_source_gguf(const ds_model_source *s);
-/* ds_model_source_weights with a GGUF's tensors named in skip left unconverted and, with keep16,
- * its F16 / BF16 matrices in their dtype (above); a directory's checkpoint is opened as
- * ds_model_source_weights opens it. */
+/* The weights as a target holding them under ds_target_weights() reads them: a GGUF's image in
+ * bf16 under DS_WEIGHTS_BF16 (else fp32, as ds_model_source_weights), its tensors named in skip
+ * left unconverted and, with keep16, its F16 / BF16 matrices in their dtype (above); a
+ * directory's checkpoint is opened as ds_model_source_weights opens it. */
 ds_status ds_model_source_weights_except(ds_model_source *s, const char *const *skip, int n_skip, int keep16,
                                          ds_checkpoint **out);
 

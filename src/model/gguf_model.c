@@ -335,7 +335,6 @@ static ds_status config_texts(const ds_gguf *g, const hparams *h, const ds_gguf_
 struct ds_gguf_model {
   ds_gguf *g;
   hparams h;
-  ds_dtype dtype;
   char *text[DS_MODEL_FILE_COUNT]; /* NUL-terminated; chat_template.jinja stays NULL */
 };
 
@@ -351,7 +350,6 @@ ds_status ds_gguf_model_open(const char *path, ds_dtype dtype, ds_gguf_model **o
   if (dtype != DS_F32 && dtype != DS_BF16) return DS_FAIL(DS_ERR_ARG, "%s: the weights' dtype must be f32 or bf16", path);
   ds_gguf_model *m = calloc(1, sizeof *m);
   if (!m) return DS_FAIL(DS_ERR_NOMEM, "%s", path);
-  m->dtype = dtype;
   ds_gguf_special sp;
   ds_status st = ds_gguf_open(path, &m->g);
   if (st == DS_OK) st = read_hparams(m->g, &m->h);
@@ -376,11 +374,13 @@ const char *ds_gguf_model_text(const ds_gguf_model *m, ds_model_file f, size_t *
   return t;
 }
 
-ds_status ds_gguf_model_weights(const ds_gguf_model *m, const char *const *skip, int n_skip, int keep16,
-                                unsigned char **image, size_t *size) {
+ds_status ds_gguf_model_weights(const ds_gguf_model *m, ds_dtype dtype, const char *const *skip, int n_skip,
+                                int keep16, unsigned char **image, size_t *size) {
   *image = NULL;
   *size = 0;
-  return weights_image(m->g, &m->h, m->dtype, skip, n_skip, keep16, image, size);
+  if (dtype != DS_F32 && dtype != DS_BF16)
+    return DS_FAIL(DS_ERR_ARG, "%s: the weights' dtype must be f32 or bf16", ds_gguf_path(m->g));
+  return weights_image(m->g, &m->h, dtype, skip, n_skip, keep16, image, size);
 }
 
 const ds_gguf_tensor *ds_gguf_model_tensor_of(const ds_gguf_model *m, const char *hf, int *qk_heads) {

@@ -94,10 +94,10 @@ ds_status ds_model_source_open(const char *path, ds_model_source **out) {
     else if (gguf) snprintf(s->label[i], n, "%s (%s)", path, k_files[i].name);
     else snprintf(s->label[i], n, "%s/%s", path, k_files[i].name);
   }
-  /* in memory, the weights in fp32 (the files `dspark convert --dtype f32` writes), or in bf16 for
-   * --weights bf16 */
-  if (st == DS_OK && gguf)
-    st = ds_gguf_model_open(path, ds_target_weights() == DS_WEIGHTS_BF16 ? DS_BF16 : DS_F32, &s->gguf);
+  /* in memory, the files `dspark convert --dtype f32` writes, whatever --weights: the texts and the
+   * hashes caches and runs record name the model, not how a target holds its weights (a target
+   * under --weights bf16 builds its image of the weights in bf16: ds_model_source_weights_except) */
+  if (st == DS_OK && gguf) st = ds_gguf_model_open(path, DS_F32, &s->gguf);
   if (st != DS_OK) {
     ds_model_source_close(s);
     return st;
@@ -231,18 +231,23 @@ ds_status ds_model_source_chat_template(ds_model_source *s, const char *override
   return ds_chat_template_load_texts(&src, override_path, out);
 }
 
-ds_status ds_model_source_weights(ds_model_source *s, ds_checkpoint **out) {
-  return ds_model_source_weights_except(s, NULL, 0, 0, out);
-}
-
-ds_status ds_model_source_weights_except(ds_model_source *s, const char *const *skip, int n_skip, int keep16,
-                                         ds_checkpoint **out) {
+static ds_status weights_in(ds_model_source *s, ds_dtype dtype, const char *const *skip, int n_skip, int keep16,
+                            ds_checkpoint **out) {
   *out = NULL;
   if (!s->gguf) return ds_ckpt_open(s->path, out);
   unsigned char *image;
   size_t size;
-  DS_TRY(ds_gguf_model_weights(s->gguf, skip, n_skip, keep16, &image, &size));
+  DS_TRY(ds_gguf_model_weights(s->gguf, dtype, skip, n_skip, keep16, &image, &size));
   return ds_ckpt_open_memory(image, size, s->path, out);
+}
+
+ds_status ds_model_source_weights(ds_model_source *s, ds_checkpoint **out) {
+  return weights_in(s, DS_F32, NULL, 0, 0, out);
+}
+
+ds_status ds_model_source_weights_except(ds_model_source *s, const char *const *skip, int n_skip, int keep16,
+                                         ds_checkpoint **out) {
+  return weights_in(s, ds_target_weights() == DS_WEIGHTS_BF16 ? DS_BF16 : DS_F32, skip, n_skip, keep16, out);
 }
 
 ds_status ds_model_source_weights_hash(ds_model_source *s, uint64_t *out) {

@@ -70,6 +70,9 @@ struct ds_target {
   ds_dtype mapped_dtype; /* their dtype (DS_F32 when there is none; the first one when mixed) */
   size_t mapped_of[DS_DTYPE_COUNT]; /* mapped_bytes by dtype */
   int n_quant_mapped;                /* quantized tensors taken from the GGUF */
+  int from_gguf;       /* loaded from a GGUF file */
+  int converted16;     /* a 16-bit matrix DS_WEIGHTS_DEQUANTIZED keeps in place was converted to fp32 */
+  ds_weights_mode held; /* ds_target_weights_held */
   ds_weight embed;   /* (V, d) */
   ds_weight lm_head; /* (V, d), the same data as embed when tied */
   float *norm;       /* (d) */

@@ -94,7 +94,7 @@ static int quant_names(const ds_target *m, const ds_model_source *src, char (**n
 }
 
 /* Each group: quantized in place (2), 16-bit in place (1) or fp32 (0). --weights f32 converts
- * everything. */
+ * everything (converted16 says whether that converted a 16-bit matrix). */
 static void plan_storage(ds_target *m, const ds_checkpoint *ck, const ds_model_source *src) {
   int keep = ds_target_weights() != DS_WEIGHTS_F32;
   for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++) {
@@ -102,19 +102,22 @@ static void plan_storage(ds_target *m, const ds_checkpoint *ck, const ds_model_s
     target_linear *lin[4] = {&w->qkv, &w->wo, &w->gate_up, &w->down};
     const char *const *suffixes[4] = {k_qkv, k_o, k_gate_up, k_down};
     int counts[4] = {3, 1, 2, 1};
-    for (int k = 0; k < 4; k++)
-      lin[k]->mapped = !keep ? 0 : group_quant(src, l, suffixes[k], counts[k]) ? 2 : group16(ck, l, suffixes[k], counts[k]);
+    for (int k = 0; k < 4; k++) {
+      int g16 = group16(ck, l, suffixes[k], counts[k]);
+      lin[k]->mapped = !keep ? 0 : group_quant(src, l, suffixes[k], counts[k]) ? 2 : g16;
+      m->converted16 |= !keep && g16;
+    }
   }
   const ds_gguf_tensor *t;
   int qk;
+  int e16 = stored16(ck, embed_source(m, ck)), h16 = m->own_head && stored16(ck, k_head_name);
+  m->converted16 |= !keep && (e16 || h16);
   ds_dtype q = stored_quant(src, embed_source(m, ck), &t, &qk);
-  m->embed.dtype = q != DS_F32 ? q
-                   : keep && stored16(ck, embed_source(m, ck)) ? ds_ckpt_find(ck, embed_source(m, ck))->dtype
-                                                               : DS_F32;
+  m->embed.dtype = q != DS_F32 ? q : keep && e16 ? ds_ckpt_find(ck, embed_source(m, ck))->dtype : DS_F32;
   q = stored_quant(src, k_head_name, &t, &qk);
   m->lm_head.dtype = !m->own_head ? m->embed.dtype
                      : q != DS_F32 ? q
-                     : keep && stored16(ck, k_head_name) ? ds_ckpt_find(ck, k_head_name)->dtype : DS_F32;
+                     : keep && h16 ? ds_ckpt_find(ck, k_head_name)->dtype : DS_F32;
 }
 
 /* Tied embeddings as transformers (5.x) ties them when loading: with tie_word_embeddings a
@@ -503,27 +506,31 @@ ds_status ds_target_load_source(ds_model_source *src, const ds_backend *backend,
   if (!m->layers || !m->inv_freq) { st = DS_ERR_NOMEM; goto fail; }
   char(*skip)[256] = NULL;
   int n_skip = 0;
-  /* a GGUF's F16 / BF16 matrices used in place through the 16-bit path, as a directory's are;
-   * not when the caller hashes the weights (caches and runs record the fp32 image's hash) */
-  int as_stored16 = ds_model_source_gguf(src) && ds_target_weights() == DS_WEIGHTS_AS_STORED && !weights_xxh64;
-  if (ds_model_source_gguf(src) && ds_target_weights() == DS_WEIGHTS_AS_STORED && !weights_xxh64 &&
-      (n_skip = quant_names(m, src, &skip)) < 0) {
+  int gguf = ds_model_source_gguf(src) != NULL;
+  ds_weights_mode mode = ds_target_weights();
+  m->from_gguf = gguf;
+  /* the hash names the model (ds_model_source_weights' fp32 image), not how it is held: a GGUF
+   * held as stored or in bf16 is converted to fp32 once more for it, the image then freed */
+  int hashed = weights_xxh64 && gguf && (mode == DS_WEIGHTS_AS_STORED || mode == DS_WEIGHTS_BF16);
+  if (hashed && (st = ds_model_source_weights_hash(src, weights_xxh64)) != DS_OK) goto fail;
+  /* as stored: a GGUF's F16 / BF16 matrices used in place through the 16-bit path, as a
+   * directory's are, and its quantized ones left out of the image */
+  int as_stored = gguf && mode == DS_WEIGHTS_AS_STORED;
+  if (as_stored && (n_skip = quant_names(m, src, &skip)) < 0) {
     st = DS_FAIL(DS_ERR_NOMEM, "out of memory");
     goto fail;
   }
   const char **skip_ptrs = n_skip ? malloc((size_t)n_skip * sizeof *skip_ptrs) : NULL;
   for (int i = 0; skip_ptrs && i < n_skip; i++) skip_ptrs[i] = skip[i];
   st = n_skip && !skip_ptrs ? DS_FAIL(DS_ERR_NOMEM, "out of memory")
-                            : ds_model_source_weights_except(src, skip_ptrs, skip_ptrs ? n_skip : 0, as_stored16, &m->ck);
+                            : ds_model_source_weights_except(src, skip_ptrs, skip_ptrs ? n_skip : 0, as_stored, &m->ck);
   free(skip_ptrs);
   free(skip);
   if (st != DS_OK) goto fail;
-  if (weights_xxh64 && (st = ds_cache_hash_checkpoint(m->ck, weights_xxh64)) != DS_OK) goto fail;
+  if (weights_xxh64 && !hashed && (st = ds_cache_hash_checkpoint(m->ck, weights_xxh64)) != DS_OK) goto fail;
   plan_head(m, m->ck);
   plan_storage(m, m->ck, src);
-  if (ds_model_source_gguf(src) && ds_target_weights() == DS_WEIGHTS_AS_STORED &&
-      (st = ds_gguf_open(ds_model_source_path(src), &m->gguf)) != DS_OK)
-    goto fail;
+  if (as_stored && (st = ds_gguf_open(ds_model_source_path(src), &m->gguf)) != DS_OK) goto fail;
   m->n_params = layout_params(m, NULL);
   if ((st = preflight(m, m->ck)) == DS_OK) {
     m->params = ds_malloc_aligned((m->n_params ? m->n_params : 1) * sizeof(float), "model weights");
@@ -556,6 +563,9 @@ ds_status ds_target_load_source(ds_model_source *src, const ds_backend *backend,
   if ((st == DS_ERR_FORMAT || st == DS_ERR_NOT_FOUND) && c->defaulted[0])
     ds_error_wrap(st, "%s leaves these fields to %s's defaults (as transformers does): %s", m->config_label,
                   ds_config_class_name(c->arch), c->defaulted);
+  /* what it holds, recorded before a device backend takes the weights over */
+  m->held = m->mapped_bytes == 0 ? DS_WEIGHTS_F32 : gguf && mode == DS_WEIGHTS_BF16 ? DS_WEIGHTS_BF16
+                                                                                   : DS_WEIGHTS_AS_STORED;
   if (st == DS_OK && m->be->device_memory) st = upload_weights(m);
   if (st != DS_OK) goto fail;
   *out = m;
@@ -597,6 +607,14 @@ const ds_model_config *ds_target_config(const ds_target *m) { return &m->cfg; }
 ds_weight ds_target_embed(const ds_target *m) { return m->embed; }
 ds_weight ds_target_lm_head(const ds_target *m) { return m->lm_head; }
 int ds_target_head_is_embedding(const ds_target *m) { return !m->own_head; }
+
+ds_weights_mode ds_target_weights_held(const ds_target *m) { return m->held; }
+
+/* a GGUF: DS_WEIGHTS_DEQUANTIZED converts every tensor to fp32; a directory: it keeps the
+ * 16-bit matrices in place, as every mode but f32 does */
+int ds_target_weights_as_before(const ds_target *m) {
+  return m->from_gguf ? m->mapped_bytes == 0 : !m->converted16;
+}
 
 size_t ds_target_mapped_bytes(const ds_target *m, ds_dtype dt) {
   return (unsigned)dt < DS_DTYPE_COUNT ? m->mapped_of[dt] : 0;

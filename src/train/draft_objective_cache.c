@@ -131,6 +131,7 @@ ds_status ds_draft_cache_setup(draft_run *t) {
   t->cfg_target = m->target_path;
   t->cfg_data = m->data_path;
   t->feature_dtype = m->dtype == DS_F32 ? NULL : ds_cache_dtype_label(m->dtype);
+  snprintf(t->cache_weights, sizeof t->cache_weights, "%s", m->target_weights);
   t->weights_xxh64 = m->target_weights_xxh64; /* as the online run computes them */
   t->config_xxh64 = m->target_config_xxh64;
   t->tokenizer_xxh64 = m->tokenizer_xxh64;

@@ -193,6 +193,8 @@ ds_status ds_draft_run_config_texts(draft_run *t) {
     cJSON_AddStringToObject(j, "data", t->cfg_data ? t->cfg_data : "");
     if (t->o->cache_dir) cJSON_AddStringToObject(j, "cache", t->o->cache_dir);
     else cJSON_AddStringToObject(j, "data_format", ds_data_format_name(t->o->data_format));
+    if (t->cache_weights[0]) /* how the target held its weights when the cache was captured */
+      cJSON_AddStringToObject(j, "target_weights", t->cache_weights);
     if (!t->o->cache_dir && t->o->skip_bad_lines) /* how many lines the sequences lack */
       cJSON_AddNumberToObject(j, "data_bad_lines_skipped", (double)t->data.bad_lines);
     if (t->chat_template[0]) cJSON_AddStringToObject(j, "chat_template", t->chat_template);

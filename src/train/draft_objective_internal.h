@@ -38,6 +38,7 @@ typedef struct {
   char chat_template[600]; /* what rendered the chat data: "PATH (xxh64 HEX)" or "ChatML"; "" without data */
   const char *cfg_target, *cfg_data; /* paths recorded in run.json (the capture's, with a cache) */
   const char *feature_dtype;  /* NULL for fp32 features (online or f32 cache) */
+  char cache_weights[16];     /* the cache's target_weights ("" online, or a cache that records none) */
   /* offline cache */
   ds_cache *fc;
   ds_cache_stream *stream;

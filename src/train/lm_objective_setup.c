@@ -126,7 +126,17 @@ static ds_status open_cache(lm_run *t, const ds_model_config *sc) {
   return ds_cache_take_tokens(t->fc, &t->data);
 }
 
-static ds_status config_texts(lm_run *t, uint64_t student_hash, uint64_t teacher_hash) {
+/* How the teacher held its weights (the live one's, or the cache's capture's: provenance, as the
+ * cache's other capture settings; "" when a cache from before --weights records none), and
+ * whether train_config carries it: a live teacher held otherwise than before --weights, so a run
+ * is never resumed on a teacher held otherwise; run.json names it in every other case, and older
+ * runs resume. */
+typedef struct {
+  const char *mode;
+  int in_config;
+} teacher_weights;
+
+static ds_status config_texts(lm_run *t, uint64_t student_hash, uint64_t teacher_hash, teacher_weights tw) {
   const ds_lm_train_options *o = t->o;
   cJSON *j = cJSON_CreateObject();
   if (!j) return DS_FAIL(DS_ERR_NOMEM, "out of memory");
@@ -136,6 +146,7 @@ static ds_status config_texts(lm_run *t, uint64_t student_hash, uint64_t teacher
   add_hex(j, "data_xxh64", t->data.source_hash);
   add_hex(j, "sequences_xxh64", ds_dataset_hash(&t->data));
   if (o->distill) add_hex(j, "teacher_weights_xxh64", teacher_hash);
+  if (tw.in_config) cJSON_AddStringToObject(j, "teacher_weights", tw.mode);
   cJSON_AddNumberToObject(j, "seq_len", (double)t->opt.seq_len);
   cJSON_AddNumberToObject(j, "eval_seqs", (double)o->eval_seqs);
   cJSON_AddNumberToObject(j, "kd_loss_alpha", t->cfg.kd_loss_alpha);
@@ -164,6 +175,7 @@ static ds_status config_texts(lm_run *t, uint64_t student_hash, uint64_t teacher
   if (j) {
     cJSON_AddStringToObject(j, "student", o->student_dir ? o->student_dir : o->student_config);
     if (o->teacher_dir) cJSON_AddStringToObject(j, "teacher", o->teacher_dir);
+    if (!tw.in_config && tw.mode[0]) cJSON_AddStringToObject(j, "teacher_weights", tw.mode);
     if (o->cache_dir) cJSON_AddStringToObject(j, "cache", o->cache_dir);
     if (o->data_path) cJSON_AddStringToObject(j, "data", o->data_path);
     if (o->data_path && o->skip_bad_lines) /* how many lines the sequences lack */
@@ -187,6 +199,7 @@ ds_status ds_lm_setup(lm_run *t) {
   const ds_lm_train_options *o = t->o;
   ds_model_config sc;
   uint64_t student_hash = 0, teacher_hash = 0;
+  teacher_weights tw = {"", 0};
   char student_label[1100];
   DS_TRY(student_shapes(t, &sc, &student_hash, student_label, sizeof student_label));
   t->V = sc.vocab_size;
@@ -204,6 +217,7 @@ ds_status ds_lm_setup(lm_run *t) {
   if (o->cache_dir) {
     DS_TRY(open_cache(t, &sc));
     teacher_hash = ds_cache_get_manifest(t->fc)->target_weights_xxh64;
+    tw.mode = ds_cache_get_manifest(t->fc)->target_weights;
     t->data_label = o->cache_dir;
   }
   if (o->teacher_dir && !o->cache_dir) {
@@ -213,6 +227,8 @@ ds_status ds_lm_setup(lm_run *t) {
     if (st == DS_OK) st = ds_target_load_source(src, ds_backend_cpu(), &teacher_hash, &t->teacher);
     ds_model_source_close(src);
     DS_TRY(st);
+    tw.mode = ds_weights_mode_name(ds_target_weights_held(t->teacher));
+    tw.in_config = !ds_target_weights_as_before(t->teacher);
     const ds_model_config *tc = ds_target_config(t->teacher);
     if (tc->vocab_size != t->V)
       return DS_FAIL(DS_ERR_ARG, "the teacher %s has a vocabulary of %lld, the student %lld: they must share it",
@@ -243,7 +259,7 @@ ds_status ds_lm_setup(lm_run *t) {
     return DS_FAIL(DS_ERR_ARG, "%s: the %lld training sequences have no supervised token", t->data_label,
                    (long long)t->n_train);
   if (t->teacher) DS_TRY(ds_kv_cache_new(t->teacher, t->data.seq_len, &t->kv));
-  return config_texts(t, student_hash, teacher_hash);
+  return config_texts(t, student_hash, teacher_hash, tw);
 }
 
 ds_status ds_lm_buffers(lm_run *t) {

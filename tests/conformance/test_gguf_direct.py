@@ -35,8 +35,10 @@ import gguf  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
 # The commands whose default (--weights as-stored) runs a GGUF's quantized matrices in place
-# (test_quant_target checks those); here they run with --weights f32, what the directory holds.
-WEIGHTS_COMMANDS = ("generate", "forward", "speculate", "regenerate", "calibrate", "profile", "info")
+# (test_quant_target and test_weights_capture_distill check those); here they run with
+# --weights f32, what the directory holds.
+WEIGHTS_COMMANDS = ("generate", "forward", "speculate", "regenerate", "calibrate", "profile", "info", "capture",
+                    "distill")
 TIMING = ("tokens_per_s", "elapsed_s", "peak_rss_mib", "elapsed", "seconds")
 CONV = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Wie geht's? def f(x):"},
         {"role": "assistant", "content": "Gut."}, {"role": "user", "content": "And you?"}]

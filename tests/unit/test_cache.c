@@ -172,6 +172,34 @@ static void test_manifest_round_trip(void) {
   ds_cache_manifest_free(&m);
 }
 
+/* target_weights: written when set, read back; a manifest without it (an older capture) reads
+ * as ""; a resume compares it like every other capture setting. */
+static void test_manifest_target_weights(void) {
+  ds_cache_manifest m, back;
+  sample_manifest(&m);
+  char *text = ds_cache_manifest_json(&m);
+  EXPECT(text && !strstr(text, "\"target_weights\":"));
+  EXPECT_OK(ds_cache_manifest_parse(text, strlen(text), "m.json", &back));
+  EXPECT(back.target_weights[0] == 0);
+  free(text);
+  ds_cache_manifest_free(&back);
+  snprintf(m.target_weights, sizeof m.target_weights, "as-stored");
+  text = ds_cache_manifest_json(&m);
+  EXPECT(text && strstr(text, "\"target_weights\":\t\"as-stored\""));
+  EXPECT_OK(ds_cache_manifest_parse(text, strlen(text), "m.json", &back));
+  EXPECT(!strcmp(back.target_weights, "as-stored"));
+  EXPECT_OK(ds_cache_manifest_same_capture(&back, &m, "m.json"));
+  snprintf(back.target_weights, sizeof back.target_weights, "f32");
+  EXPECT(ds_cache_manifest_same_capture(&back, &m, "m.json") == DS_ERR_ARG &&
+         has(ds_last_error(), "'target_weights'", "\"f32\" in the cache", "\"as-stored\" in this run"));
+  back.target_weights[0] = 0;
+  EXPECT(ds_cache_manifest_same_capture(&back, &m, "m.json") == DS_ERR_ARG &&
+         has(ds_last_error(), "'target_weights'", "absent (an older capture", "\"as-stored\" in this run"));
+  free(text);
+  ds_cache_manifest_free(&back);
+  ds_cache_manifest_free(&m);
+}
+
 static void test_manifest_checks(void) {
   ds_cache_manifest m;
   sample_manifest(&m);
@@ -250,6 +278,8 @@ static void test_manifest_parse_refusals(void) {
   BAD("\"num_samples\":\t5", "\"num_samples\":\t9", "complete, but the shards hold 5");
   BAD("\"complete\":\ttrue", "\"complete\":\t1", "'complete'");
   BAD("\"features\":\ttrue", "\"features\":\tfalse, \"x\": 1", "unknown field 'x'");
+  BAD("\"target_config_xxh64\"", "\"target_weights\": \"q4\", \"target_config_xxh64\"", "'target_weights'");
+  BAD("\"target_config_xxh64\"", "\"target_weights\": 1, \"target_config_xxh64\"", "'target_weights'");
   BAD("{", "[", "malformed JSON");
 #undef BAD
 }
@@ -407,6 +437,7 @@ int main(void) {
   TEST_RUN(test_manifest_round_trip);
   TEST_RUN(test_manifest_checks);
   TEST_RUN(test_manifest_parse_refusals);
+  TEST_RUN(test_manifest_target_weights);
   TEST_RUN(test_reader_and_stream);
   return TEST_RESULT();
 }
