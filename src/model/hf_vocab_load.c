@@ -100,15 +100,19 @@ static ds_status pick_class(hfv_dir *h, const char *model_type, int byte_level_f
 
 /* ---------------------------------------------------------------- the model vocabulary */
 
-static const char *const *g_sorted_tokens; /* qsort has no context: one directory at a time */
-static int by_token(const void *a, const void *b) {
-  return strcmp(g_sorted_tokens[*(const int64_t *)a], g_sorted_tokens[*(const int64_t *)b]);
-}
+typedef struct {
+  const char *token;
+  int64_t id;
+} vocab_entry;
 
 typedef struct {
-  int64_t *order; /* ids of model_token sorted by token, gaps left out */
+  vocab_entry *by_token; /* model.vocab sorted by token */
   int64_t n;
 } vocab_index;
+
+static int by_token(const void *a, const void *b) {
+  return strcmp(((const vocab_entry *)a)->token, ((const vocab_entry *)b)->token);
+}
 
 static ds_status read_model_vocab(hfv_dir *h, vocab_index *ix) {
   const cJSON *vocab = get(get(h->tok_json, "model"), "vocab");
@@ -124,31 +128,25 @@ static ds_status read_model_vocab(hfv_dir *h, vocab_index *ix) {
   h->model_ids = max + 1;
   h->model_count = n;
   h->model_token = calloc((size_t)(max + 1 > 0 ? max + 1 : 1), sizeof *h->model_token);
-  ix->order = malloc((size_t)(n ? n : 1) * sizeof *ix->order);
-  if (!h->model_token || !ix->order) return DS_FAIL(DS_ERR_NOMEM, "%s: vocabulary of %lld", h->tok_path, (long long)n);
+  ix->by_token = malloc((size_t)(n ? n : 1) * sizeof *ix->by_token);
+  if (!h->model_token || !ix->by_token)
+    return DS_FAIL(DS_ERR_NOMEM, "%s: vocabulary of %lld", h->tok_path, (long long)n);
   for (const cJSON *e = vocab->child; e; e = e->next) {
     int64_t id = (int64_t)e->valuedouble;
     if (h->model_token[id])
       return DS_FAIL(DS_ERR_FORMAT, "%s: model.vocab gives id %lld to '%.40s' and '%.40s'", h->tok_path,
                      (long long)id, h->model_token[id], e->string);
     h->model_token[id] = e->string;
-    ix->order[ix->n++] = id;
+    ix->by_token[ix->n++] = (vocab_entry){e->string, id};
   }
-  g_sorted_tokens = h->model_token;
-  qsort(ix->order, (size_t)ix->n, sizeof *ix->order, by_token);
+  qsort(ix->by_token, (size_t)ix->n, sizeof *ix->by_token, by_token);
   return DS_OK;
 }
 
-static int64_t model_id(const hfv_dir *h, const vocab_index *ix, const char *content) {
-  int64_t lo = 0, hi = ix->n;
-  while (lo < hi) {
-    int64_t mid = lo + (hi - lo) / 2;
-    int c = strcmp(h->model_token[ix->order[mid]], content);
-    if (!c) return ix->order[mid];
-    if (c < 0) lo = mid + 1;
-    else hi = mid;
-  }
-  return -1;
+static int64_t model_id(const vocab_index *ix, const char *content) {
+  vocab_entry key = {content, 0};
+  const vocab_entry *e = bsearch(&key, ix->by_token, (size_t)ix->n, sizeof key, by_token);
+  return e ? e->id : -1;
 }
 
 /* ---------------------------------------------------------------- added tokens */
@@ -181,7 +179,7 @@ static ds_status upsert_at(hfv_dir *h, const vocab_index *ix, hfv_added t, int64
       h->added[i].content = keep;
       return DS_OK;
     }
-  t.id = at >= 0 ? at : model_id(h, ix, t.content);
+  t.id = at >= 0 ? at : model_id(ix, t.content);
   if (t.id < 0) {
     int64_t max = -1;
     for (size_t i = 0; i < h->n_added; i++)
@@ -494,7 +492,7 @@ ds_status hfv_open(const char *dir, hfv_dir *h) {
   if (st == DS_OK) st = read_model_vocab(h, &ix);
   if (st == DS_OK) st = effective_added(h, &ix);
   if (st == DS_OK) st = rebuild(h);
-  free(ix.order);
+  free(ix.by_token);
   if (st != DS_OK) hfv_close(h);
   return st;
 }
