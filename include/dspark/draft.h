@@ -204,12 +204,14 @@ ds_status ds_draft_export_hf(const ds_draft *d, const char *target_config_json, 
  * llama.cpp's convert_hf_to_gguf.py makes of ds_draft_export_hf's directory with the target's
  * directory as --target-model-dir (same keys, values, tensor names, shapes, types and bytes;
  * docs/gguf-export.md lists the conventions). draft_config_json is as for
- * ds_draft_hf_config_json; target_gguf is the target's GGUF, whose tokenizer.* keys are copied
- * (its token count must be the draft's vocab_size); dtype (F32, F16 or BF16) stores the
+ * ds_draft_hf_config_json; target is the target's GGUF, whose tokenizer.* keys are copied
+ * (its token count must be the draft's vocab_size), or its Hugging Face directory, from whose
+ * tokenizer files the keys are built as the converter builds them (ds_hf_vocab_gguf,
+ * dspark/gguf_model.h); dtype (F32, F16 or BF16) stores the
  * matrices, 1-D tensors and norms stay F32; name gives general.name (as the converter titles
  * a directory name). Only the vanilla Markov head is accepted: llama.cpp implements no other
  * (gated, rnn and no head are refused naming that limit). Written atomically. */
-ds_status ds_draft_export_gguf(const ds_draft *d, const char *draft_config_json, const char *target_gguf,
+ds_status ds_draft_export_gguf(const ds_draft *d, const char *draft_config_json, const char *target,
                                ds_dtype dtype, const char *name, const char *out_path);
 /* Whether out_dir may receive an export. It may when it does not exist, is empty, or is a
  * previous export: every entry is config.json, model.safetensors or a temp file of theirs

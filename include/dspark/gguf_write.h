@@ -34,6 +34,8 @@ ds_status ds_gguf_set_str(ds_gguf_writer *w, const char *key, const char *s, siz
 /* An array of count numeric values of elem_type (not string, not array), little-endian at data. */
 ds_status ds_gguf_set_array(ds_gguf_writer *w, const char *key, ds_gguf_vtype elem_type, uint64_t count,
                             const void *data);
+/* An array of count strings (each NUL-terminated, written without the NUL). */
+ds_status ds_gguf_set_str_array(ds_gguf_writer *w, const char *key, uint64_t count, const char *const *strs);
 /* A key-value of an open file, copied as it is (type, value, array elements). */
 ds_status ds_gguf_copy_kv(ds_gguf_writer *w, const ds_gguf_kv *kv);
 size_t ds_gguf_writer_kv_count(const ds_gguf_writer *w);

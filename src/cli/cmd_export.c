@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -21,7 +22,7 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: dspark export RUN_DIR --out DIR [--overwrite]\n"
-          "       dspark export RUN_DIR --gguf FILE.gguf [--target MODEL.gguf] [--dtype f16|bf16|f32]\n"
+          "       dspark export RUN_DIR --gguf FILE.gguf [--target MODEL] [--dtype f16|bf16|f32]\n"
           "Writes DIR/config.json (the target's config plus the DSpark keys: architectures\n"
           "[\"Qwen3DSparkModel\"], num_hidden_layers, block_size, mask_token_id, target_layer_ids,\n"
           "markov_rank, markov_head_type, ..., and dflash_config {target_layer_ids, mask_token_id})\n"
@@ -42,8 +43,12 @@ static void usage(FILE *f) {
           "                  dflash plus markov_w1 / markov_w2 / conf_proj, what llama.cpp's\n"
           "                  convert_hf_to_gguf.py makes of the --out export; vanilla Markov heads only\n"
           "                  (llama.cpp implements no other). FILE is replaced atomically, never an input.\n"
-          "  --target MODEL  the target's .gguf, whose vocabulary (tokenizer.* keys) the draft carries\n"
-          "                  (default: the run's target, when that is a .gguf)\n"
+          "  --target MODEL  the target, whose vocabulary (tokenizer.* keys) the draft carries (default:\n"
+          "                  the run's target): its .gguf, whose keys are copied, or its HF directory\n"
+          "                  (config.json, tokenizer.json, tokenizer_config.json), whose keys are built as\n"
+          "                  convert_hf_to_gguf.py builds them from a draft's target directory (byte-level\n"
+          "                  BPE only; tokenizer.ggml.pre named as the converter names it, an unknown\n"
+          "                  pre-tokenizer refused with its digest)\n"
           "  --dtype T       f16 (default), bf16 or f32 for the matrices; 1-D tensors and norms stay f32\n");
 }
 
@@ -67,10 +72,11 @@ static char *recorded_target(const char *run) {
 static int export_gguf(const char *run, const char *ckpt, const char *out, const char *target, ds_dtype dtype) {
   char *recorded = target ? NULL : recorded_target(run);
   if (!target) target = recorded;
-  if (!target || !ds_model_path_is_gguf(target)) {
-    fprintf(stderr, "dspark export: --gguf needs the target's .gguf for the draft's vocabulary: pass --target "
-            "MODEL.gguf%s%s%s\n", recorded ? " (the run's target, " : "", recorded ? recorded : "",
-            recorded ? ", is not a .gguf)" : " (the run records no target)");
+  struct stat sb;
+  if (!target || (!ds_model_path_is_gguf(target) && (stat(target, &sb) || !S_ISDIR(sb.st_mode)))) {
+    fprintf(stderr, "dspark export: --gguf needs the target, a .gguf or a model directory, for the draft's "
+            "vocabulary: pass --target MODEL%s%s%s\n", target ? " (" : " (the run records no target)",
+            target ? target : "", target ? (recorded ? ", the run's target, is neither)" : " is neither)") : "");
     free(recorded);
     return 2;
   }
@@ -160,7 +166,7 @@ int cmd_export(int argc, char **argv) {
   }
   if (!run || !!out == !!gguf) {
     fprintf(stderr, "usage: dspark export RUN_DIR --out DIR [--overwrite]\n"
-            "       dspark export RUN_DIR --gguf FILE.gguf [--target MODEL.gguf] [--dtype f16|bf16|f32]\n");
+            "       dspark export RUN_DIR --gguf FILE.gguf [--target MODEL] [--dtype f16|bf16|f32]\n");
     return 2;
   }
   if (out && (target || dtype_name)) {

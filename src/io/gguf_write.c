@@ -169,6 +169,15 @@ ds_status ds_gguf_set_array(ds_gguf_writer *w, const char *key, ds_gguf_vtype el
   return store(w, key, &b);
 }
 
+ds_status ds_gguf_set_str_array(ds_gguf_writer *w, const char *key, uint64_t count, const char *const *strs) {
+  buf b = {0};
+  DS_TRY(begin(key, DS_GGUF_ARRAY, &b));
+  put_u32(&b, (uint32_t)DS_GGUF_STRING);
+  put_u64(&b, count);
+  for (uint64_t i = 0; i < count; i++) put_str(&b, strs[i], strlen(strs[i]));
+  return store(w, key, &b);
+}
+
 ds_status ds_gguf_copy_kv(ds_gguf_writer *w, const ds_gguf_kv *kv) {
   buf b = {0};
   DS_TRY(begin(kv->key, kv->type, &b));

@@ -11,7 +11,8 @@
  *   follow (DFlash's layout, not EAGLE-3's 1+N bonus block);
  * - tokenizer.ggml.mask_token_id is the block's mask token;
  * - the vocabulary is the target's (llama.cpp checks the pair's vocabularies match): its
- *   tokenizer.* keys, copied from the target's GGUF;
+ *   tokenizer.* keys, copied from the target's GGUF, or built from the target's HF directory as
+ *   the converter builds them (ds_hf_vocab_gguf, src/model/hf_vocab_*.c);
  * - the draft's lm_head is the target's output head with the whole vocabulary and is left out
  *   (llama.cpp uses the target's); a reduced vocabulary writes it as output.weight [N, d] and
  *   d2t as I64 absolute target ids [N];
@@ -21,12 +22,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/json_util.h"
 #include "dspark/draft.h"
 #include "dspark/dtype.h"
 #include "dspark/gguf.h"
+#include "dspark/gguf_model.h"
 #include "dspark/gguf_write.h"
+#include "dspark/model_source.h"
 
 #define ARCH "dflash"
 
@@ -191,8 +195,18 @@ static ds_status put_params(ds_gguf_writer *w, const cJSON *cfg, const ds_draft_
   return ds_gguf_set_u32(w, "general.quantization_version", 2);
 }
 
-/* The target's vocabulary: every tokenizer.* key of its GGUF, in its order. */
+/* The target's vocabulary: every tokenizer.* key of its GGUF, in its order; or, for a model
+ * directory, the keys the converter builds from its tokenizer files (ds_hf_vocab_gguf). Then the
+ * mask token. */
 static ds_status put_vocab(ds_gguf_writer *w, const char *target, const ds_draft_config *c) {
+  struct stat sb;
+  if (!ds_model_path_is_gguf(target)) {
+    if (stat(target, &sb) || !S_ISDIR(sb.st_mode))
+      return DS_FAIL(DS_ERR_ARG, "%s: the target for the draft's vocabulary is neither a .gguf file nor a model "
+                     "directory", target);
+    DS_TRY(ds_hf_vocab_gguf(target, c->vocab_size, w));
+    return ds_gguf_set_u32(w, "tokenizer.ggml.mask_token_id", (uint32_t)c->mask_token_id);
+  }
   ds_gguf *g = NULL;
   DS_TRY(ds_gguf_open(target, &g));
   const ds_gguf_kv *tokens = NULL;
@@ -289,7 +303,7 @@ static ds_status add_tensors(ds_gguf_writer *w, const ds_draft *d, ds_dtype dtyp
 
 /* ---------------------------------------------------------------- the file */
 
-ds_status ds_draft_export_gguf(const ds_draft *d, const char *draft_config_json, const char *target_gguf,
+ds_status ds_draft_export_gguf(const ds_draft *d, const char *draft_config_json, const char *target,
                                ds_dtype dtype, const char *name, const char *out_path) {
   const ds_draft_config *c = ds_draft_get_config(d);
   if (dtype != DS_F32 && dtype != DS_F16 && dtype != DS_BF16)
@@ -329,7 +343,7 @@ ds_status ds_draft_export_gguf(const ds_draft *d, const char *draft_config_json,
     st = ds_gguf_set_str(w, "general.size_label", label, strlen(label));
   }
   if (st == DS_OK) st = put_params(w, cfg, c, file_type, has_conf);
-  if (st == DS_OK) st = put_vocab(w, target_gguf, c);
+  if (st == DS_OK) st = put_vocab(w, target, c);
   if (st == DS_OK) st = ds_gguf_writer_write(w, out_path);
   ds_gguf_writer_free(w);
   cJSON_Delete(cfg);

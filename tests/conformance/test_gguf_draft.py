@@ -88,6 +88,204 @@ def compare(ck, ours_path, ref_path, what):
     return ours
 
 
+# ---- --target HF_DIR: the tokenizer.* keys built from the target's files as the converter builds them
+
+def added_token(i, content, special=False, normalized=False):
+    return dict(id=i, content=content, single_word=False, lstrip=False, rstrip=False, normalized=normalized,
+                special=special)
+
+
+def with_added_tokens(tj):
+    """SmolLM2's vocabulary with its last three model tokens (and their merges) removed and new
+    added tokens in their place: one that looks special, one with U+2581 (user-defined: written
+    with a space), one not normalized whose text decodes otherwise, and a model token made a
+    non-normalized added token (written as its decoded text). None of them is in the converter's
+    check text, so the pre-tokenizer is still SmolLM2's."""
+    v = tj["model"]["vocab"]
+    by_id = {i: t for t, i in v.items()}
+    gone = {by_id[i] for i in range(len(v) - 3, len(v))}
+    for t in gone:
+        del v[t]
+
+    def parts(m):
+        return m.split(" ") if isinstance(m, str) else m
+    tj["model"]["merges"] = [m for m in tj["model"]["merges"] if "".join(parts(m)) not in gone and not set(parts(m)) & gone]
+    n = len(v)
+    tj["added_tokens"] += [added_token(n, "<|tool|>"), added_token(n + 1, "my\u2581word", normalized=True),
+                           added_token(n + 2, "x<|\u00e9|>"), added_token(v["\u0120hello"], "\u0120hello")]
+
+
+def hf_variant(tmp, base, name, config=None, tok_config=None, tokenizer=None, files=None, drop=()):
+    """A copy of the target directory's config.json and tokenizer files, each edited in place by
+    the given function, plus extra files (text written as is) and minus the dropped ones."""
+    import json
+    d = os.path.join(tmp, "hf-targets", name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    for f, edit in (("config.json", config), ("tokenizer_config.json", tok_config), ("tokenizer.json", tokenizer)):
+        if f in drop:
+            continue
+        with open(os.path.join(base, f), encoding="utf-8") as fh:
+            j = json.load(fh)
+        if edit:
+            edit(j)
+        with open(os.path.join(d, f), "w", encoding="utf-8") as fh:
+            json.dump(j, fh, ensure_ascii=False)
+    for f, text in (files or {}).items():
+        os.makedirs(os.path.dirname(os.path.join(d, f)), exist_ok=True)
+        with open(os.path.join(d, f), "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+    return d
+
+
+def converter_digest(lcpp, env, hf, target_dir, out):
+    """Runs the converter expecting it to refuse the target's pre-tokenizer; the digest it prints."""
+    import re
+    cmd = [sys.executable, os.path.join(lcpp, "convert_hf_to_gguf.py"), hf, "--outfile", out, "--outtype", "f16",
+           "--target-model-dir", target_dir]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    m = re.search(r"chkhsh:\s+([0-9a-f]{64})", p.stderr)
+    return (m.group(1) if m else None), p.returncode, p.stderr[-600:]
+
+
+def hf_target_checks(ck, tmp, dspark, lcpp, env, target, smol_dir):
+    import re
+
+    def pop(*keys):
+        return lambda j: [j.pop(k, None) for k in keys]
+
+    post_pair = {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}}],
+                 "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "<|im_end|>", "type_id": 0}},
+                          {"Sequence": {"id": "B", "type_id": 1}}],
+                 "special_tokens": {"<|im_end|>": {"id": "<|im_end|>", "ids": [2], "tokens": ["<|im_end|>"]}}}
+    normalizer = {"type": "Sequence", "normalizers": [
+        {"type": "Lowercase"},
+        {"type": "BertNormalizer", "clean_text": False, "handle_chinese_chars": False, "strip_accents": True,
+         "lowercase": True}]}
+    eos_obj = {"__type": "AddedToken", "content": "<|im_end|>", "lstrip": False, "rstrip": False, "normalized": False,
+               "single_word": False}
+    variants = {
+        # the tiny Llama target itself: GPT2Tokenizer, SmolLM2's vocabulary
+        "llama": {},
+        # GPT2Tokenizer over new added tokens; special tokens as strings, an AddedToken and extra ones
+        # (and a normalizer, which GPT2Tokenizer drops but whose flags the converter writes)
+        "added": dict(tokenizer=lambda j: (with_added_tokens(j), j.update(normalizer=normalizer)),
+                      tok_config=lambda t: t.update(additional_special_tokens=["world"], mask_token="<|im_end|>",
+                                                    eos_token=eos_obj)),
+        # TokenizersBackend for a Qwen3 target: the file's added tokens kept; chat_template.jinja (CRLF);
+        # a pair-only post-processor (add_sep, the eos token as sep); config.json's ids and text_config
+        "qwen3-backend": dict(
+            config=lambda c: c.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", bos_token_id=3,
+                                      eos_token_id=[2, 5], pad_token_id=None, text_config={"pad_token_id": 5},
+                                      sep_token_id=7, mask_token_id=9),
+            tokenizer=lambda j: (with_added_tokens(j), j.update(post_processor=post_pair)),
+            tok_config=lambda t: (t.update(tokenizer_class="PreTrainedTokenizerFast"),
+                                  pop("chat_template", "bos_token")(t)),
+            files={"chat_template.jinja": "{% for m in messages %}{{ m['content'] }}\r\n{% endfor %}\rend\n"}),
+        # transformers' legacy special_tokens_map.json; named templates; add_prefix_space false
+        "legacy-map": dict(
+            tok_config=lambda t: (pop("bos_token", "eos_token", "tokenizer_class", "chat_template")(t),
+                                  t.update(add_prefix_space=False)),
+            files={"special_tokens_map.json": '{"bos_token": "world", "eos_token": {"content": "<|im_end|>"}, '
+                                              '"additional_special_tokens": ["hello"]}',
+                   "chat_template.jinja": "main {{ messages }}",
+                   "additional_chat_templates/tool_use.jinja": "tools {{ tools }}"}),
+        # an added_tokens_decoder that lists one token (the file's others become plain tokens), cls / sep
+        # standing in for bos / eos, a list of named templates
+        "decoder-list": dict(tok_config=lambda t: (pop("bos_token", "eos_token")(t), t.update(
+            cls_token="<|im_start|>", sep_token="<|im_end|>",
+            chat_template=[{"name": "default", "template": "D"}, {"name": "tool use", "template": "T"}],
+            added_tokens_decoder={"3": dict(content="<repo_name>", lstrip=False, normalized=True, rstrip=False,
+                                            single_word=False, special=False)}))),
+        # no tokenizer_config.json at all
+        "no-tokenizer-config": dict(drop=("tokenizer_config.json",)),
+    }
+    run_dir, hf = os.path.join(tmp, "run-full", "draft"), os.path.join(tmp, "hf-full", "draft")
+    dirs = {name: hf_variant(tmp, target, name, **kw) for name, kw in variants.items()}
+    dirs["smollm2"] = smol_dir
+    for name, d in dirs.items():
+        ours, ref = os.path.join(tmp, f"ours-dir-{name}.gguf"), os.path.join(tmp, f"ref-dir-{name}.gguf")
+        common.run([dspark, "export", run_dir, "--gguf", ours, "--target", d, "--dtype", "f16"])
+        convert(lcpp, env, hf, ref, "f16", target_dir=d)
+        kv, _ = compare(ck, ours, ref, f"--target {name} (directory)")
+        ck.check(kv.get("tokenizer.ggml.pre", (0, ""))[1] == "smollm", f"--target {name}: tokenizer.ggml.pre {kv.get('tokenizer.ggml.pre')}")
+        print(f"--target {name} (directory): {len(kv)} keys equal to the converter's", flush=True)
+    # what the added tokens became (types: 1 normal, 3 control, 4 user-defined)
+    kv, _ = read_gguf(os.path.join(tmp, "ours-dir-added.gguf"))
+    toks, types = kv["tokenizer.ggml.tokens"][1], kv["tokenizer.ggml.token_type"][1]
+    n = 49152 - 3
+    ck.check(toks[n:] == ["<|tool|>", "my word", "x<|\ufffd|>"] and types[n:] == [3, 4, 4]
+             and types[toks.index("world")] == 3 and toks.count(" hello") == 1,
+             f"added tokens: {toks[n:]} {types[n:]}")
+
+    kv = {name: read_gguf(os.path.join(tmp, f"ours-dir-{name}.gguf"))[0] for name in ("added", "qwen3-backend", "legacy-map")}
+    ck.check(kv["added"]["tokenizer.ggml.normalizer.lowercase"][1] is True
+             and kv["qwen3-backend"]["tokenizer.ggml.add_sep_token"][1] is True
+             and kv["qwen3-backend"]["tokenizer.ggml.seperator_token_id"][1] == 2
+             and kv["qwen3-backend"]["tokenizer.chat_template"][1].endswith("\n{% endfor %}\nend\n")
+             and kv["legacy-map"]["tokenizer.chat_templates"][1] == ["tool_use"],
+             "the directory variants' normalizer flags, separator, template files")
+
+    # the target a run recorded, a directory, is the default
+    default = os.path.join(tmp, "ours-dir-default.gguf")
+    common.run([dspark, "export", run_dir, "--gguf", default, "--dtype", "f16"])
+    with open(default, "rb") as a, open(os.path.join(tmp, "ours-dir-llama.gguf"), "rb") as b:
+        ck.check(a.read() == b.read(), "--gguf without --target: not the file of the recorded target directory")
+
+    # ---- a pre-tokenizer the converter cannot name: refused, with the digest the converter prints
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    trained = hf_variant(tmp, target, "trained-bpe", tok_config=pop("additional_special_tokens"))
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train([common.stdlib_text(os.path.join(tmp, "bpe.txt"), 3, 6)],
+              trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    bpe.save(os.path.join(trained, "tokenizer.json"))
+    unknown = {
+        "trained-bpe": trained,
+        # Qwen2Tokenizer (a qwen2 target) splits with Qwen2's regex whatever tokenizer.json says
+        "qwen2-class": hf_variant(tmp, target, "qwen2-class", config=lambda c: c.update(
+            architectures=["Qwen2ForCausalLM"], model_type="qwen2")),
+        # a post-processor that adds a BOS changes the ids
+        "bos-post": hf_variant(tmp, target, "bos-post", tok_config=lambda t: t.update(tokenizer_class="TokenizersBackend"),
+                               tokenizer=lambda j: j.update(post_processor={
+                                   "type": "TemplateProcessing",
+                                   "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
+                                              {"Sequence": {"id": "A", "type_id": 0}}],
+                                   "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                                   "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [1],
+                                                                       "tokens": ["<|im_start|>"]}}})),
+    }
+    for name, d in unknown.items():
+        out = os.path.join(tmp, f"ours-dir-{name}.gguf")
+        _, err, _ = common.run([dspark, "export", run_dir, "--gguf", out, "--target", d], expect_rc=1)
+        ref_digest, rc, tail = converter_digest(lcpp, env, hf, d, os.path.join(tmp, f"ref-dir-{name}.gguf"))
+        m = re.search(r"hash to ([0-9a-f]{64})", err)
+        ck.check(rc != 0 and ref_digest is not None, f"{name}: the converter did not refuse the pre-tokenizer: {tail}")
+        ck.check(m is not None and "pre-tokenizer" in err and "get_vocab_base_pre" in err and not os.path.exists(out),
+                 f"{name}: our refusal: {err}")
+        ck.check(m is not None and m.group(1) == ref_digest, f"{name}: our digest {m and m.group(1)}, the converter's {ref_digest}")
+
+    # ---- other refusals, each naming what it refuses
+    wordpiece = hf_variant(tmp, target, "wordpiece", tokenizer=lambda j: j.update(
+        model={"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##", "max_input_chars_per_word": 100,
+               "vocab": {"[UNK]": 0, "a": 1}}))
+    spm = hf_variant(tmp, target, "sentencepiece", files={"tokenizer.model": "not read"})
+    fallback = hf_variant(tmp, target, "byte-fallback", tokenizer=lambda j: j["model"].update(byte_fallback=True))
+    bert = hf_variant(tmp, target, "bert-class", tok_config=lambda t: t.update(tokenizer_class="BertTokenizer"))
+    other = hf_variant(tmp, target, "other-vocab", config=lambda c: c.update(vocab_size=50000))
+    mistral = hf_variant(tmp, target, "mistral", config=lambda c: c.update(architectures=["MistralForCausalLM"]))
+    for d, rc, words in ((wordpiece, 1, ["'WordPiece'", "not a BPE"]), (spm, 1, ["SentencePiece", "tokenizer.model"]),
+                         (fallback, 1, ["byte_fallback"]), (bert, 1, ["'BertTokenizer'"]),
+                         (other, 1, ["vocab_size 50000", "not the draft's target"]),
+                         (mistral, 1, ["'MistralForCausalLM'"]),
+                         (os.path.join(tmp, "text.txt"), 2, ["neither"])):
+        out = os.path.join(tmp, "refused.gguf")
+        _, err, _ = common.run([dspark, "export", run_dir, "--gguf", out, "--target", d], expect_rc=rc)
+        ck.check(all(w in err for w in words) and not os.path.exists(out), f"--target {d}: {err}")
+
+
 def main():
     args = common.parse_args(__doc__)
     tmp, dspark = args.tmp, args.dspark
@@ -203,8 +401,9 @@ def main():
     for out in (target_gguf, os.path.join(run, "x.gguf")):
         _, err, _ = common.run([dspark, "export", run, "--gguf", out, "--target", target_gguf], expect_rc=2)
         ck.check("refusing to overwrite an input" in err, f"--gguf {out}: {err}")
-    _, err, _ = common.run([dspark, "export", run, "--gguf", os.path.join(tmp, "x.gguf")], expect_rc=2)
-    ck.check("--target" in err, f"--gguf with an HF-directory target recorded: {err}")
+
+    # ---- --target DIR: the vocabulary from the target's HF directory, as the converter builds it
+    hf_target_checks(ck, tmp, dspark, lcpp, env, target, smol_dir)
     ck.finish("test_gguf_draft")
 
 
