@@ -18,22 +18,20 @@
 int ds_qx_alloc(ds_qx *qx, int64_t n, int64_t in) {
   size_t cells = (size_t)(n > 0 ? n : 1) * (size_t)(in > 0 ? in : 1);
   qx->q = malloc(cells);
-  qx->qu = malloc(cells);
   qx->d = malloc(cells / DS_QX_BLOCK * sizeof(float) + sizeof(float));
   qx->s = malloc(cells / 16 * sizeof(int16_t) + sizeof(int16_t));
   qx->m = malloc(cells / DS_QX_BLOCK * sizeof(float) + sizeof(float));
-  if (qx->q && qx->qu && qx->d && qx->s && qx->m) return 1;
+  if (qx->q && qx->d && qx->s && qx->m) return 1;
   ds_qx_free(qx);
   return 0;
 }
 
 void ds_qx_free(ds_qx *qx) {
   free(qx->q);
-  free(qx->qu);
   free(qx->d);
   free(qx->s);
   free(qx->m);
-  qx->q = NULL, qx->qu = NULL, qx->d = NULL, qx->s = NULL, qx->m = NULL;
+  qx->q = NULL, qx->d = NULL, qx->s = NULL, qx->m = NULL;
 }
 
 /* Per block of 32: d = max|x| / 127 and q = round(x / d) (nearest, ties to even), so every
@@ -48,7 +46,6 @@ void ds_qx_quantize(ds_qx *qx, const float *x, int64_t n, int64_t in) {
     for (int64_t b = 0; b < nb; b++) {
       const float *xb = x + i * in + b * DS_QX_BLOCK;
       int8_t *q = qx->q + i * in + b * DS_QX_BLOCK;
-      uint8_t *qu = qx->qu + i * in + b * DS_QX_BLOCK;
       float amax = 0.0f;
       int nan = 0;
       for (int l = 0; l < DS_QX_BLOCK; l++) {
@@ -66,7 +63,6 @@ void ds_qx_quantize(ds_qx *qx, const float *x, int64_t n, int64_t in) {
       int s0 = 0, s1 = 0;
       for (int l = 0; l < DS_QX_BLOCK; l++) {
         q[l] = (int8_t)v[l];
-        qu[l] = (uint8_t)(v[l] + 128);
         if (l < 16) s0 += v[l];
         else s1 += v[l];
       }

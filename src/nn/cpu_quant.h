@@ -28,15 +28,14 @@ enum { DS_QX_BLOCK = 32 };
 /* x[n, in] quantized per block of 32 (in a multiple of 32). */
 typedef struct {
   int8_t *q;  /* (n, in) */
-  uint8_t *qu; /* (n, in)  q + 128 (the 512-bit Q8_0 kernel's unsigned operand) */
   float *d;   /* (n, in / 32)  each block's step */
   int16_t *s; /* (n, in / 16)  sum of q over each 16 values (the offset and min terms) */
   float *m;   /* (n, in / 32)  d * sum of q over the block: the sum of x's rounded values there */
 } ds_qx;
 
-/* The instruction sets of these kernels: VNNI is AVX-512 VNNI (with VL, BW and DQ), every type at
- * 512 bits with 16 weight rows across the lanes (cpu_quant_avx512.c); AVX2 a weight row at a time
- * (cpu_quant_avx2.c). */
+/* The instruction sets of these kernels: VNNI is AVX-512 VNNI (with VL and BW), Q4_0 / Q4_1 / Q4_K
+ * / Q6_K at 512 bits with 16 weight rows across the lanes, Q8_0 a row at a time with dpbusd
+ * (cpu_quant_avx512.c); AVX2 a weight row at a time (cpu_quant_avx2.c). */
 typedef enum { DS_QISA_PORTABLE = 0, DS_QISA_AVX2, DS_QISA_VNNI } ds_qisa;
 ds_qisa ds_qisa_best(void); /* what this CPU runs, capped by $DSPARK_MAX_ISA as ds_isa_best */
 const char *ds_qisa_name(ds_qisa isa);

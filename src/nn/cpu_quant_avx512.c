@@ -1,25 +1,23 @@
-/* The quantized row kernel with AVX-512 VNNI (nn/cpu_quant.h): every type at 512 bits with the
- * weight rows across the lanes.
+/* The quantized row kernel with AVX-512 VNNI (nn/cpu_quant.h): Q4_0, Q4_1, Q4_K and Q6_K at 512
+ * bits with the weight rows across the lanes; Q8_0 a weight row at a time (nn/cpu_quant_x86.h at
+ * 256 bits, one dpbusd as its integer dot product; why at the dispatch below).
  *
  * Lanes are weight rows: 16 rows' block b is transposed in registers so that vector j holds
  * dword j (4 consecutive quants) of every row, and one dpbusd against x's matching 4 bytes
- * broadcast adds those 4 products for 16 rows at once; 8 such (Q4: the low / high nibbles of 4
- * dwords; Q8_0: 8 dwords) give each row's integer dot over the block, converted and scaled by
- * dw (a vector of the 16 rows' scales) times x's step, Q4's min / offset term beside it. The
+ * broadcast adds those 4 products for 16 rows at once; 8 such (the low / high nibbles of 4
+ * dwords) give each row's integer dot over a block of 32, converted and scaled by dw (a vector
+ * of the 16 rows' scales) times x's step, the min / offset term beside it. The
  * transposition is shared by up to 8 rows of x, so verifying a few tokens costs little more than
  * decoding one (against a weight row at a time: every row of x paid the unpacking and the
- * per-block scalar scales again). Q8_0's quants are signed and dpbusd wants one unsigned
- * operand: x is read as x + 128 (ds_qx.qu) and 128 * sum(w) subtracted. Each row's sums run in
+ * per-block scalar scales again). Each row's sums run in
  * block order whatever the number of rows of x and of weights in the call, so a row's result
  * does not depend on its call (verification equals decoding, bit for bit). */
 #if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#include <string.h>
-
-#include "nn/cpu_quant.h"
-
 #define QT __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
-#define QI static inline __attribute__((always_inline)) QT
+#define QDOT(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (s))
+#define QROWS q_rows_vnni256
+#define QROWS_LINKAGE static
+#include "nn/cpu_quant_x86.h"
 
 enum { Z_ROWS = 16, Z_MAX_X = 8 }; /* weight rows per lane vector; rows of x per pass */
 
@@ -52,9 +50,9 @@ QI void z_transpose16x4(const unsigned char *const *p, __m512i *out) {
 QI void z_block16(ds_dtype dt, const unsigned char *blk0, size_t rb, int rows, const ds_qx *x, int64_t i0, int64_t in,
                   int64_t b, int R, __m512 *accf, __m512 *accm) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
-  __m512i wv[8], wsum = _mm512_setzero_si512();
+  __m512i wv[8];
   const unsigned char *p[Z_ROWS];
-  int q8 = dt == DS_Q8_0, q41 = dt == DS_Q4_1;
+  int q41 = dt == DS_Q4_1;
   /* the scales: each row's first dword (d, then Q4_1's min); 16 loads measured faster than one
    * gather on an AMD EPYC (Zen 4) */
   int32_t sc[Z_ROWS] = {0};
@@ -63,44 +61,23 @@ QI void z_block16(ds_dtype dt, const unsigned char *blk0, size_t rb, int rows, c
   __m512i g = _mm512_loadu_si512(sc);
   __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
   __m512 mw = q41 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16))) : dw;
-  int off = q8 ? 2 : q41 ? 4 : 2;
-  for (int l = 0; l < Z_ROWS; l++) p[l] = rows == Z_ROWS || l < rows ? blk0 + (size_t)l * rb + off : z_zeros;
-  if (q8) {
-    z_transpose16x4(p, wv);
-    for (int l = 0; l < Z_ROWS; l++) p[l] += rows == Z_ROWS || l < rows ? 16 : 0;
-    z_transpose16x4(p, wv + 4);
-    const __m512i ones = _mm512_set1_epi8(1);
-    for (int j = 0; j < 8; j++) wsum = _mm512_dpbusd_epi32(wsum, ones, wv[j]);
-    wsum = _mm512_slli_epi32(wsum, 7); /* 128 * the sum of w: x is read as x + 128 (unsigned) */
-  } else {
-    __m512i t[4];
-    z_transpose16x4(p, t);
-    for (int j = 0; j < 4; j++) /* dword j: values 4j..4j+3 (low nibbles), 16+4j..16+4j+3 (high) */
-      wv[j] = _mm512_and_si512(t[j], m4), wv[4 + j] = _mm512_and_si512(_mm512_srli_epi16(t[j], 4), m4);
-  }
-  for (int r = 0; r < R; r++) {
+  for (int l = 0; l < Z_ROWS; l++) p[l] = rows == Z_ROWS || l < rows ? blk0 + (size_t)l * rb + (q41 ? 4 : 2) : z_zeros;
+  __m512i t[4];
+  z_transpose16x4(p, t);
+  for (int j = 0; j < 4; j++) /* dword j: values 4j..4j+3 (low nibbles), 16+4j..16+4j+3 (high) */
+    wv[j] = _mm512_and_si512(t[j], m4), wv[4 + j] = _mm512_and_si512(_mm512_srli_epi16(t[j], 4), m4);
+  for (int r = 0; r < R; r++) { /* the nibbles unsigned, x signed */
     int32_t v[8];
-    __m512i s0, s1;
-    if (q8) { /* x + 128 as the unsigned operand, w signed */
-      memcpy(v, x->qu + (i0 + r) * in + 32 * b, 32);
-      s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi32(v[0]), wv[0]);
-      s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi32(v[1]), wv[1]);
-      for (int j = 2; j < 8; j += 2)
-        s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(v[j]), wv[j]),
-        s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32(v[j + 1]), wv[j + 1]);
-      s0 = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), wsum);
-    } else { /* the nibbles unsigned, x signed */
-      memcpy(v, x->q + (i0 + r) * in + 32 * b, 32);
-      s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], _mm512_set1_epi32(v[0]));
-      s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[4], _mm512_set1_epi32(v[4]));
-      for (int j = 1; j < 4; j++)
-        s0 = _mm512_dpbusd_epi32(s0, wv[j], _mm512_set1_epi32(v[j])),
-        s1 = _mm512_dpbusd_epi32(s1, wv[4 + j], _mm512_set1_epi32(v[4 + j]));
-      s0 = _mm512_add_epi32(s0, s1);
-    }
+    memcpy(v, x->q + (i0 + r) * in + 32 * b, 32);
+    __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], _mm512_set1_epi32(v[0]));
+    __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[4], _mm512_set1_epi32(v[4]));
+    for (int j = 1; j < 4; j++)
+      s0 = _mm512_dpbusd_epi32(s0, wv[j], _mm512_set1_epi32(v[j])),
+      s1 = _mm512_dpbusd_epi32(s1, wv[4 + j], _mm512_set1_epi32(v[4 + j]));
+    s0 = _mm512_add_epi32(s0, s1);
     int64_t k = (i0 + r) * (in / 32) + b;
     accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(dw, _mm512_set1_ps(x->d[k])), accf[r]);
-    if (!q8) accm[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x->m[k]), accm[r]);
+    accm[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x->m[k]), accm[r]);
   }
 }
 
@@ -244,7 +221,7 @@ QI void z_group(float *y, int64_t ldy, const ds_qx *x, int64_t i0, int R, const 
   /* Q4_0: x = d (q - 8); Q4_K: x = d sc q - dmin mn; Q6_K: x = d sc (q - 32) */
   __m512 ms = _mm512_set1_ps(dt == DS_Q4_0 ? -8.0f : dt == DS_Q4_K ? -1.0f : dt == DS_Q6_K ? -32.0f : 1.0f);
   for (int r = 0; r < R; r++) {
-    __m512 v = dt == DS_Q8_0 ? accf[r] : _mm512_fmadd_ps(ms, accm[r], accf[r]);
+    __m512 v = _mm512_fmadd_ps(ms, accm[r], accf[r]);
     _mm512_mask_storeu_ps(y + (i0 + r) * ldy + o0, live, _mm512_add_ps(v, bv));
   }
 }
@@ -273,7 +250,11 @@ QI void z_rows(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned 
 QT void ds_quant_rows_vnni(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *w, ds_dtype dt,
                            int64_t in, int64_t o0, int64_t o1, const float *bias) {
   switch (dt) {
-    case DS_Q8_0: z_rows(y, ldy, x, n, w, DS_Q8_0, in, o0, o1, bias); break;
+    /* Q8_0 a weight row at a time (nn/cpu_quant_x86.h with dpbusd): its 34-byte blocks make a group of 16 rows
+     * 2x Q4_1's bytes, 26 KiB on a 1536-wide matrix, and with the next group prefetched beside it
+     * the L1 thrashed: SmolLM2 Q8_0 decoded 67 / 105 tokens/s on 1 / 2 threads with the rows
+     * across the lanes against 100 / 154 a row at a time (AMD EPYC Zen 4). */
+    case DS_Q8_0: q_rows_vnni256(y, ldy, x, n, w, DS_Q8_0, in, o0, o1, bias); break;
     case DS_Q4_0: z_rows(y, ldy, x, n, w, DS_Q4_0, in, o0, o1, bias); break;
     case DS_Q4_1: z_rows(y, ldy, x, n, w, DS_Q4_1, in, o0, o1, bias); break;
     case DS_Q4_K: z_rows(y, ldy, x, n, w, DS_Q4_K, in, o0, o1, bias); break;
