@@ -128,7 +128,9 @@ def main():
         # metrics cross, one that the checkpoint crosses
         # the small limit: above run.json and target_config.json (their size depends on the paths),
         # below what metrics.jsonl reaches
-        # (a small margin: three metrics lines, ~1.2 kB, must already cross it before the first checkpoint)
+        # before the first checkpoint: with it at step 4 (the last), six metrics lines (~2.5 kB) are
+        # written first, where at step 2 three lines (~1.2 kB) crossed a limit above run.json by a
+        # few bytes only, and a run.json a field longer let the checkpoint cross first
         small = max(os.path.getsize(os.path.join(ref, f)) for f in ("run.json", "target_config.json")) + 60
         ck.check(small < os.path.getsize(os.path.join(ref, "metrics.jsonl")), "4: the limits need a longer run")
         for size in (small, 20000):
@@ -139,7 +141,8 @@ def main():
                 signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
                 resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
 
-            out = subprocess.run([args.dspark] + base + ["--target", target, "--out", lim], capture_output=True,
+            opts = [("4" if size == small and prev == "--save-every" else a) for prev, a in zip([None] + base, base)]
+            out = subprocess.run([args.dspark] + opts + ["--target", target, "--out", lim], capture_output=True,
                                  text=True, preexec_fn=limit)
             first = "metrics.jsonl" if size == small else "checkpoint.safetensors"  # the first file to cross it
             ck.check(out.returncode == 1 and os.path.join(lim, first) in out.stderr,
