@@ -44,6 +44,19 @@ QI void z_transpose16x4(const unsigned char *const *p, __m512i *out) {
   out[3] = _mm512_shuffle_i64x2(t1, t3, _MM_SHUFFLE(3, 1, 3, 1));
 }
 
+/* The integer dots of a block of 32 for 16 weight rows: wv[j] holds dword j (values 4j .. 4j + 3)
+ * of every row, xq x's 32 bytes. s0 sums values 0-15, s1 values 16-31: two chains, so neither
+ * waits on the other, and the halves Q6_K scales apart. */
+QI void z_dot32(const __m512i *wv, const int8_t *xq, __m512i *s0, __m512i *s1) {
+  int32_t v[8];
+  memcpy(v, xq, 32);
+  __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], _mm512_set1_epi32(v[0]));
+  __m512i c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[4], _mm512_set1_epi32(v[4]));
+  for (int j = 1; j < 4; j++)
+    a = _mm512_dpbusd_epi32(a, wv[j], _mm512_set1_epi32(v[j])), c = _mm512_dpbusd_epi32(c, wv[4 + j], _mm512_set1_epi32(v[4 + j]));
+  *s0 = a, *s1 = c;
+}
+
 /* One block b of 16 weight rows (row l's at blk[l]; missing rows of a partial group read zeros)
  * against R rows of x from i0: per lane (weight row), accf[r] += (integer dot) * dw * d_x and
  * accm[r] += mw * m_x (the min / offset term). */
@@ -67,13 +80,8 @@ QI void z_block16(ds_dtype dt, const unsigned char *blk0, size_t rb, int rows, c
   for (int j = 0; j < 4; j++) /* dword j: values 4j..4j+3 (low nibbles), 16+4j..16+4j+3 (high) */
     wv[j] = _mm512_and_si512(t[j], m4), wv[4 + j] = _mm512_and_si512(_mm512_srli_epi16(t[j], 4), m4);
   for (int r = 0; r < R; r++) { /* the nibbles unsigned, x signed */
-    int32_t v[8];
-    memcpy(v, x->q + (i0 + r) * in + 32 * b, 32);
-    __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], _mm512_set1_epi32(v[0]));
-    __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[4], _mm512_set1_epi32(v[4]));
-    for (int j = 1; j < 4; j++)
-      s0 = _mm512_dpbusd_epi32(s0, wv[j], _mm512_set1_epi32(v[j])),
-      s1 = _mm512_dpbusd_epi32(s1, wv[4 + j], _mm512_set1_epi32(v[4 + j]));
+    __m512i s0, s1;
+    z_dot32(wv, x->q + (i0 + r) * in + 32 * b, &s0, &s1);
     s0 = _mm512_add_epi32(s0, s1);
     int64_t k = (i0 + r) * (in / 32) + b;
     accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(dw, _mm512_set1_ps(x->d[k])), accf[r]);
@@ -115,13 +123,8 @@ QI void z_block16_q4k(const unsigned char *blk0, size_t rb, int rows, const ds_q
       __m512 ds = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sj)), dm = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mj));
       for (int r = 0; r < R; r++) {
         int64_t k = (i0 + r) * (in / 32) + 8 * b + j; /* x's block of 32 */
-        int32_t v[8];
-        memcpy(v, x->q + (i0 + r) * in + 32 * (8 * b + j), 32);
-        __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], _mm512_set1_epi32(v[0]));
-        __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], _mm512_set1_epi32(v[1]));
-        for (int q = 2; q < 8; q += 2)
-          s0 = _mm512_dpbusd_epi32(s0, wv[q], _mm512_set1_epi32(v[q])),
-          s1 = _mm512_dpbusd_epi32(s1, wv[q + 1], _mm512_set1_epi32(v[q + 1]));
+        __m512i s0, s1;
+        z_dot32(wv, x->q + (i0 + r) * in + 32 * (8 * b + j), &s0, &s1);
         s0 = _mm512_add_epi32(s0, s1);
         accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(ds, _mm512_set1_ps(x->d[k])), accf[r]);
         accm[r] = _mm512_fmadd_ps(dm, _mm512_set1_ps(x->m[k]), accm[r]);
@@ -175,13 +178,8 @@ QI void z_block16_q6k(const unsigned char *blk0, size_t rb, int rows, const ds_q
       int64_t kb = 8 * b + 4 * h + c; /* x's block of 32 */
       for (int r = 0; r < R; r++) {
         int64_t k = (i0 + r) * (in / 32) + kb;
-        int32_t v[8];
-        memcpy(v, x->q + (i0 + r) * in + 32 * kb, 32);
-        __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], _mm512_set1_epi32(v[0]));
-        __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[4], _mm512_set1_epi32(v[4]));
-        for (int q = 1; q < 4; q++)
-          s0 = _mm512_dpbusd_epi32(s0, wv[q], _mm512_set1_epi32(v[q])),
-          s1 = _mm512_dpbusd_epi32(s1, wv[4 + q], _mm512_set1_epi32(v[4 + q]));
+        __m512i s0, s1; /* values 0-15 (scale da), 16-31 (db) */
+        z_dot32(wv, x->q + (i0 + r) * in + 32 * kb, &s0, &s1);
         float dx = x->d[k];
         __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(s0), da);
         t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), db, t);
