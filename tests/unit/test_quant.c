@@ -252,6 +252,51 @@ static void test_embedding_backward(void) {
   }
 }
 
+/* Under DS_COMPUTE_BF16, many rows (the chunked path) multiply the dequantized weights and x
+ * both rounded to bf16, in fp32: the reference on the rounded inputs up to fp32 summation order,
+ * for the forward and the backward's dx. The bf16 rounding error (2^-9 relative) is far outside
+ * that bound, so an fp32 product fails it. */
+static float bf16r(float v) { return ds_bf16_to_f32(ds_f32_to_bf16(v)); }
+
+static void test_compute_bf16(void) {
+  ds_set_matmul_compute(DS_COMPUTE_BF16);
+  for (int t = 0; t < N_TYPES; t++) {
+    ds_dtype dt = k_types[t];
+    int64_t in = ds_quant_block(dt) == 256 ? 512 : 544, out = 70, n = 64;
+    unsigned char *w = rand_weight(dt, out, in);
+    float *wf = dequantized(dt, w, out, in), *x = rand_x(n, in), *dy = rand_x(n, out);
+    float *y = malloc((size_t)(n * out) * sizeof(float)), *dx = malloc((size_t)(n * in) * sizeof(float));
+    for (int64_t q = 0; q < out * in; q++) wf[q] = bf16r(wf[q]);
+    ds_backend_cpu()->linear_w(y, out, x, (ds_weight){w, dt}, NULL, n, in, out);
+    for (int64_t q = 0; q < n * in; q++) dx[q] = 0.0f;
+    ds_backend_cpu()->linear_w_backward(dx, dy, (ds_weight){w, dt}, n, in, out);
+    double worst = 0, worst_dx = 0;
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t o = 0; o < out; o++) {
+        double ref = 0, mag = 1e-30;
+        for (int64_t p = 0; p < in; p++) {
+          double v = (double)wf[o * in + p] * bf16r(x[i * in + p]);
+          ref += v, mag += fabs(v);
+        }
+        worst = fmax(worst, fabs(y[i * out + o] - ref) / ((double)in * 0x1p-23 * mag));
+      }
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t p = 0; p < in; p++) {
+        double ref = 0, mag = 1e-30;
+        for (int64_t o = 0; o < out; o++) {
+          double v = (double)bf16r(dy[i * out + o]) * wf[o * in + p];
+          ref += v, mag += fabs(v);
+        }
+        worst_dx = fmax(worst_dx, fabs(dx[i * in + p] - ref) / ((double)out * 0x1p-23 * mag));
+      }
+    if (!(worst <= 1 && worst_dx <= 1))
+      fprintf(stderr, "bf16 compute %s: forward %.2f, dx %.2f of the bound\n", ds_dtype_name(dt), worst, worst_dx);
+    EXPECT(worst <= 1 && worst_dx <= 1);
+    free(w), free(wf), free(x), free(dy), free(y), free(dx);
+  }
+  ds_set_matmul_compute(DS_COMPUTE_F32);
+}
+
 /* The activation quantizer: steps, rounding to nearest within half a step, sums of 16. */
 static void test_quantize_x(void) {
   int64_t n = 3, in = 96;
@@ -286,5 +331,6 @@ int main(void) {
   TEST_RUN(test_rows_independent);
   TEST_RUN(test_cat);
   TEST_RUN(test_embedding_backward);
+  TEST_RUN(test_compute_bf16);
   return TEST_RESULT();
 }
