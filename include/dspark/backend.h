@@ -246,7 +246,8 @@ const char *ds_gemm_warning(void);
  *                    accumulation into fp32 outputs (ds_gemm_bf16). Master weights, gradients,
  *                    activations between kernels and the optimizer stay fp32; a frozen BF16
  *                    weight is read in place (nothing of it converted), a frozen F16 weight keeps
- *                    its exact fp32 path (rounding it to bf16 would lose 3 bits). Calls with few
+ *                    its exact fp32 path (rounding it to bf16 would lose 3 bits); a frozen
+ *                    block-quantized weight's dequantized tiles (more than 32 rows) are rounded. Calls with few
  *                    rows (decode, small batches: nn/cpu_gemm_bf16.h has the measured
  *                    thresholds) keep their fp32 paths because those are faster, so a bf16
  *                    result is that of bf16-rounded inputs or the fp32 one. attention_causal
