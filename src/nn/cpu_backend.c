@@ -20,16 +20,6 @@
 
 /* ---------------------------------------------------------------- linear */
 
-/* Under DS_COMPUTE_BF16 a product with at least min_rows rows runs the bf16 GEMM (fp32 weight
- * rounded on the way in); otherwise the fp32 one, unchanged. */
-static void matmul_w(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
-                     int64_t ldb, float beta, float *C, int64_t ldc, int64_t rows, int64_t min_rows) {
-  if (ds_matmul_compute() == DS_COMPUTE_BF16 && rows >= min_rows)
-    ds_cpu_gemm_bf16(DS_BF16_AUTO, ta, tb, m, n, k, A, lda, B, NULL, ldb, beta, C, ldc);
-  else
-    ds_cpu_sgemm(ta, tb, m, n, k, A, lda, B, ldb, beta, C, ldc);
-}
-
 /* y[n, out] (row stride ldy) = x[n, in] @ w[out, in]^T (+ bias[out]). */
 static void linear_f32(float *y, int64_t ldy, const float *x, const float *w, const float *bias, int64_t n,
                        int64_t in, int64_t out) {
@@ -39,7 +29,7 @@ static void linear_f32(float *y, int64_t ldy, const float *x, const float *w, co
     for (int64_t i = 0; i < n; i++) memcpy(y + i * ldy, bias, (size_t)out * sizeof(float));
     beta = 1.0f;
   }
-  matmul_w(0, 1, n, out, in, x, in, w, in, beta, y, ldy, n, DS_BF16_MIN_ROWS_F32W);
+  ds_cpu_matmul_w(0, 1, n, out, in, x, in, w, in, beta, y, ldy, n, DS_BF16_MIN_ROWS_F32W);
 }
 
 /* y[n, out] = x[n, in] @ w[out, in]^T (+ bias[out]). */
@@ -104,7 +94,7 @@ static void cpu_linear_w_cat(float *y, int64_t ldy, const float *x, const ds_wei
 static void cpu_linear_w_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out) {
   if (w.dtype == DS_F32 && ds_matmul_compute() == DS_COMPUTE_BF16 && n >= DS_BF16_MIN_ROWS_F32W)
     ds_cpu_gemm_bf16_frozen(0, n, in, out, dy, out, w.data, NULL, 1.0f, dx, in); /* its own packed copy */
-  else if (w.dtype == DS_F32) matmul_w(0, 0, n, in, out, dy, out, w.data, in, 1.0f, dx, in, n, DS_BF16_MIN_ROWS_F32W);
+  else if (w.dtype == DS_F32) ds_cpu_matmul_w(0, 0, n, in, out, dy, out, w.data, in, 1.0f, dx, in, n, DS_BF16_MIN_ROWS_F32W);
   else if (ds_dtype_is_quantized(w.dtype)) ds_cpu_linear_quant_backward(dx, dy, w, n, in, out);
   else ds_cpu_linear16_backward(dx, dy, w, n, in, out);
 }
@@ -120,9 +110,9 @@ enum { COL_CHUNK = 64 }; /* columns per task when summing over rows */
 /* dx[n, in] += dy[n, out] @ w[out, in];  dw[out, in] += dy^T @ x[n, in];  db[out] += sum_n dy. */
 static void cpu_linear_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
                                 int64_t n, int64_t in, int64_t out) {
-  if (dx) matmul_w(0, 0, n, in, out, dy, out, w, in, 1.0f, dx, in, n, DS_BF16_MIN_ROWS_F32W);
+  if (dx) ds_cpu_matmul_w(0, 0, n, in, out, dy, out, w, in, 1.0f, dx, in, n, DS_BF16_MIN_ROWS_F32W);
   /* dw's operands are both activations: only n x (in + out) values to round */
-  if (dw) matmul_w(1, 0, out, in, n, dy, out, x, in, 1.0f, dw, in, n, DS_BF16_MIN_ROWS_DW);
+  if (dw) ds_cpu_matmul_w(1, 0, out, in, n, dy, out, x, in, 1.0f, dw, in, n, DS_BF16_MIN_ROWS_DW);
   if (db) {
     /* Each task owns COL_CHUNK columns and sums the rows in order: no race, fixed order. */
     DS_OMP(parallel for schedule(static) if (n * out > 65536))

@@ -739,3 +739,11 @@ const char *ds_gemm_bf16_warning(void) {
          "AVX512_BF16 / AMX, or DNNL_MAX_CPU_ISA below them): inputs are rounded to bf16 and multiplied by the "
          "fp32 GEMM: bf16 numbers, no speedup";
 }
+
+void ds_cpu_matmul_w(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
+                     int64_t ldb, float beta, float *C, int64_t ldc, int64_t rows, int64_t min_rows) {
+  if (ds_matmul_compute() == DS_COMPUTE_BF16 && rows >= min_rows)
+    ds_cpu_gemm_bf16(DS_BF16_AUTO, ta, tb, m, n, k, A, lda, B, NULL, ldb, beta, C, ldc);
+  else
+    ds_cpu_sgemm(ta, tb, m, n, k, A, lda, B, ldb, beta, C, ldc);
+}

@@ -118,6 +118,12 @@ int ds_bf16_tiles_native(void);
  * gradient dW += dy^T x (k = rows) from 32 rows (126-231 vs 124-134; 16 rows: 65-69 vs 82-109). */
 enum { DS_BF16_MIN_ROWS_F32W = 16, DS_BF16_MIN_ROWS_BF16W = 8, DS_BF16_MIN_ROWS_DW = 32 };
 
+/* The cpu backend's product with an fp32 operand B (an fp32 weight, or a quantized weight's
+ * dequantized tile): under DS_COMPUTE_BF16 with at least min_rows rows, the bf16 GEMM (B rounded
+ * on the way in); otherwise the fp32 one, unchanged. Shapes and flags as ds_cpu_sgemm. */
+void ds_cpu_matmul_w(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
+                     int64_t ldb, float beta, float *C, int64_t ldc, int64_t rows, int64_t min_rows);
+
 #if defined(DSPARK_GEMM_ONEDNN)
 #include <oneapi/dnnl/dnnl.h>
 /* The logical B[k, n] of a product (bf16; W[n, k] when tb, W[k, n] otherwise, contiguous) into

@@ -239,8 +239,6 @@ int ds_quant_chunked(float *y, int64_t ldy, const float *x, ds_weight w, const f
                      int64_t out, int64_t chunk_rows) {
   if (n <= 0 || out <= 0) return 1;
   if (chunk_rows < 1 || chunk_rows > out) chunk_rows = out;
-  /* under DS_COMPUTE_BF16 the dequantized rows are rounded to bf16 like any frozen fp32 weight */
-  int bf16 = ds_matmul_compute() == DS_COMPUTE_BF16 && n >= DS_BF16_MIN_ROWS_F32W;
   float *buf = scratch_alloc(chunk_rows * in);
   if (!buf) return 0;
   if (bias) {
@@ -250,8 +248,8 @@ int ds_quant_chunked(float *y, int64_t ldy, const float *x, ds_weight w, const f
   for (int64_t o0 = 0; o0 < out; o0 += chunk_rows) {
     int64_t c = out - o0 < chunk_rows ? out - o0 : chunk_rows;
     ds_quant_dequantize_rows(buf, w, in, o0, c);
-    if (bf16) ds_gemm_bf16(0, 1, n, c, in, x, in, buf, in, bias ? 1.0f : 0.0f, y + o0, ldy);
-    else ds_gemm_f32(0, 1, n, c, in, x, in, buf, in, bias ? 1.0f : 0.0f, y + o0, ldy);
+    /* under DS_COMPUTE_BF16 the dequantized rows are rounded to bf16 like any frozen fp32 weight */
+    ds_cpu_matmul_w(0, 1, n, c, in, x, in, buf, in, bias ? 1.0f : 0.0f, y + o0, ldy, n, DS_BF16_MIN_ROWS_F32W);
   }
   free(buf);
   return 1;
@@ -286,13 +284,11 @@ void ds_cpu_linear_quant_backward(float *dx, const float *dy, ds_weight w, int64
   float *buf = scratch_alloc(chunk * in);
   if (!buf) chunk = 16, buf = scratch_alloc(chunk * in);
   DS_CHECK(buf != NULL);
-  int bf16 = ds_matmul_compute() == DS_COMPUTE_BF16 && n >= DS_BF16_MIN_ROWS_F32W;
   for (int64_t o0 = 0; o0 < out; o0 += chunk) {
     int64_t c = out - o0 < chunk ? out - o0 : chunk;
     ds_quant_dequantize_rows(buf, w, in, o0, c);
     /* dx += dy[:, o0:o0+c] @ w[o0:o0+c, :] */
-    if (bf16) ds_gemm_bf16(0, 0, n, in, c, dy + o0, out, buf, in, 1.0f, dx, in);
-    else ds_gemm_f32(0, 0, n, in, c, dy + o0, out, buf, in, 1.0f, dx, in);
+    ds_cpu_matmul_w(0, 0, n, in, c, dy + o0, out, buf, in, 1.0f, dx, in, n, DS_BF16_MIN_ROWS_F32W);
   }
   free(buf);
 }
