@@ -269,18 +269,10 @@ static void cpu_rope_backward(float *dx, int64_t stride, const int64_t *pos, con
 /* ---------------------------------------------------------------- swiglu */
 
 /* out[n, I] = silu(gu[n, 0:I]) * gu[n, I:2I]. */
+/* out[n, I] = silu(gate) * up, gu[n, 2I] = (gate | up); with the vectorizing exp (2e-7 relative,
+ * nn/fast_exp.h) instead of libm's scalar expf: about 10x cheaper, and 7% of a pretraining step
+ * with expf (29M Qwen3, AMD EPYC Zen 4). */
 static void cpu_swiglu(float *out, const float *gu, int64_t n, int64_t inter) {
-  DS_OMP(parallel for schedule(static) if (n * inter > 32768))
-  for (int64_t i = 0; i < n; i++) {
-    const float *g = gu + i * 2 * inter, *u = g + inter;
-    float *o = out + i * inter;
-    for (int64_t j = 0; j < inter; j++) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
-  }
-}
-
-/* cpu_swiglu under DS_COMPUTE_BF16 on enough rows that the next matmul rounds its output to bf16:
- * the vectorizing exp (2e-7 relative) instead of libm's scalar expf, 10x cheaper. */
-static void cpu_swiglu_fast(float *out, const float *gu, int64_t n, int64_t inter) {
   DS_OMP(parallel for schedule(static) if (n * inter > 32768))
   for (int64_t i = 0; i < n; i++) {
     const float *g = gu + i * 2 * inter, *u = g + inter;
@@ -290,19 +282,15 @@ static void cpu_swiglu_fast(float *out, const float *gu, int64_t n, int64_t inte
   }
 }
 
-static void cpu_swiglu_any(float *out, const float *gu, int64_t n, int64_t inter) {
-  if (ds_matmul_compute() == DS_COMPUTE_BF16 && n >= DS_BF16_MIN_ROWS_BF16W) cpu_swiglu_fast(out, gu, n, inter);
-  else cpu_swiglu(out, gu, n, inter);
-}
-
 /* dgu[n, 2I] += (dout * up * silu'(gate) | dout * silu(gate)), silu'(g) = s (1 + g (1 - s)), s = sigmoid(g). */
 static void cpu_swiglu_backward(float *dgu, const float *dout, const float *gu, int64_t n, int64_t inter) {
   DS_OMP(parallel for schedule(static) if (n * inter > 32768))
   for (int64_t i = 0; i < n; i++) {
     const float *g = gu + i * 2 * inter, *u = g + inter, *d = dout + i * inter;
     float *dg = dgu + i * 2 * inter, *du = dg + inter;
+    DS_OMP(simd)
     for (int64_t j = 0; j < inter; j++) {
-      float s = 1.0f / (1.0f + expf(-g[j]));
+      float s = 1.0f / (1.0f + ds_fast_expf(-g[j]));
       dg[j] += d[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
       du[j] += d[j] * g[j] * s;
     }
@@ -347,7 +335,7 @@ static const ds_backend k_cpu = {
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .attention_causal = ds_cpu_attention_causal,
-    .swiglu = cpu_swiglu_any,
+    .swiglu = cpu_swiglu,
     .add = cpu_add,
     .linear_backward = cpu_linear_backward,
     .rmsnorm_backward = cpu_rmsnorm_backward,
