@@ -46,14 +46,21 @@ ds_isa ds_isa_best(void) {
   return g_best;
 }
 
-int ds_cpu_is_amd(void) {
+static int g_amd;
+
+static void amd_decide(void) {
 #ifdef DS_X86
   unsigned a, v[3];
-  if (!__get_cpuid(0, &a, &v[0], &v[2], &v[1])) return 0; /* the vendor string is in EBX, EDX, ECX */
-  return !memcmp(v, "AuthenticAMD", 12);
-#else
-  return 0;
+  if (!__get_cpuid(0, &a, &v[0], &v[2], &v[1])) return; /* the vendor string is in EBX, EDX, ECX */
+  g_amd = !memcmp(v, "AuthenticAMD", 12);
 #endif
+}
+
+/* Once per process: under a hypervisor every cpuid traps, and this is asked per matmul. */
+int ds_cpu_is_amd(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, amd_decide);
+  return g_amd;
 }
 
 const char *ds_isa_name(ds_isa isa) {

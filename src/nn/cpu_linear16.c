@@ -387,6 +387,12 @@ static int bf16_compute(ds_weight w, int64_t n) {
   return w.dtype == DS_BF16 && n >= DS_BF16_MIN_ROWS_BF16W && ds_matmul_compute() == DS_COMPUTE_BF16;
 }
 
+int ds_linear16_direct_wins(int64_t n, int64_t in) {
+  if (n <= DS_LINEAR16_DIRECT_MAX_ROWS) return 1;
+  if (ds_cpu_is_amd()) return n <= DS_LINEAR16_DIRECT_MAX_ROWS_AMD;
+  return n * in * (int64_t)sizeof(float) <= DS_LINEAR16_DIRECT_MAX_X_BYTES;
+}
+
 void ds_cpu_linear16(float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n, int64_t in,
                      int64_t out) {
   if (bf16_compute(w, n)) {
@@ -398,14 +404,14 @@ void ds_cpu_linear16(float *y, int64_t ldy, const float *x, ds_weight w, const f
     return;
   }
   ds_isa isa = ds_isa_best();
-  int direct = n <= DS_LINEAR16_DIRECT_MAX_ROWS || n * in * (int64_t)sizeof(float) <= DS_LINEAR16_DIRECT_MAX_X_BYTES;
+  int direct = ds_linear16_direct_wins(n, in);
   if (!direct && ds_linear16_chunked(isa, y, ldy, x, w, bias, n, in, out, ds_linear16_chunk_rows(in, out))) return;
   ds_linear16_direct(isa, y, ldy, x, w, bias, n, in, out);
 }
 
 void ds_cpu_linear16_cat(float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out, int n_seg,
                          const float *bias, int64_t n, int64_t in) {
-  int direct = n <= DS_LINEAR16_DIRECT_MAX_ROWS || n * in * (int64_t)sizeof(float) <= DS_LINEAR16_DIRECT_MAX_X_BYTES;
+  int direct = ds_linear16_direct_wins(n, in);
   for (int s = 0; s < n_seg; s++) direct = direct && !bf16_compute(w[s], n);
   if (direct && n_seg <= DS_CAT_SEG_MAX) {
     ds_linear16_direct_cat(ds_isa_best(), y, ldy, x, w, out, n_seg, bias, n, in);

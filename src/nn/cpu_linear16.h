@@ -20,14 +20,21 @@
 
 /* The forward takes the direct path for at most DS_LINEAR16_DIRECT_MAX_ROWS rows of x (decode,
  * speculative verification), and for more while x stays within DS_LINEAR16_DIRECT_MAX_X_BYTES
- * (it is re-read from cache for every block of weight rows: measured on Qwen3-1.7B's shapes,
- * the direct path beats convert + fp32 GEMM up to about 1 MiB of x, 128 rows of 2048); the
- * backward up to DS_LINEAR16_BWD_DIRECT_MAX_ROWS rows; the chunked path otherwise. */
+ * (it is re-read from cache for every block of weight rows: measured on Qwen3-1.7B's shapes on
+ * an Intel Xeon, the direct path beats convert + fp32 GEMM up to about 1 MiB of x, 128 rows of
+ * 2048) or, on AMD CPUs, for at most DS_LINEAR16_DIRECT_MAX_ROWS_AMD rows: there the direct
+ * kernel's FMAs run at half an Intel core's width, and on an EPYC Zen 4 the chunked path tied
+ * with it at 32 rows and ran 1.5-2.3x faster from 64 rows up, on SmolLM2's and Qwen3-1.7B's
+ * shapes alike (the teacher logits of a draft over SmolLM2's BF16 lm_head, 128 rows: 78 against
+ * 44 ms); the backward up to DS_LINEAR16_BWD_DIRECT_MAX_ROWS rows; the chunked path otherwise. */
 enum {
   DS_LINEAR16_DIRECT_MAX_ROWS = 8,
   DS_LINEAR16_DIRECT_MAX_X_BYTES = 1 << 20,
+  DS_LINEAR16_DIRECT_MAX_ROWS_AMD = 32,
   DS_LINEAR16_BWD_DIRECT_MAX_ROWS = 4
 };
+/* The forward's choice above for n rows of x of width in: 1 for the direct path. */
+int ds_linear16_direct_wins(int64_t n, int64_t in);
 /* The chunk the backend entries use: about 16 MiB of fp32 rows (at least 16 rows, a multiple of
  * 16). Fewer, larger GEMM calls pay off: each call packs x again and synchronizes the threads
  * (Qwen3-1.7B's gate_up and down at 512 rows, 2 threads: 4 MiB chunks took 1.2-2.3x the fp32
