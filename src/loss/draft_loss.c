@@ -8,7 +8,9 @@
  * for a full-vocabulary draft; with a reduced vocabulary (spec 4a) the draft's matmuls run
  * over its N rows only, and the teacher's over the full V (the exact TV needs p's full
  * normalizer). Peak extra memory is two (c, N) buffers and one (c, V), independent of the
- * number of blocks. */
+ * number of blocks. Overlapping blocks share positions (anchors 3 apart share 4 of 7), and the
+ * teacher's logits depend on the position alone: each chunk computes them once per distinct
+ * supervised position and copies them to the rows that share it. */
 #include <string.h>
 
 #include "dspark/backend.h"
@@ -16,7 +18,9 @@
 
 typedef struct {
   float *logits, *teacher, *scratch; /* (c, N), (c, V), (c, N) */
-  float *last_rows;                  /* (c, d) gathered teacher hidden states */
+  float *last_rows;                  /* (c, d) gathered teacher hidden states, one per distinct position */
+  int32_t *row_src;                  /* (c) the teacher row of each chunk row; -1: unsupervised */
+  int32_t *pos_row;                  /* (T) the teacher row of each position in this chunk; -1: none */
   int32_t *ids;                      /* (R) target ids x*_{a+k+1} */
   uint8_t *sup;                      /* (R) */
   double *w;                         /* (R) */
@@ -30,7 +34,7 @@ typedef struct {
 /* Carves the buffers from the draft's grow-only loss arena (64-byte aligned pieces); with
  * base NULL only counts the bytes. */
 static size_t layout_buffers(train_buffers *b, char *base, int64_t R, int64_t c, int64_t N, int64_t V, int64_t dm,
-                             int64_t r) {
+                             int64_t r, int64_t T) {
   size_t off = 0;
 #define TAKE(ptr, bytes)                                  \
   do {                                                    \
@@ -41,6 +45,8 @@ static size_t layout_buffers(train_buffers *b, char *base, int64_t R, int64_t c,
   TAKE(b->teacher, (size_t)(c * V) * sizeof(float));
   TAKE(b->scratch, (size_t)(c * N) * sizeof(float));
   TAKE(b->last_rows, (size_t)(c * dm) * sizeof(float));
+  TAKE(b->row_src, (size_t)c * sizeof(int32_t));
+  TAKE(b->pos_row, (size_t)(T > 0 ? T : 1) * sizeof(int32_t));
   TAKE(b->ids, (size_t)R * sizeof(int32_t));
   TAKE(b->sup, (size_t)R);
   TAKE(b->w, (size_t)R * sizeof(double));
@@ -54,16 +60,49 @@ static size_t layout_buffers(train_buffers *b, char *base, int64_t R, int64_t c,
 }
 
 static ds_status buffers_alloc(ds_draft *d, train_buffers *b, int64_t R, int64_t c, int64_t N, int64_t V, int64_t dm,
-                               int64_t r) {
+                               int64_t r, int64_t T) {
   memset(b, 0, sizeof *b);
-  size_t need = layout_buffers(b, NULL, R, c, N, V, dm, r);
+  size_t need = layout_buffers(b, NULL, R, c, N, V, dm, r, T);
   char *base = ds_draft_workspace(d, need);
   if (!base) return DS_ERR_NOMEM;
-  layout_buffers(b, base, R, c, N, V, dm, r);
+  layout_buffers(b, base, R, c, N, V, dm, r, T);
+  for (int64_t t = 0; t < T; t++) b->pos_row[t] = -1;
   memset(b->dh, 0, (size_t)(R * dm) * sizeof(float));
   memset(b->dz, 0, (size_t)(R * (r ? r : 1)) * sizeof(float));
   memset(b->dconf, 0, (size_t)R * sizeof(float));
   return DS_OK;
+}
+
+/* The teacher's hidden states of chunk rows [r0, r0 + n), one per distinct supervised position,
+ * into b->last_rows; b->row_src[i] = its row there (-1: unsupervised, never read). Returns the
+ * number of distinct rows. Leaves b->pos_row all -1 again. */
+static int64_t gather_teacher_rows(const ds_draft_seq *s, int64_t g, int64_t r0, int64_t n, int64_t dm,
+                                   train_buffers *b) {
+  int64_t u = 0;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t row = r0 + i;
+    b->row_src[i] = -1;
+    if (!b->sup[row]) continue;
+    int64_t t = s->anchors[row / g] + row % g; /* supervised: kept, and t + 1 < T (ids checked) */
+    if (b->pos_row[t] < 0) {
+      b->pos_row[t] = (int32_t)u;
+      memcpy(b->last_rows + u * dm, s->last + t * dm, (size_t)dm * sizeof(float));
+      u++;
+    }
+    b->row_src[i] = b->pos_row[t];
+  }
+  for (int64_t i = 0; i < n; i++)
+    if (b->row_src[i] >= 0) b->pos_row[s->anchors[(r0 + i) / g] + (r0 + i) % g] = -1;
+  return u;
+}
+
+/* Spreads the u distinct teacher rows (rows 0 .. u - 1 of teacher) to the chunk's n rows. Row
+ * i's source is at most i (sources are numbered in order of first use), so going down from the
+ * last row never overwrites a source a lower row still needs. */
+static void spread_teacher_rows(float *teacher, int64_t V, int64_t n, const int32_t *row_src) {
+  for (int64_t i = n - 1; i >= 0; i--)
+    if (row_src[i] >= 0 && row_src[i] != i)
+      memcpy(teacher + i * V, teacher + (int64_t)row_src[i] * V, (size_t)V * sizeof(float));
 }
 
 ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *s, const ds_dspark_loss_config *loss_in,
@@ -88,7 +127,7 @@ ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *s, const ds_dspark_
   DS_TRY(ds_draft_forward_train(d, s));
   const float *conf = lc.has_conf ? ds_draft_conf_logits(d) : NULL;
   train_buffers b;
-  DS_TRY(buffers_alloc(d, &b, R, chunk, N, V, dm, r));
+  DS_TRY(buffers_alloc(d, &b, R, chunk, N, V, dm, r, s->T));
   ds_status st = DS_OK;
   for (int64_t blk = 0; blk < s->n_blocks; blk++)
     for (int64_t k = 0; k < g; k++) {
@@ -114,12 +153,9 @@ ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *s, const ds_dspark_
     }
     ds_draft_rows_logits(d, r0, n, b.logits, b.scratch);
     if (lc.has_teacher) {
-      for (int64_t i = 0; i < n; i++) {
-        int64_t row = r0 + i, blk = row / g, t = s->block_keep[blk] ? s->anchors[blk] + row % g : 0;
-        if (t >= s->T) t = 0; /* unsupervised row: any finite input */
-        memcpy(b.last_rows + i * dm, s->last + t * dm, (size_t)dm * sizeof(float));
-      }
-      ds_draft_backend(d)->linear_w(b.teacher, V, b.last_rows, teacher_head, NULL, n, dm, V);
+      int64_t u = gather_teacher_rows(s, g, r0, n, dm, &b);
+      ds_draft_backend(d)->linear_w(b.teacher, V, b.last_rows, teacher_head, NULL, u, dm, V);
+      spread_teacher_rows(b.teacher, V, n, b.row_src);
     }
     ds_dspark_row_stats chunk_rows = {rows.ce + r0, rows.l1 + r0, rows.accept + r0, rows.bce + r0,
                                       rows.ce_on ? rows.ce_on + r0 : NULL};
