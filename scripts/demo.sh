@@ -75,7 +75,7 @@ train_draft() { # NAME extra options...
   if [ ! -f "$demo/$name/checkpoint.safetensors" ]; then
     stamp "training the $name draft ($dsteps steps from the cache)"
     dsc train --cache "$demo/cache" --out "$demo/$name" --overwrite --num-anchors 32 --batch-seqs 4 \
-        --draft-layers 1 --draft-vocab "$dvocab" --steps "$dsteps" --eval-every "$((dsteps / 3))" --eval-seqs 8 \
+        --draft-layers 1 --draft-vocab "$dvocab" --chunk-rows 256 --steps "$dsteps" --eval-every "$((dsteps / 3))" --eval-seqs 8 \
         --save-every "$dsteps" --lr "$draft_lr" --warmup "$draft_warmup" --seed 1 "$@"
   fi
 }
