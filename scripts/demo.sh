@@ -13,8 +13,8 @@
 #   6. `dspark speculate` decodes each kind's held-out prompts one request at a time with each
 #      draft, against plain decoding of the same prompts, and the table is printed per kind;
 #   7. `dspark plot` draws the training curves and the reports' figures.
-# The target is read from the .gguf file itself by every command (dequantized at load; nothing
-# converted on disk). Stage times go to $demo/stages.jsonl. The quick option on a toy target the
+# The target is read from the .gguf file itself by every command (its quantized weights used as
+# stored, docs/compute.md; nothing converted on disk). Stage times go to $demo/stages.jsonl. The quick option on a toy target the
 # engine pretrains itself: scripts/demo_toy.sh.
 # Environment: DSPARK_DEMO_DIR (default ~/.cache/dspark/demo-smollm2), DEMO_TRAIN_PROMPTS (all),
 # DEMO_EVAL_PROMPTS (per kind, 6), DEMO_ANSWER_TOKENS (per regenerated answer, 192),
