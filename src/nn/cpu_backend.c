@@ -268,7 +268,6 @@ static void cpu_rope_backward(float *dx, int64_t stride, const int64_t *pos, con
 
 /* ---------------------------------------------------------------- swiglu */
 
-/* out[n, I] = silu(gu[n, 0:I]) * gu[n, I:2I]. */
 /* out[n, I] = silu(gate) * up, gu[n, 2I] = (gate | up); with the vectorizing exp (2e-7 relative,
  * nn/fast_exp.h) instead of libm's scalar expf: about 10x cheaper, and 7% of a pretraining step
  * with expf (29M Qwen3, AMD EPYC Zen 4). */
