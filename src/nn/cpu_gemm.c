@@ -57,11 +57,12 @@ static void gemm_loops(int ta, int tb, int64_t m, int64_t n, int64_t k, const fl
 
 #if defined(DSPARK_GEMM_ONEDNN)
 /* A product with B transposed of at least this many rows, and this many columns per thread,
- * is split by columns across the threads (ds_cpu_sgemm). Measured on 40 shapes of the draft's
+ * is split by columns across the threads (ds_cpu_sgemm). Measured on 50 shapes of the draft's
  * step, the pretraining step and SmolLM2's prefill (2 threads, AMD EPYC Zen 4): up to 2.4x
- * faster, most where k >= 1024 or m <= 128; within 6% either way on the rest; below 16 rows
- * no gain. */
-enum { SPLIT_MIN_ROWS = 16, SPLIT_MIN_COLS = 256 };
+ * faster, most where k >= 1024 or m <= 128 (the 29M Qwen3's down projection, 512 x 384 x 1536:
+ * 168 -> 214 GFLOP/s); within 6% either way on the rest; below 16 rows, or 64 columns a
+ * thread, no gain. */
+enum { SPLIT_MIN_ROWS = 16, SPLIT_MIN_COLS = 96 };
 
 /* row-major, as ours; a failure (bad arguments: a bug of ours) must not pass silently */
 static void onednn_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
