@@ -35,6 +35,7 @@
 #ifndef DSPARK_TRAINER_H
 #define DSPARK_TRAINER_H
 
+#include "dspark/backend.h"
 #include "dspark/comm.h"
 #include "dspark/common.h"
 #include "dspark/safetensors.h"
@@ -62,6 +63,7 @@ typedef struct {
   int64_t inject_nan_step;  /* testing aid: poison the gradient of this step (1-based, as progress counts); 0 = never */
   int threads;              /* 0 = default */
   int quiet;                /* no progress line */
+  int profile;              /* time and GFLOP/s per kernel of the trained model, printed when the loop ends */
   /* Data parallelism (include/dspark/comm.h; NULL: one process). Each rank runs batch items
    * j = rank, rank + world, ... of every step (the global batch does not depend on the number
    * of ranks), gradients and reports are summed over ranks before the step's update, and rank 0
@@ -70,6 +72,11 @@ typedef struct {
 } ds_loop_options;
 
 void ds_loop_options_default(ds_loop_options *o);
+
+/* The backend an objective runs its trained model on: the CPU backend, or with o->profile the
+ * profiling backend around it (include/dspark/profile.h), whose table ds_trainer_run prints at
+ * its end. Frozen models (a target, a teacher) keep the plain CPU backend. */
+const ds_backend *ds_loop_backend(const ds_loop_options *o);
 
 enum { DS_REPORT_MAX_PAIRS = 12, DS_REPORT_MAX_VEC = 64 };
 

@@ -1,7 +1,7 @@
 /* The options every training command shares (ds_loop_options, include/dspark/trainer.h):
  * --out, --steps, --batch-seqs, --lr, --warmup, --weight-decay, --grad-clip, --seed,
  * --skip-nonfinite, --save-every, --eval-every, --resume, --overwrite, --stop-after,
- * --inject-nan-step, --threads, --quiet; parsed one way for train, pretrain and distill. */
+ * --inject-nan-step, --threads, --quiet, --profile; parsed one way for train, pretrain and distill. */
 #ifndef DSPARK_CLI_LOOP_ARGS_H
 #define DSPARK_CLI_LOOP_ARGS_H
 

@@ -93,7 +93,7 @@ static ds_status op_init(void *self, uint64_t seed) {
   ds_weight embed = t->target ? ds_target_embed(t->target) : t->embed;
   ds_weight lm_head = t->target ? ds_target_lm_head(t->target) : t->lm_head;
   /* a reduced vocabulary copies the rows S of the target's lm_head */
-  DS_TRY(ds_draft_new_vocab(&t->dc, embed, lm_head, t->vocab_ids, seed, ds_backend_cpu(), &t->draft));
+  DS_TRY(ds_draft_new_vocab(&t->dc, embed, lm_head, t->vocab_ids, seed, ds_loop_backend(&t->o->loop), &t->draft));
   ds_free_aligned((void *)t->embed.data); /* the draft holds its own replicas */
   t->embed = (ds_weight){NULL, DS_F32};
   if (!t->vocab_ids) { /* else the cache's lm_head stays: the teacher (t->teacher_head) */
@@ -111,7 +111,7 @@ static ds_status op_load(void *self, const ds_safetensors *ck) {
   DS_TRY(ds_draft_config_from_json(json, strlen(json), path, &saved));
   DS_TRY(ds_draft_run_check_loaded(t, &saved, path));
   /* Tables in the dtype the checkpoint stores them in; every tensor is checked finite. */
-  DS_TRY(ds_draft_load_tensors(&t->dc, ck, "draft.", ds_backend_cpu(), &t->draft));
+  DS_TRY(ds_draft_load_tensors(&t->dc, ck, "draft.", ds_loop_backend(&t->o->loop), &t->draft));
   /* a reduced vocabulary: the checkpoint's S (its d2t, checked well formed on load) must be the
    * one this run selects from its data */
   const int32_t *saved_ids = ds_draft_vocab_ids(t->draft);

@@ -159,10 +159,9 @@ static ds_status run_item(lm_run *t, int64_t idx, const ds_kd_loss_config *cfg, 
 
 static ds_status op_init(void *self, uint64_t seed) {
   lm_run *t = self;
-  if (t->o->student_dir) DS_TRY(ds_student_load_hf(t->o->student_dir, ds_backend_cpu(), &t->student));
-  else
-    DS_TRY(ds_student_new(t->student_json, strlen(t->student_json), t->o->student_config, seed, ds_backend_cpu(),
-                          &t->student));
+  const ds_backend *be = ds_loop_backend(&t->o->loop);
+  if (t->o->student_dir) DS_TRY(ds_student_load_hf(t->o->student_dir, be, &t->student));
+  else DS_TRY(ds_student_new(t->student_json, strlen(t->student_json), t->o->student_config, seed, be, &t->student));
   return ds_lm_inter_params(t, NULL);
 }
 
@@ -170,7 +169,7 @@ static ds_status op_load(void *self, const ds_safetensors *ck) {
   lm_run *t = self;
   const char *json = ds_st_metadata(ck, "student_config");
   if (!json) return DS_FAIL(DS_ERR_FORMAT, "%s: metadata 'student_config' is missing", ds_st_path(ck));
-  DS_TRY(ds_student_new(json, strlen(json), ds_st_path(ck), 0, ds_backend_cpu(), &t->student));
+  DS_TRY(ds_student_new(json, strlen(json), ds_st_path(ck), 0, ds_loop_backend(&t->o->loop), &t->student));
   const ds_model_config *c = ds_student_config(t->student);
   if (c->vocab_size != t->V || c->hidden_size != t->d)
     return DS_FAIL(DS_ERR_FORMAT, "%s: the checkpoint's student (vocabulary %lld, hidden %lld) is not this run's "

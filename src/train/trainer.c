@@ -25,6 +25,7 @@
 #include <xxhash.h>
 
 #include "dspark/backend.h"
+#include "dspark/profile.h"
 #include "dspark/progress.h"
 #include "dspark/rng.h"
 #include "train/trainer_internal.h"
@@ -371,8 +372,17 @@ static ds_status setup(ds_trainer *t, ds_objective *obj) {
   return t->ops->start(t->self, t);
 }
 
+/* The trained model's kernels under --profile: one table, as one loop runs at a time. */
+static ds_profile g_profile;
+
+const ds_backend *ds_loop_backend(const ds_loop_options *o) {
+  return o && o->profile ? ds_backend_profiled(ds_backend_cpu(), &g_profile) : ds_backend_cpu();
+}
+
 ds_status ds_trainer_run(ds_objective *obj, const ds_loop_options *o) {
   DS_TRY(check_options(o));
+  memset(&g_profile, 0, sizeof g_profile);
+  double t_run = ds_time_sec();
   ds_trainer t;
   memset(&t, 0, sizeof t);
   t.obj = obj;
@@ -425,6 +435,11 @@ ds_status ds_trainer_run(ds_objective *obj, const ds_loop_options *o) {
             world_of(&t), ds_comm_name(o->comm), (long long)cs->allreduce_calls, cs->allreduce_bytes / 1e6,
             cs->allreduce_s);
   ds_progress_break(stderr);
+  if (st == DS_OK && o->profile && ds_trainer_is_writer(&t)) {
+    fprintf(stderr, "kernels of the trained model over the whole run (%lld steps here, evaluations included):\n",
+            (long long)done_here);
+    ds_profile_print(&g_profile, ds_time_sec() - t_run, stderr);
+  }
   ds_trainer_run_dir_close(&t);
   ds_adamw_free(&t.opt);
   free(t.perm);

@@ -335,7 +335,16 @@ def main():
         glued = [i for i in range(len(text)) if text.startswith("eval at step", i) and i > 0 and text[i - 1] != "\n"]
         ck.check("eval at step" in text and not glued, f"25: an evaluation line glued to the progress line: {text!r}")
 
-    sections = [item_00_24, item_00_24_usage, item_01_5, item_02_16, item_03_7, item_05_4, item_06_11, item_07_2, item_07_format1, item_08_13, item_08_13_format, item_09_14, item_10_15, item_11_18, item_12_8, item_12_8_cache, item_13_23, item_14_25]
+    def item_profile():
+        # --profile prints the trained model's kernels at the end and changes nothing it computes
+        run = fresh("profile")
+        _, err, _ = train(run, "--profile")
+        rows = {l.split()[0]: l.split()[1:] for l in err.splitlines() if len(l.split()) >= 4}
+        ck.check("kernels of the trained model" in err and int(rows.get("linear", ["0"])[0]) > 0
+                 and int(rows.get("linear_bwd", ["0"])[0]) > 0, f"--profile: no kernel table:\n{err}")
+        ck.check(sha(os.path.join(run, "checkpoint.safetensors")) == ref_sha, "--profile changed the checkpoint")
+
+    sections = [item_profile, item_00_24, item_00_24_usage, item_01_5, item_02_16, item_03_7, item_05_4, item_06_11, item_07_2, item_07_format1, item_08_13, item_08_13_format, item_09_14, item_10_15, item_11_18, item_12_8, item_12_8_cache, item_13_23, item_14_25]
     for section in sections:
         try:
             section()
