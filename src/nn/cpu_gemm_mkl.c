@@ -124,9 +124,9 @@ void ds_mkl_bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t *A, int64_
             (mkl_int)k, beta, C, (mkl_int)ldc);
 }
 
-/* Not on AMD CPUs: there MKL takes its generic code path (mkl_blas_def_sgemm_kernel_0_zen) and
- * ran the draft step's products 20-35% slower than oneDNN (AMD EPYC Zen 4, 2 threads: the draft
- * optimizer step 0.75 s against 0.62). */
+/* Not on AMD CPUs: there MKL takes its generic code path (mkl_blas_def_sgemm_kernel_0_zen), slower
+ * than oneDNN on 9 of the draft step's 11 shapes (AMD EPYC Zen 4, 2 threads: the draft optimizer
+ * step 0.75 s with it against 0.62). */
 int ds_mkl_sgemm_available(void) { return ds_mkl_bf16_available() && g_sgemm_ok; }
 
 void ds_mkl_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
