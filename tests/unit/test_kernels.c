@@ -96,8 +96,46 @@ static void test_swiglu_add(void) {
   free(gu);
 }
 
+/* The fp32 GEMM with padded strides and beta 0 / 1, on 2 threads, at shapes its column split
+ * takes (B transposed, 16+ rows, 96+ columns a thread: tails of the split included) and that
+ * it leaves whole, against a double reference: each entry within the first-order bound of a
+ * k-term fp32 sum. */
+static void test_sgemm_split(void) {
+  int64_t shapes[][3] = {{16, 192, 40}, {33, 517, 70}, {64, 1024, 129}, {15, 600, 33}, {40, 150, 64}};
+  int threads = ds_get_num_threads();
+  ds_set_num_threads(2);
+  for (int s = 0; s < 5; s++)
+    for (int ta = 0; ta < 2; ta++)
+      for (int tb = 0; tb < 2; tb++)
+        for (int bi = 0; bi < 2; bi++) {
+          int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], pad = 3;
+          int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+          float beta = (float)bi;
+          float *A = rand_buf((size_t)((ta ? k : m) * lda), 1), *B = rand_buf((size_t)((tb ? n : k) * ldb), 1);
+          float *C = rand_buf((size_t)(m * ldc), 1), *C0 = malloc(sizeof(float) * (size_t)(m * ldc));
+          memcpy(C0, C, sizeof(float) * (size_t)(m * ldc));
+          ds_gemm_f32(ta, tb, m, n, k, A, lda, B, ldb, beta, C, ldc);
+          int bad = 0;
+          for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+              double ref = beta * (double)C0[i * ldc + j], mag = fabs(ref);
+              for (int64_t p = 0; p < k; p++) {
+                double t = (double)(ta ? A[p * lda + i] : A[i * lda + p]) * (tb ? B[j * ldb + p] : B[p * ldb + j]);
+                ref += t, mag += fabs(t);
+              }
+              bad += fabs(C[i * ldc + j] - ref) > (double)(k + 2) * 0x1p-24 * mag;
+            }
+          for (int64_t i = 0; i < m; i++) /* the padding between rows of C is never written */
+            for (int64_t j = n; j < ldc; j++) bad += C[i * ldc + j] != C0[i * ldc + j];
+          EXPECT(bad == 0);
+          free(A), free(B), free(C), free(C0);
+        }
+  ds_set_num_threads(threads);
+}
+
 int main(void) {
   ds_rng_seed(&g_rng, 42);
+  TEST_RUN(test_sgemm_split);
   TEST_RUN(test_linear);
   TEST_RUN(test_rmsnorm);
   TEST_RUN(test_rope);
