@@ -13,13 +13,18 @@
 #include "nn/fast_exp.h"
 
 /* Row loops work on blocks of LANES floats with GCC/clang vector extensions: the lanes, and
- * so the order of every partial sum, are fixed by the source, not by the compiler or the
- * target ISA (without AVX-512 a vector op is split into narrower ones with the same result). */
+ * so the order of every partial sum, are fixed by the source and the instruction set the build
+ * targets (16 lanes with AVX-512, 8 otherwise), not by threads, chunking or the compiler's
+ * choices. 8 without AVX-512 because GCC lowers comparisons and selects of 64-byte vectors lane
+ * by lane through memory on AVX2, which made every row loop 3-4x slower there. */
+#ifdef __AVX512F__
 enum { LANES = 16 };
-typedef float vf __attribute__((vector_size(64)));    /* 16 floats */
-typedef int32_t vi __attribute__((vector_size(64)));  /* 16 int32, and comparison masks of vf */
-typedef uint32_t vu __attribute__((vector_size(64)));
-typedef double vd __attribute__((vector_size(128))); /* 16 doubles: the partial sums of a vf */
+#else
+enum { LANES = 8 };
+#endif
+typedef float vf __attribute__((vector_size(LANES * 4)));   /* LANES floats */
+typedef int32_t vi __attribute__((vector_size(LANES * 4))); /* LANES int32, and comparison masks of vf */
+typedef double vd __attribute__((vector_size(LANES * 8)));  /* LANES doubles: the partial sums of a vf */
 /* Vectors never cross a function boundary by value (that would tie the code to AVX-512's
  * calling convention): helpers take pointers or are macros, and inline away. */
 #define VF_SPLAT(a) ((vf){0} + (float)(a))
@@ -70,10 +75,12 @@ static inline void vexp(vf *out, const vf *x) {
 static inline float row_scan(const float *x, int64_t V, int *bad) {
   vf m = VF_SPLAT(-INFINITY), xv;
   vi b = {0};
-  const vu abs_mask = (vu){0} + 0x7fffffffu, inf_bits = (vu){0} + 0x7f800000u;
+  /* signed compares of the non-negative magnitudes: AVX2 has no unsigned ones, and GCC would
+   * lower them lane by lane */
+  const vi abs_mask = (vi){0} + 0x7fffffff, inf_bits = (vi){0} + 0x7f800000;
   for (int64_t v = 0; v < V; v += LANES) {
     vf_load(&xv, x + v, V - v, -INFINITY);
-    vu u = (vu)xv;
+    vi u = (vi)xv;
     b |= ((u & abs_mask) > inf_bits) | (u == inf_bits);
     m = VF_SELECT(xv > m, xv, m);
   }

@@ -47,8 +47,16 @@ static inline float ds_fast_expf(float x) {
   float two_n;
   memcpy(&two_n, &bits, sizeof two_n);
   float y = p * two_n;
-  y = x < lo ? 0.0f : y;
-  return x == x ? y : x; /* NaN in, NaN out */
+  /* y = x < lo ? 0 : y, then NaN in, NaN out; written as bit masks because GCC 12 cannot
+   * if-convert the two selects for AVX2 (no masked registers) and leaves every loop calling
+   * this scalar there. */
+  uint32_t yb, xb;
+  memcpy(&yb, &y, sizeof yb);
+  memcpy(&xb, &x, sizeof xb);
+  uint32_t under = -(uint32_t)(x < lo), nan = -(uint32_t)(x != x);
+  yb = (yb & ~under & ~nan) | (xb & nan);
+  memcpy(&y, &yb, sizeof y);
+  return y;
 }
 
 /* Only where the scalar one is fused too (an FMA target), or their bits would differ. */
