@@ -37,4 +37,6 @@ fi
 
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DDSPARK_WERROR=ON -DDSPARK_PYTHON="$py" >/dev/null
 cmake --build build/release -j "$jobs"
-(cd build/release && ctest --output-on-failure -j "$jobs" "$@")
+# conformance.test_gguf_draft ran above under the sanitizers: its 4-5 minutes are llama.cpp's
+# Python converter, the same in both builds, and a second run kept CI near 30 minutes on a Zen 3.
+(cd build/release && ctest --output-on-failure -j "$jobs" -E '^conformance\.test_gguf_draft$' "$@")
