@@ -3,7 +3,7 @@
  *
  * exp(x) in fp32, relative error about 2e-7 (within 2 ulp of expf): Cephes range reduction
  * x = n ln2 + r, |r| <= ln2/2, a degree-6 polynomial, 2^n built from the exponent bits.
- * Branch-free (the clamps and the final choices are selects), so loops calling it vectorize.
+ * Branch-free (the clamps are selects, the final choices bit masks), so loops calling it vectorize.
  * Meant for softmax arguments (x <= ~0): below -87.3365 (exp < FLT_MIN) it returns 0, as it
  * does for -inf; above 88 it saturates (exp(88), also for +inf). NaN gives NaN.
  *
