@@ -112,11 +112,10 @@ QI void q_block(ds_dtype dt, const unsigned char *w, int64_t b, const q_xrows *x
   }
 }
 
-/* out[r] = one weight row [in] (type dt, bb bytes a block) dotted with R rows of x. Blocks
+/* out[r] = one weight row (type dt, nb blocks of bb bytes) dotted with R rows of x. Blocks
  * alternate between two sets of accumulators, so consecutive blocks do not wait on one another's
  * adds. */
-QI void q_dot_rows(const unsigned char *w, ds_dtype dt, size_t bb, const q_xrows *x, int64_t in, int R, float *out) {
-  int64_t nb = in / (dt == DS_Q4_K || dt == DS_Q6_K ? 256 : 32);
+QI void q_dot_rows(const unsigned char *w, ds_dtype dt, size_t bb, int64_t nb, const q_xrows *x, int R, float *out) {
   __m256 a0[4], a1[4];
   float e0[4] = {0}, e1[4] = {0};
   for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_ps();
@@ -131,7 +130,8 @@ QI void q_dot_rows(const unsigned char *w, ds_dtype dt, size_t bb, const q_xrows
 
 QI void q_rows(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *w, ds_dtype dt, int64_t in,
                int64_t o0, int64_t o1, const float *bias) {
-  size_t rb = ds_quant_row_bytes(dt, in), bb = ds_quant_row_bytes(dt, dt == DS_Q4_K || dt == DS_Q6_K ? 256 : 32);
+  int64_t blk = ds_quant_block(dt), nb = in / blk;
+  size_t rb = ds_quant_row_bytes(dt, in), bb = ds_quant_row_bytes(dt, blk);
   for (int64_t o = o0; o < o1; o++)
     for (int64_t i = 0; i < n; i += 4) { /* 4 rows of x per pass over the weight row (read from L1) */
       int R = n - i < 4 ? (int)(n - i) : 4;
@@ -142,10 +142,10 @@ QI void q_rows(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned 
       float out[4] = {0};
       const unsigned char *wr = w + (size_t)o * rb;
       switch (R) {
-        case 4: q_dot_rows(wr, dt, bb, &xr, in, 4, out); break;
-        case 3: q_dot_rows(wr, dt, bb, &xr, in, 3, out); break;
-        case 2: q_dot_rows(wr, dt, bb, &xr, in, 2, out); break;
-        default: q_dot_rows(wr, dt, bb, &xr, in, 1, out); break;
+        case 4: q_dot_rows(wr, dt, bb, nb, &xr, 4, out); break;
+        case 3: q_dot_rows(wr, dt, bb, nb, &xr, 3, out); break;
+        case 2: q_dot_rows(wr, dt, bb, nb, &xr, 2, out); break;
+        default: q_dot_rows(wr, dt, bb, nb, &xr, 1, out); break;
       }
       for (int r = 0; r < R; r++) y[(i + r) * ldy + o] = out[r] + (bias ? bias[o] : 0.0f);
     }
