@@ -3,7 +3,8 @@
  * dots) to the chunked one (dequantized rows into the fp32 GEMM): per type, on SmolLM2-135M's
  * shapes (gate|up [3072, 576], down [576, 1536], the tied head [49152, 576]), for a range of
  * rows, best of R runs; the direct path's weight bytes read per second at each row count.
- *   bench_quant [--threads N] [--reps R] [--chunk-kb K: chunks of K KiB of fp32 rows] */
+ *   bench_quant [--threads N] [--reps R] [--chunk-kb K: chunks of K KiB of fp32 rows]
+ *               [--isa portable|avx2|avx2-packed|vnni: the direct path's kernel, capped at the CPU's] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,13 +29,20 @@ static unsigned char *make_weight(ds_dtype dt, int64_t rows, int64_t cols) {
 
 int main(int argc, char **argv) {
   int threads = 0, reps = 5, chunk_kb = 0;
+  ds_qisa isa = ds_qisa_best();
   for (int i = 1; i + 1 < argc; i++) {
     if (!strcmp(argv[i], "--threads")) threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--chunk-kb")) chunk_kb = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--isa")) {
+      const char *v = argv[++i];
+      isa = !strcmp(v, "portable") ? DS_QISA_PORTABLE : !strcmp(v, "avx2") ? DS_QISA_AVX2
+            : !strcmp(v, "avx2-packed") ? DS_QISA_AVX2_PACKED : DS_QISA_VNNI;
+      if (isa > ds_qisa_best()) isa = ds_qisa_best();
+    }
   }
   if (threads) ds_set_num_threads(threads);
-  printf("quantized kernels: %s, GEMM: %s, threads %d\n", ds_weight_quant_kernel_name(), ds_gemm_name(), ds_get_num_threads());
+  printf("quantized kernels: %s, GEMM: %s, threads %d\n", ds_qisa_name(isa), ds_gemm_name(), ds_get_num_threads());
   const ds_dtype types[] = {DS_Q4_1, DS_Q8_0, DS_Q4_0, DS_Q4_K, DS_Q6_K};
   const int64_t shapes[3][2] = {{3072, 576}, {576, 1536}, {49152, 576}};
   const int64_t rows[] = {1, 2, 4, 8, 12, 16, 24, 32, 64, 128};
@@ -53,7 +61,7 @@ int main(int argc, char **argv) {
         for (int k = 0; k < reps; k++)
           for (int path = 0; path < 2; path++) {
             double t0 = ds_time_sec();
-            if (path == 0) ds_quant_direct_cat(ds_qisa_best(), y, out, x, &qw, &out, 1, NULL, n, in);
+            if (path == 0) ds_quant_direct_cat(isa, y, out, x, &qw, &out, 1, NULL, n, in);
             else ds_quant_chunked(y, out, x, qw, NULL, n, in, out, chunk_kb ? chunk_kb * 256 / in : ds_quant_chunk_rows(in, out));
             double dt = ds_time_sec() - t0;
             if (dt < best[path]) best[path] = dt;

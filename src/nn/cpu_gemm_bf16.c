@@ -29,6 +29,7 @@
 #include "nn/cpu_gemm_mkl.h"
 #include "nn/cpu_isa.h"
 #include "nn/cpu_kernels.h"
+#include "nn/cpu_quant.h"
 
 #if defined(DSPARK_GEMM_ONEDNN)
 #include <oneapi/dnnl/dnnl.h>
@@ -659,6 +660,7 @@ void ds_cpu_gemm_bf16_frozen_cat(int64_t m, const void *const *segs, int f32, co
 }
 
 size_t ds_packed_weight_bytes(void) {
+  size_t q = ds_quant_packed_bytes(); /* the 8-row copies of quantized weights (nn/cpu_quant.h) */
   pthread_mutex_lock(&g_lock);
 #if defined(DSPARK_GEMM_ONEDNN)
   size_t b = g_pack_bytes;
@@ -666,10 +668,11 @@ size_t ds_packed_weight_bytes(void) {
   size_t b = 0;
 #endif
   pthread_mutex_unlock(&g_lock);
-  return b;
+  return b + q;
 }
 
 void ds_release_packed_weights(void) {
+  ds_quant_release_packs();
 #if defined(DSPARK_GEMM_ONEDNN)
   pthread_mutex_lock(&g_lock);
   while (g_packs_used > 0) pack_drop(&g_packs[g_packs_used - 1]);

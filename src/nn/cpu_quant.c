@@ -168,11 +168,14 @@ static int cpu_has_vnni(void) {
 ds_qisa ds_qisa_best(void) {
   ds_isa isa = ds_isa_best(); /* AVX2 there means AVX2 + FMA + F16C, which the AVX2 kernel uses */
   if (isa == DS_ISA_AVX512) return cpu_has_vnni() ? DS_QISA_VNNI : DS_QISA_AVX2;
-  return isa == DS_ISA_AVX2 ? DS_QISA_AVX2 : DS_QISA_PORTABLE;
+  return isa == DS_ISA_AVX2 ? DS_QISA_AVX2_PACKED : DS_QISA_PORTABLE;
 }
 
 const char *ds_qisa_name(ds_qisa isa) {
-  return isa == DS_QISA_VNNI ? "AVX-512 VNNI" : isa == DS_QISA_AVX2 ? "AVX2" : "portable";
+  return isa == DS_QISA_VNNI          ? "AVX-512 VNNI"
+         : isa == DS_QISA_AVX2_PACKED ? "AVX2 (8-row packed)"
+         : isa == DS_QISA_AVX2        ? "AVX2"
+                                      : "portable";
 }
 
 const char *ds_weight_quant_kernel_name(void) { return ds_qisa_name(ds_qisa_best()); }
@@ -182,7 +185,7 @@ static ds_quant_rows_fn pick_rows(ds_qisa isa) {
   if (isa > best) isa = best; /* never a SIGILL */
 #if defined(__x86_64__) || defined(__i386__)
   if (isa == DS_QISA_VNNI) return ds_quant_rows_vnni;
-  if (isa == DS_QISA_AVX2) return ds_quant_rows_avx2;
+  if (isa == DS_QISA_AVX2 || isa == DS_QISA_AVX2_PACKED) return ds_quant_rows_avx2;
 #endif
   return ds_quant_rows_portable;
 }
@@ -200,13 +203,26 @@ int ds_quant_direct_cat(ds_qisa isa, float *y, int64_t ldy, const float *x, cons
   if (!ds_qx_alloc(&qx, n, in)) return 0;
   ds_qx_quantize(&qx, x, n, in);
   ds_quant_rows_fn rows = pick_rows(isa);
+  const unsigned char *packed[DS_CAT_SEG_MAX] = {0};
+  if (isa > ds_qisa_best()) isa = ds_qisa_best(); /* never a SIGILL */
+  if (isa == DS_QISA_AVX2_PACKED)
+    for (int s = 0; s < n_seg; s++) packed[s] = ds_quant_packed(w[s], out[s], in);
   ds_cat_blocks c;
-  ds_cat_blocks_init(&c, out, n_seg, ROW_BLOCK);
+  ds_cat_blocks_init(&c, out, n_seg, ROW_BLOCK); /* ROW_BLOCK a multiple of 8: whole packed groups */
   DS_OMP(parallel for schedule(static) if (c.total * in > 65536))
   for (int64_t b = 0; b < c.blocks; b++) {
     int64_t o0, o1;
     int s = ds_cat_block(&c, out, b, &o0, &o1);
-    rows(y + c.col[s], ldy, &qx, n, w[s].data, w[s].dtype, in, o0, o1, bias ? bias + c.col[s] : NULL);
+    float *ys = y + c.col[s];
+    const float *bs = bias ? bias + c.col[s] : NULL;
+#if defined(__x86_64__) || defined(__i386__)
+    if (packed[s]) { /* the rows of whole groups packed, the rest (< 8) by the row kernel */
+      int64_t o8 = o0 + (o1 - o0) / 8 * 8;
+      ds_quant_packed_rows_avx2(ys, ldy, &qx, n, packed[s], w[s].dtype, in, o0, o8, bs);
+      o0 = o8;
+    }
+#endif
+    if (o0 < o1) rows(ys, ldy, &qx, n, w[s].data, w[s].dtype, in, o0, o1, bs);
   }
   ds_qx_free(&qx);
   return 1;

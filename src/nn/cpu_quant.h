@@ -35,8 +35,11 @@ typedef struct {
 
 /* The instruction sets of these kernels: VNNI is AVX-512 VNNI (with VL and BW), Q4_0 / Q4_1 / Q4_K
  * / Q6_K at 512 bits with 16 weight rows across the lanes, Q8_0 a row at a time with dpbusd
- * (cpu_quant_avx512.c); AVX2 a weight row at a time (cpu_quant_avx2.c). */
-typedef enum { DS_QISA_PORTABLE = 0, DS_QISA_AVX2, DS_QISA_VNNI } ds_qisa;
+ * (cpu_quant_avx512.c); AVX2 a weight row at a time (cpu_quant_avx2.c); AVX2_PACKED the AVX2
+ * kernel on 8-row packed copies of Q4_0 / Q4_1 / Q8_0 weights (below; cpu_quant_avx2_packed.c),
+ * the row kernel for the other types and for the last rows of a weight whose count is not a
+ * multiple of 8. */
+typedef enum { DS_QISA_PORTABLE = 0, DS_QISA_AVX2, DS_QISA_AVX2_PACKED, DS_QISA_VNNI } ds_qisa;
 ds_qisa ds_qisa_best(void); /* what this CPU runs, capped by $DSPARK_MAX_ISA as ds_isa_best */
 const char *ds_qisa_name(ds_qisa isa);
 
@@ -64,6 +67,27 @@ void ds_quant_rows_avx2(float *y, int64_t ldy, const ds_qx *x, int64_t n, const 
                         int64_t in, int64_t o0, int64_t o1, const float *bias);
 void ds_quant_rows_vnni(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *w, ds_dtype dt,
                         int64_t in, int64_t o0, int64_t o1, const float *bias);
+
+/* The 8-row packed layout of a Q4_0 / Q4_1 / Q8_0 weight [rows, in] (its first 8 * groups rows):
+ * group g (rows 8g .. 8g+7), block b (values 32b .. 32b+31) at byte (g * in / 32 + b) * 8 * B,
+ * B the type's block bytes (18, 20, 34), so the copy is as large as the rows it packs:
+ *   d[8]     f16, row r's scale at r          (then Q4_1's m[8] the same way)
+ *   quants   chunks of 32 bytes, chunk j holding at bytes 4r .. 4r+3 row r's stored quant bytes
+ *            4j .. 4j+3 (Q8_0: values 4j .. 4j+3, chunks 0-7; Q4: low nibbles values 4j .. 4j+3,
+ *            high nibbles 16 + 4j .. 16 + 4j + 3, chunks 0-3).
+ * Packing moves bytes only: the packed kernel reads the stored values, scales and offsets. */
+int ds_quant_packable(ds_dtype dt); /* Q4_0, Q4_1, Q8_0 */
+void ds_quant_pack8(unsigned char *dst, const unsigned char *w, ds_dtype dt, int64_t groups, int64_t in);
+/* The packed copy of w's first rows / 8 * 8 rows, made on first use (parallel over groups) and kept
+ * for the process, keyed by w's address, type and shape (ds_release_packed_weights() frees the
+ * copies); NULL for a type without the layout, fewer than 8 rows, or no memory (then for good:
+ * a weight's products never change kernel midway). Thread-safe. */
+const unsigned char *ds_quant_packed(ds_weight w, int64_t rows, int64_t in);
+size_t ds_quant_packed_bytes(void);
+void ds_quant_release_packs(void);
+/* y[i, o] (+ bias[o]) for i < n and o in [o0, o1) (multiples of 8) from the packed copy. */
+void ds_quant_packed_rows_avx2(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *packed,
+                               ds_dtype dt, int64_t in, int64_t o0, int64_t o1, const float *bias);
 
 /* y[n, sum(out)] (row stride ldy) = x[n, in] @ [w[0]; w[1]; ...]^T (+ bias), each segment a
  * quantized weight [out[s], in], segment s writing its columns after the previous ones, all in

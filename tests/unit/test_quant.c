@@ -147,6 +147,8 @@ static void test_paths(void) {
         ref_linear(want, w, dt, x, NULL, n, in, out);
         ds_weight qw = {w, dt};
         for (int isa = DS_QISA_PORTABLE; isa <= (int)ds_qisa_best(); isa++) {
+          /* the packed kernel runs where it can (AVX2 and above): its copy must exist */
+          if (isa == DS_QISA_AVX2_PACKED) EXPECT((ds_quant_packed(qw, out, in) != NULL) == ds_quant_packable(dt));
           for (int64_t q = 0; q < n * ldy; q++) got[q] = 7.0f;
           EXPECT(ds_quant_direct_cat((ds_qisa)isa, got, ldy, x, &qw, &out, 1, NULL, n, in));
           EXPECT(check_against(ds_qisa_name((ds_qisa)isa), dt, got, ldy, want, wf, x, n, in, out, 1));
@@ -164,6 +166,7 @@ static void test_paths(void) {
         EXPECT(check_against("linear_w", dt, got, ldy, want, wf, x, n, in, out, n <= DS_QUANT_DIRECT_MAX_ROWS));
         free(x), free(want), free(got);
       }
+      ds_release_packed_weights(); /* before w's address can come back with other values */
       free(w), free(wf), free(bias);
     }
   }
@@ -189,25 +192,26 @@ static void test_rows_independent(void) {
       if (!same) fprintf(stderr, "%s %s: rows depend on their call\n", ds_qisa_name((ds_qisa)isa), ds_dtype_name(dt));
       EXPECT(same);
     }
+    ds_release_packed_weights();
     free(w), free(x), free(all);
   }
 }
 
 /* linear_w_cat over three segments of different types and sizes (a fused q | k | v). */
 static void test_cat(void) {
-  int64_t in = 256, out[3] = {40, 19, 19}, total = 78, ldy = total + 2;
-  ds_dtype dts[3] = {DS_Q4_K, DS_Q6_K, DS_Q8_0};
-  unsigned char *w[3];
-  ds_weight ws[3];
-  for (int s = 0; s < 3; s++) w[s] = rand_weight(dts[s], out[s], in), ws[s] = (ds_weight){w[s], dts[s]};
+  int64_t in = 256, out[4] = {40, 19, 19, 26}, total = 104, ldy = total + 2;
+  ds_dtype dts[4] = {DS_Q4_K, DS_Q6_K, DS_Q8_0, DS_Q4_1}; /* packed ones at unaligned columns */
+  unsigned char *w[4];
+  ds_weight ws[4];
+  for (int s = 0; s < 4; s++) w[s] = rand_weight(dts[s], out[s], in), ws[s] = (ds_weight){w[s], dts[s]};
   for (int r = 0; r < 4; r++) {
     int64_t n = k_rows[r];
     float *x = rand_x(n, in), *bias = rand_x(1, total);
     float *got = malloc((size_t)(n * ldy) * sizeof(float)), *want = malloc((size_t)(n * ldy) * sizeof(float));
-    ds_backend_cpu()->linear_w_cat(got, ldy, x, ws, out, 3, bias, n, in);
-    ds_backend_reference()->linear_w_cat(want, ldy, x, ws, out, 3, bias, n, in);
+    ds_backend_cpu()->linear_w_cat(got, ldy, x, ws, out, 4, bias, n, in);
+    ds_backend_reference()->linear_w_cat(want, ldy, x, ws, out, 4, bias, n, in);
     int64_t col = 0;
-    for (int s = 0; s < 3; s++) {
+    for (int s = 0; s < 4; s++) {
       float *wf = dequantized(dts[s], w[s], out[s], in), *ws_want = malloc((size_t)(n * out[s]) * sizeof(float));
       for (int64_t i = 0; i < n; i++) memcpy(ws_want + i * out[s], want + i * ldy + col, (size_t)out[s] * sizeof(float));
       EXPECT(check_against("linear_w_cat", dts[s], got + col, ldy, ws_want, wf, x, n, in, out[s],
@@ -217,7 +221,8 @@ static void test_cat(void) {
     }
     free(x), free(bias), free(got), free(want);
   }
-  for (int s = 0; s < 3; s++) free(w[s]);
+  ds_release_packed_weights();
+  for (int s = 0; s < 4; s++) free(w[s]);
 }
 
 /* The embedding gives the dequantized rows exactly; the backward (dx += dy @ w) is the
@@ -248,6 +253,7 @@ static void test_embedding_backward(void) {
       }
     if (!(worst <= 1)) fprintf(stderr, "backward %s: %.2f of the bound\n", ds_dtype_name(dt), worst);
     EXPECT(worst <= 1);
+    ds_release_packed_weights();
     free(w), free(wf), free(got), free(dy), free(dx), free(dx_ref);
   }
 }
@@ -292,6 +298,7 @@ static void test_compute_bf16(void) {
     if (!(worst <= 1 && worst_dx <= 1))
       fprintf(stderr, "bf16 compute %s: forward %.2f, dx %.2f of the bound\n", ds_dtype_name(dt), worst, worst_dx);
     EXPECT(worst <= 1 && worst_dx <= 1);
+    ds_release_packed_weights();
     free(w), free(wf), free(x), free(dy), free(y), free(dx);
   }
   ds_set_matmul_compute(DS_COMPUTE_F32);

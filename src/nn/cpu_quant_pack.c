@@ -1,0 +1,114 @@
+/* The 8-row interleaved copies of frozen Q4_0 / Q4_1 / Q8_0 weights (layout in nn/cpu_quant.h)
+ * that the AVX2 direct path reads: made once per weight on its first direct product, kept for
+ * the life of the process, keyed by the weight's address as the bf16 packed copies are
+ * (ds_release_packed_weights() drops both). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn/cpu_kernels.h"
+#include "nn/cpu_quant.h"
+
+int ds_quant_packable(ds_dtype dt) { return dt == DS_Q4_0 || dt == DS_Q4_1 || dt == DS_Q8_0; }
+
+/* Bytes of the f16 scales ahead of a packed block's quants: d[8] (and m[8] for Q4_1). */
+static size_t scale_bytes(ds_dtype dt) { return dt == DS_Q4_1 ? 32 : 16; }
+
+void ds_quant_pack8(unsigned char *dst, const unsigned char *w, ds_dtype dt, int64_t groups, int64_t in) {
+  DS_CHECK(ds_quant_packable(dt) && in % 32 == 0);
+  int64_t nb = in / 32;
+  size_t bb = ds_quant_row_bytes(dt, 32), rb = ds_quant_row_bytes(dt, in), head = dt == DS_Q4_1 ? 4 : 2;
+  size_t sb = scale_bytes(dt), qb = bb - head; /* quant bytes of a row's block: 16 or 32 */
+  DS_OMP(parallel for schedule(static) if (groups * nb > 4096))
+  for (int64_t g = 0; g < groups; g++)
+    for (int64_t b = 0; b < nb; b++) {
+      unsigned char *o = dst + ((size_t)g * (size_t)nb + (size_t)b) * 8 * bb;
+      for (int r = 0; r < 8; r++) {
+        const unsigned char *src = w + (size_t)(8 * g + r) * rb + (size_t)b * bb;
+        memcpy(o + 2 * r, src, 2);                             /* d */
+        if (dt == DS_Q4_1) memcpy(o + 16 + 2 * r, src + 2, 2); /* m */
+        for (size_t j = 0; j < qb / 4; j++) memcpy(o + sb + 32 * j + 4 * r, src + head + 4 * j, 4);
+      }
+    }
+}
+
+/* ---------------------------------------------------------------- the copies */
+
+typedef struct {
+  const void *data; /* the weight's address: the key, with its type and shape */
+  ds_dtype dtype;
+  int64_t rows, in;
+  unsigned char *packed; /* NULL when it could not be made (the row kernel runs) */
+  size_t bytes;
+} quant_pack;
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static quant_pack *g_packs;
+static int64_t g_used, g_cap; /* open addressing: g_cap a power of two, at most half full */
+static size_t g_bytes;
+
+static size_t slot_of(const void *data, int64_t cap) {
+  uintptr_t h = (uintptr_t)data;
+  h ^= h >> 17, h *= 0x9E3779B97F4A7C15u, h ^= h >> 29;
+  return (size_t)h & (size_t)(cap - 1);
+}
+
+static int grow(void) {
+  int64_t cap = g_cap ? 2 * g_cap : 512;
+  quant_pack *np = calloc((size_t)cap, sizeof *np);
+  if (!np) return 0;
+  for (int64_t i = 0; i < g_cap; i++)
+    if (g_packs[i].data) {
+      size_t s = slot_of(g_packs[i].data, cap);
+      while (np[s].data) s = (s + 1) & (size_t)(cap - 1);
+      np[s] = g_packs[i];
+    }
+  free(g_packs);
+  g_packs = np, g_cap = cap;
+  return 1;
+}
+
+const unsigned char *ds_quant_packed(ds_weight w, int64_t rows, int64_t in) {
+  if (!ds_quant_packable(w.dtype) || rows < 8 || in % 32) return NULL;
+  pthread_mutex_lock(&g_lock);
+  const unsigned char *found = NULL;
+  int known = 0;
+  if (g_cap) {
+    for (size_t s = slot_of(w.data, g_cap); g_packs[s].data; s = (s + 1) & (size_t)(g_cap - 1)) {
+      quant_pack *p = &g_packs[s];
+      if (p->data == w.data && p->dtype == w.dtype && p->rows == rows && p->in == in) {
+        found = p->packed, known = 1;
+        break;
+      }
+    }
+  }
+  if (!known && (2 * (g_used + 1) <= g_cap || grow())) {
+    int64_t groups = rows / 8;
+    size_t bytes = ds_quant_row_bytes(w.dtype, in) * 8 * (size_t)groups;
+    unsigned char *dst = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (dst) ds_quant_pack8(dst, w.data, w.dtype, groups, in); /* no memory: the row kernel, for good */
+    size_t s = slot_of(w.data, g_cap);
+    while (g_packs[s].data) s = (s + 1) & (size_t)(g_cap - 1);
+    g_packs[s] = (quant_pack){w.data, w.dtype, rows, in, dst, dst ? bytes : 0};
+    g_used++;
+    g_bytes += dst ? bytes : 0;
+    found = dst;
+  }
+  pthread_mutex_unlock(&g_lock);
+  return found;
+}
+
+size_t ds_quant_packed_bytes(void) {
+  pthread_mutex_lock(&g_lock);
+  size_t b = g_bytes;
+  pthread_mutex_unlock(&g_lock);
+  return b;
+}
+
+void ds_quant_release_packs(void) {
+  pthread_mutex_lock(&g_lock);
+  for (int64_t i = 0; i < g_cap; i++) free(g_packs[i].packed);
+  free(g_packs);
+  g_packs = NULL, g_cap = g_used = 0, g_bytes = 0;
+  pthread_mutex_unlock(&g_lock);
+}
