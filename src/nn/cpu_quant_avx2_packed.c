@@ -20,6 +20,10 @@ PI __m256i bcast4(const int8_t *p) { /* 4 bytes of x in every lane */
   return _mm256_set1_epi32(v);
 }
 
+/* Keeps v in a register as it is: without it GCC reassociates the integer sums of a block into a
+ * tree that holds every product at once, and spills them (measured: 2x slower). */
+#define PIN(v) __asm__("" : "+x"(v))
+
 PI __m256 f16x8(const unsigned char *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
 /* acc[r] (lanes: the group's 8 weight rows) += the group's blocks dotted with R rows of x. */
@@ -40,6 +44,7 @@ PI void group_dot(const unsigned char *g, ds_dtype dt, int64_t nb, const ds_qx *
           __m256i xv = _mm256_sign_epi8(bcast4(x->q + (i0 + r) * in + 32 * b + 4 * j), w);
           __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(a, xv), ones); /* |w| <= 128, |x| <= 127 */
           s[r] = j ? _mm256_add_epi32(s[r], p) : p;
+          PIN(s[r]);
         }
       }
       for (int r = 0; r < R; r++)
@@ -58,6 +63,7 @@ PI void group_dot(const unsigned char *g, ds_dtype dt, int64_t nb, const ds_qx *
           /* int16 sums: each pair <= 2 * 15 * 127, eight of them <= 30480 */
           __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xq)), _mm256_maddubs_epi16(hi, bcast4(xq + 16)));
           s[r] = j ? _mm256_add_epi16(s[r], p) : p;
+          PIN(s[r]);
         }
       }
       for (int r = 0; r < R; r++) {
