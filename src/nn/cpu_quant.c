@@ -41,6 +41,16 @@ void ds_qx_free(ds_qx *qx) {
  * |v| < 2^22 to the nearest integer, ties to even, as lrintf does in the default mode); it was 5%
  * of a verification pass as scalar calls. */
 void ds_qx_quantize(ds_qx *qx, const float *x, int64_t n, int64_t in) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (ds_qisa_best() >= DS_QISA_AVX2) {
+    ds_qx_quantize_avx2(qx, x, n, in);
+    return;
+  }
+#endif
+  ds_qx_quantize_portable(qx, x, n, in);
+}
+
+void ds_qx_quantize_portable(ds_qx *qx, const float *x, int64_t n, int64_t in) {
   DS_CHECK(in % DS_QX_BLOCK == 0);
   int64_t nb = in / DS_QX_BLOCK;
   for (int64_t i = 0; i < n; i++)

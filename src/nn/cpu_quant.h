@@ -56,6 +56,10 @@ enum { DS_QUANT_DIRECT_MAX_ROWS = 32 };
 int ds_qx_alloc(ds_qx *qx, int64_t n, int64_t in);
 void ds_qx_free(ds_qx *qx);
 void ds_qx_quantize(ds_qx *qx, const float *x, int64_t n, int64_t in);
+/* The two implementations ds_qx_quantize chooses between (AVX2 where the CPU has it), equal bit for
+ * bit: the same numbers in C and in vectors of 32. */
+void ds_qx_quantize_portable(ds_qx *qx, const float *x, int64_t n, int64_t in);
+void ds_qx_quantize_avx2(ds_qx *qx, const float *x, int64_t n, int64_t in);
 
 /* One instruction set's row kernel: y[i, o] (row stride ldy) = dot(w row o, qx row i)
  * (+ bias[o]) for i < n, o in [o0, o1); w holds rows of row_bytes (dtype dt, in values each). */

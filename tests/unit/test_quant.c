@@ -328,6 +328,27 @@ static void test_quantize_x(void) {
   EXPECT(qx.d[1] == 0.0f);
   ds_qx_free(&qx);
   free(x);
+#if defined(__x86_64__) || defined(__i386__)
+  if (ds_qisa_best() >= DS_QISA_AVX2) { /* the vector quantizer equals the C one, bit for bit */
+    int64_t m = 5, k = 128;
+    float *y = rand_x(m, k);
+    for (int l = 0; l < 32; l++) y[l] = (float)(l - 16) * 0.5f;  /* ties: x / d lands on k + 1/2 */
+    for (int l = 32; l < 64; l++) y[l] = 0.0f;                    /* all zero */
+    y[70] = NAN, y[100] = -INFINITY, y[140] = 3e38f, y[141] = -3e38f; /* NaN, inf, near overflow */
+    for (int l = 160; l < 192; l++) y[l] = 1e-40f * (float)(l - 170); /* denormals */
+    ds_qx a, c;
+    EXPECT(ds_qx_alloc(&a, m, k) && ds_qx_alloc(&c, m, k));
+    ds_qx_quantize_portable(&a, y, m, k);
+    ds_qx_quantize_avx2(&c, y, m, k);
+    size_t nbk = (size_t)(m * k / 32);
+    EXPECT(!memcmp(a.q, c.q, (size_t)(m * k)));
+    EXPECT(!memcmp(a.s, c.s, 2 * nbk * sizeof(int16_t)));
+    EXPECT(!memcmp(a.d, c.d, nbk * sizeof(float))); /* NaN has one bit pattern from both */
+    EXPECT(!memcmp(a.m, c.m, nbk * sizeof(float)));
+    ds_qx_free(&a), ds_qx_free(&c);
+    free(y);
+  }
+#endif
   fprintf(stderr, "quantized weight kernels on this CPU: %s\n", ds_weight_quant_kernel_name());
 }
 
