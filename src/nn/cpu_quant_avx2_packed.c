@@ -27,16 +27,12 @@ PI __m256i bcast4(const int8_t *p) { /* 4 bytes of x in every lane */
 
 PI __m256 f16x8(const unsigned char *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
-/* Bytes of a packed block (8 rows x 32 values): a constant once dt is (ds_quant_row_bytes is not
- * inlined across files, and was 1% of a speculative decode's cycles called per group). */
-PI size_t block8_bytes(ds_dtype dt) { return dt == DS_Q8_0 ? 8 * 34 : dt == DS_Q4_1 ? 8 * 20 : 8 * 18; }
-
-/* acc[r] (lanes: the group's 8 weight rows) += the group's blocks dotted with R rows of x. */
-PI void group_dot(const unsigned char *g, ds_dtype dt, int64_t nb, const ds_qx *x, int64_t in, int64_t i0, int R,
-                  __m256 *acc) {
+/* acc[r] (lanes: the group's 8 weight rows) += the group's nb blocks (bb8 bytes each) dotted with R
+ * rows of x. */
+PI void group_dot(const unsigned char *g, ds_dtype dt, size_t bb8, int64_t nb, const ds_qx *x, int64_t in, int64_t i0,
+                  int R, __m256 *acc) {
   const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   const int64_t xb = in / 32;
-  size_t bb8 = block8_bytes(dt);
   for (int64_t b = 0; b < nb; b++) {
     const unsigned char *blk = g + (size_t)b * bb8;
     __m256 dw = f16x8(blk);
@@ -83,8 +79,9 @@ PI void group_dot(const unsigned char *g, ds_dtype dt, int64_t nb, const ds_qx *
 
 PI void packed_rows(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *p, ds_dtype dt,
                     int64_t in, int64_t o0, int64_t o1, const float *bias) {
+  /* the block size once per call (ds_quant_row_bytes per group was 1% of a speculative decode) */
   int64_t nb = in / 32;
-  size_t gb = block8_bytes(dt) * (size_t)nb;
+  size_t bb8 = 8 * ds_quant_row_bytes(dt, 32), gb = bb8 * (size_t)nb;
   for (int64_t o = o0; o < o1; o += 8) {
     const unsigned char *g = p + (size_t)(o / 8) * gb;
     __m256 bv = bias ? _mm256_loadu_ps(bias + o) : _mm256_setzero_ps();
@@ -93,10 +90,10 @@ PI void packed_rows(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsi
       __m256 acc[4];
       for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
       switch (R) {
-        case 4: group_dot(g, dt, nb, x, in, i, 4, acc); break;
-        case 3: group_dot(g, dt, nb, x, in, i, 3, acc); break;
-        case 2: group_dot(g, dt, nb, x, in, i, 2, acc); break;
-        default: group_dot(g, dt, nb, x, in, i, 1, acc); break;
+        case 4: group_dot(g, dt, bb8, nb, x, in, i, 4, acc); break;
+        case 3: group_dot(g, dt, bb8, nb, x, in, i, 3, acc); break;
+        case 2: group_dot(g, dt, bb8, nb, x, in, i, 2, acc); break;
+        default: group_dot(g, dt, bb8, nb, x, in, i, 1, acc); break;
       }
       for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (i + r) * ldy + o, _mm256_add_ps(acc[r], bv));
     }
