@@ -207,7 +207,7 @@ ds_status ds_draft_export_hf(const ds_draft *d, const char *target_config_json, 
  * ds_draft_hf_config_json; target is the target's GGUF, whose tokenizer.* keys are copied
  * (its token count must be the draft's vocab_size), or its Hugging Face directory, from whose
  * tokenizer files the keys are built as the converter builds them (ds_hf_vocab_gguf,
- * dspark/gguf_model.h); dtype (F32, F16 or BF16) stores the
+ * dspark/gguf_model.h); dtype (F32, F16, BF16 or Q8_0: rows of whole blocks, others F16) stores the
  * matrices, 1-D tensors and norms stay F32; name gives general.name (as the converter titles
  * a directory name). Only the vanilla Markov head is accepted: llama.cpp implements no other
  * (gated, rnn and no head are refused naming that limit). Written atomically. */

@@ -35,6 +35,10 @@ int ds_ggml_type_dequantizable(uint32_t type);
 /* n values (a multiple of the type's block) of blocks at src (no checks: the caller's). */
 void ds_ggml_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
 
+/* n values (a multiple of 32) to Q8_0 blocks at dst (n / 32 * 34 bytes), as ggml's reference
+ * quantizer and gguf.quants write them, to the bit. */
+void ds_ggml_quantize_q8_0(const float *x, void *dst, int64_t n);
+
 /* Q4_K / Q5_K: the 6-bit scales and mins of the 8 sub-blocks of 32 from a block's 12 scale bytes. */
 void ds_ggml_q4k_scales(const unsigned char *s12, uint8_t sc[8], uint8_t mn[8]);
 

@@ -22,7 +22,7 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: dspark export RUN_DIR --out DIR [--overwrite]\n"
-          "       dspark export RUN_DIR --gguf FILE.gguf [--target MODEL] [--dtype f16|bf16|f32]\n"
+          "       dspark export RUN_DIR --gguf FILE.gguf [--target MODEL] [--dtype f16|bf16|f32|q8_0]\n"
           "Writes DIR/config.json (the target's config plus the DSpark keys: architectures\n"
           "[\"Qwen3DSparkModel\"], num_hidden_layers, block_size, mask_token_id, target_layer_ids,\n"
           "markov_rank, markov_head_type, ..., and dflash_config {target_layer_ids, mask_token_id})\n"
@@ -49,7 +49,8 @@ static void usage(FILE *f) {
           "                  convert_hf_to_gguf.py builds them from a draft's target directory (byte-level\n"
           "                  BPE only; tokenizer.ggml.pre named as the converter names it, an unknown\n"
           "                  pre-tokenizer refused with its digest)\n"
-          "  --dtype T       f16 (default), bf16 or f32 for the matrices; 1-D tensors and norms stay f32\n");
+          "  --dtype T       f16 (default), bf16, f32 or q8_0 for the matrices (q8_0: rows of whole blocks of 32,\n"
+          "                  others f16, as llama.cpp's converter writes q8_0); 1-D tensors and norms stay f32\n");
 }
 
 /* The target the run recorded (RUN_DIR/run.json "target"), malloc'd, or NULL. */
@@ -166,7 +167,7 @@ int cmd_export(int argc, char **argv) {
   }
   if (!run || !!out == !!gguf) {
     fprintf(stderr, "usage: dspark export RUN_DIR --out DIR [--overwrite]\n"
-            "       dspark export RUN_DIR --gguf FILE.gguf [--target MODEL] [--dtype f16|bf16|f32]\n");
+            "       dspark export RUN_DIR --gguf FILE.gguf [--target MODEL] [--dtype f16|bf16|f32|q8_0]\n");
     return 2;
   }
   if (out && (target || dtype_name)) {
@@ -180,8 +181,9 @@ int cmd_export(int argc, char **argv) {
   ds_dtype dtype = DS_F16;
   if (dtype_name && !strcmp(dtype_name, "bf16")) dtype = DS_BF16;
   else if (dtype_name && !strcmp(dtype_name, "f32")) dtype = DS_F32;
+  else if (dtype_name && !strcmp(dtype_name, "q8_0")) dtype = DS_Q8_0;
   else if (dtype_name && strcmp(dtype_name, "f16")) {
-    fprintf(stderr, "dspark export: --dtype '%s': expected f16, bf16 or f32\n", dtype_name);
+    fprintf(stderr, "dspark export: --dtype '%s': expected f16, bf16, f32 or q8_0\n", dtype_name);
     return 2;
   }
   if (gguf) {

@@ -14,6 +14,7 @@
  *   Q5_K 256: as Q4_K, then 32 bytes of high bits (bit j of byte l: sub-block j, value l)
  *   Q6_K 256: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales (one per 16 values),
  *             d                                                             x = (d * sc) * (q - 32) */
+#include <math.h>
 #include <string.h>
 
 #include "dspark/dtype.h"
@@ -176,6 +177,20 @@ void ds_ggml_dequantize_row(uint32_t type, const void *src, float *dst, int64_t 
   }
   const type_info *t = info(type);
   for (int64_t i = 0; i < n / t->block; i++) block(b + (size_t)i * t->bytes, dst + i * t->block);
+}
+
+/* ggml's reference Q8_0 quantizer (and gguf.quants'): per block of 32, d = max|x| / 127 in
+ * fp32, q = round-half-away(x * (1 / d)), d stored as f16 (round to nearest even). */
+void ds_ggml_quantize_q8_0(const float *x, void *dst, int64_t n) {
+  unsigned char *b = dst;
+  for (int64_t i = 0; i < n / 32; i++, b += 34, x += 32) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    uint16_t h = ds_f32_to_f16(d);
+    b[0] = (unsigned char)(h & 0xFF), b[1] = (unsigned char)(h >> 8);
+    for (int j = 0; j < 32; j++) b[2 + j] = (unsigned char)(int8_t)roundf(x[j] * id);
+  }
 }
 
 /* ---------------------------------------------------------------- quantized ds_dtypes */

@@ -27,6 +27,7 @@
 #include "core/json_util.h"
 #include "dspark/draft.h"
 #include "dspark/dtype.h"
+#include "dspark/ggml_quant.h"
 #include "dspark/gguf.h"
 #include "dspark/gguf_model.h"
 #include "dspark/gguf_write.h"
@@ -234,23 +235,26 @@ static int ends_with(const char *s, const char *tail) {
   return n >= m && !strcmp(s + n - m, tail);
 }
 
-/* One draft tensor as the converter writes it: 1-D, norms and non-weights F32, others in dtype. */
+/* One draft tensor as the converter writes it: 1-D, norms and non-weights F32, others in dtype
+ * (Q8_0: gguf.quants' blocks, to the bit; a matrix whose rows are not whole blocks F16). */
 static ds_status add_tensor(ds_gguf_writer *w, const ds_draft_tensor *t, const char *name, ds_dtype dtype,
                             int64_t *params) {
   int64_t ne[2] = {t->ndim == 2 ? t->shape[1] : t->shape[0], t->shape[0]};
   size_t n = (size_t)(ne[0] * (t->ndim == 2 ? ne[1] : 1));
   ds_dtype out = (t->ndim <= 1 || ends_with(name, "_norm.weight") || !ends_with(name, ".weight")) ? DS_F32 : dtype;
-  uint32_t type = out == DS_F32 ? DS_GGML_F32 : out == DS_F16 ? DS_GGML_F16 : DS_GGML_BF16;
-  size_t es = out == DS_F32 ? 4 : 2;
+  if (out == DS_Q8_0 && ne[0] % 32) out = DS_F16; /* the converter's fallback for rows of partial blocks */
+  uint32_t type = out == DS_F32 ? DS_GGML_F32 : out == DS_F16 ? DS_GGML_F16 : out == DS_Q8_0 ? DS_GGML_Q8_0 : DS_GGML_BF16;
+  size_t bytes = out == DS_F32 ? n * 4 : out == DS_Q8_0 ? n / 32 * 34 : n * 2;
   float *f = malloc(n * sizeof *f);
-  void *data = out == DS_F32 ? (void *)f : malloc(n * es);
+  void *data = out == DS_F32 ? (void *)f : malloc(bytes);
   if (!f || !data) {
     free(f);
     if (data != f) free(data);
     return DS_FAIL(DS_ERR_NOMEM, "GGUF export: tensor '%s' (%zu values)", t->name, n);
   }
   ds_status st = ds_convert_to_f32(f, t->data, t->dtype, n);
-  if (st == DS_OK && out != DS_F32) st = ds_convert_from_f32(data, out, f, n);
+  if (st == DS_OK && out == DS_Q8_0) ds_ggml_quantize_q8_0(f, data, (int64_t)n);
+  else if (st == DS_OK && out != DS_F32) st = ds_convert_from_f32(data, out, f, n);
   if (out != DS_F32) free(f);
   if (st != DS_OK) {
     free(data);
@@ -306,8 +310,8 @@ static ds_status add_tensors(ds_gguf_writer *w, const ds_draft *d, ds_dtype dtyp
 ds_status ds_draft_export_gguf(const ds_draft *d, const char *draft_config_json, const char *target,
                                ds_dtype dtype, const char *name, const char *out_path) {
   const ds_draft_config *c = ds_draft_get_config(d);
-  if (dtype != DS_F32 && dtype != DS_F16 && dtype != DS_BF16)
-    return DS_FAIL(DS_ERR_ARG, "GGUF export: dtype %s (f32, f16 or bf16)", ds_dtype_name(dtype));
+  if (dtype != DS_F32 && dtype != DS_F16 && dtype != DS_BF16 && dtype != DS_Q8_0)
+    return DS_FAIL(DS_ERR_ARG, "GGUF export: dtype %s (f32, f16, bf16 or q8_0)", ds_dtype_name(dtype));
   if (c->markov_type != DS_MARKOV_VANILLA)
     return DS_FAIL(DS_ERR_UNSUPPORTED,
                    "this draft has %s Markov head; llama.cpp's DSpark drafts (draft-dspark, architecture dflash) "
@@ -328,7 +332,7 @@ ds_status ds_draft_export_gguf(const ds_draft *d, const char *draft_config_json,
   }
   int has_conf = 0;
   int64_t params = 0;
-  uint32_t file_type = dtype == DS_F32 ? 0 : dtype == DS_F16 ? 1 : 32;
+  uint32_t file_type = dtype == DS_F32 ? 0 : dtype == DS_F16 ? 1 : dtype == DS_Q8_0 ? 7 : 32; /* llama_ftype */
   char title[256], label[32];
   /* the header keys first, as the converter orders them; the size label once the tensors are counted */
   id_to_title(name && name[0] ? name : "draft", title, sizeof title);

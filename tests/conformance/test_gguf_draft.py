@@ -7,7 +7,7 @@ drafts are trained against it for two steps: a full-vocabulary draft with the co
 over [h ; e], a reduced-vocabulary one (d2t, output.weight) whose confidence head sees h
 only, and one whose "reduced" vocabulary is all of V (--draft-vocab V: d2t the identity, no
 output.weight, as the converter has it). The GGUF's d2t must be S, the absolute target ids the
-HF export's offsets encode. Each is exported both ways, `--out` (HF) and `--gguf` (f16, bf16, f32), and the converter
+HF export's offsets encode. Each is exported both ways, `--out` (HF) and `--gguf` (f16, bf16, f32, q8_0), and the converter
 of the vendored llama.cpp (scripts/setup_llama_cpp.sh) is run on the HF export with the target
 directory as --target-model-dir: every key (type and value, in order) and every tensor (name,
 type, shape, bytes, in order) must be equal. Our reader reads the file too; gated heads and
@@ -330,7 +330,7 @@ def main():
                     "--confidence-no-markov"],
         "identity": ["--block-size", "3", "--markov-rank", "8", "--target-layers", "2", "--draft-vocab", "49152"],
     }
-    dtypes = {"full": ["f16", "f32"], "reduced": ["bf16"], "identity": ["f32"]}
+    dtypes = {"full": ["f16", "f32", "q8_0"], "reduced": ["bf16"], "identity": ["f32"]}
     for name, opts in runs.items():
         run = fresh(f"run-{name}", "draft")
         common.run(base + ["--out", run] + opts)

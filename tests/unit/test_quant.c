@@ -352,9 +352,38 @@ static void test_quantize_x(void) {
   fprintf(stderr, "quantized weight kernels on this CPU: %s\n", ds_weight_quant_kernel_name());
 }
 
+/* ds_ggml_quantize_q8_0 (the draft's decoding copies and GGUF export; conformance.test_gguf_draft
+ * checks it against llama.cpp's converter to the byte): d = max|x| / 127 as an f16, ties of
+ * x / d away from zero, a zero block all zeros, and every value back within half a step. */
+static void test_quantize_q8_0_weights(void) {
+  float x[96];
+  for (int j = 0; j < 32; j++) x[j] = (float)(j - 16) + 0.5f; /* -15.5 .. 15.5: ties at d = 1 */
+  x[31] = 127.0f;                                              /* max|x| = 127: d = 1 exactly */
+  for (int j = 32; j < 64; j++) x[j] = 0.0f;
+  ds_rng rng;
+  ds_rng_seed(&rng, 5);
+  for (int j = 64; j < 96; j++) x[j] = 3e-3f * (2.0f * ds_rng_uniform_f32(&rng) - 1.0f);
+  unsigned char b[3 * 34];
+  ds_ggml_quantize_q8_0(x, b, 96);
+  EXPECT(b[0] == 0x00 && b[1] == 0x3C); /* f16 1.0 */
+  for (int j = 0; j < 31; j++) {
+    int want = j - 16 < 0 ? j - 16 : j - 15; /* -15.5 -> -16, 0.5 -> 1 */
+    EXPECT((int8_t)b[2 + j] == want);
+  }
+  EXPECT((int8_t)b[2 + 31] == 127);
+  for (int j = 0; j < 34; j++) EXPECT(b[34 + j] == 0);
+  float y[96];
+  ds_ggml_dequantize_row(DS_GGML_Q8_0, b, y, 96);
+  float d = ds_f16_to_f32((uint16_t)(b[68] | b[69] << 8)), amax = 0;
+  for (int j = 64; j < 96; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+  EXPECT(fabsf(d - amax / 127.0f) <= 1e-3f * d);
+  for (int j = 64; j < 96; j++) EXPECT(fabsf(y[j] - x[j]) <= 0.5f * d + 1e-3f * fabsf(x[j]));
+}
+
 int main(void) {
   ds_rng_seed(&g_rng, 27);
   TEST_RUN(test_quantize_x);
+  TEST_RUN(test_quantize_q8_0_weights);
   TEST_RUN(test_paths);
   TEST_RUN(test_rows_independent);
   TEST_RUN(test_cat);
