@@ -166,6 +166,21 @@ ds_status ds_draft_backward_train(ds_draft *d, const ds_draft_seq *seq, float *d
  * a training step allocates nothing once it has grown. */
 void *ds_draft_workspace(ds_draft *d, size_t bytes);
 
+/* ---- Decoding weights: the matrices the decoder below reads (fc, every layer's projections,
+ * lm_head, the vanilla Markov head's W2) may be read from copies in a smaller dtype. A decoding
+ * step on a CPU streams them from memory (a 1-layer draft of a d = 576 target over 8192 ids
+ * holds 40 MB of fp32 matrices, 40% of the 4-bit target's bytes per token), so a copy in
+ * DS_BF16 or DS_Q8_0 (ggml's blocks; a matrix whose row length is not a multiple of 32 stays
+ * fp32) cuts the draft's share of a round. The copies are made from the weights as they are
+ * now and dropped by ds_draft_forward_train (a trained step would leave them stale); DS_F32
+ * drops them. Speculation stays lossless in any dtype (the target verifies every token); the
+ * proposals and confidences are those of the rounded weights. Training never reads them. */
+ds_status ds_draft_set_decode_weights(ds_draft *d, ds_dtype dtype);
+ds_dtype ds_draft_decode_weights(const ds_draft *d); /* DS_F32 without copies */
+/* "f32", "bf16", "q8_0" <-> the dtype; 0 for another name */
+int ds_draft_weights_parse(const char *name, ds_dtype *out);
+const char *ds_draft_weights_name(ds_dtype dtype);
+
 /* ---- Decoding (spec section 8): per request, a state holding every draft layer's context
  * K/V for the committed positions; then per round one block and the head slot by slot. ---- */
 typedef struct ds_draft_state ds_draft_state;

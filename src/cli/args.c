@@ -76,6 +76,12 @@ int cli_markov_type(const char *opt, const char *s, ds_markov_type *out) {
   return 0;
 }
 
+int cli_draft_weights(const char *opt, const char *s, ds_dtype *out) {
+  if (ds_draft_weights_parse(s, out)) return 1;
+  fprintf(stderr, "dspark: %s expects f32, bf16 or q8_0, got '%s'\n", opt, s);
+  return 0;
+}
+
 int cli_is_help(const char *arg) { return !strcmp(arg, "-h") || !strcmp(arg, "--help"); }
 
 int cli_layer_ids(const char *opt, const char *s, int32_t *dst, int *n, int max) {

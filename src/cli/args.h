@@ -19,6 +19,14 @@ int cli_int_list(const char *opt, const char *s, int32_t **out, int64_t *n);
 int cli_is_help(const char *arg);
 /* --markov's value: none, vanilla, gated or rnn; 0 after a usage message naming opt. */
 int cli_markov_type(const char *opt, const char *s, ds_markov_type *out);
+/* --draft-weights' value: f32, bf16 or q8_0 (ds_draft_set_decode_weights); 0 after a usage message. */
+int cli_draft_weights(const char *opt, const char *s, ds_dtype *out);
+/* Its --help line, for the commands that decode with a draft (speculate, calibrate, profile). */
+#define CLI_DRAFT_WEIGHTS_HELP                                                                                \
+  "  --draft-weights f32|bf16|q8_0  the draft's matrices as its decoding reads them (default q8_0: a\n"       \
+  "                        copy made at load; proposals of the rounded weights, output unchanged)\n"
+#define CLI_DRAFT_WEIGHTS(dst) do { CLI_VALUE(); if (!cli_draft_weights(a, v, &(dst))) return 2; } while (0)
+
 /* "L1,L2,.." -> dst[0..*n) with 1 <= *n <= max; 0 (after a message naming opt) otherwise. */
 int cli_layer_ids(const char *opt, const char *s, int32_t *dst, int *n, int max);
 

@@ -29,6 +29,7 @@ static void usage(FILE *f) {
           "`dspark speculate --calibration FILE.json` applies the temperatures, to this draft only (the file\n"
           "records its identity and block size) and for at most the positions fitted (--draft-len).\n"
           CLI_WEIGHTS_HELP
+          CLI_DRAFT_WEIGHTS_HELP
           "  --max-new-tokens N (64)  --draft-len L (the block size)  --temperature T (0)  --top-p P  --seed S\n"
           "  --chat  --chat-template FILE  --enable-thinking on|off  --ignore-eos  --threads N   as for\n"
           "                           `dspark speculate`\n"
@@ -80,12 +81,14 @@ int cmd_calibrate(int argc, char **argv) {
   const char *chat_template = NULL;
   size_t max_line = 0;
   int64_t threads = 0, n = 0;
+  ds_dtype draft_weights = DS_Q8_0;
   double x = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v;
     if (cli_is_help(a)) { usage(stdout); return 0; }
     else if (!strcmp(a, "--target")) { CLI_VALUE(); target_dir = v; }
     else if (!strcmp(a, "--draft")) { CLI_VALUE(); draft_dir = v; }
+    else if (!strcmp(a, "--draft-weights")) CLI_DRAFT_WEIGHTS(draft_weights);
     else if (!strcmp(a, "--data")) { CLI_VALUE(); data = v; }
     else if (!strcmp(a, "--max-line-bytes")) { if (cli_max_line_option(argc, argv, &i, &max_line) < 0) return 2; }
     else if (!strcmp(a, "--out")) { CLI_VALUE(); out_path = v; }
@@ -132,7 +135,7 @@ int cmd_calibrate(int argc, char **argv) {
   if (ds_prompt_chat_load(src, chat_template, &cc) != DS_OK) goto report;
   if (ds_prompt_batch_read(tok, &cc, data, chat, max_line, &batch) != DS_OK) goto report;
   if (ds_target_load_source(src, ds_backend_cpu(), NULL, &t) != DS_OK ||
-      ds_draft_open(draft_dir, ds_backend_cpu(), &d) != DS_OK)
+      ds_draft_open(draft_dir, ds_backend_cpu(), &d) != DS_OK || ds_draft_set_decode_weights(d, draft_weights) != DS_OK)
     goto report;
   const ds_draft_config *dc = ds_draft_get_config(d);
   if (!dc->enable_confidence_head) {

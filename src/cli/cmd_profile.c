@@ -19,6 +19,7 @@ static void usage(FILE *f) {
           "logits of every row), B = 1 .. --max-tokens: verify_seconds[B-1] and verify_steps_per_s[B-1] =\n"
           "SPS(B); with --draft also draft_block_seconds[L-1] = one draft block and L head steps.\n"
           CLI_WEIGHTS_HELP
+          CLI_DRAFT_WEIGHTS_HELP
           "  --max-tokens B   the largest batch of verified tokens (32); the scheduler admits no more\n"
           "  --context C      cached tokens before the measured pass (128)\n"
           "  --reps N         timings per entry, the median kept (3)\n"
@@ -28,12 +29,14 @@ static void usage(FILE *f) {
 int cmd_profile(int argc, char **argv) {
   const char *target_dir = NULL, *draft_dir = NULL, *out_path = NULL;
   int64_t max_tokens = 32, context = 128, reps = 3, threads = 0, n = 0;
+  ds_dtype draft_weights = DS_Q8_0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v;
     if (cli_is_help(a)) { usage(stdout); return 0; }
     else if (!strcmp(a, "--target")) { CLI_VALUE(); target_dir = v; }
     else if (!strcmp(a, "--draft")) { CLI_VALUE(); draft_dir = v; }
     else if (!strcmp(a, "--out")) { CLI_VALUE(); out_path = v; }
+    else if (!strcmp(a, "--draft-weights")) CLI_DRAFT_WEIGHTS(draft_weights);
     else if (!strcmp(a, "--max-tokens")) CLI_INT(1, 4096, max_tokens);
     else if (!strcmp(a, "--context")) CLI_INT(1, 1 << 20, context);
     else if (!strcmp(a, "--reps")) CLI_INT(1, 64, reps);
@@ -61,7 +64,8 @@ int cmd_profile(int argc, char **argv) {
   if (ds_model_source_open(target_dir, &src) != DS_OK || ds_target_load_source(src, ds_backend_cpu(), NULL, &t) != DS_OK)
     goto report;
   if (draft_dir) {
-    if (ds_draft_open(draft_dir, ds_backend_cpu(), &d) != DS_OK) goto report;
+    if (ds_draft_open(draft_dir, ds_backend_cpu(), &d) != DS_OK || ds_draft_set_decode_weights(d, draft_weights) != DS_OK)
+      goto report;
     g = ds_draft_get_config(d)->block_size;
     draft = calloc((size_t)g, sizeof *draft);
     if (!draft) goto report;

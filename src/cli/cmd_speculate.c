@@ -24,6 +24,7 @@ static void usage(FILE *f) {
           "Decodes with the target, proposing tokens with the draft and verifying them in one target pass\n"
           "per round; the output is the target's own (greedy: token for token what `dspark generate` prints).\n"
           CLI_WEIGHTS_HELP
+          CLI_DRAFT_WEIGHTS_HELP
           "  --draft DIR           an export (`dspark export`) or a run directory (its checkpoint)\n"
           "  --prompt TEXT  --chat  --prompt-ids IDS  --max-new-tokens N (64)  --temperature T (0 = greedy)\n"
           "  --data FILE           a batch of requests (one plain-text prompt per line, or JSONL with\n"
@@ -189,12 +190,14 @@ int cmd_speculate(int argc, char **argv) {
   const char *chat_template = NULL;
   size_t max_line = 0;
   int64_t repeat = 1, threads = 0, n = 0;
+  ds_dtype draft_weights = DS_Q8_0;
   double x = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v;
     if (cli_is_help(a)) { usage(stdout); return 0; }
     else if (!strcmp(a, "--target")) { CLI_VALUE(); target_dir = v; }
     else if (!strcmp(a, "--draft")) { CLI_VALUE(); draft_dir = v; }
+    else if (!strcmp(a, "--draft-weights")) CLI_DRAFT_WEIGHTS(draft_weights);
     else if (!strcmp(a, "--prompt")) { CLI_VALUE(); prompt = v; }
     else if (!strcmp(a, "--prompt-ids")) { CLI_VALUE(); prompt_ids = v; }
     else if (!strcmp(a, "--data")) { CLI_VALUE(); data = v; }
@@ -290,7 +293,8 @@ int cmd_speculate(int argc, char **argv) {
     pv[i] = v->ids;
     pn[i] = (int64_t)v->len;
   }
-  if (ds_target_load_source(src, ds_backend_cpu(), NULL, &t) != DS_OK || ds_draft_open(draft_dir, ds_backend_cpu(), &d) != DS_OK) {
+  if (ds_target_load_source(src, ds_backend_cpu(), NULL, &t) != DS_OK || ds_draft_open(draft_dir, ds_backend_cpu(), &d) != DS_OK ||
+      ds_draft_set_decode_weights(d, draft_weights) != DS_OK) {
     free(pv), free(pn);
     goto report;
   }

@@ -131,6 +131,16 @@ void ds_spec_add_draft_identity(cJSON *j, const ds_draft *d) {
   snprintf(id, sizeof id, "%016llx", (unsigned long long)ds_draft_identity(d));
   cJSON_AddStringToObject(j, "draft_identity", id);
   cJSON_AddNumberToObject(j, "block_size", (double)ds_draft_get_config(d)->block_size);
+  cJSON_AddStringToObject(j, "draft_weights", ds_draft_weights_name(ds_draft_decode_weights(d)));
+}
+
+/* The file's "draft_weights" (absent: "f32", what every file had before the field) and whether
+ * they are d's decoding weights; -1 when the field is not a string. */
+static int same_draft_weights(const cJSON *j, const ds_draft *d, const char **theirs) {
+  const cJSON *w = cJSON_GetObjectItemCaseSensitive(j, "draft_weights");
+  if (w && !cJSON_IsString(w)) return -1;
+  *theirs = w ? w->valuestring : "f32";
+  return !strcmp(*theirs, ds_draft_weights_name(ds_draft_decode_weights(d)));
 }
 
 static ds_status target_config_hash(ds_model_source *target, char out[24]) {
@@ -166,6 +176,13 @@ static ds_status check_draft(const cJSON *j, const char *path, const ds_draft *d
     return DS_FAIL(DS_ERR_ARG, "%s: field \"draft_identity\" is %.40s, but the draft %s is %s (other weights): the "
                    "file was made for another draft; re-run `%s --draft %s`", path, id->valuestring, draft_dir, mine,
                    redo, draft_dir);
+  const char *theirs = NULL;
+  int same = same_draft_weights(j, d, &theirs);
+  if (same < 0) return DS_FAIL(DS_ERR_FORMAT, "%s: field \"draft_weights\" must be a string", path);
+  if (!same) /* the confidences move little with the rounding: used, and said */
+    ds_note("%s was fitted on the draft's %.16s decoding weights, this run reads %s (--draft-weights): the confidences "
+            "may differ slightly; re-run `%s --draft-weights %s` to fit them again", path, theirs,
+            ds_draft_weights_name(ds_draft_decode_weights(d)), redo, ds_draft_weights_name(ds_draft_decode_weights(d)));
   return DS_OK;
 }
 
@@ -226,7 +243,15 @@ static ds_status check_profile(const cJSON *j, const char *path, ds_model_source
   snprintf(mine, sizeof mine, "%016llx", (unsigned long long)ds_draft_identity(d));
   /* The draft costs are the file's optional part: another draft's are replaced by the cost measured
    * during decoding (as without them), the target's verification costs still apply. */
-  if (bs != g || strcmp(id->valuestring, mine) != 0) {
+  const char *theirs = NULL;
+  int same = same_draft_weights(j, d, &theirs);
+  if (same < 0) return DS_FAIL(DS_ERR_FORMAT, "%s: field \"draft_weights\" must be a string", path);
+  if (bs == g && strcmp(id->valuestring, mine) == 0 && !same) {
+    ds_note("%s: its draft costs were measured with the draft's %.16s decoding weights, this run reads %s "
+            "(--draft-weights): not used, the draft cost is measured during decoding", path, theirs,
+            ds_draft_weights_name(ds_draft_decode_weights(d)));
+    *drop = 1;
+  } else if (bs != g || strcmp(id->valuestring, mine) != 0) {
     ds_note("%s: its draft costs were measured on another draft (field \"draft_identity\" %.40s, \"block_size\" %lld; "
             "the draft %s is %s, block size %lld): not used, the draft cost is measured during decoding", path,
             id->valuestring, (long long)bs, draft_dir, mine, (long long)g);

@@ -50,6 +50,8 @@ typedef struct {
   double survive[DS_SPEC_MAX_LEN];  /* scheduler: P(slots 0..k all accepted) */
   int64_t off_until;                /* scheduler: plain rounds until this batch step */
   int64_t backoff;                  /* scheduler: plain rounds after the next switch-off */
+  float *pend;                      /* [n_pend, m*d] captured rows the draft's context has not taken yet */
+  int64_t n_pend, cap_pend;
 } request;
 
 typedef struct {
@@ -118,12 +120,42 @@ static float draft_prob(const run *u, const float *qk, int32_t v) {
   return j >= 0 ? qk[j] : 0.0f;
 }
 
+/* The draft's context takes the captured rows of q's committed tokens. While speculation is
+ * switched off (the next round is plain) they wait in q->pend and go in with the next drafted
+ * round as one product: a row at a time would read the draft's fc and K/V weights once per
+ * token for a context nobody reads yet. */
+static ds_status context_flush(run *u, request *q) {
+  if (!q->n_pend) return DS_OK;
+  DS_TRY(ds_draft_state_append(u->draft, q->st, q->pend, q->n_pend));
+  q->n_pend = 0;
+  return DS_OK;
+}
+
+static ds_status context_rows(run *u, request *q, const float *rows, int64_t n, int defer) {
+  if (!defer) {
+    DS_TRY(context_flush(u, q));
+    return ds_draft_state_append(u->draft, q->st, rows, n);
+  }
+  if (q->n_pend + n > q->cap_pend) {
+    int64_t cap = 2 * (q->n_pend + n);
+    float *p = ds_malloc_aligned((size_t)(cap * u->md) * sizeof(float), "pending draft context");
+    if (!p) return DS_ERR_NOMEM;
+    if (q->n_pend) memcpy(p, q->pend, (size_t)(q->n_pend * u->md) * sizeof(float));
+    ds_free_aligned(q->pend);
+    q->pend = p, q->cap_pend = cap;
+  }
+  memcpy(q->pend + q->n_pend * u->md, rows, (size_t)(n * u->md) * sizeof(float));
+  q->n_pend += n;
+  return DS_OK;
+}
+
 /* The draft's proposal for request q's round: up to L tokens into q->toks[1..], their
  * distributions into q->q, their confidence logits into q->conf. */
 static ds_status propose(run *u, request *q, int64_t L) {
   const ds_spec_options *o = u->o;
   q->n_prop = q->n_conf = 0;
   if (L <= 0) return DS_OK;
+  DS_TRY(context_flush(u, q));
   DS_TRY(ds_draft_block(u->draft, q->st, q->xs, u->h, u->dlogits));
   int want_conf = o->policy != DS_SPEC_FIXED || o->on_round;
   int32_t prev = q->xs;
@@ -252,7 +284,8 @@ static ds_status accept(run *u, request *q) {
   if (q->done) return DS_OK;
   /* the target keeps x_s .. x_j; the draft's context takes their rows */
   DS_TRY(ds_kv_cache_crop(q->kv, s + j + 1));
-  DS_TRY(ds_draft_state_append(u->draft, q->st, u->ctx + q->row0 * u->md, j + 1));
+  int plain_next = o->policy == DS_SPEC_SCHEDULER && u->step < q->off_until;
+  DS_TRY(context_rows(u, q, u->ctx + q->row0 * u->md, j + 1, plain_next));
   q->xs = next;
   return DS_OK;
 }
@@ -411,6 +444,7 @@ ds_status ds_speculate_batch(ds_target *target, ds_draft *draft, const int32_t *
     ds_kv_cache_free(q->kv);
     ds_draft_state_free(q->st);
     ds_free_aligned(q->q);
+    ds_free_aligned(q->pend);
     if (st != DS_OK) ds_spec_result_free(q->r);
   }
   free(u.req);

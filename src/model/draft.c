@@ -232,6 +232,7 @@ static void acts_free(draft_acts *a) {
 void ds_draft_free(ds_draft *d) {
   if (!d) return;
   ds_release_packed_weights(); /* bf16 copies keyed by the addresses freed below */
+  draft_decode_copies_free(d);
   acts_free(&d->acts);
   ds_free_aligned(d->dscratch);
   ds_free_aligned(d->workspace);

@@ -80,6 +80,13 @@ ds_status ds_draft_state_crop(ds_draft_state *s, int64_t len) {
   return DS_OK;
 }
 
+/* y (n, out) = x (n, in) @ W^T: from the decoding copy wc when there is one, else the fp32 w */
+static void dec_linear(const ds_draft *d, float *y, const float *x, const float *w, ds_weight wc, int64_t n, int64_t in,
+                       int64_t out) {
+  if (wc.data) d->be->linear_w(y, out, x, wc, NULL, n, in, out);
+  else d->be->linear(y, x, w, NULL, n, in, out);
+}
+
 /* x (n, heads*hd) in place: per-head rmsnorm with w, then rope at positions pos. */
 static void norm_rope_rows(const ds_draft *d, float *x, float *rstd, const float *w, const int64_t *pos, int64_t n,
                            int64_t heads) {
@@ -108,13 +115,14 @@ ds_status ds_draft_state_append(ds_draft *d, ds_draft_state *s, const float *ctx
   for (int64_t i = 0; i < n; i++) pos[i] = s->len + i;
   /* H_ctx = hidden_norm(ctx @ fc^T), as in training (draft.c). */
   float *fc_out = s->hctx + n * dm, *hctx = s->hctx;
-  d->be->linear(fc_out, ctx, d->w.fc, NULL, n, m * dm, dm);
+  dec_linear(d, fc_out, ctx, d->w.fc, d->dec.fc, n, m * dm, dm);
   d->be->rmsnorm(hctx, s->hrstd, fc_out, d->w.hidden_norm, n, dm, (float)c->rms_norm_eps);
   for (int64_t l = 0; l < c->num_layers; l++) {
     const draft_layer *w = &d->w.layers[l];
+    const decode_layer *dw = d->dec.layers ? &d->dec.layers[l] : &(decode_layer){0};
     float *kl = s->k + (size_t)(l * s->cap + s->len) * d->kv_dim, *vl = s->v + (size_t)(l * s->cap + s->len) * d->kv_dim;
-    d->be->linear(kl, hctx, w->wk, NULL, n, dm, d->kv_dim);
-    d->be->linear(vl, hctx, w->wv, NULL, n, dm, d->kv_dim);
+    dec_linear(d, kl, hctx, w->wk, dw->wk, n, dm, d->kv_dim);
+    dec_linear(d, vl, hctx, w->wv, dw->wv, n, dm, d->kv_dim);
     norm_rope_rows(d, kl, s->hrstd, w->k_norm, pos, n, Hkv);
   }
   free(pos);
@@ -137,25 +145,26 @@ ds_status ds_draft_block(ds_draft *d, ds_draft_state *s, int32_t anchor, float *
   }
   for (int64_t l = 0; l < c->num_layers; l++) {
     const draft_layer *w = &d->w.layers[l];
+    const decode_layer *dw = d->dec.layers ? &d->dec.layers[l] : &(decode_layer){0};
     const float *kc = s->k + (size_t)(l * s->cap) * d->kv_dim, *vc = s->v + (size_t)(l * s->cap) * d->kv_dim;
     be->rmsnorm(s->hn, s->rstd, s->h, w->in_norm, g, dm, eps);
-    be->linear(s->q, s->hn, w->wq, NULL, g, dm, d->q_dim);
-    be->linear(s->kb, s->hn, w->wk, NULL, g, dm, d->kv_dim);
-    be->linear(s->vb, s->hn, w->wv, NULL, g, dm, d->kv_dim);
+    dec_linear(d, s->q, s->hn, w->wq, dw->wq, g, dm, d->q_dim);
+    dec_linear(d, s->kb, s->hn, w->wk, dw->wk, g, dm, d->kv_dim);
+    dec_linear(d, s->vb, s->hn, w->wv, dw->wv, g, dm, d->kv_dim);
     norm_rope_rows(d, s->q, s->rstd, w->q_norm, pos, g, c->num_attention_heads);
     norm_rope_rows(d, s->kb, s->rstd, w->k_norm, pos, g, c->num_key_value_heads);
     be->block_attention(s->attn, s->lse, s->q, kc, vc, s->kb, s->vb, &ctx_len, s->len, 1, g, c->num_attention_heads,
                         c->num_key_value_heads, c->head_dim, scale);
-    be->linear(s->mid, s->attn, w->wo, NULL, g, d->q_dim, dm);
+    dec_linear(d, s->mid, s->attn, w->wo, dw->wo, g, d->q_dim, dm);
     be->add(s->mid, s->h, g * dm);
     be->rmsnorm(s->hp, s->rstd, s->mid, w->post_norm, g, dm, eps);
-    be->linear(s->gu, s->hp, w->w_gate, NULL, g, dm, 2 * I);
+    dec_linear(d, s->gu, s->hp, w->w_gate, dw->w_gu, g, dm, 2 * I);
     be->swiglu(s->act, s->gu, g, I);
-    be->linear(s->h, s->act, w->w_down, NULL, g, I, dm);
+    dec_linear(d, s->h, s->act, w->w_down, dw->w_down, g, I, dm);
     be->add(s->h, s->mid, g * dm);
   }
   be->rmsnorm(h_out, s->rstd, s->h, d->w.norm, g, dm, eps);
-  if (base_logits) be->linear_w(base_logits, N, h_out, d->lm_head, NULL, g, dm, N);
+  if (base_logits) be->linear_w(base_logits, N, h_out, d->dec.lm_head.data ? d->dec.lm_head : d->lm_head, NULL, g, dm, N);
   memset(s->rnn_s, 0, (size_t)(c->markov_rank ? c->markov_rank : 1) * sizeof(float)); /* s_0 = 0 per block */
   return DS_OK;
 }
@@ -192,7 +201,7 @@ ds_status ds_draft_head_step(ds_draft *d, ds_draft_state *s, const float *h_k, i
       break;
   }
   if (logits && r > 0) { /* logits += z @ W2^T, the Markov bias of the previous token (over the draft's N) */
-    d->be->linear(s->bias, z, d->w.markov_w2, NULL, 1, r, N);
+    dec_linear(d, s->bias, z, d->w.markov_w2, d->dec.markov_w2, 1, r, N);
     d->be->add(logits, s->bias, N);
   }
   if (conf_logit) {

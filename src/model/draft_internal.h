@@ -90,6 +90,18 @@ typedef struct {
   ds_dtype dtype;     /* F32 for trainables; a frozen table's own dtype; I64 d2t, BOOL t2d */
 } tensor_spec;
 
+/* ds_draft_set_decode_weights' copies (data NULL: the decoder reads the fp32 value). */
+typedef struct {
+  ds_weight wq, wk, wv, wo, w_gu, w_down; /* w_gu: w_gate and w_up, one (2I, d) matrix */
+} decode_layer;
+typedef struct {
+  ds_dtype dtype; /* DS_F32: no copies */
+  ds_weight fc, lm_head, markov_w2;
+  decode_layer *layers;
+  void *mem;
+} decode_copies;
+void draft_decode_copies_free(ds_draft *d);
+
 struct ds_draft {
   ds_draft_config cfg;
   const ds_backend *be;
@@ -115,6 +127,7 @@ struct ds_draft {
   void *workspace;    /* ds_draft_workspace: the fused loss pass's buffers, grow-only: a step
                          allocates nothing, so the allocator cannot inflate the peak */
   size_t workspace_bytes;
+  decode_copies dec; /* ds_draft_set_decode_weights */
 };
 
 ds_status draft_forward(ds_draft *d, const ds_draft_seq *seq);

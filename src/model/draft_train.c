@@ -6,7 +6,10 @@
 
 #include "model/draft_internal.h"
 
-ds_status ds_draft_forward_train(ds_draft *d, const ds_draft_seq *seq) { return draft_forward(d, seq); }
+ds_status ds_draft_forward_train(ds_draft *d, const ds_draft_seq *seq) {
+  if (d->dec.dtype != DS_F32) draft_decode_copies_free(d); /* a training step would leave them stale */
+  return draft_forward(d, seq);
+}
 
 const float *ds_draft_final_hidden(const ds_draft *d) { return d->acts.h; }
 

@@ -99,7 +99,7 @@ def main():
         ck.check(plain.startswith(answers[i]) or answers[i].startswith(plain),
                  f"prompt {i}: dspark generate printed\n{answers[i]!r}\nllama.cpp\n{plain!r}")
         report = os.path.join(tmp, f"speculate{i}.json")
-        out, _, _ = common.run([ds, "speculate", "--target", target, "--draft", run, "--prompt-ids",
+        out, _, _ = common.run([ds, "speculate", "--target", target, "--draft", run, "--draft-weights", "f32", "--prompt-ids",
                                 ",".join(map(str, ids)), "--max-new-tokens", str(N_NEW), "--draft-len",
                                 str(DRAFT_LEN), "--threads", "2", "--report", report])
         ck.check(out.rstrip("\n") == answers[i], f"prompt {i}: dspark speculate printed {out!r}, generate {answers[i]!r}")
