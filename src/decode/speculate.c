@@ -74,9 +74,14 @@ typedef struct {
   double draft_sum_s;                /* scheduler: measured draft blocks, for their mean cost */
   int64_t draft_blocks;
   double seen_prop[DS_SPEC_MAX_LEN], seen_acc[DS_SPEC_MAX_LEN]; /* this run's acceptance per position */
+  /* scheduler: at each position reached by the verification, the (calibrated) confidence
+   * predicted and the acceptance seen, this run's correction of a calibration fitted elsewhere */
+  double pred_sum[DS_SPEC_MAX_LEN], pred_acc[DS_SPEC_MAX_LEN];
 } run;
 
 enum { SCHED_BACKOFF_FIRST = 4, SCHED_BACKOFF_MAX = 64 };
+/* The scheduler trusts the calibration as much as this many rounds of its own outcomes. */
+enum { SCHED_PRIOR_ROUNDS = 4 };
 
 static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 
@@ -179,10 +184,14 @@ static ds_status propose(run *u, request *q, int64_t L) {
 /* The scheduler's survival probabilities of q's drafted slots: the calibrated confidences'
  * running product, or without the confidence head this run's acceptance rates (add-one
  * smoothed, so an unseen position is a coin flip). */
+static double drift(const run *u, int64_t k) {
+  return (u->pred_acc[k] + SCHED_PRIOR_ROUNDS) / (u->pred_sum[k] + SCHED_PRIOR_ROUNDS);
+}
+
 static void survival(run *u, request *q) {
   double cum = 1.0;
   for (int64_t k = 0; k < q->n_prop; k++) {
-    double c = u->dc->enable_confidence_head ? confidence(u->o, k, q->conf[k])
+    double c = u->dc->enable_confidence_head ? fmin(1.0, confidence(u->o, k, q->conf[k]) * drift(u, k))
                                              : (u->seen_acc[k] + 1.0) / (u->seen_prop[k] + 2.0);
     q->survive[k] = cum *= c;
   }
@@ -270,6 +279,11 @@ static ds_status accept(run *u, request *q) {
     }
   }
   for (int64_t k = 0; k < q->n_prop; k++) u->seen_prop[k] += 1, u->seen_acc[k] += k < j;
+  for (int64_t k = 0; k <= j && k < q->n_prop; k++) { /* the positions the verification reached */
+    if (!isfinite(q->conf[k])) break;
+    u->pred_sum[k] += confidence(o, k, q->conf[k]);
+    u->pred_acc[k] += k < j;
+  }
   if (o->on_round) o->on_round(o->round_user, (int)(q - u->req), q->conf, q->n_conf, q->n_prop, j);
   if (next < 0) { /* every proposal accepted: the bonus token from p_L */
     probs_of(u, rows + q->n_prop * u->V, u->p);
