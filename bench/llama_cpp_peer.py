@@ -7,10 +7,12 @@ from it by llama-quantize, which dequantizes the Q4_1 values first) and each thr
     tokens: llama-bench (pp / tg, --reps repetitions, mean) against `dspark generate` (its
     prefill and decode timings, the best of --reps processes);
   - speculative decoding with one trained DSpark draft (--draft RUN, exported here with
-    `dspark export --gguf`, f32) over the first --prompts chat prompts of --prompt-file, the
-    draft proposing --draft-len tokens a round: llama-speculative-simple --spec-type
-    draft-dspark against `dspark speculate` (decode tokens/s over all prompts, tokens accepted
-    per token drafted);
+    `dspark export --gguf --dtype D`, D = --draft-dtype, q8_0 by default, and decoded by dspark
+    from the same type, `--draft-weights D`) over the first --prompts chat prompts of
+    --prompt-file, the draft proposing --draft-len tokens a round: llama-speculative-simple
+    --spec-type draft-dspark against `dspark speculate` (decode tokens/s over all prompts, tokens
+    accepted per token drafted); and `dspark speculate --policy scheduler` with this machine's
+    `dspark profile` (and --calibration FILE when given), what a user of dspark runs;
   - peak RSS of each program (wait4): plain (llama-bench's process against `dspark generate`'s)
     and speculative (target and draft in one process on both sides).
 Writes bench/out/llama_cpp_peer.json and prints the Markdown table.
@@ -95,10 +97,12 @@ def bench_dspark_plain(ds, model, threads, ids, n_decode, reps):
     return best_pf, best_dc, rss
 
 
-def bench_spec(ds, bins, model, run, draft_gguf, prompts, threads, n_new, draft_len, tmp):
-    """Both engines' speculative decoding over the prompts, one request at a time."""
+def bench_spec(ds, bins, model, run, draft_gguf, prompts, threads, n_new, draft_len, tmp, weights, sched=None):
+    """Both engines' speculative decoding over the prompts, one request at a time; sched: the
+    options of dspark's scheduler policy, run instead of the fixed one (llama.cpp's side is then
+    not run: None)."""
     ll = {"tokens": 0, "seconds": 0.0, "drafted": 0, "accepted": 0, "rss": 0.0}
-    for text, _ in prompts:
+    for text, _ in ([] if sched else prompts):
         _, st, r = lcpp.speculative(bins, model, draft_gguf, text, n_new, threads, draft_len)
         ll["tokens"] += st["decoded"]
         ll["seconds"] += st["decoded"] / st["decode_tokens_per_s"]
@@ -110,14 +114,14 @@ def bench_spec(ds, bins, model, run, draft_gguf, prompts, threads, n_new, draft_
         report = os.path.join(tmp, f"spec{i}.json")
         r = lcpp.run([ds, "speculate", "--target", model, "--draft", run, "--prompt-ids", ",".join(map(str, ids)),
                       "--max-new-tokens", str(n_new), "--draft-len", str(draft_len), "--threads", str(threads),
-                      "--report", report]).must()
+                      "--draft-weights", weights, "--report", report] + (sched or [])).must()
         rep = json.load(open(report))
         ours["tokens"] += rep["generated_tokens"]
         ours["seconds"] += rep["generated_tokens"] / rep["decode_tokens_per_s"]
         ours["drafted"] += rep["rounds"] * draft_len
         ours["accepted"] += round(sum(rep["accept_unconditional"]) * rep["rounds"])
         ours["rss"] = max(ours["rss"], r.rss_mib)
-    return ll, ours
+    return (None if sched else ll), ours
 
 
 def main():
@@ -132,6 +136,9 @@ def main():
     ap.add_argument("--decode", type=int, default=128)
     ap.add_argument("--spec-tokens", type=int, default=96)
     ap.add_argument("--draft-len", type=int, default=7)
+    ap.add_argument("--draft-dtype", default="q8_0", choices=["q8_0", "f32", "bf16"],
+                    help="the draft's matrices on both sides: the GGUF export's --dtype and speculate's --draft-weights")
+    ap.add_argument("--calibration", help="`dspark calibrate`'s file for the draft, given to the scheduler run")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--work", default=os.path.expanduser("~/.cache/dspark/bench-llama-cpp"),
                     help="where the other GGUF types and the draft GGUF are kept")
@@ -145,8 +152,8 @@ def main():
     models = {}
     for t in a.types.split(","):
         models[t] = q41 if t == "Q4_1" else lcpp.quantize(bins, q41, os.path.join(a.work, f"smollm2-{t}.gguf"), t)
-    draft_gguf = os.path.join(a.work, "draft-f32.gguf")
-    lcpp.run([a.dspark, "export", a.draft, "--gguf", draft_gguf, "--target", q41, "--dtype", "f32"]).must()
+    draft_gguf = os.path.join(a.work, f"draft-{a.draft_dtype}.gguf")
+    lcpp.run([a.dspark, "export", a.draft, "--gguf", draft_gguf, "--target", q41, "--dtype", a.draft_dtype]).must()
     prompts = render(a.dspark, q41, a.prompt_file, a.prompts, a.work)
     long_ids = long_prompt_ids(a.dspark, q41, a.prefill, a.work)
     kernels = lcpp.run([a.dspark, "--help"]).out
@@ -157,11 +164,19 @@ def main():
             lb, lbr = lcpp.bench(bins, model, th, a.prefill, a.decode, a.reps)
             pf, dc, rss = bench_dspark_plain(a.dspark, model, th, long_ids, a.decode, a.reps)
             ll, ours = bench_spec(a.dspark, bins, model, a.draft, draft_gguf, prompts, th, a.spec_tokens,
-                                  a.draft_len, a.work)
+                                  a.draft_len, a.work, a.draft_dtype)
+            profile = os.path.join(a.work, f"profile-{t}-{th}.json")
+            lcpp.run([a.dspark, "profile", "--target", model, "--draft", a.draft, "--out", profile, "--max-tokens",
+                      str(a.draft_len + 1), "--threads", str(th), "--draft-weights", a.draft_dtype]).must()
+            sched = ["--policy", "scheduler", "--profile", profile] + (["--calibration", a.calibration]
+                                                                       if a.calibration else [])
+            _, sch = bench_spec(a.dspark, bins, model, a.draft, draft_gguf, prompts, th, a.spec_tokens,
+                                a.draft_len, a.work, a.draft_dtype, sched)
             row = {"type": t, "threads": th,
                    "llama_prefill": lb["prefill"][0], "dspark_prefill": pf,
                    "llama_decode": lb["decode"][0], "dspark_decode": dc,
                    "llama_spec": ll["tokens"] / ll["seconds"], "dspark_spec": ours["tokens"] / ours["seconds"],
+                   "dspark_sched": sch["tokens"] / sch["seconds"],
                    "llama_accept": ll["accepted"] / max(ll["drafted"], 1),
                    "dspark_accept": ours["accepted"] / max(ours["drafted"], 1),
                    "llama_plain_rss": lbr.rss_mib, "dspark_plain_rss": rss,
@@ -170,17 +185,20 @@ def main():
             print(json.dumps(row), flush=True)
     res = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "dspark_kernels": gemm.group(1) if gemm else "",
            "prefill_tokens": a.prefill, "decode_tokens": a.decode, "spec_tokens": a.spec_tokens,
-           "prompts": a.prompts, "prompt_file": a.prompt_file, "draft": a.draft, "draft_len": a.draft_len, "rows": rows}
+           "prompts": a.prompts, "prompt_file": a.prompt_file, "draft": a.draft, "draft_len": a.draft_len,
+           "draft_dtype": a.draft_dtype, "calibration": a.calibration, "rows": rows}
     with open(os.path.join(a.out, "llama_cpp_peer.json"), "w") as f:
         json.dump(res, f, indent=1)
-    print(f"\n{res['date']}, {res['cpu']}; dspark {res['dspark_kernels']}; llama.cpp {VERSION_NOTE}")
+    print(f"\n{res['date']}, {res['cpu']}; dspark {res['dspark_kernels']}; llama.cpp {VERSION_NOTE}; "
+          f"draft matrices {a.draft_dtype}")
     print("| GGUF | threads | prefill tok/s llama.cpp / dspark | decode tok/s llama.cpp / dspark | "
-          "speculative tok/s llama.cpp / dspark | accepted per drafted llama.cpp / dspark | "
+          "speculative tok/s llama.cpp / dspark (fixed) / dspark (scheduler) | accepted per drafted llama.cpp / dspark | "
           "peak RSS MiB, plain: llama-bench / generate | peak RSS MiB, speculative: llama.cpp / dspark |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['type']} | {r['threads']} | {r['llama_prefill']:.0f} / {r['dspark_prefill']:.0f} | "
-              f"{r['llama_decode']:.1f} / {r['dspark_decode']:.1f} | {r['llama_spec']:.1f} / {r['dspark_spec']:.1f} | "
+              f"{r['llama_decode']:.1f} / {r['dspark_decode']:.1f} | "
+              f"{r['llama_spec']:.1f} / {r['dspark_spec']:.1f} / {r['dspark_sched']:.1f} | "
               f"{r['llama_accept']:.3f} / {r['dspark_accept']:.3f} | {r['llama_plain_rss']:.0f} / {r['dspark_plain_rss']:.0f} | "
               f"{r['llama_spec_rss']:.0f} / {r['dspark_spec_rss']:.0f} |")
 

@@ -19,6 +19,12 @@ typedef struct {
 
 ds_status ds_map_file(const char *path, ds_mapping *out);
 void ds_unmap_file(ds_mapping *m);
+/* Drops the pages of [p, p + n) from this process's resident memory when the range lies in a
+ * mapping made by ds_map_file (read-only and private, never written): a later read faults them
+ * in again from the file, so only the resident size changes. The whole pages inside the range
+ * go; a range elsewhere (the heap, another mapping) is left alone. For data read once (a
+ * checksum, a copy, a repacked weight) that would otherwise stay resident beside its copy. */
+void ds_release_mapped_pages(const void *p, size_t n);
 
 /* Streams chunks to "<path>.tmp.<pid>" and renames over path on commit; never leaves a
  * partial file at path. A full disk or any write error is reported naming the file. */

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +56,35 @@ ds_status ds_read_file(const char *path, char **out, size_t *len) {
   return DS_OK;
 }
 
+/* The live ds_map_file mappings, for ds_release_mapped_pages (few: a model, a checkpoint, a cache shard). */
+static pthread_mutex_t g_maps_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct { const unsigned char *data; size_t size; } *g_maps;
+static size_t g_n_maps, g_cap_maps;
+
+static void maps_add(const unsigned char *data, size_t size) {
+  pthread_mutex_lock(&g_maps_lock);
+  if (g_n_maps == g_cap_maps) {
+    size_t cap = g_cap_maps ? 2 * g_cap_maps : 16;
+    void *p = realloc(g_maps, cap * sizeof *g_maps);
+    if (p) g_maps = p, g_cap_maps = cap;
+  }
+  if (g_n_maps < g_cap_maps) g_maps[g_n_maps].data = data, g_maps[g_n_maps++].size = size; /* else never released */
+  pthread_mutex_unlock(&g_maps_lock);
+}
+
+void ds_release_mapped_pages(const void *p, size_t n) {
+  if (!p || !n) return;
+  uintptr_t a = (uintptr_t)p, b = a + n, page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  uintptr_t lo = (a + page - 1) & ~(page - 1), hi = b & ~(page - 1);
+  /* under the lock: ds_unmap_file cannot unmap the range (and something else map there) meanwhile */
+  pthread_mutex_lock(&g_maps_lock);
+  int inside = 0;
+  for (size_t i = 0; i < g_n_maps && !inside; i++)
+    inside = a >= (uintptr_t)g_maps[i].data && b <= (uintptr_t)g_maps[i].data + g_maps[i].size;
+  if (inside && hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice: a failure changes nothing */
+  pthread_mutex_unlock(&g_maps_lock);
+}
+
 ds_status ds_map_file(const char *path, ds_mapping *out) {
   memset(out, 0, sizeof *out);
   out->fd = -1;
@@ -77,11 +107,21 @@ ds_status ds_map_file(const char *path, ds_mapping *out) {
     return DS_FAIL(DS_ERR_IO, "%s: mmap of %zu bytes failed: %s", path, out->size, strerror(errno));
   }
   out->data = p;
+  maps_add(p, out->size);
   return DS_OK;
 }
 
 void ds_unmap_file(ds_mapping *m) {
-  if (m->data) munmap((void *)m->data, m->size);
+  if (m->data) {
+    pthread_mutex_lock(&g_maps_lock); /* held across munmap: see ds_release_mapped_pages */
+    for (size_t i = 0; i < g_n_maps; i++)
+      if (g_maps[i].data == m->data) {
+        g_maps[i] = g_maps[--g_n_maps];
+        break;
+      }
+    munmap((void *)m->data, m->size);
+    pthread_mutex_unlock(&g_maps_lock);
+  }
   if (m->fd >= 0) close(m->fd);
   m->data = NULL;
   m->size = 0;

@@ -250,6 +250,18 @@ static ds_status check_vocab_tensor(const ds_draft *d, const ds_draft_tensor *t,
   return DS_OK;
 }
 
+/* memcpy from a checkpoint's file mapping a piece at a time, each piece's pages dropped once
+ * copied (ds_release_mapped_pages; nothing happens elsewhere): the tensor is never resident
+ * twice, the file's pages beside the draft's copy. */
+static void copy_released(void *dst, const void *src, size_t n) {
+  enum { PIECE = 8 << 20 };
+  for (size_t off = 0; off < n; off += PIECE) {
+    size_t k = n - off < PIECE ? n - off : PIECE;
+    memcpy((char *)dst + off, (const char *)src + off, k);
+    ds_release_mapped_pages((const char *)src + off, k);
+  }
+}
+
 ds_status ds_draft_read_tensors(ds_draft *d, const ds_safetensors *st, const char *prefix) {
   char name[256];
   for (size_t i = 0; i < d->n_specs; i++) {
@@ -271,7 +283,7 @@ ds_status ds_draft_read_tensors(ds_draft *d, const ds_safetensors *st, const cha
       if (v->dtype != t->dtype)
         return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s' is %s but the draft holds it in %s", ds_st_path(st), name,
                        ds_dtype_name(v->dtype), ds_dtype_name(t->dtype));
-      memcpy(t->data, v->data, v->nbytes);
+      copy_released(t->data, v->data, v->nbytes);
       const uint16_t *h = t->data;
       uint16_t mask = t->dtype == DS_BF16 ? 0x7f80u : 0x7c00u;
       for (int64_t k = 0; k < v->numel; k++)
@@ -280,8 +292,10 @@ ds_status ds_draft_read_tensors(ds_draft *d, const ds_safetensors *st, const cha
       continue;
     }
     float *f = t->data;
-    ds_status cs = ds_convert_to_f32(f, v->data, v->dtype, (size_t)v->numel);
+    ds_status cs = v->dtype == DS_F32 ? (copy_released(f, v->data, v->nbytes), DS_OK)
+                                      : ds_convert_to_f32(f, v->data, v->dtype, (size_t)v->numel);
     if (cs != DS_OK) return ds_error_wrap(cs, "%s: tensor '%s'", ds_st_path(st), name);
+    ds_release_mapped_pages(v->data, v->nbytes);
     /* a non-finite weight is a damaged file: named here, not later as NaN logits */
     for (int64_t k = 0; k < v->numel; k++)
       if (!isfinite(f[k])) return nonfinite(st, name, f[k], k);

@@ -299,8 +299,10 @@ static ds_status map_quant(ds_target *m, const ds_model_source *src, const char 
         for (int j = 0; j < 2; j++)
           memcpy(copy + (size_t)(h * hd + j * half + i) * rb, (const unsigned char *)t->data + (size_t)(h * hd + 2 * i + j) * rb, rb);
     data = copy;
+    ds_release_mapped_pages(t->data, t->nbytes); /* read once: the copy is the weight */
   }
   *out = (ds_weight){data, dt};
+  if (m->be == ds_backend_cpu()) ds_prepare_quant_weight(*out, rows, cols); /* its repacked copy, the pages dropped */
   m->mapped_bytes += t->nbytes;
   m->mapped_of[dt] += t->nbytes;
   m->n_quant_mapped++;

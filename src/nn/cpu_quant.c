@@ -238,12 +238,28 @@ int ds_quant_direct_cat(ds_qisa isa, float *y, int64_t ldy, const float *x, cons
   return 1;
 }
 
-void ds_quant_dequantize_rows(float *dst, ds_weight w, int64_t in, int64_t r0, int64_t rows) {
+/* Row r of w (in values) to fp32: from its packed copy when one holds it (the stored bytes put
+ * back into row, a scratch of the row's bytes), else where it lies. */
+static void dequantize_row(float *dst, ds_weight w, int64_t in, int64_t r, const unsigned char *packed,
+                           int64_t rows_packed, unsigned char *row) {
   size_t rb = ds_quant_row_bytes(w.dtype, in);
-  uint32_t type = (uint32_t)ds_dtype_ggml_type(w.dtype);
-  const unsigned char *base = (const unsigned char *)w.data + (size_t)r0 * rb;
-  DS_OMP(parallel for schedule(static) if (rows * in > 65536))
-  for (int64_t r = 0; r < rows; r++) ds_ggml_dequantize_row(type, base + (size_t)r * rb, dst + r * in, in);
+  const unsigned char *src = (const unsigned char *)w.data + (size_t)r * rb;
+  if (packed && r < rows_packed) ds_quant_unpack_row(row, packed, w.dtype, in, r), src = row;
+  ds_ggml_dequantize_row((uint32_t)ds_dtype_ggml_type(w.dtype), src, dst, in);
+}
+
+void ds_quant_dequantize_rows(float *dst, ds_weight w, int64_t in, int64_t r0, int64_t rows) {
+  int64_t rows_packed = 0;
+  const unsigned char *packed = ds_quant_packed_find(w.data, w.dtype, in, &rows_packed);
+  size_t rb = ds_quant_row_bytes(w.dtype, in);
+  DS_OMP(parallel if (rows * in > 65536))
+  {
+    unsigned char *row = packed ? malloc(rb) : NULL;
+    if (packed && !row) rows_packed = 0; /* no scratch: the stored rows (faulted back in) */
+    DS_OMP(for schedule(static))
+    for (int64_t r = 0; r < rows; r++) dequantize_row(dst + r * in, w, in, r0 + r, packed, rows_packed, row);
+    free(row);
+  }
 }
 
 /* About 4 MiB of fp32 rows (at least 16, a multiple of 16): measured on SmolLM2-135M's shapes
@@ -320,9 +336,19 @@ void ds_cpu_linear_quant_backward(float *dx, const float *dy, ds_weight w, int64
 }
 
 void ds_cpu_embedding_quant(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d) {
+  int64_t rows_packed = 0; /* a tied head's table has its packed copy */
+  const unsigned char *packed = ds_quant_packed_find(table.data, table.dtype, d, &rows_packed);
   size_t rb = ds_quant_row_bytes(table.dtype, d);
-  uint32_t type = (uint32_t)ds_dtype_ggml_type(table.dtype);
-  DS_OMP(parallel for schedule(static) if (n * d > 65536))
-  for (int64_t i = 0; i < n; i++)
-    ds_ggml_dequantize_row(type, (const unsigned char *)table.data + (size_t)ids[i] * rb, y + i * d, d);
+  DS_OMP(parallel if (n * d > 65536))
+  {
+    unsigned char *row = packed ? malloc(rb) : NULL;
+    if (packed && !row) rows_packed = 0;
+    DS_OMP(for schedule(static))
+    for (int64_t i = 0; i < n; i++) dequantize_row(y + i * d, table, d, ids[i], packed, rows_packed, row);
+    free(row);
+  }
+}
+
+void ds_prepare_quant_weight(ds_weight w, int64_t rows, int64_t in) {
+  if (ds_qisa_best() == DS_QISA_AVX2_PACKED && ds_quant_packable(w.dtype)) (void)ds_quant_packed(w, rows, in);
 }

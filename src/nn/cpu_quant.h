@@ -85,8 +85,16 @@ void ds_quant_pack8(unsigned char *dst, const unsigned char *w, ds_dtype dt, int
 /* The packed copy of w's first rows / 8 * 8 rows, made on first use (parallel over groups) and kept
  * for the process, keyed by w's address, type and shape (ds_release_packed_weights() frees the
  * copies); NULL for a type without the layout, fewer than 8 rows, or no memory (then for good:
- * a weight's products never change kernel midway). Thread-safe. */
+ * a weight's products never change kernel midway). Thread-safe. From then on every reader of
+ * those rows reads the copy (the chunked path and embedding lookups through
+ * ds_quant_unpack_row), so when w lies in a file mapping its pages of them are dropped
+ * (ds_release_mapped_pages): the weight is resident once. */
 const unsigned char *ds_quant_packed(ds_weight w, int64_t rows, int64_t in);
+/* The packed copy already made for the weight at data (type dt, rows of in values), NULL when
+ * none; *rows_packed = the rows it holds (a multiple of 8). */
+const unsigned char *ds_quant_packed_find(const void *data, ds_dtype dt, int64_t in, int64_t *rows_packed);
+/* Row r (< the rows packed) in its stored bytes (ds_quant_row_bytes(dt, in)), read back from the copy. */
+void ds_quant_unpack_row(unsigned char *row, const unsigned char *packed, ds_dtype dt, int64_t in, int64_t r);
 size_t ds_quant_packed_bytes(void);
 void ds_quant_release_packs(void);
 /* y[i, o] (+ bias[o]) for i < n and o in [o0, o1) (multiples of 8) from the packed copy. */

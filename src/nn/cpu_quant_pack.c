@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dspark/fileio.h"
 #include "nn/cpu_kernels.h"
 #include "nn/cpu_quant.h"
 
@@ -87,6 +88,9 @@ const unsigned char *ds_quant_packed(ds_weight w, int64_t rows, int64_t in) {
     size_t bytes = ds_quant_row_bytes(w.dtype, in) * 8 * (size_t)groups;
     unsigned char *dst = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
     if (dst) ds_quant_pack8(dst, w.data, w.dtype, groups, in); /* no memory: the row kernel, for good */
+    /* every reader of these rows now reads the copy (ds_quant_unpack_row for single rows): a
+     * file mapping's pages of them need not stay resident beside it */
+    if (dst) ds_release_mapped_pages(w.data, bytes);
     size_t s = slot_of(w.data, g_cap);
     while (g_packs[s].data) s = (s + 1) & (size_t)(g_cap - 1);
     g_packs[s] = (quant_pack){w.data, w.dtype, rows, in, dst, dst ? bytes : 0};
@@ -96,6 +100,34 @@ const unsigned char *ds_quant_packed(ds_weight w, int64_t rows, int64_t in) {
   }
   pthread_mutex_unlock(&g_lock);
   return found;
+}
+
+const unsigned char *ds_quant_packed_find(const void *data, ds_dtype dt, int64_t in, int64_t *rows_packed) {
+  *rows_packed = 0;
+  if (!ds_quant_packable(dt)) return NULL;
+  const unsigned char *found = NULL;
+  pthread_mutex_lock(&g_lock);
+  for (size_t s = g_cap ? slot_of(data, g_cap) : 0; g_cap && g_packs[s].data; s = (s + 1) & (size_t)(g_cap - 1))
+    if (g_packs[s].data == data && g_packs[s].dtype == dt && g_packs[s].in == in) {
+      found = g_packs[s].packed;
+      *rows_packed = found ? g_packs[s].rows / 8 * 8 : 0;
+      break;
+    }
+  pthread_mutex_unlock(&g_lock);
+  return found;
+}
+
+void ds_quant_unpack_row(unsigned char *row, const unsigned char *packed, ds_dtype dt, int64_t in, int64_t r) {
+  int64_t nb = in / 32, g = r / 8;
+  int lane = (int)(r % 8);
+  size_t bb = ds_quant_row_bytes(dt, 32), head = dt == DS_Q4_1 ? 4 : 2, sb = scale_bytes(dt), qb = bb - head;
+  for (int64_t b = 0; b < nb; b++) {
+    const unsigned char *blk = packed + ((size_t)g * (size_t)nb + (size_t)b) * 8 * bb;
+    unsigned char *o = row + (size_t)b * bb;
+    memcpy(o, blk + 2 * lane, 2);                             /* d */
+    if (dt == DS_Q4_1) memcpy(o + 2, blk + 16 + 2 * lane, 2); /* m */
+    for (size_t j = 0; j < qb / 4; j++) memcpy(o + head + 4 * j, blk + sb + 32 * j + 4 * lane, 4);
+  }
 }
 
 size_t ds_quant_packed_bytes(void) {

@@ -95,6 +95,45 @@ static void test_output_check(void) {
   free(missing);
 }
 
+/* This process's resident pages backed by files (/proc/self/statm: resident, shared). */
+static long file_pages(void) {
+  long size = 0, resident = 0, shared = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (!f) return -1;
+  int n = fscanf(f, "%ld %ld %ld", &size, &resident, &shared);
+  fclose(f);
+  return n == 3 ? shared : -1;
+}
+
+/* ds_release_mapped_pages drops a ds_map_file mapping's pages (the data reads the same after)
+ * and leaves memory that is not such a mapping alone (madvise would zero heap pages). */
+static void test_release_mapped_pages(void) {
+  enum { N = 8 << 20 };
+  unsigned char *buf = malloc(N);
+  for (size_t i = 0; i < N; i++) buf[i] = (unsigned char)(i * 2654435761u >> 13);
+  EXPECT_OK(ds_write_file_atomic(at("map.bin"), buf, N));
+  ds_mapping m;
+  EXPECT_OK(ds_map_file(at("map.bin"), &m));
+  unsigned sum = 0;
+  for (size_t i = 0; i < N; i += 4096) sum += m.data[i]; /* every page resident */
+  long before = file_pages();
+  ds_release_mapped_pages(m.data + 1, N - 1); /* the first, partial page stays */
+  long after = file_pages();
+  long page = sysconf(_SC_PAGESIZE);
+  fprintf(stderr, "  file pages resident %ld -> %ld (sum %u)\n", before, after, sum);
+  EXPECT(before >= 0 && before - after >= (long)(N / page) * 9 / 10); /* other shared pages come and go */
+  EXPECT(memcmp(m.data, buf, N) == 0); /* faulted back in from the file */
+  unsigned char *heap = malloc(N);
+  memcpy(heap, buf, N);
+  ds_release_mapped_pages(heap, N); /* not a mapping: untouched */
+  EXPECT(memcmp(heap, buf, N) == 0);
+  ds_unmap_file(&m);
+  ds_release_mapped_pages(buf, N); /* after the unmap the range is no mapping's */
+  EXPECT(buf[12345] == (unsigned char)(12345u * 2654435761u >> 13));
+  free(heap);
+  free(buf);
+}
+
 int main(void) {
   const char *base = getenv("DSPARK_TEST_TMP");
   snprintf(g_dir, sizeof g_dir, "%s/test_fileio.%ld", base && base[0] ? base : "/tmp", (long)getpid());
@@ -105,5 +144,6 @@ int main(void) {
   TEST_RUN(test_mkdir_reasons);
   TEST_RUN(test_read_reasons);
   TEST_RUN(test_output_check);
+  TEST_RUN(test_release_mapped_pages);
   return TEST_RESULT();
 }

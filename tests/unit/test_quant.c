@@ -380,10 +380,42 @@ static void test_quantize_q8_0_weights(void) {
   for (int j = 64; j < 96; j++) EXPECT(fabsf(y[j] - x[j]) <= 0.5f * d + 1e-3f * fabsf(x[j]));
 }
 
+/* Once a weight has its packed copy, the rows read back from it (the chunked path, embedding
+ * lookups, ds_quant_unpack_row) are the stored rows, tail rows past the last group of 8 too. */
+static void test_unpack(void) {
+  const ds_dtype types[] = {DS_Q8_0, DS_Q4_0, DS_Q4_1};
+  for (int t = 0; t < 3; t++) {
+    int64_t rows = 27, in = 96;
+    ds_dtype dt = types[t];
+    unsigned char *w = rand_weight(dt, rows, in);
+    size_t rb = ds_quant_row_bytes(dt, in);
+    ds_weight wt = {w, dt};
+    const unsigned char *packed = ds_quant_packed(wt, rows, in);
+    int64_t rows_packed = 0;
+    EXPECT(packed != NULL && ds_quant_packed_find(w, dt, in, &rows_packed) == packed && rows_packed == 24);
+    unsigned char row[96 * 2];
+    for (int64_t r = 0; r < rows_packed; r++) {
+      ds_quant_unpack_row(row, packed, dt, in, r);
+      EXPECT(memcmp(row, w + (size_t)r * rb, rb) == 0);
+    }
+    float *want = dequantized(dt, w, rows, in), got[27 * 96];
+    ds_quant_dequantize_rows(got, wt, in, 0, rows);
+    EXPECT(memcmp(got, want, sizeof got) == 0);
+    int32_t ids[] = {26, 0, 7, 8, 23, 24, 13};
+    float emb[7 * 96];
+    ds_backend_cpu()->embedding_w(emb, ids, wt, 7, in);
+    for (int i = 0; i < 7; i++) EXPECT(memcmp(emb + i * in, want + ids[i] * in, (size_t)in * sizeof(float)) == 0);
+    free(want);
+    ds_release_packed_weights(); /* before the weight's memory is freed: the copies are keyed by address */
+    free(w);
+  }
+}
+
 int main(void) {
   ds_rng_seed(&g_rng, 27);
   TEST_RUN(test_quantize_x);
   TEST_RUN(test_quantize_q8_0_weights);
+  TEST_RUN(test_unpack);
   TEST_RUN(test_paths);
   TEST_RUN(test_rows_independent);
   TEST_RUN(test_cat);
