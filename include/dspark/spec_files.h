@@ -50,14 +50,17 @@ ds_status ds_spec_add_target_identity(cJSON *j, ds_model_source *target);
  * and fewer fitted positions than drafted. */
 ds_status ds_spec_read_calibration(const char *path, const ds_draft *d, const char *draft_dir, int64_t drafted,
                                    double **T, int64_t *n);
-/* Reads "verify_seconds" (required, B = 1 .. n_verify) and "draft_block_seconds" (optional:
- * *n_draft = 0 without it) of a `dspark profile` file; arrays malloc'd, entries finite and > 0.
+/* Reads "verify_seconds" (required, B = 1 .. n_verify), "head_seconds" (optional: *n_head = 0
+ * without it, as in a profile made before speculation computed rows after the first lazily:
+ * verify_seconds then include them) and "draft_block_seconds" (optional: *n_draft = 0 without
+ * it) of a `dspark profile` file; arrays malloc'd, entries finite and > 0.
  * A file recording another target (target_config_xxh64) is refused naming the field and both
  * values; draft costs recorded for another draft (identity or block size) are dropped with a note
  * (*n_draft = 0: measured during decoding, as without them); a file recording neither (written by
  * hand, or by an older profile) is taken as given, with a note. */
 ds_status ds_spec_read_profile(const char *path, ds_model_source *target, const ds_draft *d, const char *draft_dir,
-                               double **verify_s, int64_t *n_verify, double **draft_s, int64_t *n_draft);
+                               double **verify_s, int64_t *n_verify, double **head_s, int64_t *n_head, double **draft_s,
+                               int64_t *n_draft);
 
 /* Writes j (pretty-printed) to path atomically and deletes j; a failure names option and path. */
 ds_status ds_json_write_report(const char *option, const char *path, cJSON *j);

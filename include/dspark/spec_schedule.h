@@ -41,31 +41,40 @@ double ds_cumulative_ece(const ds_round_set *s, int64_t k, const double *T, int6
  * data keeps T = 1). */
 void ds_sts_fit(const ds_round_set *s, double *T);
 
-/* The prefix scheduler (paper Algorithm 1). R requests; request r offers n_cand[r] candidate
+/* Verification prices (ds_prefix_schedule, ds_spec_expected_gain): verify_s[B-1] = one target
+ * pass over B tokens that computes the logits of each request's first row; head_s[n-1] = the
+ * logits of n more rows, which speculation computes for a request only when its first proposal is
+ * accepted (so they cost a_{r,0} * head_s[len_r - 1] in expectation; past the end the line through
+ * the last two entries). head_s NULL (a profile made before the lazy rows): verify_s includes
+ * every row's logits and no head term is added.
+ *
+ * The prefix scheduler (paper Algorithm 1). R requests; request r offers n_cand[r] candidate
  * tokens with survival probabilities a[r][0..n_cand[r]-1] (non-increasing: a_{r,j} =
  * prod_{i<=j} c_{r,i}). verify_s[B-1] = seconds of one target pass verifying B tokens,
  * B = 1 .. max_B (past the end: the line through the last two entries, never decreasing; a
  * one-entry table: proportional to B); fixed_s = seconds of the round that do not depend on the choice (the drafts
  * already run). Starting from B = R, tau = R (every request commits one token), candidates are
  * admitted in descending a (ties: lower r, then lower j), B += 1 and tau += a each, while
- * Theta = tau / (fixed_s + verify_s[B-1]) (expected tokens per second; with fixed_s = 0 it is
+ * Theta = tau / (fixed_s + verify_s[B-1] + the expected head costs) (expected tokens per second; with fixed_s = 0 it is
  * tau * SPS(B)) improves; the first admission that does not improve it stops the scan (the
  * early stop). len[r] = the admitted prefix length of request r. Returns
  * the best Theta. Allocates nothing (the requests' lists are merged head by head). */
 double ds_prefix_schedule(int R, const int64_t *n_cand, const double *const *a, const double *verify_s, int64_t max_B,
-                          double fixed_s, int64_t *len);
+                          const double *head_s, int64_t max_head, double fixed_s, int64_t *len);
 /* The expected speedup of speculating one request alone over plain decoding, at its best
  * length (the table priced as above): max over L = 1 .. n_cand of
- * (1 + sum_{j<L} a_j) * verify_s[0] / (draft_s + verify_s[L]); 0 when no L qualifies. Below 1,
+ * (1 + sum_{j<L} a_j) * verify_s[0] / (draft_s + verify_s[L] + a_0 * head_s[L-1]); 0 when no L qualifies. Below 1,
  * drafting for the request does not pay. *best_len (may be NULL) gets that L. */
-double ds_spec_expected_gain(int64_t n_cand, const double *a, const double *verify_s, int64_t max_B, double draft_s,
-                             int64_t *best_len);
+double ds_spec_expected_gain(int64_t n_cand, const double *a, const double *verify_s, int64_t max_B,
+                             const double *head_s, int64_t max_head, double draft_s, int64_t *best_len);
 
-/* Measures seconds[B-1] = the median time of a target pass over B new tokens (logits of every
- * row, the draft's capture layers when capture_layers is given) after `context` cached tokens,
- * B = 1 .. max_tokens, reps timings each after one warm-up. */
+/* Measures seconds[B-1] = the median time of a target pass over B new tokens as speculation
+ * runs it (the logits of the first row, the final hidden states of all, the draft's capture
+ * layers when capture_layers is given) after `context` cached tokens, B = 1 .. max_tokens, and,
+ * when head is not NULL, head[n-1] = the median time of the logits of n more rows
+ * (ds_target_logits), n = 1 .. max_tokens - 1; reps timings each after one warm-up. */
 ds_status ds_spec_profile_verify(ds_target *t, int64_t context, int64_t max_tokens, int reps,
-                                 const int32_t *capture_layers, int n_capture, double *seconds);
+                                 const int32_t *capture_layers, int n_capture, double *seconds, double *head);
 /* Measures seconds[L-1] = the median time of one draft block followed by L head steps (with
  * the confidence head), after `context` committed positions, L = 1 .. the block size. */
 ds_status ds_spec_profile_draft(ds_target *t, ds_draft *d, int64_t context, int reps, double *seconds);

@@ -65,6 +65,8 @@ typedef struct {
    * Without the confidence head the survival probabilities are this run's acceptance rates. */
   const double *verify_s;
   int64_t n_verify;
+  const double *head_s; /* head_s[n-1] = the logits of n rows after a request's first (spec_schedule.h); may be NULL */
+  int64_t n_head;
   double draft_block_s;
   /* Called after each request's round with the confidence logits of the slots drafted
    * (conf [n_conf], NAN without the confidence head), the tokens proposed and accepted; may

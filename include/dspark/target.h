@@ -95,6 +95,11 @@ typedef struct {
 } ds_target_outputs;
 
 ds_status ds_target_forward(ds_target *m, const ds_target_seq *seqs, int n_seqs, ds_target_outputs *out);
+/* logits [n, V] = hidden [n, d] @ lm_head^T for final-normed hidden states a forward gave
+ * (final_hidden): the forward's vocabulary product, for rows whose logits are wanted only later
+ * (speculation verifies proposals left to right and stops reading at the first rejection). Host
+ * memory in and out, the forward's numbers (the same product on the same rows). */
+ds_status ds_target_logits(ds_target *m, const float *hidden, int64_t n, float *logits);
 
 /* Validates a capture layer list against the model: strictly increasing, within
  * [-1, L-2] (the last layer's HF output is already final-normed). */

@@ -15,9 +15,11 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: dspark profile --target MODEL --out FILE.json [--draft DIR] [options]\n"
           "MODEL: a model directory or a .gguf file (docs/commands.md, \"Models\")\n"
-          "Measures the seconds of one target pass verifying B tokens (with the KV cache of a context, the\n"
-          "logits of every row), B = 1 .. --max-tokens: verify_seconds[B-1] and verify_steps_per_s[B-1] =\n"
-          "SPS(B); with --draft also draft_block_seconds[L-1] = one draft block and L head steps.\n"
+          "Measures the seconds of one target pass verifying B tokens as speculation runs it (with the KV\n"
+          "cache of a context, the logits of the first row), B = 1 .. --max-tokens: verify_seconds[B-1] and\n"
+          "verify_steps_per_s[B-1] = SPS(B); head_seconds[n-1] = the logits of n more rows (computed when a\n"
+          "round's first proposal is accepted); with --draft also draft_block_seconds[L-1] = one draft block\n"
+          "and L head steps, each after a target pass.\n"
           CLI_WEIGHTS_HELP
           CLI_DRAFT_WEIGHTS_HELP
           "  --max-tokens B   the largest batch of verified tokens (32); the scheduler admits no more\n"
@@ -57,10 +59,11 @@ int cmd_profile(int argc, char **argv) {
   int rc = 1;
   ds_target *t = NULL;
   ds_draft *d = NULL;
-  double *verify = calloc((size_t)max_tokens, sizeof *verify), *draft = NULL, *sps = NULL;
+  double *verify = calloc((size_t)max_tokens, sizeof *verify), *head = calloc((size_t)max_tokens, sizeof *head);
+  double *draft = NULL, *sps = NULL;
   int64_t g = 0;
   ds_model_source *src = NULL;
-  if (!verify) goto report;
+  if (!verify || !head) goto report;
   if (ds_model_source_open(target_dir, &src) != DS_OK || ds_target_load_source(src, ds_backend_cpu(), NULL, &t) != DS_OK)
     goto report;
   if (draft_dir) {
@@ -73,7 +76,7 @@ int cmd_profile(int argc, char **argv) {
   const ds_draft_config *dc = d ? ds_draft_get_config(d) : NULL;
   /* with a draft, the pass also captures its layers, as a verification pass does */
   if (ds_spec_profile_verify(t, context, max_tokens, (int)reps, dc ? dc->target_layer_ids : NULL,
-                             dc ? dc->n_target_layers : 0, verify) != DS_OK)
+                             dc ? dc->n_target_layers : 0, verify, head) != DS_OK)
     goto report;
   if (d && ds_spec_profile_draft(t, d, context, (int)reps, draft) != DS_OK) goto report;
   sps = calloc((size_t)max_tokens, sizeof *sps);
@@ -97,6 +100,7 @@ int cmd_profile(int argc, char **argv) {
   cJSON_AddNumberToObject(j, "threads", ds_get_num_threads());
   cJSON_AddItemToObject(j, "verify_seconds", ds_json_number_array(verify, max_tokens));
   cJSON_AddItemToObject(j, "verify_steps_per_s", ds_json_number_array(sps, max_tokens));
+  if (max_tokens > 1) cJSON_AddItemToObject(j, "head_seconds", ds_json_number_array(head, max_tokens - 1));
   if (d) cJSON_AddItemToObject(j, "draft_block_seconds", ds_json_number_array(draft, g));
   if (ds_json_write_report("--out", out_path, j) != DS_OK) goto report;
   fprintf(stderr, "profile: verifying 1 token %.3f ms, %lld tokens %.3f ms (%.2fx the cost for %lldx the tokens)",
@@ -110,6 +114,7 @@ report:
   rc = cli_report_error("profile");
 done:
   free(verify);
+  free(head);
   free(draft);
   free(sps);
   ds_model_source_close(src);

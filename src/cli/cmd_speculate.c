@@ -266,8 +266,8 @@ int cmd_speculate(int argc, char **argv) {
   ds_ids ids = {0};
   ds_prompt_batch batch = {0};
   ds_spec_result sum, plain_sum, *res = NULL;
-  double *temps = NULL, *T = NULL, *verify = NULL, *draft_cost = NULL;
-  int64_t n_temps = 0, n_verify = 0, n_draft_cost = 0, requests_off = 0;
+  double *temps = NULL, *T = NULL, *verify = NULL, *head = NULL, *draft_cost = NULL;
+  int64_t n_temps = 0, n_verify = 0, n_head = 0, n_draft_cost = 0, requests_off = 0;
   char profile_source[512] = "";
   ds_spec_rounds rounds;
   ds_spec_rounds_init(&rounds, 0);
@@ -315,7 +315,8 @@ int cmd_speculate(int argc, char **argv) {
   for (int64_t k = 0; k < g; k++) T[k] = k < n_temps ? temps[k] : 1.0;
   if (o.policy == DS_SPEC_SCHEDULER) {
     if (profile) {
-      if (ds_spec_read_profile(profile, src, d, draft_dir, &verify, &n_verify, &draft_cost, &n_draft_cost) != DS_OK) {
+      if (ds_spec_read_profile(profile, src, d, draft_dir, &verify, &n_verify, &head, &n_head, &draft_cost,
+                               &n_draft_cost) != DS_OK) {
         free(pv), free(pn);
         goto report;
       }
@@ -328,8 +329,11 @@ int cmd_speculate(int argc, char **argv) {
        * it linearly); `dspark profile` measures a steadier one */
       n_verify = (int64_t)R * (drafted + 1) < 64 ? (int64_t)R * (drafted + 1) : 64;
       verify = malloc((size_t)n_verify * sizeof *verify);
+      head = malloc((size_t)n_verify * sizeof *head);
+      n_head = n_verify - 1;
       double t0 = ds_time_sec();
-      if (!verify || ds_spec_profile_verify(t, 64, n_verify, 3, dc->target_layer_ids, dc->n_target_layers, verify) != DS_OK) {
+      if (!verify || !head ||
+          ds_spec_profile_verify(t, 64, n_verify, 3, dc->target_layer_ids, dc->n_target_layers, verify, head) != DS_OK) {
         free(pv), free(pn);
         goto report;
       }
@@ -339,6 +343,8 @@ int cmd_speculate(int argc, char **argv) {
     }
     o.verify_s = verify;
     o.n_verify = n_verify;
+    o.head_s = head;
+    o.n_head = n_head;
   }
   if (dc->enable_confidence_head) {
     ds_spec_rounds_init(&rounds, g);
@@ -428,6 +434,7 @@ done:
   free(temps);
   free(T);
   free(verify);
+  free(head);
   free(draft_cost);
   ds_spec_rounds_free(&rounds);
   free(given);

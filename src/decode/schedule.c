@@ -83,12 +83,17 @@ static double verify_cost(const double *verify_s, int64_t max_B, int64_t B) {
   return verify_s[max_B - 1] + (slope > 0 ? slope : 0.0) * (double)(B - max_B);
 }
 
+/* Seconds of the logits of n rows after a request's first (0 for none; no table: none priced). */
+static double head_cost(const double *head_s, int64_t max_head, int64_t n) {
+  return n < 1 || !head_s || max_head < 1 ? 0.0 : verify_cost(head_s, max_head, n);
+}
+
 double ds_prefix_schedule(int R, const int64_t *n_cand, const double *const *a, const double *verify_s, int64_t max_B,
-                          double fixed_s, int64_t *len) {
+                          const double *head_s, int64_t max_head, double fixed_s, int64_t *len) {
   for (int r = 0; r < R; r++) len[r] = 0;
   if (R < 1 || max_B < 1) return 0.0;
   int64_t B = R;
-  double tau = R, best = tau / (fixed_s + verify_cost(verify_s, max_B, B));
+  double tau = R, rest = 0.0, best = tau / (fixed_s + verify_cost(verify_s, max_B, B));
   for (;;) {
     /* the next candidate in descending survival: each request's list is non-increasing, so
      * the best is one of the R heads (ties: the lower request) */
@@ -96,9 +101,13 @@ double ds_prefix_schedule(int R, const int64_t *n_cand, const double *const *a, 
     for (int r = 0; r < R; r++)
       if (len[r] < n_cand[r] && (pick < 0 || a[r][len[r]] > a[pick][len[pick]])) pick = r;
     if (pick < 0) break;
-    double theta = (tau + a[pick][len[pick]]) / (fixed_s + verify_cost(verify_s, max_B, B + 1));
+    /* the rest of the request's rows are computed when its first proposal is accepted */
+    double rest_new = rest + a[pick][0] * (head_cost(head_s, max_head, len[pick] + 1) -
+                                           head_cost(head_s, max_head, len[pick]));
+    double theta = (tau + a[pick][len[pick]]) / (fixed_s + verify_cost(verify_s, max_B, B + 1) + rest_new);
     if (!(theta > best)) break; /* the early stop: the first admission that does not pay ends the scan */
     best = theta;
+    rest = rest_new;
     tau += a[pick][len[pick]];
     B++;
     len[pick]++;
@@ -106,14 +115,14 @@ double ds_prefix_schedule(int R, const int64_t *n_cand, const double *const *a, 
   return best;
 }
 
-double ds_spec_expected_gain(int64_t n_cand, const double *a, const double *verify_s, int64_t max_B, double draft_s,
-                             int64_t *best_len) {
+double ds_spec_expected_gain(int64_t n_cand, const double *a, const double *verify_s, int64_t max_B,
+                             const double *head_s, int64_t max_head, double draft_s, int64_t *best_len) {
   double best = 0.0, tokens = 1.0; /* L = 0 (plain decoding) would be 1 by definition: not a candidate */
   int64_t at = 0;
   if (max_B < 1) return 0.0;
   for (int64_t L = 1; L <= n_cand; L++) {
     tokens += a[L - 1];
-    double g = tokens * verify_s[0] / (draft_s + verify_cost(verify_s, max_B, L + 1));
+    double g = tokens * verify_s[0] / (draft_s + verify_cost(verify_s, max_B, L + 1) + a[0] * head_cost(head_s, max_head, L));
     if (g > best) best = g, at = L;
   }
   if (best_len) *best_len = at;

@@ -261,20 +261,25 @@ static ds_status check_profile(const cJSON *j, const char *path, ds_model_source
 }
 
 ds_status ds_spec_read_profile(const char *path, ds_model_source *target, const ds_draft *d, const char *draft_dir,
-                               double **verify_s, int64_t *n_verify, double **draft_s, int64_t *n_draft) {
+                               double **verify_s, int64_t *n_verify, double **head_s, int64_t *n_head, double **draft_s,
+                               int64_t *n_draft) {
   cJSON *j = NULL;
   *draft_s = NULL;
   *n_draft = 0;
+  *head_s = NULL;
+  *n_head = 0;
   DS_TRY(read_json(path, &j));
   ds_status st = positive_array(j, path, "verify_seconds", 0, verify_s, n_verify);
+  if (st == DS_OK) st = positive_array(j, path, "head_seconds", 1, head_s, n_head);
   if (st == DS_OK) st = positive_array(j, path, "draft_block_seconds", 1, draft_s, n_draft);
   int drop = 0;
   if (st == DS_OK) st = check_profile(j, path, target, d, draft_dir, *n_draft, &drop);
   if (st == DS_OK && drop) free(*draft_s), *draft_s = NULL, *n_draft = 0;
   if (st != DS_OK) {
     free(*verify_s), *verify_s = NULL;
+    free(*head_s), *head_s = NULL;
     free(*draft_s), *draft_s = NULL;
-    *n_draft = 0;
+    *n_draft = *n_head = 0;
   }
   cJSON_Delete(j);
   return st;

@@ -26,7 +26,7 @@ static void fill_ids(int32_t *ids, int64_t n, int64_t V) {
 }
 
 ds_status ds_spec_profile_verify(ds_target *t, int64_t context, int64_t max_tokens, int reps,
-                                 const int32_t *capture_layers, int n_capture, double *seconds) {
+                                 const int32_t *capture_layers, int n_capture, double *seconds, double *head) {
   const ds_model_config *c = ds_target_config(t);
   if (context < 1 || max_tokens < 1 || reps < 1 || reps > PROFILE_MAX_REPS)
     return DS_FAIL(DS_ERR_ARG, "profile: context %lld, tokens %lld and repetitions %d must be >= 1 (repetitions <= %d)",
@@ -34,10 +34,11 @@ ds_status ds_spec_profile_verify(ds_target *t, int64_t context, int64_t max_toke
   int64_t V = c->vocab_size, n = context + max_tokens;
   int32_t *ids = ds_malloc((size_t)n * sizeof(int32_t), "profile ids");
   float *logits = ds_malloc_aligned((size_t)(max_tokens * V) * sizeof(float), "profile logits");
+  float *hidden = ds_malloc_aligned((size_t)(max_tokens * c->hidden_size) * sizeof(float), "profile hidden states");
   float *captured = n_capture > 0 ? ds_malloc_aligned((size_t)(n * n_capture * c->hidden_size) * sizeof(float),
                                                       "profile captured rows") : NULL;
   ds_kv_cache *kv = NULL;
-  ds_status st = ids && logits && (n_capture <= 0 || captured) ? DS_OK : DS_ERR_NOMEM;
+  ds_status st = ids && logits && hidden && (n_capture <= 0 || captured) ? DS_OK : DS_ERR_NOMEM;
   if (st == DS_OK) st = ds_kv_cache_new(t, n, &kv);
   if (st == DS_OK) {
     fill_ids(ids, n, V);
@@ -50,7 +51,8 @@ ds_status ds_spec_profile_verify(ds_target *t, int64_t context, int64_t max_toke
     double times[PROFILE_MAX_REPS];
     for (int rep = -1; rep < reps && st == DS_OK; rep++) { /* rep -1: the warm-up */
       ds_target_seq seq = {ids + context, B, kv};
-      ds_target_outputs out = {capture_layers, n_capture, captured, NULL, NULL, 0, logits};
+      int64_t first = 0; /* speculation's pass: the first row's logits, the others' hidden states */
+      ds_target_outputs out = {capture_layers, n_capture, captured, hidden, &first, 1, logits};
       double t0 = ds_time_sec();
       st = ds_target_forward(t, &seq, 1, &out);
       if (rep >= 0) times[rep] = ds_time_sec() - t0;
@@ -58,8 +60,18 @@ ds_status ds_spec_profile_verify(ds_target *t, int64_t context, int64_t max_toke
     }
     if (st == DS_OK) seconds[B - 1] = median(times, reps);
   }
+  for (int64_t n_rows = 1; head && n_rows < max_tokens && st == DS_OK; n_rows++) {
+    double times[PROFILE_MAX_REPS];
+    for (int rep = -1; rep < reps && st == DS_OK; rep++) {
+      double t0 = ds_time_sec();
+      st = ds_target_logits(t, hidden, n_rows, logits);
+      if (rep >= 0) times[rep] = ds_time_sec() - t0;
+    }
+    if (st == DS_OK) head[n_rows - 1] = median(times, reps);
+  }
   ds_kv_cache_free(kv);
   free(ids);
+  ds_free_aligned(hidden);
   ds_free_aligned(logits);
   ds_free_aligned(captured);
   return st;

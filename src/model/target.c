@@ -233,6 +233,23 @@ static ds_status check_inputs(const ds_target *m, const ds_target_seq *seqs, int
   return DS_OK;
 }
 
+ds_status ds_target_logits(ds_target *m, const float *hidden, int64_t n, float *logits) {
+  const ds_backend *be = m->be;
+  int64_t d = m->cfg.hidden_size, V = m->cfg.vocab_size;
+  if (n < 0 || (n > 0 && (!hidden || !logits))) return DS_FAIL(DS_ERR_ARG, "target logits: %lld rows, NULL buffers", (long long)n);
+  if (n == 0) return DS_OK;
+  if (!be->device_memory) {
+    be->linear_w(logits, V, hidden, m->lm_head, NULL, n, d, V);
+    return DS_OK;
+  }
+  DS_TRY(workspace_reserve(m, n));
+  DS_TRY(logits_reserve(m, n));
+  be->copy_to_device(m->ws.x, hidden, (size_t)(n * d) * sizeof(float));
+  be->linear_w(m->ws.logits, V, m->ws.x, m->lm_head, NULL, n, d, V);
+  be->copy_to_host(logits, m->ws.logits, (size_t)n * (size_t)V * sizeof(float));
+  return DS_OK;
+}
+
 ds_status ds_target_forward(ds_target *m, const ds_target_seq *seqs, int n_seqs, ds_target_outputs *out) {
   const ds_model_config *c = &m->cfg;
   const ds_backend *be = m->be;

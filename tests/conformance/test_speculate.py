@@ -96,6 +96,8 @@ def confidence_scheduling(args, ck, tmp, target, drafts, batch_file):
     ck.check(len(v) == 8 and all(0 < x < 10 for x in v), f"profile: verify_seconds {v}")
     ck.check(len(sps) == 8 and all(abs(s * x - 1) < 1e-9 for s, x in zip(sps, v)), f"profile: SPS != 1 / seconds: {sps}")
     ck.check(len(d) == 4 and all(0 < x < 10 for x in d), f"profile: draft_block_seconds {d}")
+    h = p.get("head_seconds", [])
+    ck.check(len(h) == 7 and all(0 < x < 10 for x in h), f"profile: head_seconds {h}")
 
     def write(name, verify, draft):
         path = os.path.join(tmp, name)

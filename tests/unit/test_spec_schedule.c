@@ -18,12 +18,12 @@ static void test_prefix_schedule_hand_example(void) {
   const int64_t n_cand[] = {3, 2};
   const double verify[] = {1.0, 1.0, 1.1, 1.2, 1.3, 1.6, 1.45, 3.0};
   int64_t len[2] = {-1, -1};
-  double theta = ds_prefix_schedule(2, n_cand, a, verify, 8, 0.0, len);
+  double theta = ds_prefix_schedule(2, n_cand, a, verify, 8, NULL, 0, 0.0, len);
   EXPECT(len[0] == 2 && len[1] == 1);
   EXPECT_CLOSE(theta, 4.42 / 1.3, 1e-12, 0);
   /* the round's fixed cost enters the denominator: 2/2, 2.9/2.1, 3.7/2.2, 4.42/2.3 = 1.922,
    * then 4.82/2.6 = 1.854 stops: the same lengths, Theta in tokens per second of the round */
-  theta = ds_prefix_schedule(2, n_cand, a, verify, 8, 1.0, len);
+  theta = ds_prefix_schedule(2, n_cand, a, verify, 8, NULL, 0, 1.0, len);
   EXPECT(len[0] == 2 && len[1] == 1);
   EXPECT_CLOSE(theta, 4.42 / 2.3, 1e-12, 0);
 }
@@ -35,26 +35,26 @@ static void test_prefix_schedule_limits(void) {
   const double flat[] = {1, 1, 1, 1, 1, 1, 1, 1};
   int64_t len[2];
   /* verification costs nothing more per token: every candidate pays */
-  ds_prefix_schedule(2, n_cand, a, flat, 8, 0.0, len);
+  ds_prefix_schedule(2, n_cand, a, flat, 8, NULL, 0, 0.0, len);
   EXPECT(len[0] == 3 && len[1] == 2);
   /* past the table's end (B = 3) the line through its last two entries, 0.2 s per token:
    * 2/1, 2.9/1.2 = 2.417, 3.7/1.4 = 2.643, 4.42/1.6 = 2.7625, then 4.82/1.8 = 2.678 stops */
   const double short_table[] = {1, 1, 1.2};
-  EXPECT_CLOSE(ds_prefix_schedule(2, n_cand, a, short_table, 3, 0.0, len), 4.42 / 1.6, 1e-12, 0);
+  EXPECT_CLOSE(ds_prefix_schedule(2, n_cand, a, short_table, 3, NULL, 0, 0.0, len), 4.42 / 1.6, 1e-12, 0);
   EXPECT(len[0] == 2 && len[1] == 1);
   /* a one-entry table prices tokens proportionally: 2/2 = 1, then 2.9/3 does not pay */
-  ds_prefix_schedule(2, n_cand, a, flat, 1, 0.0, len);
+  ds_prefix_schedule(2, n_cand, a, flat, 1, NULL, 0, 0.0, len);
   EXPECT(len[0] == 0 && len[1] == 0);
   /* equal survivals: the lower request first (2/1, 2.5/1, then 3/2 stops) */
   const double b0[] = {0.5}, b1[] = {0.5}, dear4[] = {1, 1, 1, 2};
   const double *b[] = {b0, b1};
   const int64_t one[] = {1, 1};
-  ds_prefix_schedule(2, one, b, dear4, 4, 0.0, len);
+  ds_prefix_schedule(2, one, b, dear4, 4, NULL, 0, 0.0, len);
   EXPECT(len[0] == 1 && len[1] == 0);
   /* a verification cost that doubles with one more token never pays for a survival of 0.9 */
   const double steep[] = {1, 2, 4};
   const double *c[] = {a0};
-  ds_prefix_schedule(1, n_cand, c, steep, 3, 0.0, len);
+  ds_prefix_schedule(1, n_cand, c, steep, 3, NULL, 0, 0.0, len);
   EXPECT(len[0] == 0);
 }
 
@@ -64,12 +64,36 @@ static void test_prefix_schedule_limits(void) {
 static void test_expected_gain(void) {
   const double a[] = {0.9, 0.72}, verify[] = {1.0, 1.1, 1.2};
   int64_t L = -1;
-  EXPECT_CLOSE(ds_spec_expected_gain(2, a, verify, 3, 0.5, &L), 2.62 / 1.7, 1e-12, 0);
+  EXPECT_CLOSE(ds_spec_expected_gain(2, a, verify, 3, NULL, 0, 0.5, &L), 2.62 / 1.7, 1e-12, 0);
   EXPECT(L == 2);
-  EXPECT_CLOSE(ds_spec_expected_gain(2, a, verify, 3, 5.0, &L), 2.62 / 6.2, 1e-12, 0);
+  EXPECT_CLOSE(ds_spec_expected_gain(2, a, verify, 3, NULL, 0, 5.0, &L), 2.62 / 6.2, 1e-12, 0);
   /* a table ending at B = 2 is extended by its last step (0.1): the same answer */
-  EXPECT_CLOSE(ds_spec_expected_gain(2, a, verify, 2, 0.5, &L), 2.62 / 1.7, 1e-12, 0);
-  EXPECT(ds_spec_expected_gain(0, a, verify, 3, 0.5, &L) == 0.0 && L == 0);
+  EXPECT_CLOSE(ds_spec_expected_gain(2, a, verify, 2, NULL, 0, 0.5, &L), 2.62 / 1.7, 1e-12, 0);
+  EXPECT(ds_spec_expected_gain(0, a, verify, 3, NULL, 0, 0.5, &L) == 0.0 && L == 0);
+}
+
+/* The rows after a request's first are priced at a_0 * head[len - 1] (computed only when its
+ * first proposal is accepted). Alone, a = [0.9, 0.72], verification [1, 1.1, 1.2], head [0.5,
+ * 0.6], draft 0.5: L = 1 gives 1.9 / (0.5 + 1.1 + 0.45) = 0.9268, L = 2 gives 2.62 / (0.5 +
+ * 1.2 + 0.54) = 1.1696; with a = [0.1, 0.05] the head costs little: L = 1 gives 1.1 / (1.6 +
+ * 0.05) = 0.6667, L = 2 1.15 / (1.7 + 0.06) = 0.6534. In the batch (one request, the hand
+ * example's a0 and table): 1/1, then 0.9 costs 0.9 * 0.5 more: 1.9 / 1.45 = 1.310; 0.72
+ * costs 0.9 * 0.1 more: 2.62 / (1.1 + 0.54) = 1.598; 0.36: 2.98 / (1.2 + 0.9 * 0.7) = 1.628,
+ * admitted (head past its end: 0.6 + 0.1). */
+static void test_head_costs(void) {
+  const double a[] = {0.9, 0.72}, weak[] = {0.1, 0.05}, verify[] = {1.0, 1.1, 1.2}, head[] = {0.5, 0.6};
+  int64_t L = -1;
+  EXPECT_CLOSE(ds_spec_expected_gain(2, a, verify, 3, head, 2, 0.5, &L), 2.62 / 2.24, 1e-12, 0);
+  EXPECT(L == 2);
+  EXPECT_CLOSE(ds_spec_expected_gain(2, weak, verify, 3, head, 2, 0.5, &L), 1.1 / 1.65, 1e-12, 0);
+  EXPECT(L == 1);
+  const double a0[] = {0.9, 0.72, 0.36}, *aa[] = {a0}, table[] = {1.0, 1.0, 1.1, 1.2};
+  const int64_t n_cand[] = {3};
+  int64_t len[1] = {-1};
+  EXPECT_CLOSE(ds_prefix_schedule(1, n_cand, aa, table, 4, head, 2, 0.0, len), 2.98 / 1.83, 1e-12, 0);
+  EXPECT(len[0] == 3);
+  /* without a head table the rows are in the table: the hand example's prices */
+  EXPECT_CLOSE(ds_prefix_schedule(1, n_cand, aa, table, 4, NULL, 0, 0.0, len), 2.98 / 1.2, 1e-12, 0);
 }
 
 /* Two rounds predicting 0.9 (accepted once) and two predicting 0.1 (never accepted): bin 9
@@ -110,6 +134,7 @@ int main(void) {
   TEST_RUN(test_prefix_schedule_hand_example);
   TEST_RUN(test_prefix_schedule_limits);
   TEST_RUN(test_expected_gain);
+  TEST_RUN(test_head_costs);
   TEST_RUN(test_cumulative_ece);
   TEST_RUN(test_sts_fit);
   return TEST_RESULT();
