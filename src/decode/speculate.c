@@ -186,13 +186,15 @@ static ds_status propose(run *u, request *q, int64_t L) {
   return DS_OK;
 }
 
-/* The scheduler's survival probabilities of q's drafted slots: the calibrated confidences'
- * running product, or without the confidence head this run's acceptance rates (add-one
- * smoothed, so an unseen position is a coin flip). */
+/* This run's acceptance at position k over what the (calibrated) confidences predicted there,
+ * the calibration counted as SCHED_PRIOR_ROUNDS rounds of agreement. */
 static double drift(const run *u, int64_t k) {
   return (u->pred_acc[k] + SCHED_PRIOR_ROUNDS) / (u->pred_sum[k] + SCHED_PRIOR_ROUNDS);
 }
 
+/* The scheduler's survival probabilities of q's drafted slots: the calibrated confidences
+ * corrected by drift, their running product; or without the confidence head this run's
+ * acceptance rates (add-one smoothed, so an unseen position is a coin flip). */
 static void survival(run *u, request *q) {
   double cum = 1.0;
   for (int64_t k = 0; k < q->n_prop; k++) {

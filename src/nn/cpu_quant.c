@@ -255,9 +255,9 @@ void ds_quant_dequantize_rows(float *dst, ds_weight w, int64_t in, int64_t r0, i
   DS_OMP(parallel if (rows * in > 65536))
   {
     unsigned char *row = packed ? malloc(rb) : NULL;
-    if (packed && !row) rows_packed = 0; /* no scratch: the stored rows (faulted back in) */
+    int64_t from_copy = row ? rows_packed : 0; /* no scratch: the stored rows (faulted back in) */
     DS_OMP(for schedule(static))
-    for (int64_t r = 0; r < rows; r++) dequantize_row(dst + r * in, w, in, r0 + r, packed, rows_packed, row);
+    for (int64_t r = 0; r < rows; r++) dequantize_row(dst + r * in, w, in, r0 + r, packed, from_copy, row);
     free(row);
   }
 }
@@ -342,9 +342,9 @@ void ds_cpu_embedding_quant(float *y, const int32_t *ids, ds_weight table, int64
   DS_OMP(parallel if (n * d > 65536))
   {
     unsigned char *row = packed ? malloc(rb) : NULL;
-    if (packed && !row) rows_packed = 0;
+    int64_t from_copy = row ? rows_packed : 0;
     DS_OMP(for schedule(static))
-    for (int64_t i = 0; i < n; i++) dequantize_row(y + i * d, table, d, ids[i], packed, rows_packed, row);
+    for (int64_t i = 0; i < n; i++) dequantize_row(y + i * d, table, d, ids[i], packed, from_copy, row);
     free(row);
   }
 }
