@@ -114,6 +114,11 @@ static ds_status check_vocab_ids(const int32_t *ids, int64_t N, int64_t V) {
 
 ds_status ds_draft_new_vocab(const ds_draft_config *cfg, ds_weight embed, ds_weight lm_head, const int32_t *vocab_ids,
                              uint64_t seed, const ds_backend *backend, ds_draft **out) {
+  return draft_new(cfg, embed, lm_head, vocab_ids, seed, 1, backend, out);
+}
+
+ds_status draft_new(const ds_draft_config *cfg, ds_weight embed, ds_weight lm_head, const int32_t *vocab_ids,
+                    uint64_t seed, int init, const ds_backend *backend, ds_draft **out) {
   *out = NULL;
   DS_TRY(ds_draft_config_check(cfg));
   if (!table_dtype_ok(embed.dtype) || !table_dtype_ok(lm_head.dtype))
@@ -173,7 +178,7 @@ ds_status ds_draft_new_vocab(const ds_draft_config *cfg, ds_weight embed, ds_wei
     if (s->trainable) {
       *s->slot = d->params + s->offset;
       *s->grad_slot = d->grads + s->offset;
-      for (size_t k = 0; k < n; k++) (*s->slot)[k] = s->init == 1 ? 1.0f : s->init == 2 ? 0.0f : 0.02f * normal01(&rng);
+      for (size_t k = 0; init && k < n; k++) (*s->slot)[k] = s->init == 1 ? 1.0f : s->init == 2 ? 0.0f : 0.02f * normal01(&rng);
       data = *s->slot;
     } else {
       data = (char *)d->frozen + s->offset;
@@ -191,7 +196,8 @@ ds_status ds_draft_new_vocab(const ds_draft_config *cfg, ds_weight embed, ds_wei
   ds_weight *dst[2] = {&d->embed, &d->lm_head};
   for (int k = 0; k < 2; k++) {
     size_t row = (size_t)cfg->hidden_size * ds_dtype_size(src[k].dtype);
-    if (!src[k].data) memset((void *)dst[k]->data, 0, (k ? (size_t)d->n_vocab : (size_t)cfg->vocab_size) * row);
+    if (!src[k].data && init) memset((void *)dst[k]->data, 0, (k ? (size_t)d->n_vocab : (size_t)cfg->vocab_size) * row);
+    else if (!src[k].data) continue; /* the caller fills it */
     else if (k == 0 || !vocab_ids) memcpy((void *)dst[k]->data, src[k].data, cells * ds_dtype_size(src[k].dtype));
     else
       for (int64_t j = 0; j < d->n_vocab; j++)

@@ -130,6 +130,11 @@ struct ds_draft {
   decode_copies dec; /* ds_draft_set_decode_weights */
 };
 
+/* ds_draft_new_vocab; init 0 leaves every trainable value and a table given without data
+ * unset, for a caller that fills all of them next (a checkpoint's reader): the random init of
+ * the parameters was a third of loading a draft to decode. */
+ds_status draft_new(const ds_draft_config *cfg, ds_weight embed, ds_weight lm_head, const int32_t *vocab_ids,
+                    uint64_t seed, int init, const ds_backend *backend, ds_draft **out);
 ds_status draft_forward(ds_draft *d, const ds_draft_seq *seq);
 /* Heads on the final-normed h: fills acts.e / z / gate / rnn_* / conf. */
 void markov_head_forward(ds_draft *d, int64_t R);

@@ -367,7 +367,7 @@ ds_status ds_draft_load_tensors(const ds_draft_config *cfg_in, const ds_safetens
     if (!ids) cfg.draft_vocab_size = 0;
   }
   ds_draft *d = NULL;
-  ds_status s = ds_draft_new_vocab(&cfg, embed, lm_head, ids, 0, backend, &d);
+  ds_status s = draft_new(&cfg, embed, lm_head, ids, 0, 0, backend, &d); /* every tensor is read next */
   free(ids);
   if (s == DS_OK) s = ds_draft_read_tensors(d, st, prefix);
   if (s != DS_OK) {
