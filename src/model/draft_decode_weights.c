@@ -64,14 +64,8 @@ static void fill(const ds_draft *d, const matrix *m, ds_dtype dt, unsigned char 
   for (int64_t r = 0; r < m->rows; r++) {
     row_f32(d, m, r, buf);
     unsigned char *o = out + (size_t)r * rb;
-    if (dt == DS_Q8_0) {
-      ds_ggml_quantize_q8_0(buf, o, m->in);
-    } else {
-      for (int64_t j = 0; j < m->in; j++) {
-        uint16_t h = ds_f32_to_bf16(buf[j]);
-        memcpy(o + 2 * j, &h, 2);
-      }
-    }
+    if (dt == DS_Q8_0) ds_ggml_quantize_q8_0(buf, o, m->in);
+    else (void)ds_convert_from_f32(o, DS_BF16, buf, (size_t)m->in); /* to bf16 it cannot fail */
   }
   *m->dst = (ds_weight){out, dt};
 }

@@ -233,27 +233,34 @@ static ds_status check_inputs(const ds_target *m, const ds_target_seq *seqs, int
   return DS_OK;
 }
 
-ds_status ds_target_logits(ds_target *m, const float *hidden, int64_t n, float *logits) {
+/* logits [n, V] (host memory) = x [n, d] (the backend's memory) @ lm_head^T: a forward's and
+ * ds_target_logits' vocabulary product. */
+static ds_status vocab_product(ds_target *m, const float *x, int64_t n, float *logits) {
   const ds_backend *be = m->be;
   int64_t d = m->cfg.hidden_size, V = m->cfg.vocab_size;
-  if (n < 0 || (n > 0 && (!hidden || !logits))) return DS_FAIL(DS_ERR_ARG, "target logits: %lld rows, NULL buffers", (long long)n);
-  if (n == 0) return DS_OK;
   if (!be->device_memory) {
-    be->linear_w(logits, V, hidden, m->lm_head, NULL, n, d, V);
+    be->linear_w(logits, V, x, m->lm_head, NULL, n, d, V);
     return DS_OK;
   }
-  DS_TRY(workspace_reserve(m, n));
   DS_TRY(logits_reserve(m, n));
-  be->copy_to_device(m->ws.x, hidden, (size_t)(n * d) * sizeof(float));
-  be->linear_w(m->ws.logits, V, m->ws.x, m->lm_head, NULL, n, d, V);
+  be->linear_w(m->ws.logits, V, x, m->lm_head, NULL, n, d, V);
   be->copy_to_host(logits, m->ws.logits, (size_t)n * (size_t)V * sizeof(float));
   return DS_OK;
+}
+
+ds_status ds_target_logits(ds_target *m, const float *hidden, int64_t n, float *logits) {
+  if (n < 0 || (n > 0 && (!hidden || !logits))) return DS_FAIL(DS_ERR_ARG, "target logits: %lld rows, NULL buffers", (long long)n);
+  if (n == 0) return DS_OK;
+  if (!m->be->device_memory) return vocab_product(m, hidden, n, logits);
+  DS_TRY(workspace_reserve(m, n));
+  m->be->copy_to_device(m->ws.x, hidden, (size_t)(n * m->cfg.hidden_size) * sizeof(float));
+  return vocab_product(m, m->ws.x, n, logits);
 }
 
 ds_status ds_target_forward(ds_target *m, const ds_target_seq *seqs, int n_seqs, ds_target_outputs *out) {
   const ds_model_config *c = &m->cfg;
   const ds_backend *be = m->be;
-  int64_t rows = 0, d = c->hidden_size, V = c->vocab_size;
+  int64_t rows = 0, d = c->hidden_size;
   DS_TRY(check_inputs(m, seqs, n_seqs, out, &rows));
   if (rows == 0) return DS_OK;
   DS_TRY(workspace_reserve(m, rows));
@@ -282,13 +289,7 @@ ds_status ds_target_forward(ds_target *m, const ds_target_seq *seqs, int n_seqs,
       for (int64_t i = 0; i < n; i++) be->copy_rows(ws->h + i * d, d, ws->x + out->logit_rows[i] * d, d, 1, d);
       x = ws->h;
     }
-    if (!be->device_memory) {
-      be->linear_w(out->logits, V, x, m->lm_head, NULL, n, d, V);
-    } else { /* the caller's logits are host memory */
-      DS_TRY(logits_reserve(m, n));
-      be->linear_w(ws->logits, V, x, m->lm_head, NULL, n, d, V);
-      be->copy_to_host(out->logits, ws->logits, (size_t)n * (size_t)V * sizeof(float));
-    }
+    DS_TRY(vocab_product(m, x, n, out->logits));
   }
   if (be->device_memory && !out->logits && !out->final_hidden) be->synchronize(); /* a forward ends done */
   return DS_OK;

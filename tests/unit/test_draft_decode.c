@@ -41,18 +41,27 @@ static ds_draft_config tiny_config(ds_markov_type type) {
   return c;
 }
 
+/* A draft of config c over a random embedding / lm_head *table (malloc'd, the caller frees it),
+ * its trainable weights the init plus noise of the given size, so that the heads matter. */
+static ds_draft *random_draft(const ds_draft_config *c, ds_rng *rng, uint64_t seed, float noise, float **table) {
+  int64_t n = c->vocab_size * c->hidden_size;
+  *table = malloc(sizeof(float) * (size_t)n);
+  for (int64_t i = 0; i < n; i++) (*table)[i] = 0.3f * (2.0f * ds_rng_uniform_f32(rng) - 1.0f);
+  ds_draft *d = NULL;
+  EXPECT_OK(ds_draft_new(c, (ds_weight){*table, DS_F32}, (ds_weight){*table, DS_F32}, seed, ds_backend_cpu(), &d));
+  if (!d) return NULL;
+  float *p = ds_draft_params(d);
+  for (size_t i = 0; i < ds_draft_num_params(d); i++) p[i] += noise * (2.0f * ds_rng_uniform_f32(rng) - 1.0f);
+  return d;
+}
+
 static void check_type(ds_markov_type type) {
   ds_rng rng;
   ds_rng_seed(&rng, 77 + (uint64_t)type);
   ds_draft_config c = tiny_config(type);
-  float *table = malloc(sizeof(float) * V * DM);
-  for (int i = 0; i < V * DM; i++) table[i] = 0.3f * (2.0f * ds_rng_uniform_f32(&rng) - 1.0f);
-  ds_draft *d = NULL;
-  EXPECT_OK(ds_draft_new(&c, (ds_weight){table, DS_F32}, (ds_weight){table, DS_F32}, 9, ds_backend_cpu(), &d));
+  float *table;
+  ds_draft *d = random_draft(&c, &rng, 9, 0.2f, &table);
   if (!d) { free(table); return; }
-  /* larger random trainable weights than the init, so the heads matter */
-  float *p = ds_draft_params(d);
-  for (size_t i = 0; i < ds_draft_num_params(d); i++) p[i] += 0.2f * (2.0f * ds_rng_uniform_f32(&rng) - 1.0f);
   float ctx[T * M * DM];
   int32_t ids[T];
   for (int i = 0; i < T * M * DM; i++) ctx[i] = 2.0f * ds_rng_uniform_f32(&rng) - 1.0f;
@@ -125,13 +134,9 @@ static void test_decode_weights(void) {
   c.block_size = G2, c.markov_rank = 32, c.mask_token_id = V2 - 1;
   ds_rng rng;
   ds_rng_seed(&rng, 1234);
-  float *table = malloc(sizeof(float) * V2 * DM2);
-  for (int i = 0; i < V2 * DM2; i++) table[i] = 0.3f * (2.0f * ds_rng_uniform_f32(&rng) - 1.0f);
-  ds_draft *d = NULL;
-  EXPECT_OK(ds_draft_new(&c, (ds_weight){table, DS_F32}, (ds_weight){table, DS_F32}, 3, ds_backend_cpu(), &d));
+  float *table;
+  ds_draft *d = random_draft(&c, &rng, 3, 0.1f, &table);
   if (!d) { free(table); return; }
-  float *p = ds_draft_params(d);
-  for (size_t i = 0; i < ds_draft_num_params(d); i++) p[i] += 0.1f * (2.0f * ds_rng_uniform_f32(&rng) - 1.0f);
   static float ctx[T2 * M * DM2];
   int32_t ids[T2];
   for (int i = 0; i < T2 * M * DM2; i++) ctx[i] = 2.0f * ds_rng_uniform_f32(&rng) - 1.0f;
