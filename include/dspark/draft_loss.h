@@ -20,6 +20,15 @@ ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *seq, const ds_dspar
                             double grad_scale, int with_backward, ds_dspark_loss_result *result, double *pos_accept,
                             double *pos_count);
 
+/* ds_draft_loss_seq keeping the teacher's per-position stats of this sequence in memo [seq->T]
+ * (lse NaN: not yet known; filled here): with a reduced vocabulary a position's full-vocabulary
+ * teacher product runs the first time the position is supervised, and only its S columns after
+ * that (the stats depend on the target alone, so a trainer keeps memo across steps). memo NULL,
+ * or a full-vocabulary draft: exactly ds_draft_loss_seq. */
+ds_status ds_draft_loss_seq_memo(ds_draft *d, const ds_draft_seq *seq, ds_dspark_teacher_stat *memo,
+                                 const ds_dspark_loss_config *loss, double grad_scale, int with_backward,
+                                 ds_dspark_loss_result *result, double *pos_accept, double *pos_count);
+
 #ifdef __cplusplus
 }
 #endif

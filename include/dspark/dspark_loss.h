@@ -194,6 +194,28 @@ ds_status ds_dspark_loss_rows_vocab(const ds_dspark_loss_config *cfg, const ds_d
                                     double grad_scale, const ds_dspark_row_stats *rows, float *grad_draft,
                                     float *grad_conf);
 
+/* What a teacher row over the full V adds to its S columns (spec 4a), which depends on the
+ * position alone: a trainer that keeps it per position computes the teacher's full-vocabulary
+ * product once per position, and the S columns after that.
+ *   max = max_v t_v; lse = log sum_v exp(t_v - max); outside = sum_{v not in S} exp(t_v - max) */
+typedef struct {
+  float max;
+  double lse, outside;
+} ds_dspark_teacher_stat;
+
+/* t [V] -> *out (vocab NULL: outside = 0). DS_ERR_NUMERIC when t holds NaN or +inf, or no finite
+ * value (the row the loss would refuse). */
+ds_status ds_dspark_teacher_stats(const float *t, int64_t V, const ds_dspark_vocab *vocab, ds_dspark_teacher_stat *out);
+
+/* ds_dspark_loss_rows_vocab with the teacher given as its S columns target_s [c, vocab->n] (read
+ * where sup) and each row's stat [c] (from ds_dspark_teacher_stats on the row's full logits):
+ * the same values, bit for bit, as the full rows. Requires cfg->has_teacher. */
+ds_status ds_dspark_loss_rows_stats(const ds_dspark_loss_config *cfg, const ds_dspark_vocab *vocab, int64_t row0,
+                                    int64_t g, int64_t c, int64_t V, const float *draft, const float *target_s,
+                                    const ds_dspark_teacher_stat *stat, const int32_t *ids, const uint8_t *sup,
+                                    const double *w, const float *conf, double grad_scale,
+                                    const ds_dspark_row_stats *rows, float *grad_draft, float *grad_conf);
+
 /* The finishing reduction of a whole batch, in row order (deterministic):
  *   sup [R] u8, w [R], rows (each [R], from the core)  ->  *out (overwritten),
  *   pos_accept [g] = sum_b accept[b,k] sup[b,k], pos_count [g] = sum_b sup[b,k]

@@ -10,7 +10,11 @@
  * normalizer). Peak extra memory is two (c, N) buffers and one (c, V), independent of the
  * number of blocks. Overlapping blocks share positions (anchors 3 apart share 4 of 7), and the
  * teacher's logits depend on the position alone: each chunk computes them once per distinct
- * supervised position and copies them to the rows that share it. */
+ * supervised position and copies them to the rows that share it. With a memo of the teacher's
+ * full-vocabulary stats per position (ds_draft_loss_seq_memo) a reduced draft's teacher runs
+ * over V only for positions the memo lacks, and over the N rows S for the rest: its exact TV
+ * needs no more of the full row than its max, normalizer and mass outside S. */
+#include <math.h>
 #include <string.h>
 
 #include "dspark/backend.h"
@@ -19,7 +23,12 @@
 typedef struct {
   float *logits, *teacher, *scratch; /* (c, N), (c, V), (c, N) */
   float *last_rows;                  /* (c, d) gathered teacher hidden states, one per distinct position */
+  float *miss_rows;                  /* (c, d) those whose teacher stats the memo lacks */
   int32_t *row_src;                  /* (c) the teacher row of each chunk row; -1: unsupervised */
+  int32_t *teach_pos;                /* (c) the position of each distinct teacher row */
+  int32_t *miss_src;                 /* (c) the distinct row of each miss row */
+  uint8_t *miss_bad;                 /* (c) a miss row's logits not finite */
+  ds_dspark_teacher_stat *tstat;     /* (c) each chunk row's teacher stats (memo path) */
   int32_t *pos_row;                  /* (T) the teacher row of each position in this chunk; -1: none */
   int32_t *ids;                      /* (R) target ids x*_{a+k+1} */
   uint8_t *sup;                      /* (R) */
@@ -45,7 +54,12 @@ static size_t layout_buffers(train_buffers *b, char *base, int64_t R, int64_t c,
   TAKE(b->teacher, (size_t)(c * V) * sizeof(float));
   TAKE(b->scratch, (size_t)(c * N) * sizeof(float));
   TAKE(b->last_rows, (size_t)(c * dm) * sizeof(float));
+  TAKE(b->miss_rows, (size_t)(c * dm) * sizeof(float));
   TAKE(b->row_src, (size_t)c * sizeof(int32_t));
+  TAKE(b->teach_pos, (size_t)c * sizeof(int32_t));
+  TAKE(b->miss_src, (size_t)c * sizeof(int32_t));
+  TAKE(b->miss_bad, (size_t)c);
+  TAKE(b->tstat, (size_t)c * sizeof(ds_dspark_teacher_stat));
   TAKE(b->pos_row, (size_t)(T > 0 ? T : 1) * sizeof(int32_t));
   TAKE(b->ids, (size_t)R * sizeof(int32_t));
   TAKE(b->sup, (size_t)R);
@@ -85,6 +99,7 @@ static int64_t gather_teacher_rows(const ds_draft_seq *s, int64_t g, int64_t r0,
     if (!b->sup[row]) continue;
     int64_t t = s->anchors[row / g] + row % g; /* supervised: kept, and t + 1 < T (ids checked) */
     if (b->pos_row[t] < 0) {
+      b->teach_pos[u] = (int32_t)t;
       b->pos_row[t] = (int32_t)u;
       memcpy(b->last_rows + u * dm, s->last + t * dm, (size_t)dm * sizeof(float));
       u++;
@@ -105,9 +120,48 @@ static void spread_teacher_rows(float *teacher, int64_t V, int64_t n, const int3
       memcpy(teacher + i * V, teacher + (int64_t)row_src[i] * V, (size_t)V * sizeof(float));
 }
 
+/* The memo path's teacher for the u distinct rows in b->last_rows: the full-vocabulary product
+ * and its stats for the positions memo lacks (stored there), then the S columns of all u rows
+ * into b->teacher [u, N] (the draft's lm_head holds the target's rows S) and their stats into
+ * b->tstat [u]. */
+static ds_status teacher_s_rows(ds_draft *d, const ds_dspark_vocab *vb, ds_weight teacher_head, ds_dspark_teacher_stat *memo,
+                                int64_t u, int64_t V, int64_t dm, train_buffers *b) {
+  const ds_backend *be = ds_draft_backend(d);
+  int64_t miss = 0;
+  for (int64_t j = 0; j < u; j++)
+    if (isnan(memo[b->teach_pos[j]].lse)) {
+      memcpy(b->miss_rows + miss * dm, b->last_rows + j * dm, (size_t)dm * sizeof(float));
+      b->miss_src[miss++] = (int32_t)j;
+    }
+  if (miss) {
+    be->linear_w(b->teacher, V, b->miss_rows, teacher_head, NULL, miss, dm, V);
+#ifdef DSPARK_USE_OPENMP
+#pragma omp parallel for schedule(dynamic, 1) if (miss > 1)
+#endif
+    for (int64_t i = 0; i < miss; i++) {
+      ds_dspark_teacher_stat *m = &memo[b->teach_pos[b->miss_src[i]]];
+      b->miss_bad[i] = ds_dspark_teacher_stats(b->teacher + i * V, V, vb, m) != DS_OK;
+      if (b->miss_bad[i]) m->lse = NAN;
+    }
+    for (int64_t i = 0; i < miss; i++)
+      if (b->miss_bad[i])
+        return DS_FAIL(DS_ERR_NUMERIC, "draft loss: the teacher's logits at position %d hold NaN or +inf, or no "
+                       "finite value", b->teach_pos[b->miss_src[i]]);
+  }
+  be->linear_w(b->teacher, vb->n, b->last_rows, ds_draft_lm_head(d), NULL, u, dm, vb->n);
+  for (int64_t j = 0; j < u; j++) b->tstat[j] = memo[b->teach_pos[j]];
+  return DS_OK;
+}
+
 ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *s, const ds_dspark_loss_config *loss_in,
                             double grad_scale, int with_backward, ds_dspark_loss_result *result, double *pos_accept,
                             double *pos_count) {
+  return ds_draft_loss_seq_memo(d, s, NULL, loss_in, grad_scale, with_backward, result, pos_accept, pos_count);
+}
+
+ds_status ds_draft_loss_seq_memo(ds_draft *d, const ds_draft_seq *s, ds_dspark_teacher_stat *memo,
+                                 const ds_dspark_loss_config *loss_in, double grad_scale, int with_backward,
+                                 ds_dspark_loss_result *result, double *pos_accept, double *pos_count) {
   const ds_draft_config *c = ds_draft_get_config(d);
   int64_t g = c->block_size, R = s->n_blocks * g, V = c->vocab_size, dm = c->hidden_size, r = c->markov_rank;
   int64_t N = ds_draft_vocab_size(d);
@@ -124,6 +178,7 @@ ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *s, const ds_dspark_
     return DS_FAIL(DS_ERR_ARG, "draft loss: a draft over a reduced vocabulary (%lld of %lld ids) needs the target's "
                    "whole lm_head for the teacher's distribution", (long long)N, (long long)V);
 
+  int use_memo = memo && vb && lc.has_teacher; /* a full-vocabulary teacher has no cheaper product */
   DS_TRY(ds_draft_forward_train(d, s));
   const float *conf = lc.has_conf ? ds_draft_conf_logits(d) : NULL;
   train_buffers b;
@@ -154,14 +209,26 @@ ds_status ds_draft_loss_seq(ds_draft *d, const ds_draft_seq *s, const ds_dspark_
     ds_draft_rows_logits(d, r0, n, b.logits, b.scratch);
     if (lc.has_teacher) {
       int64_t u = gather_teacher_rows(s, g, r0, n, dm, &b);
-      ds_draft_backend(d)->linear_w(b.teacher, V, b.last_rows, teacher_head, NULL, u, dm, V);
-      spread_teacher_rows(b.teacher, V, n, b.row_src);
+      if (use_memo) {
+        if ((st = teacher_s_rows(d, vb, teacher_head, memo, u, V, dm, &b)) != DS_OK) break;
+        spread_teacher_rows(b.teacher, N, n, b.row_src);
+        for (int64_t i = n - 1; i >= 0; i--)
+          if (b.row_src[i] >= 0) b.tstat[i] = b.tstat[b.row_src[i]];
+      } else {
+        ds_draft_backend(d)->linear_w(b.teacher, V, b.last_rows, teacher_head, NULL, u, dm, V);
+        spread_teacher_rows(b.teacher, V, n, b.row_src);
+      }
     }
     ds_dspark_row_stats chunk_rows = {rows.ce + r0, rows.l1 + r0, rows.accept + r0, rows.bce + r0,
                                       rows.ce_on ? rows.ce_on + r0 : NULL};
-    st = ds_dspark_loss_rows_vocab(&lc, vb, r0, g, n, V, b.logits, lc.has_teacher ? b.teacher : NULL, b.ids + r0,
-                                   b.sup + r0, b.w + r0, conf ? conf + r0 : NULL, grad_scale, &chunk_rows, b.logits,
-                                   lc.has_conf ? b.dconf + r0 : NULL);
+    if (use_memo)
+      st = ds_dspark_loss_rows_stats(&lc, vb, r0, g, n, V, b.logits, b.teacher, b.tstat, b.ids + r0, b.sup + r0,
+                                     b.w + r0, conf ? conf + r0 : NULL, grad_scale, &chunk_rows, b.logits,
+                                     lc.has_conf ? b.dconf + r0 : NULL);
+    else
+      st = ds_dspark_loss_rows_vocab(&lc, vb, r0, g, n, V, b.logits, lc.has_teacher ? b.teacher : NULL, b.ids + r0,
+                                     b.sup + r0, b.w + r0, conf ? conf + r0 : NULL, grad_scale, &chunk_rows, b.logits,
+                                     lc.has_conf ? b.dconf + r0 : NULL);
     if (st != DS_OK) break;
     if (!with_backward) continue;
     /* b.logits now holds d(loss)/d(logits): through lm_head (frozen) to h, through W2 to z. */

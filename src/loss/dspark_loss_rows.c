@@ -135,13 +135,16 @@ ds_status ds_dspark_loss_check_ids(int64_t row0, int64_t g, int64_t n, int64_t V
  *   x [N], t [V] or NULL, gr [N] or NULL (may alias x), sp [N] scratch (when t && gr);
  *   *ce_on = whether x* is in the draft's vocabulary (the CE term is on) */
 static int row_one(const ds_dspark_loss_config *cfg, const ds_dspark_vocab *vocab, int64_t V, int64_t N,
-                   const float *x, const float *t, int32_t id, double w, const float *conf, double scale, float *gr,
-                   float *sp, double *ce, double *l1, double *accept, double *bce, float *gconf, uint8_t *ce_on) {
+                   const float *x, const float *t, const ds_dspark_teacher_stat *ts, int32_t id, double w,
+                   const float *conf, double scale, float *gr, float *sp, double *ce, double *l1, double *accept,
+                   double *bce, float *gconf, uint8_t *ce_on) {
   int bad;
   float mx = row_scan(x, N, &bad);
   if (bad || mx == -INFINITY) return ROW_BAD_DRAFT;
   float mt = 0.0f;
-  if (t) {
+  if (ts) {
+    mt = ts->max;
+  } else if (t) {
     mt = row_scan(t, V, &bad);
     if (bad || mt == -INFINITY) return ROW_BAD_TARGET;
   }
@@ -166,9 +169,11 @@ static int row_one(const ds_dspark_loss_config *cfg, const ds_dspark_vocab *voca
     if (gconf) *gconf = 0.0f;
     return ROW_OK;
   }
-  double outside = 0.0, lst = vocab ? row_log_sumexp_outside(t, V, mt, vocab->index, &outside) : row_log_sumexp(t, V, mt);
-  double qs;
-  *l1 = row_l1(gr, gr ? sp : NULL, x, t, vocab ? vocab->ids : NULL, N, mx, lsx_f, mt, (float)lst, &qs);
+  double outside = 0.0, lst;
+  if (ts) lst = ts->lse, outside = vocab ? ts->outside : 0.0;
+  else lst = vocab ? row_log_sumexp_outside(t, V, mt, vocab->index, &outside) : row_log_sumexp(t, V, mt);
+  double qs; /* t holds the S columns themselves when ts is given */
+  *l1 = row_l1(gr, gr ? sp : NULL, x, t, vocab && !ts ? vocab->ids : NULL, N, mx, lsx_f, mt, (float)lst, &qs);
   /* the full p's mass outside S: |0 - p_v| summed there (0 exactly when S is all of V) */
   if (vocab) *l1 += outside / exp(lst);
   double a = 1.0 - 0.5 * *l1;
@@ -199,11 +204,49 @@ ds_status ds_dspark_loss_rows(const ds_dspark_loss_config *cfg, int64_t row0, in
 
 /* draft [c, N], target [c, V], ids/sup/w/conf [c] -> rows [c] each, grad_draft [c, N], grad_conf [c];
  * N = vocab->n, or V without a vocabulary */
+ds_status ds_dspark_teacher_stats(const float *t, int64_t V, const ds_dspark_vocab *vocab, ds_dspark_teacher_stat *out) {
+  int bad;
+  float mt = row_scan(t, V, &bad);
+  if (bad || mt == -INFINITY)
+    return DS_FAIL(DS_ERR_NUMERIC, "dspark loss: target logits hold NaN or +inf, or no finite value");
+  out->max = mt;
+  out->outside = 0.0;
+  out->lse = vocab ? row_log_sumexp_outside(t, V, mt, vocab->index, &out->outside) : row_log_sumexp(t, V, mt);
+  return DS_OK;
+}
+
+static ds_status rows_core(const ds_dspark_loss_config *cfg, const ds_dspark_vocab *vocab, int64_t row0, int64_t g,
+                           int64_t c, int64_t V, const float *draft, const float *target,
+                           const ds_dspark_teacher_stat *stat, const int32_t *ids, const uint8_t *sup, const double *w,
+                           const float *conf, double grad_scale, const ds_dspark_row_stats *rows, float *grad_draft,
+                           float *grad_conf);
+
 ds_status ds_dspark_loss_rows_vocab(const ds_dspark_loss_config *cfg, const ds_dspark_vocab *vocab, int64_t row0,
                                     int64_t g, int64_t c, int64_t V, const float *draft, const float *target,
                                     const int32_t *ids, const uint8_t *sup, const double *w, const float *conf,
                                     double grad_scale, const ds_dspark_row_stats *rows, float *grad_draft,
                                     float *grad_conf) {
+  return rows_core(cfg, vocab, row0, g, c, V, draft, target, NULL, ids, sup, w, conf, grad_scale, rows, grad_draft,
+                   grad_conf);
+}
+
+ds_status ds_dspark_loss_rows_stats(const ds_dspark_loss_config *cfg, const ds_dspark_vocab *vocab, int64_t row0,
+                                    int64_t g, int64_t c, int64_t V, const float *draft, const float *target_s,
+                                    const ds_dspark_teacher_stat *stat, const int32_t *ids, const uint8_t *sup,
+                                    const double *w, const float *conf, double grad_scale,
+                                    const ds_dspark_row_stats *rows, float *grad_draft, float *grad_conf) {
+  if (c > 0 && (!target_s || !stat))
+    return DS_FAIL(DS_ERR_ARG, "dspark loss: the teacher's S columns and per-row stats are both required");
+  return rows_core(cfg, vocab, row0, g, c, V, draft, target_s, stat, ids, sup, w, conf, grad_scale, rows, grad_draft,
+                   grad_conf);
+}
+
+/* target [c, V], or [c, N] (the S columns) when stat [c] is given */
+static ds_status rows_core(const ds_dspark_loss_config *cfg, const ds_dspark_vocab *vocab, int64_t row0, int64_t g,
+                           int64_t c, int64_t V, const float *draft, const float *target,
+                           const ds_dspark_teacher_stat *stat, const int32_t *ids, const uint8_t *sup, const double *w,
+                           const float *conf, double grad_scale, const ds_dspark_row_stats *rows, float *grad_draft,
+                           float *grad_conf) {
   DS_TRY(ds_dspark_loss_config_check(cfg));
   if (vocab && (!vocab->ids || !vocab->index || vocab->n < 1 || vocab->n > V))
     return DS_FAIL(DS_ERR_ARG, "dspark loss: a draft vocabulary of %lld ids over V %lld, or without its ids or index",
@@ -259,8 +302,8 @@ ds_status ds_dspark_loss_rows_vocab(const ds_dspark_loss_config *cfg, const ds_d
         status[i] = ROW_NOMEM;
         continue;
       }
-      status[i] = (uint8_t)row_one(cfg, vocab, V, N, draft + i * N, target ? target + i * V : NULL, ids[i], w[i],
-                                   conf ? conf + i : NULL, grad_scale, gr, sp, &rows->ce[i], &rows->l1[i],
+      status[i] = (uint8_t)row_one(cfg, vocab, V, N, draft + i * N, target ? target + i * (stat ? N : V) : NULL,
+                                   stat ? stat + i : NULL, ids[i], w[i], conf ? conf + i : NULL, grad_scale, gr, sp, &rows->ce[i], &rows->l1[i],
                                    &rows->accept[i], &rows->bce[i], gc, &on);
       if (rows->ce_on) rows->ce_on[i] = on;
     }

@@ -67,6 +67,22 @@ static ds_draft_seq make_seq(draft_run *t, int64_t idx, int64_t n_blocks, int wi
   return s;
 }
 
+/* Sample idx's teacher stats per position (ds_draft_loss_seq_memo), kept for the run: a reduced
+ * vocabulary's full-vocabulary teacher product then runs once per position, not once per visit.
+ * NULL, the plain product, without a teacher or a reduced vocabulary, or past the memo's cap. */
+#define TEACHER_MEMO_CAP_BYTES ((size_t)256 << 20)
+static ds_dspark_teacher_stat *teacher_memo(draft_run *t, int64_t idx, int with_teacher) {
+  if (!with_teacher || !t->vocab_ids) return NULL;
+  if (!t->memo && !(t->memo = calloc((size_t)(t->n_train + t->n_eval), sizeof *t->memo))) return NULL;
+  if (!t->memo[idx]) {
+    size_t n = (size_t)t->data.lengths[idx], bytes = n * sizeof(ds_dspark_teacher_stat);
+    if (t->memo_bytes + bytes > TEACHER_MEMO_CAP_BYTES || !(t->memo[idx] = malloc(bytes))) return NULL;
+    for (size_t i = 0; i < n; i++) t->memo[idx][i].lse = NAN; /* not yet known */
+    t->memo_bytes += bytes;
+  }
+  return t->memo[idx];
+}
+
 /* The loss result of one sequence into the core's report (sums, so the order of additions is
  * the order of the sequences, as before the core existed). */
 static void add_result(ds_report *r, const ds_dspark_loss_result *res, const double *pa, const double *pc, int64_t g) {
@@ -162,7 +178,8 @@ static ds_status op_micro_step(void *self, const ds_step_item *it, double W, ds_
   ds_dspark_loss_result res;
   memset(&res, 0, sizeof res);
   double pa[64] = {0}, pc[64] = {0};
-  DS_TRY(ds_draft_loss_seq(t->draft, &s, &t->o->loss, 1.0 / W, 1, &res, pa, pc));
+  DS_TRY(ds_draft_loss_seq_memo(t->draft, &s, teacher_memo(t, idx, s.last != NULL), &t->o->loss, 1.0 / W, 1, &res,
+                                pa, pc));
   add_result(r, &res, pa, pc, g);
   r->seen_tokens += (double)t->data.lengths[idx];
   return DS_OK;
@@ -177,7 +194,7 @@ static ds_status op_eval_item(void *self, int64_t e, ds_report *r) {
   ds_dspark_loss_result res;
   memset(&res, 0, sizeof res);
   double pa[64] = {0}, pc[64] = {0};
-  DS_TRY(ds_draft_loss_seq(t->draft, &s, &t->o->loss, 1.0, 0, &res, pa, pc));
+  DS_TRY(ds_draft_loss_seq_memo(t->draft, &s, teacher_memo(t, idx, 1), &t->o->loss, 1.0, 0, &res, pa, pc));
   add_result(r, &res, pa, pc, g);
   return DS_OK;
 }
@@ -307,6 +324,8 @@ static void teardown(draft_run *t) {
   ds_dataset_free(&t->data);
   ds_free_aligned(t->ctx);
   ds_free_aligned(t->last);
+  for (int64_t i = 0; t->memo && i < t->n_train + t->n_eval; i++) free(t->memo[i]);
+  free(t->memo);
   free(t->anchors);
   free(t->keep);
   free(t->eval);

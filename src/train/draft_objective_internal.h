@@ -6,6 +6,7 @@
 
 #include "dspark/cache.h"
 #include "dspark/draft_trainer.h"
+#include "dspark/dspark_loss.h"
 #include "dspark/sequences.h"
 #include "dspark/target.h"
 #include "dspark/tokenizer.h"
@@ -52,6 +53,9 @@ typedef struct {
   uint64_t vocab_xxh64;       /* of S (train_config: a resume must select the same S) */
   double vocab_coverage;      /* share of the training split's supervised tokens whose id is in S */
   ds_weight teacher_head;     /* [V, d] the target's lm_head, the teacher of a reduced draft (not owned) */
+  ds_dspark_teacher_stat **memo; /* [n_train + n_eval] each sample's teacher stats per position, or NULL
+                                    (draft_loss.h: a reduced vocabulary's full teacher product once) */
+  size_t memo_bytes;
 } draft_run;
 
 /* draft_objective_config.c */

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "dspark/draft.h"
+#include "dspark/draft_loss.h"
 #include "dspark/draft_trainer.h"
 #include "dspark/rng.h"
 #include "model/draft_internal.h"
@@ -193,6 +194,52 @@ static double objective(ds_draft *d, fixture *f) {
   return L;
 }
 
+/* The loss of a reduced draft with its teacher's stats kept per position (draft_loss.h): the
+ * first pass (stats computed) agrees with the plain pass, a second pass (stats read back) equals
+ * the first bit for bit, and only the supervised positions are filled. */
+static void test_teacher_memo(void) {
+  ds_rng rng;
+  ds_rng_seed(&rng, 77);
+  float *tables[2];
+  ds_draft *full, *red;
+  make_pair(DS_MARKOV_VANILLA, &rng, tables, &full, &red);
+  fixture f;
+  make_fixture(&f, &rng);
+  float *last = rand_table(&rng); /* [T, DM] rows of it: the teacher's hidden states */
+  ds_draft_seq s = seq_of(&f);
+  s.last = last;
+  s.teacher_head = (ds_weight){tables[1], DS_F32};
+  ds_dspark_loss_config lc = ds_dspark_loss_config_default();
+  lc.chunk_rows = 4;
+  ds_dspark_teacher_stat memo[T];
+  for (int i = 0; i < T; i++) memo[i].lse = NAN;
+  ds_dspark_loss_result res[3];
+  size_t np = ds_draft_num_params(red);
+  float *grads[3];
+  for (int k = 0; k < 3; k++) {
+    memset(&res[k], 0, sizeof res[k]);
+    ds_draft_zero_grads(red);
+    EXPECT_OK(ds_draft_loss_seq_memo(red, &s, k ? memo : NULL, &lc, 0.5, 1, &res[k], NULL, NULL));
+    grads[k] = malloc(np * sizeof(float));
+    memcpy(grads[k], ds_draft_grads(red), np * sizeof(float));
+  }
+  EXPECT_CLOSE(res[1].numerator, res[0].numerator, 1e-6, 1e-9);
+  EXPECT_CLOSE(res[1].pair[DS_DSPARK_PAIR_ACCEPT][0], res[0].pair[DS_DSPARK_PAIR_ACCEPT][0], 1e-6, 1e-9);
+  double gmax = 0, dmax = 0;
+  for (size_t i = 0; i < np; i++) gmax = fmax(gmax, fabs(grads[0][i])), dmax = fmax(dmax, fabs(grads[1][i] - grads[0][i]));
+  EXPECT(gmax > 0 && dmax <= 1e-5 * gmax);
+  EXPECT(!memcmp(&res[1], &res[2], sizeof res[1]) && !memcmp(grads[1], grads[2], np * sizeof(float)));
+  for (int t = 0; t < T; t++) { /* supervised: t = a + k for a kept block's anchor a, k < G, t + 1 < T */
+    int want = 0;
+    for (int b = 0; b < NB; b++)
+      want |= f.keep[b] && t >= f.anchors[b] && t < f.anchors[b] + G && t + 1 < T;
+    EXPECT(want == !isnan(memo[t].lse));
+  }
+  for (int k = 0; k < 3; k++) free(grads[k]);
+  free(last), free(tables[0]), free(tables[1]);
+  ds_draft_free(full), ds_draft_free(red);
+}
+
 /* Every trainable gradient of a reduced draft against central finite differences. */
 static void test_grads_fd(void) {
   ds_markov_type types[3] = {DS_MARKOV_VANILLA, DS_MARKOV_GATED, DS_MARKOV_RNN};
@@ -329,6 +376,7 @@ static void test_refusals(void) {
 int main(void) {
   TEST_RUN(test_select);
   TEST_RUN(test_matches_full_columns);
+  TEST_RUN(test_teacher_memo);
   TEST_RUN(test_grads_fd);
   TEST_RUN(test_export_load);
   TEST_RUN(test_refusals);

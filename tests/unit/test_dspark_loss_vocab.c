@@ -311,6 +311,51 @@ static void test_poison_chunks_threads(void) {
   batch_free(&b);
 }
 
+/* The teacher given as its S columns and per-row stats (what a trainer keeps per position)
+ * gives the full rows' values and gradients bit for bit; a row without a finite value is
+ * refused by the stats. */
+static void test_stats_path(void) {
+  batch b = batch_new(&g_rng, 6, 7, 257, 3);
+  vocab v = vocab_new(b.V, 60);
+  b.em[4] = 0, b.bk[3] = 0;
+  int64_t N = v.vb.n, R = b.R;
+  ds_dspark_loss_config cfg = cfg_with(1, 1);
+  float *x = restrict_draft(&b, &v);
+  uint8_t *sup = malloc((size_t)R);
+  double *w = malloc((size_t)R * sizeof(double)), *out[2][4];
+  float *ts = malloc((size_t)(R * N) * sizeof(float)), *gd[2], *gc[2];
+  ds_dspark_teacher_stat *st = calloc((size_t)R, sizeof *st);
+  uint8_t on[2][64];
+  EXPECT_OK(ds_dspark_loss_weights(&cfg, b.nb, b.g, b.em, b.bk, sup, w));
+  for (int64_t r = 0; r < R; r++) {
+    for (int64_t j = 0; j < N; j++) ts[r * N + j] = b.target[r * b.V + v.ids[j]];
+    if (sup[r]) EXPECT_OK(ds_dspark_teacher_stats(b.target + r * b.V, b.V, &v.vb, &st[r]));
+  }
+  for (int k = 0; k < 2; k++) {
+    for (int i = 0; i < 4; i++) out[k][i] = malloc((size_t)R * sizeof(double));
+    gd[k] = malloc((size_t)(R * N) * sizeof(float)), gc[k] = malloc((size_t)R * sizeof(float));
+    ds_dspark_row_stats rows = {out[k][0], out[k][1], out[k][2], out[k][3], on[k]};
+    ds_status s2 = k == 0 ? ds_dspark_loss_rows_vocab(&cfg, &v.vb, 0, b.g, R, b.V, x, b.target, b.ids, sup, w, b.conf,
+                                                       0.3, &rows, gd[k], gc[k])
+                          : ds_dspark_loss_rows_stats(&cfg, &v.vb, 0, b.g, R, b.V, x, ts, st, b.ids, sup, w, b.conf,
+                                                       0.3, &rows, gd[k], gc[k]);
+    EXPECT_OK(s2);
+  }
+  for (int i = 0; i < 4; i++) EXPECT(same_bits(out[0][i], out[1][i], (size_t)R * sizeof(double)));
+  EXPECT(same_bits(on[0], on[1], (size_t)R));
+  EXPECT(same_bits(gd[0], gd[1], (size_t)(R * N) * sizeof(float)) && same_bits(gc[0], gc[1], (size_t)R * sizeof(float)));
+  b.target[7] = NAN;
+  ds_dspark_teacher_stat bad;
+  EXPECT(ds_dspark_teacher_stats(b.target, b.V, &v.vb, &bad) == DS_ERR_NUMERIC);
+  for (int k = 0; k < 2; k++) {
+    for (int i = 0; i < 4; i++) free(out[k][i]);
+    free(gd[k]), free(gc[k]);
+  }
+  free(x), free(sup), free(w), free(ts), free(st);
+  vocab_free(&v);
+  batch_free(&b);
+}
+
 /* A vocabulary that is not strictly increasing, out of range, or whose index is not its
  * inverse is refused before anything is computed. */
 static void test_bad_vocab(void) {
@@ -342,6 +387,7 @@ int main(void) {
   TEST_RUN(test_identity_is_unrestricted);
   TEST_RUN(test_outside_mass);
   TEST_RUN(test_poison_chunks_threads);
+  TEST_RUN(test_stats_path);
   TEST_RUN(test_bad_vocab);
   return TEST_RESULT();
 }
