@@ -37,6 +37,10 @@ ds_status ds_st_open(const char *path, ds_safetensors **out);
 /* Parses from memory (the fuzz target and tests use it); buf must outlive the handle. */
 ds_status ds_st_open_memory(const void *buf, size_t size, const char *label, ds_safetensors **out);
 void ds_st_close(ds_safetensors *st);
+/* A second holder of a file's handle (its views stay valid until every holder has called
+ * ds_st_close): st itself, or NULL when st was not opened from a file (ds_st_open_memory's
+ * buffer belongs to its caller). Not thread-safe: holders open and close on one thread. */
+ds_safetensors *ds_st_retain_mapped(const ds_safetensors *st);
 size_t ds_st_count(const ds_safetensors *st);
 const ds_tensor_view *ds_st_tensor(const ds_safetensors *st, size_t i); /* in file (offset) order */
 const ds_tensor_view *ds_st_find(const ds_safetensors *st, const char *name); /* NULL if absent */

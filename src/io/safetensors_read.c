@@ -37,6 +37,7 @@ struct ds_safetensors {
   const ds_tensor_view **by_name; /* sorted by name, for ds_st_find */
   st_meta *meta;                  /* sorted by key */
   size_t n_meta;
+  int refs;                       /* ds_st_retain's, beyond the opener's */
 };
 
 /* ---------------------------------------------------------------- reader */
@@ -57,6 +58,10 @@ static int cmp_entry_offset(const void *a, const void *b) {
 
 void ds_st_close(ds_safetensors *st) {
   if (!st) return;
+  if (st->refs > 0) {
+    st->refs--;
+    return;
+  }
   for (size_t i = 0; i < st->n; i++) free((char *)st->tensors[i].name);
   for (size_t i = 0; i < st->n_meta; i++) {
     free(st->meta[i].key);
@@ -369,6 +374,13 @@ ds_status ds_st_open(const char *path, ds_safetensors **out) {
   if (status != DS_OK) { ds_st_close(st); return status; }
   *out = st;
   return DS_OK;
+}
+
+ds_safetensors *ds_st_retain_mapped(const ds_safetensors *st) {
+  if (!st || !st->mapped) return NULL;
+  ds_safetensors *held = (ds_safetensors *)st; /* the count is the handle's bookkeeping, not its content */
+  held->refs++;
+  return held;
 }
 
 size_t ds_st_count(const ds_safetensors *st) { return st ? st->n : 0; }

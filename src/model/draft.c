@@ -248,6 +248,7 @@ void ds_draft_free(ds_draft *d) {
   ds_free_aligned(d->params);
   ds_free_aligned(d->grads);
   ds_free_aligned(d->frozen);
+  ds_st_close(d->tables_file);
   free(d->w.layers);
   free(d->g.layers);
   free(d->inv_freq);

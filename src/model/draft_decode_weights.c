@@ -125,5 +125,7 @@ ds_status ds_draft_set_decode_weights(ds_draft *d, ds_dtype dtype) {
   ds_free_aligned(buf);
   free(ms);
   d->dec.dtype = dtype;
+  /* a table used in place in its checkpoint's mapping: the pages the copy read go back */
+  if (d->dec.lm_head.data) ds_release_mapped_pages(d->lm_head.data, (size_t)N * (size_t)dm * ds_dtype_size(d->lm_head.dtype));
   return DS_OK;
 }

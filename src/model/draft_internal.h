@@ -110,6 +110,7 @@ struct ds_draft {
   float *grads;    /* same layout */
   size_t n_params;
   void *frozen;    /* embed (V, d) then lm_head (N, d), each in its own dtype; then d2t (N) I64, t2d (V) BOOL */
+  ds_safetensors *tables_file; /* the checkpoint whose mapping holds embed and lm_head in place, or NULL */
   ds_weight embed, lm_head; /* F32 replicas of an fp32 target's tables, BF16 / F16 of a 16-bit one's */
   int64_t n_vocab;    /* N: rows of lm_head and W2, width of every logit row */
   int32_t *vocab_ids; /* (N) S, or NULL without a reduced vocabulary */

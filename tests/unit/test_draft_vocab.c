@@ -341,6 +341,11 @@ static void test_export_load(void) {
     EXPECT_OK(ds_draft_forward_blocks(d, &s, l1, c1));
     EXPECT_OK(ds_draft_forward_blocks(e, &s, l2, c2));
     EXPECT(!memcmp(l1, l2, sizeof l1) && !memcmp(c1, c2, sizeof c1));
+    /* the frozen tables are read in place in the file's mapping, not copied into the draft */
+    EXPECT(e->tables_file && e->embed.data != (char *)e->frozen + e->specs[0].offset &&
+           e->lm_head.data != (char *)e->frozen + e->specs[1].offset);
+    EXPECT(!memcmp(e->embed.data, d->embed.data, sizeof(float) * V * DM) &&
+           !memcmp(e->lm_head.data, d->lm_head.data, sizeof(float) * N * DM));
     uint64_t id = ds_draft_identity(e);
     e->vocab_ids[3] = 8; /* another S (same weights): another draft */
     EXPECT(ds_draft_identity(e) != id);
