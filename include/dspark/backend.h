@@ -253,12 +253,18 @@ const char *ds_gemm_warning(void);
  *                    result is that of bf16-rounded inputs or the fp32 one. attention_causal
  *                    on DS_BF16_ATTN_MIN_ROWS or more new tokens runs QK^T and PV in bf16
  *                    (nn/cpu_kernels.h; softmax fp32). The training attentions, norms and
- *                    everything else stay fp32. */
-typedef enum { DS_COMPUTE_F32 = 0, DS_COMPUTE_BF16 = 1 } ds_compute;
+ *                    everything else stay fp32.
+ *   DS_COMPUTE_INT8  every matmul in fp32 as DS_COMPUTE_F32, except the products of block-
+ *                    quantized frozen weights (Q4_0 ... Q6_K): those round x to int8 per block
+ *                    and take the integer path at any number of rows, as they always do for up
+ *                    to DS_QUANT_DIRECT_MAX_ROWS (decode, verification): a prompt's prefill or a
+ *                    capture then uses decoding's integer products, as llama.cpp does for every
+ *                    batch, and runs 1.3-1.4x faster on AVX2 (docs/compute.md). */
+typedef enum { DS_COMPUTE_F32 = 0, DS_COMPUTE_BF16 = 1, DS_COMPUTE_INT8 = 2 } ds_compute;
 void ds_set_matmul_compute(ds_compute c);
 ds_compute ds_matmul_compute(void);
-const char *ds_compute_name(ds_compute c); /* "fp32" / "bf16" */
-/* "fp32" (or "f32") / "bf16" -> *out; 0 on anything else. */
+const char *ds_compute_name(ds_compute c); /* "fp32" / "bf16" / "int8" */
+/* "fp32" (or "f32") / "bf16" / "int8" -> *out; 0 on anything else. */
 int ds_compute_parse(const char *s, ds_compute *out);
 /* The bf16 GEMM: C = bf16(op(A)) @ bf16(op(B)) + beta * C, shapes, strides and flags as
  * ds_gemm_f32, fp32 in and out. Both inputs are rounded to bf16 (nearest even) and every

@@ -27,7 +27,7 @@ static void usage(FILE *f) {
           "  --chunk N          feed N tokens per sequence per forward through the KV cache\n"
           "                     (default: the whole sequence in one prefill)\n"
           "  --threads N        threads for BLAS and kernels\n"
-          "  --compute fp32|bf16  matmul precision (default fp32; bf16: docs/compute.md, \"bf16 compute\")\n"
+          "  --compute fp32|bf16|int8  matmul precision (default fp32; docs/compute.md)\n"
           "  --device cpu|cuda  where the target runs (default cpu; cuda: a DSPARK_CUDA build, docs/cuda.md)\n"
           "  --profile          print time and GFLOP/s per kernel to stderr\n"
           "  --repeat N         run the whole forward N times in this process (the KV caches\n"

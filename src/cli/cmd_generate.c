@@ -37,7 +37,7 @@ static void usage(FILE *f) {
           "  --ignore-eos          keep generating past a stop token\n"
           "  --print-ids           print the generated ids (one line) instead of text\n"
           "  --threads N           threads for BLAS and kernels\n"
-          "  --compute fp32|bf16   matmul precision (default fp32; bf16: docs/compute.md, \"bf16 compute\")\n"
+          "  --compute fp32|bf16|int8  matmul precision (default fp32; docs/compute.md)\n"
           "  --device cpu|cuda     where the target runs (default cpu; cuda: a DSPARK_CUDA build, docs/cuda.md)\n"
           "Generation stops where transformers' generate() stops: on any eos_token_id of\n"
           "the model's generation_config.json when it has one (none listed there: no stop token),\n"

@@ -54,7 +54,7 @@ static void usage(FILE *f) {
           "  --repeat N            decode the prompt N times with seeds S .. S+N-1 (one output line each;\n"
           "                        the report aggregates them)\n"
           "  --test-bias-acceptance  accept every draft token: NOT lossless; for the tests that must fail\n"
-          "  --threads N  --compute fp32|bf16 (matmul precision, default fp32)\n"
+          "  --threads N  --compute fp32|bf16|int8 (matmul precision, default fp32)\n"
           "Report convention: tau = tokens committed per target verification pass, the bonus or replacement\n"
           "token counted; acceptance per position conditional (accepted / proposed there) and unconditional\n"
           "(accepted / rounds); the report's \"convention\" field says so.\n");

@@ -79,7 +79,7 @@ static void usage(FILE *f) {
                                                             : "not built (no MPI in this build)");
 }
 
-/* --compute fp32|bf16 (or --compute=...), shared by every command that computes: taken out of
+/* --compute fp32|bf16|int8 (or --compute=...), shared by every command that computes: taken out of
  * argv here, once, so the commands' own parsers never see it; sets the process-wide matmul
  * precision (include/dspark/backend.h). 1 ok, 0 after a usage message. */
 static int take_compute_option(const char *cmd, int *argc, char **argv) {
@@ -96,7 +96,7 @@ static int take_compute_option(const char *cmd, int *argc, char **argv) {
     if (!used) { i++; continue; }
     ds_compute c;
     if (!v || !ds_compute_parse(v, &c)) {
-      fprintf(stderr, "dspark %s: --compute takes fp32 or bf16 (got %s%s%s)\n", cmd, v ? "'" : "no value",
+      fprintf(stderr, "dspark %s: --compute takes fp32, bf16 or int8 (got %s%s%s)\n", cmd, v ? "'" : "no value",
               v ? v : "", v ? "'" : "");
       return 0;
     }

@@ -38,12 +38,17 @@
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static ds_compute g_compute = DS_COMPUTE_F32;
 
-void ds_set_matmul_compute(ds_compute c) { g_compute = c == DS_COMPUTE_BF16 ? DS_COMPUTE_BF16 : DS_COMPUTE_F32; }
+void ds_set_matmul_compute(ds_compute c) {
+  g_compute = c == DS_COMPUTE_BF16 || c == DS_COMPUTE_INT8 ? c : DS_COMPUTE_F32;
+}
 ds_compute ds_matmul_compute(void) { return g_compute; }
-const char *ds_compute_name(ds_compute c) { return c == DS_COMPUTE_BF16 ? "bf16" : "fp32"; }
+const char *ds_compute_name(ds_compute c) {
+  return c == DS_COMPUTE_BF16 ? "bf16" : c == DS_COMPUTE_INT8 ? "int8" : "fp32";
+}
 int ds_compute_parse(const char *s, ds_compute *out) {
   if (!strcmp(s, "fp32") || !strcmp(s, "f32")) *out = DS_COMPUTE_F32;
   else if (!strcmp(s, "bf16")) *out = DS_COMPUTE_BF16;
+  else if (!strcmp(s, "int8")) *out = DS_COMPUTE_INT8;
   else return 0;
   return 1;
 }

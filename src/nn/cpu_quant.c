@@ -299,11 +299,14 @@ int ds_quant_chunked(float *y, int64_t ldy, const float *x, ds_weight w, const f
 
 /* ---------------------------------------------------------------- backend entries */
 
+/* n rows of x take the direct (integer) path: up to DS_QUANT_DIRECT_MAX_ROWS, or any number
+ * under DS_COMPUTE_INT8 */
+static int direct_rows(int64_t n) { return n <= DS_QUANT_DIRECT_MAX_ROWS || ds_matmul_compute() == DS_COMPUTE_INT8; }
+
 void ds_cpu_linear_quant(float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n,
                          int64_t in, int64_t out) {
   int64_t one[1] = {out};
-  if (n > DS_QUANT_DIRECT_MAX_ROWS && ds_quant_chunked(y, ldy, x, w, bias, n, in, out, ds_quant_chunk_rows(in, out)))
-    return;
+  if (!direct_rows(n) && ds_quant_chunked(y, ldy, x, w, bias, n, in, out, ds_quant_chunk_rows(in, out))) return;
   if (!ds_quant_direct_cat(ds_qisa_best(), y, ldy, x, &w, one, 1, bias, n, in) &&
       !ds_quant_chunked(y, ldy, x, w, bias, n, in, out, 16))
     DS_CHECK(!"out of memory in a quantized matmul");
@@ -311,7 +314,7 @@ void ds_cpu_linear_quant(float *y, int64_t ldy, const float *x, ds_weight w, con
 
 void ds_cpu_linear_quant_cat(float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out, int n_seg,
                              const float *bias, int64_t n, int64_t in) {
-  if (n <= DS_QUANT_DIRECT_MAX_ROWS && n_seg <= DS_CAT_SEG_MAX && ds_quant_direct_cat(ds_qisa_best(), y, ldy, x, w, out, n_seg, bias, n, in))
+  if (direct_rows(n) && n_seg <= DS_CAT_SEG_MAX && ds_quant_direct_cat(ds_qisa_best(), y, ldy, x, w, out, n_seg, bias, n, in))
     return;
   int64_t col = 0;
   for (int s = 0; s < n_seg; s++) {

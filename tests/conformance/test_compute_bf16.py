@@ -101,10 +101,10 @@ def check_forward(args, ck):
         ck.check("MKL" not in err and "MKL" not in out_none, f"DSPARK_MKL=none still names MKL:\n{out_none}{err}")
     _, err, _ = common.run([args.dspark, "forward", mdir, "--ids", "1,2", "--out", os.path.join(args.tmp, "x"),
                             "--compute", "fp16"], expect_rc=2)
-    ck.check("--compute takes fp32 or bf16" in err, f"bad --compute: {err}")
+    ck.check("--compute takes fp32, bf16 or int8" in err, f"bad --compute: {err}")
     _, err, _ = common.run([args.dspark, "forward", mdir, "--ids", "1,2", "--out", os.path.join(args.tmp, "x"),
                             "--compute"], expect_rc=2)
-    ck.check("--compute takes fp32 or bf16" in err, f"--compute without a value: {err}")
+    ck.check("--compute takes fp32, bf16 or int8" in err, f"--compute without a value: {err}")
 
 
 def train_losses(run):

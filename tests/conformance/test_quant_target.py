@@ -31,9 +31,9 @@ SMOLLM2 = os.environ.get("DSPARK_SMOLLM2_GGUF") or os.path.expanduser(
 PROMPT = "504,1463,282,260,4469,7057"  # "The history of the Roman Empire"
 
 
-def forward(args, weights, ids, chunk, tag):
+def forward(args, weights, ids, chunk, tag, extra=()):
     out = os.path.join(args.tmp, f"fw-{tag}.safetensors")
-    cmd = [args.dspark, "forward", SMOLLM2, "--ids", ids, "--out", out, "--weights", weights, "--threads", "2"]
+    cmd = [args.dspark, "forward", SMOLLM2, "--ids", ids, "--out", out, "--weights", weights, "--threads", "2", *extra]
     if chunk:
         cmd += ["--chunk", str(chunk)]
     common.run(cmd, timeout=900)
@@ -64,6 +64,18 @@ def main():
     ck.check(e_pre <= 1e-4, f"prefill regime: {e_pre:.2e} from the fp32 model (summation order only: <= 1e-4)")
     ck.check(e_dec <= 6e-2, f"decode regime: {e_dec:.2e} from the fp32 model (<= 6e-2)")
     ck.check(agree >= 0.9, f"decode regime: greedy agreement {agree:.3f} (>= 0.9)")
+    # --compute int8: all the rows at once on the integer path (not the fp32 prefill's exact
+    # products), so as far from decoding as the direct path's own chunks of 9-32 rows are (the
+    # attention's summation order, amplified through the int8 rounding of the next layer's x)
+    i8 = forward(args, "as-stored", ids, 0, "q-int8", ["--compute", "int8"])
+    c16 = forward(args, "as-stored", ids, 16, "q-chunk16")
+    e_i8, e_16, e_pre = (common.normwise_rel_err(a, b) for a, b in ((i8, dec), (c16, dec), (i8, pre)))
+    agree_i8 = float(np.mean(np.argmax(i8, axis=1) == np.argmax(dec, axis=1)))
+    print(f"--compute int8 prefill: normwise {e_i8:.2e} from the decode regime (chunks of 16 on the direct path "
+          f"{e_16:.2e}), {e_pre:.2e} from the fp32 prefill, greedy agreement with decoding {agree_i8:.3f}")
+    ck.check(e_pre > 1e-4 and e_i8 <= max(2 * e_16, 1e-6) and agree_i8 >= 0.9,
+             f"--compute int8 prefill: {e_i8:.2e} from the decode regime against {e_16:.2e} for chunks of 16, "
+             f"{e_pre:.2e} from the fp32 prefill, greedy agreement {agree_i8:.3f}")
 
     # generate on the quantized weights: how long its greedy tokens follow the fp32 model's (a
     # near-tie parts them: reported, not checked; unit.test_quant checks that a row's result does

@@ -304,6 +304,40 @@ static void test_compute_bf16(void) {
   ds_set_matmul_compute(DS_COMPUTE_F32);
 }
 
+/* Under DS_COMPUTE_INT8, more rows than DS_QUANT_DIRECT_MAX_ROWS (a prefill, a capture) still
+ * take the integer path: linear_w and linear_w_cat give each row, bit for bit, what one row a
+ * call (decoding) gives; under fp32 the same call is the dequantized product (not those bits
+ * for some row: the check can fail). */
+static void test_compute_int8(void) {
+  int64_t n = DS_QUANT_DIRECT_MAX_ROWS + 9;
+  for (int t = 0; t < N_TYPES; t++) {
+    ds_dtype dt = k_types[t];
+    int64_t in = ds_quant_block(dt) == 256 ? 512 : 160, out = 37, outs[2] = {37, 37};
+    unsigned char *w = rand_weight(dt, out, in);
+    ds_weight qw = {w, dt}, ws[2] = {qw, qw};
+    float *x = rand_x(n, in), *all = malloc((size_t)(n * out) * sizeof(float)), one[37];
+    float *cat = malloc((size_t)(n * 2 * out) * sizeof(float)), *f32 = malloc((size_t)(n * out) * sizeof(float));
+    ds_backend_cpu()->linear_w(f32, out, x, qw, NULL, n, in, out);
+    ds_set_matmul_compute(DS_COMPUTE_INT8);
+    ds_backend_cpu()->linear_w(all, out, x, qw, NULL, n, in, out);
+    ds_backend_cpu()->linear_w_cat(cat, 2 * out, x, ws, outs, 2, NULL, n, in);
+    ds_set_matmul_compute(DS_COMPUTE_F32);
+    int same = 1, same_cat = 1, differs_f32 = 0;
+    for (int64_t i = 0; i < n; i++) {
+      ds_backend_cpu()->linear_w(one, out, x + i * in, qw, NULL, 1, in, out);
+      same &= !memcmp(one, all + i * out, sizeof one);
+      same_cat &= !memcmp(one, cat + i * 2 * out, sizeof one) && !memcmp(one, cat + i * 2 * out + out, sizeof one);
+      differs_f32 |= memcmp(one, f32 + i * out, sizeof one) != 0;
+    }
+    if (!same || !same_cat) fprintf(stderr, "int8 compute %s: rows differ from decoding's\n", ds_dtype_name(dt));
+    EXPECT(same && same_cat && differs_f32);
+    ds_release_packed_weights();
+    free(w), free(x), free(all), free(cat), free(f32);
+  }
+  ds_compute c;
+  EXPECT(ds_compute_parse("int8", &c) && c == DS_COMPUTE_INT8 && !strcmp(ds_compute_name(c), "int8"));
+}
+
 /* The activation quantizer: steps, rounding to nearest within half a step, sums of 16. */
 static void test_quantize_x(void) {
   int64_t n = 3, in = 96;
@@ -421,5 +455,6 @@ int main(void) {
   TEST_RUN(test_cat);
   TEST_RUN(test_embedding_backward);
   TEST_RUN(test_compute_bf16);
+  TEST_RUN(test_compute_int8);
   return TEST_RESULT();
 }
