@@ -20,7 +20,7 @@
 # DEMO_EVAL_PROMPTS (per kind, 6), DEMO_ANSWER_TOKENS (per regenerated answer, 192),
 # DEMO_DRAFT_STEPS (200), DEMO_DRAFT_VOCAB (8192), DEMO_DRAFT_LR (5e-3), DEMO_DRAFT_WARMUP (0.25),
 # DEMO_NEW_TOKENS (per held-out prompt, 96),
-# DEMO_COMPUTE (fp32, or bf16: docs/compute.md). Reruns reuse what is done (delete the folder to
+# DEMO_COMPUTE (fp32, or bf16 / int8: docs/compute.md). Reruns reuse what is done (delete the folder to
 # start over).
 set -euo pipefail
 cd "$(dirname "$0")/.."
