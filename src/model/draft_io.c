@@ -271,7 +271,7 @@ static int table_in_place(ds_draft *d, size_t i, const ds_tensor_view *v, const 
   tensor_spec *s = &d->specs[i];
   if (!s->table || v->dtype != t->dtype || ((uintptr_t)v->data & 15)) return 0;
   if (!d->tables_file && !(d->tables_file = ds_st_retain_mapped(st))) return 0;
-  if (ds_st_path(d->tables_file) != ds_st_path(st)) return 0; /* both tables from the one file */
+  if (d->tables_file != st) return 0; /* both tables from the one file the draft holds */
   t->data = (void *)v->data; /* never written: the frozen tables are read only */
   s->table->data = v->data;
   return 1;
