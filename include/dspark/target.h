@@ -94,6 +94,10 @@ typedef struct {
   float *logits;                 /* [n_logit_rows (or R), V] */
 } ds_target_outputs;
 
+/* Runs the new tokens through the model, appending their keys and values to each sequence's
+ * cache. More than 512 rows run in passes of 512 (a sequence split between passes reads its earlier
+ * rows from its cache), so the activations stay bounded whatever the prompt's length. A failed
+ * forward leaves every cache's length as it was. */
 ds_status ds_target_forward(ds_target *m, const ds_target_seq *seqs, int n_seqs, ds_target_outputs *out);
 /* logits [n, V] = hidden [n, d] @ lm_head^T for final-normed hidden states a forward gave
  * (final_hidden): the forward's vocabulary product, for rows whose logits are wanted only later

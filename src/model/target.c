@@ -49,7 +49,7 @@ ds_status ds_kv_cache_crop(ds_kv_cache *c, int64_t len) {
 /* ---------------------------------------------------------------- forward */
 
 void target_workspace_free(const ds_backend *be, workspace *ws) {
-  float *bufs[] = {ws->h, ws->x, ws->qkv, ws->attn, ws->gu, ws->act, ws->tmp, ws->logits};
+  float *bufs[] = {ws->h, ws->x, ws->qkv, ws->attn, ws->gu, ws->act, ws->tmp, ws->logits, ws->picked};
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(bufs[i]);
   free(ws->pos);
   free(ws->stage);
@@ -79,6 +79,16 @@ static ds_status workspace_reserve(ds_target *m, int64_t rows) {
   return DS_OK;
 }
 
+/* Backend memory for the `rows` normed rows a forward of several passes gathers (grow-only). */
+static ds_status picked_reserve(ds_target *m, int64_t rows) {
+  workspace *ws = &m->ws;
+  if (rows <= ws->picked_rows) return DS_OK;
+  m->be->free(ws->picked);
+  ws->picked = m->be->alloc((size_t)rows * (size_t)m->cfg.hidden_size * sizeof(float), "logit rows");
+  ws->picked_rows = ws->picked ? rows : 0;
+  return ws->picked ? DS_OK : DS_ERR_NOMEM;
+}
+
 /* Device backends: backend memory for `rows` rows of logits (grow-only). */
 static ds_status logits_reserve(ds_target *m, int64_t rows) {
   workspace *ws = &m->ws;
@@ -105,8 +115,8 @@ ds_status ds_target_check_capture_layers(const ds_target *m, const int32_t *ids,
 
 /* The caller's captured[] (host memory) gets h's rows when `layer` is captured; a device
  * backend's h comes through the host staging buffer. */
-static ds_status capture_rows(ds_target *m, const ds_target_outputs *out, int64_t layer, const float *h, int64_t rows,
-                              int64_t d) {
+static ds_status capture_rows(ds_target *m, const ds_target_outputs *out, int64_t layer, const float *h, int64_t r0,
+                              int64_t rows, int64_t d) {
   if (!out->captured) return DS_OK;
   for (int c = 0; c < out->n_capture; c++) {
     if (out->capture_layers[c] != layer) continue;
@@ -118,7 +128,7 @@ static ds_status capture_rows(ds_target *m, const ds_target_outputs *out, int64_
     }
     int64_t stride = (int64_t)out->n_capture * d;
     for (int64_t r = 0; r < rows; r++)
-      memcpy(out->captured + r * stride + c * d, h + r * d, (size_t)d * sizeof(float));
+      memcpy(out->captured + (r0 + r) * stride + c * d, h + r * d, (size_t)d * sizeof(float));
   }
   return DS_OK;
 }
@@ -257,40 +267,82 @@ ds_status ds_target_logits(ds_target *m, const float *hidden, int64_t n, float *
   return vocab_product(m, m->ws.x, n, logits);
 }
 
-ds_status ds_target_forward(ds_target *m, const ds_target_seq *seqs, int n_seqs, ds_target_outputs *out) {
+/* Rows one pass of the layers takes at most. A longer forward (a long prompt, a capture batch) runs
+ * in passes, a sequence's later rows reading its earlier ones from the KV cache as decoding does,
+ * so the activations (about 28 KiB a row on SmolLM2-135M) stay bounded whatever the prompt's
+ * length; 512 rows keep the matmuls' efficiency (docs/performance.md, "Memory"). */
+enum { FORWARD_PASS_ROWS = 512 };
+
+/* One pass over seqs (parts of the caller's sequences, rows r0 .. r0 + rows of the forward): the
+ * layers, the caches' lengths advanced, the final norm into ws->x, the outputs of these rows. */
+static ds_status forward_pass(ds_target *m, const ds_target_seq *seqs, int n_seqs, int64_t r0, int64_t rows,
+                              const ds_target_outputs *out, int single) {
   const ds_model_config *c = &m->cfg;
   const ds_backend *be = m->be;
-  int64_t rows = 0, d = c->hidden_size;
-  DS_TRY(check_inputs(m, seqs, n_seqs, out, &rows));
-  if (rows == 0) return DS_OK;
-  DS_TRY(workspace_reserve(m, rows));
   workspace *ws = &m->ws;
-
+  int64_t d = c->hidden_size, V = c->vocab_size;
   int64_t row = 0;
   for (int s = 0; s < n_seqs; s++) {
     be->embedding_w(ws->h + row * d, seqs[s].ids, m->embed, seqs[s].n, d);
     for (int64_t t = 0; t < seqs[s].n; t++, row++) ws->pos[row] = seqs[s].cache->len + t;
   }
-  DS_TRY(capture_rows(m, out, -1, ws->h, rows, d));
-
+  DS_TRY(capture_rows(m, out, -1, ws->h, r0, rows, d));
   for (int64_t l = 0; l < c->num_hidden_layers; l++) {
     attention_block(m, l, seqs, n_seqs, rows);
     mlp_block(m, l, rows);
-    DS_TRY(capture_rows(m, out, l, ws->h, rows, d));
+    DS_TRY(capture_rows(m, out, l, ws->h, r0, rows, d));
   }
   for (int s = 0; s < n_seqs; s++) seqs[s].cache->len += seqs[s].n;
 
   be->rmsnorm(ws->x, NULL, ws->h, m->norm, rows, d, (float)c->rms_norm_eps);
-  if (out->final_hidden) be->copy_to_host(out->final_hidden, ws->x, (size_t)(rows * d) * sizeof(float));
-  if (out->logits) {
-    int64_t n = out->logit_rows ? out->n_logit_rows : rows;
-    const float *x = ws->x;
-    if (out->logit_rows) { /* gather the asked rows into h (free now) so the vocabulary matmul runs once */
-      for (int64_t i = 0; i < n; i++) be->copy_rows(ws->h + i * d, d, ws->x + out->logit_rows[i] * d, d, 1, d);
-      x = ws->h;
-    }
-    DS_TRY(vocab_product(m, x, n, out->logits));
+  if (out->final_hidden) be->copy_to_host(out->final_hidden + r0 * d, ws->x, (size_t)(rows * d) * sizeof(float));
+  if (!out->logits) return DS_OK;
+  if (!out->logit_rows) return vocab_product(m, ws->x, rows, out->logits + r0 * V);
+  /* the asked rows gathered (into h, free now, when this is the only pass) for one vocabulary
+   * matmul at the end */
+  float *to = single ? ws->h : ws->picked;
+  for (int64_t i = 0; i < out->n_logit_rows; i++) {
+    int64_t r = out->logit_rows[i] - r0;
+    if (r >= 0 && r < rows) be->copy_rows(to + i * d, d, ws->x + r * d, d, 1, d);
   }
+  return DS_OK;
+}
+
+ds_status ds_target_forward(ds_target *m, const ds_target_seq *seqs, int n_seqs, ds_target_outputs *out) {
+  const ds_backend *be = m->be;
+  int64_t rows = 0;
+  DS_TRY(check_inputs(m, seqs, n_seqs, out, &rows));
+  if (rows == 0) return DS_OK;
+  int64_t pass = rows < FORWARD_PASS_ROWS ? rows : FORWARD_PASS_ROWS;
+  int single = pass == rows;
+  DS_TRY(workspace_reserve(m, pass));
+  if (!single && out->logits && out->logit_rows) DS_TRY(picked_reserve(m, out->n_logit_rows));
+  ds_target_seq *part = ds_malloc((size_t)n_seqs * sizeof *part, "forward passes");
+  int64_t *len0 = ds_malloc((size_t)n_seqs * sizeof *len0, "forward passes");
+  ds_status st = part && len0 ? DS_OK : DS_ERR_NOMEM;
+  for (int s = 0; st == DS_OK && s < n_seqs; s++) len0[s] = seqs[s].cache->len;
+  /* passes of up to `pass` rows in the sequences' order, a sequence split where a pass ends */
+  int s = 0;
+  int64_t t = 0;
+  for (int64_t r0 = 0; st == DS_OK && r0 < rows;) {
+    int n = 0;
+    int64_t take = 0;
+    while (take < pass && s < n_seqs) {
+      int64_t k = seqs[s].n - t < pass - take ? seqs[s].n - t : pass - take;
+      if (k > 0) part[n++] = (ds_target_seq){seqs[s].ids + t, k, seqs[s].cache};
+      take += k, t += k;
+      if (t == seqs[s].n) s++, t = 0;
+    }
+    st = forward_pass(m, part, n, r0, take, out, single);
+    r0 += take;
+  }
+  if (st == DS_OK && out->logits && out->logit_rows)
+    st = vocab_product(m, single ? m->ws.h : m->ws.picked, out->n_logit_rows, out->logits);
+  if (st != DS_OK && len0) /* a failed forward leaves the caches as it found them */
+    for (int z = 0; z < n_seqs; z++) seqs[z].cache->len = len0[z];
+  free(part);
+  free(len0);
+  DS_TRY(st);
   if (be->device_memory && !out->logits && !out->final_hidden) be->synchronize(); /* a forward ends done */
   return DS_OK;
 }

@@ -49,6 +49,9 @@ typedef struct {
   float *logits;  /* (logit_rows, V) backend memory */
   int64_t logit_rows;
   float *stage;   /* (R, d) host memory: the residual stream of a captured layer */
+  float *picked;  /* (picked_rows, d) backend memory: the normed rows whose logits a forward of
+                   * several passes asks for, gathered across its passes */
+  int64_t picked_rows;
 } workspace;
 
 struct ds_target {
