@@ -169,6 +169,8 @@ typedef struct {
   regen_conv *win;       /* [n] */
   int64_t first, n;      /* conversations [first, first + n) are in the window */
   int64_t loaded;        /* the next conversation to start */
+  int64_t answered;      /* conversations complete, written or not: the progress line's count (the
+                          * head of the window may wait on one long answer while the rest finish) */
   int64_t *ready;        /* conversations whose next turn waits for a place, FIFO */
   int64_t n_ready, cap_ready;
   ds_status feed;        /* an error inside next(), which can only say "no request" */
@@ -186,10 +188,8 @@ static ds_status flush(stream *s) {
     memset(&s->win[s->n - 1], 0, sizeof *s->win);
     s->first++;
   }
-  if (s->first > before) {
-    DS_TRY(sync_out(s->g));
-    show(s->p, s->first - s->g->next, s->first == s->g->in.n);
-  }
+  if (s->first > before) DS_TRY(sync_out(s->g));
+  show(s->p, s->answered, s->first > before && s->first == s->g->in.n);
   return DS_OK;
 }
 
@@ -199,6 +199,7 @@ static ds_status queue_turn(stream *s, regen_conv *c) {
   if (c->turn < c->turns && !c->skipped) DS_TRY(regen_turn_prompt(s->g, c, &decode));
   if (!decode) {
     c->complete = 1;
+    s->answered++;
     return DS_OK;
   }
   if (s->n_ready == s->cap_ready) {
@@ -234,6 +235,7 @@ static int stream_next(void *user, const int32_t **prompt, int64_t *n_prompt, ui
     if (st == DS_OK && (st = conv_load(g, c, s->loaded)) == DS_OK) {
       s->loaded++;
       if (!c->complete) st = queue_turn(s, c);
+      else s->answered++;
     }
     if (st == DS_OK) st = flush(s);
     if (st != DS_OK) {
