@@ -81,6 +81,30 @@ static void test_attention(void) {
     EXPECT(test_rel_err(o1, o2, (size_t)(n * hq * hd)) < 1e-5);
     free(q); free(k); free(v); free(o1); free(o2);
   }
+  /* Decode and short verification (at most 8 new rows) over several key blocks of 128, head
+   * sizes with lane and column tails: each row equals the reference, and equals bit for bit the
+   * same query decoded alone after the rows before it (what makes a verification's numbers a
+   * decode's). */
+  int64_t dec[][3] = {{300, 1, 72}, {260, 5, 64}, {127, 8, 16}, {1000, 3, 80}};
+  for (int c = 0; c < 4; c++) {
+    int64_t past = dec[c][0], n = dec[c][1], hd = dec[c][2], hq = 6, hkv = 2, cap = past + n;
+    int64_t q_stride = hq * hd, w = hq * hd;
+    float *q = rand_buf((size_t)(n * q_stride), 7 + c), *k = rand_buf((size_t)(hkv * cap * hd), 2);
+    float *v = rand_buf((size_t)(hkv * cap * hd), 3);
+    float *o1 = malloc(sizeof(float) * (size_t)(n * w)), *o2 = malloc(sizeof(float) * (size_t)(n * w));
+    float *one = malloc(sizeof(float) * (size_t)w);
+    float scale = 1.0f / sqrtf((float)hd);
+    ds_backend_cpu()->attention_causal(o1, q, q_stride, k, v, n, past, cap, hq, hkv, hd, scale);
+    ds_backend_reference()->attention_causal(o2, q, q_stride, k, v, n, past, cap, hq, hkv, hd, scale);
+    EXPECT(test_rel_err(o1, o2, (size_t)(n * w)) < 1e-5);
+    int same = 1;
+    for (int64_t i = 0; i < n; i++) {
+      ds_backend_cpu()->attention_causal(one, q + i * q_stride, q_stride, k, v, 1, past + i, cap, hq, hkv, hd, scale);
+      same &= memcmp(one, o1 + i * w, sizeof(float) * (size_t)w) == 0;
+    }
+    EXPECT(same);
+    free(q); free(k); free(v); free(o1); free(o2); free(one);
+  }
 }
 
 static void test_swiglu_add(void) {
