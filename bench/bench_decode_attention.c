@@ -3,7 +3,7 @@
  * keys and values come from memory as in real decoding (SmolLM2-135M's 30 layers hold 46 KiB of
  * fp32 keys and values a token: 94 MB a token at 2048, past the L3 of the CPUs measured).
  *   bench_decode_attention [threads (2)] [rows (1)] [past,past,... (256,512,2048,4096)]
- *     [layers (30)] [heads (9)] [kv_heads (3)] [head_dim (64)]
+ *     [layers (30)] [heads (9)] [kv_heads (3)] [head_dim (64)] [f32|f16 (f32): the cache's type]
  * Prints per context length: ms per token (all layers, best of 5 tokens), the keys' and values'
  * GB/s, and their share of this machine's streaming read rate (a sum over a 512 MiB buffer on the
  * same threads, best of 3), and the agreement with the reference backend (normwise). */
@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "dspark/backend.h"
+#include "dspark/dtype.h"
 #include "dspark/rng.h"
 
 static float *buf(size_t n, ds_rng *r) {
@@ -62,16 +63,18 @@ int main(int argc, char **argv) {
   const char *pasts = argc > 3 ? argv[3] : "256,512,2048,4096";
   int64_t layers = argc > 4 ? atoll(argv[4]) : 30, nh = argc > 5 ? atoll(argv[5]) : 9;
   int64_t nkv = argc > 6 ? atoll(argv[6]) : 3, hd = argc > 7 ? atoll(argv[7]) : 64;
+  int f16 = argc > 8 && !strcmp(argv[8], "f16");
   if (threads <= 0 || rows <= 0 || layers <= 0 || nkv <= 0 || nh % nkv || hd <= 0) {
     fprintf(stderr, "usage: bench_decode_attention [threads] [rows] [past,...] [layers] [heads] [kv_heads] "
-                    "[head_dim]\n");
+                    "[head_dim] [f32|f16]\n");
     return 2;
   }
   ds_set_num_threads(threads);
   double gbs = stream_rate();
-  printf("decode attention: %lld layers, %lld query row(s), %lld heads over %lld kv heads, head_dim %lld, "
+  printf("decode attention: %lld layers, %lld query row(s), %lld heads over %lld kv heads, head_dim %lld, %s cache, "
          "%d threads; streaming read %.1f GB/s\n",
-         (long long)layers, (long long)rows, (long long)nh, (long long)nkv, (long long)hd, ds_get_num_threads(), gbs);
+         (long long)layers, (long long)rows, (long long)nh, (long long)nkv, (long long)hd, f16 ? "f16" : "fp32",
+         ds_get_num_threads(), gbs);
   printf("| past | ms a token | KV GB/s | share of the streaming rate | rel err vs reference |\n|---|---|---|---|---|\n");
   float scale = 1.0f / sqrtf((float)hd);
   char *list = strdup(pasts);
@@ -81,24 +84,37 @@ int main(int argc, char **argv) {
     ds_rng_seed(&rng, 11);
     size_t per = (size_t)(nkv * cap * hd);
     float **k = malloc((size_t)layers * sizeof *k), **v = malloc((size_t)layers * sizeof *v);
-    for (int64_t l = 0; l < layers; l++) k[l] = buf(per, &rng), v[l] = buf(per, &rng);
+    uint16_t **k16 = malloc((size_t)layers * sizeof *k16), **v16 = malloc((size_t)layers * sizeof *v16);
+    for (int64_t l = 0; l < layers; l++) {
+      k[l] = buf(per, &rng), v[l] = buf(per, &rng);
+      k16[l] = v16[l] = NULL;
+      if (f16) { /* the cache as an f16 cache holds it; the fp32 copy then holds the rounded values */
+        k16[l] = malloc(per * sizeof(uint16_t)), v16[l] = malloc(per * sizeof(uint16_t));
+        ds_backend_cpu()->copy_rows_f16(k16[l], (int64_t)per, k[l], (int64_t)per, 1, (int64_t)per);
+        ds_backend_cpu()->copy_rows_f16(v16[l], (int64_t)per, v[l], (int64_t)per, 1, (int64_t)per);
+        for (size_t e = 0; e < per; e++) k[l][e] = ds_f16_to_f32(k16[l][e]), v[l][e] = ds_f16_to_f32(v16[l][e]);
+      }
+    }
     float *q = buf((size_t)(rows * nh * hd), &rng), *out = buf((size_t)(rows * nh * hd), NULL);
     float *ref = buf((size_t)(rows * nh * hd), NULL);
     double best = 1e30;
     for (int rep = 0; rep < 6; rep++) { /* the first a warm-up */
       double t0 = ds_time_sec();
       for (int64_t l = 0; l < layers; l++)
-        ds_backend_cpu()->attention_causal(out, q, nh * hd, k[l], v[l], rows, past, cap, nh, nkv, hd, scale);
+        if (f16)
+          ds_backend_cpu()->attention_causal_f16(out, q, nh * hd, k16[l], v16[l], rows, past, cap, nh, nkv, hd, scale);
+        else
+          ds_backend_cpu()->attention_causal(out, q, nh * hd, k[l], v[l], rows, past, cap, nh, nkv, hd, scale);
       double dt = ds_time_sec() - t0;
       if (rep) best = dt < best ? dt : best;
     }
     ds_backend_reference()->attention_causal(ref, q, nh * hd, k[layers - 1], v[layers - 1], rows, past, cap, nh, nkv,
                                              hd, scale);
-    double bytes = 2.0 * (double)layers * (double)nkv * (double)(past + rows) * (double)hd * sizeof(float);
+    double bytes = 2.0 * (double)layers * (double)nkv * (double)(past + rows) * (double)hd * (f16 ? 2.0 : 4.0);
     printf("| %lld | %.3f | %.1f | %.0f%% | %.2g |\n", (long long)past, best * 1e3, bytes / best / 1e9,
            100.0 * bytes / best / 1e9 / gbs, rel_err(out, ref, (size_t)(rows * nh * hd)));
-    for (int64_t l = 0; l < layers; l++) free(k[l]), free(v[l]);
-    free(k), free(v), free(q), free(out), free(ref);
+    for (int64_t l = 0; l < layers; l++) free(k[l]), free(v[l]), free(k16[l]), free(v16[l]);
+    free(k), free(v), free(k16), free(v16), free(q), free(out), free(ref);
   }
   free(list);
   return 0;

@@ -47,6 +47,13 @@ typedef struct ds_backend {
                            int64_t n, int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv_heads,
                            int64_t head_dim, float scale);
 
+  /* attention_causal over a KV cache held in IEEE half precision (k, v: [n_kv_heads, cap,
+   * head_dim] f16 bits): each key and value widened to fp32 exactly, then attention_causal's
+   * numbers on those values. NULL on a backend without f16 caches (dspark --kv-cache f16). */
+  void (*attention_causal_f16)(float *out, const float *q, int64_t q_stride, const uint16_t *k, const uint16_t *v,
+                               int64_t n, int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv_heads,
+                               int64_t head_dim, float scale);
+
   /* out[n, I] = silu(gu[n, 0:I]) * gu[n, I:2I]  (gate and up fused in one row). */
   void (*swiglu)(float *out, const float *gu, int64_t n, int64_t inter);
 
@@ -187,6 +194,9 @@ typedef struct ds_backend {
   /* Backend -> backend memory, a strided block of floats: dst[r * ld_dst + c] = src[r * ld_src + c]
    * for r < rows, c < cols (KV-cache appends, row gathers), in order with the kernels. */
   void (*copy_rows)(float *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t cols);
+  /* copy_rows into f16 bits, each value rounded to nearest even (ds_f32_to_f16): an f16 KV
+   * cache's appends. NULL where attention_causal_f16 is. */
+  void (*copy_rows_f16)(uint16_t *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t cols);
   /* p[0 .. nbytes) = 0 in backend memory (for the ADD rule's zeroed gradients). */
   void (*memset_zero)(void *p, size_t nbytes);
   /* Waits for every kernel and copy queued so far; a device error surfaces here at the latest. */

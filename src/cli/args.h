@@ -45,6 +45,12 @@ int cli_max_line_option(int argc, char **argv, int *i, size_t *out);
   "  --weights as-stored|bf16|f32  a GGUF's quantized matrices used in place (default), or dequantized\n" \
   "                        to bf16 / f32 at load (docs/compute.md, \"Quantized frozen weights\")\n"
 
+/* The --help line of --kv-cache, which main takes out of argv for the commands that decode with
+ * a KV cache (ds_set_kv_cache_dtype, dspark/target.h). */
+#define CLI_KV_CACHE_HELP                                                                                 \
+  "  --kv-cache f32|f16    the keys and values of past tokens in fp32 (default) or f16, half the bytes\n" \
+  "                        a cached token (docs/compute.md, \"The KV cache\")\n"
+
 /* ds_output_check for command cmd, before any work: 0 when the output may be written; else,
  * after the error (naming the option and the input), the command's exit status: 2 for an
  * output over an input (a usage error), 1 for a path that cannot be used (a file where a

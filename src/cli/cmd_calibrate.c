@@ -29,6 +29,7 @@ static void usage(FILE *f) {
           "`dspark speculate --calibration FILE.json` applies the temperatures, to this draft only (the file\n"
           "records its identity and block size) and for at most the positions fitted (--draft-len).\n"
           CLI_WEIGHTS_HELP
+          CLI_KV_CACHE_HELP
           CLI_DRAFT_WEIGHTS_HELP
           "  --max-new-tokens N (64)  --draft-len L (the block size)  --temperature T (0)  --top-p P  --seed S\n"
           "  --chat  --chat-template FILE  --enable-thinking on|off  --ignore-eos  --threads N   as for\n"

@@ -18,6 +18,7 @@ static void usage(FILE *f) {
           "usage: dspark forward MODEL --ids IDS --out FILE.safetensors [options]\n"
           "MODEL: a model directory or a .gguf file (docs/commands.md, \"Models\")\n"
           CLI_WEIGHTS_HELP
+          CLI_KV_CACHE_HELP
           "  --ids IDS          token ids, comma-separated; ';' separates the sequences of a batch\n"
           "                     (every sequence needs at least one id; an empty one is a usage error)\n"
           "  --out FILE         safetensors with, per sequence b: logits.b [n, V] (or [1, V] with\n"

@@ -20,6 +20,7 @@ static void usage(FILE *f) {
           "usage: dspark generate MODEL (--prompt TEXT | --prompt-ids IDS | --data FILE) [options]\n"
           "MODEL: a model directory or a .gguf file (docs/commands.md, \"Models\")\n"
           CLI_WEIGHTS_HELP
+          CLI_KV_CACHE_HELP
           "  --prompt TEXT         prompt, tokenized with the model's tokenizer.json\n"
           "  --chat                wrap the prompt as a user turn + assistant prompt in the target's chat template\n"
           "                        (chat_template.jinja / tokenizer_config.json; ChatML if none)\n"

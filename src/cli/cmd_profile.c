@@ -21,6 +21,7 @@ static void usage(FILE *f) {
           "round's first proposal is accepted); with --draft also draft_block_seconds[L-1] = one draft block\n"
           "and L head steps, each after a target pass.\n"
           CLI_WEIGHTS_HELP
+          CLI_KV_CACHE_HELP
           CLI_DRAFT_WEIGHTS_HELP
           "  --max-tokens B   the largest batch of verified tokens (32); the scheduler admits no more\n"
           "  --context C      cached tokens before the measured pass (128)\n"

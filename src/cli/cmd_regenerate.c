@@ -25,6 +25,7 @@ static void usage(FILE *f) {
           "Replaces every assistant turn of each conversation by the target's own answer (a conversation\n"
           "ending with a user turn gets one appended) and appends it to --out, one line per conversation.\n"
           CLI_WEIGHTS_HELP
+          CLI_KV_CACHE_HELP
           "  --data INPUTS         read as `dspark train --data` reads them (a file, a directory, a glob; .gz /\n"
           "                        .zst): JSONL {\"messages\": [{\"role\", \"content\"[, \"reasoning_content\"]}, ...]},\n"
           "                        ShareGPT {\"conversations\": [{\"from\", \"value\"}, ...]} (written out as\n"

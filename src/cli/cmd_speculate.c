@@ -24,6 +24,7 @@ static void usage(FILE *f) {
           "Decodes with the target, proposing tokens with the draft and verifying them in one target pass\n"
           "per round; the output is the target's own (greedy: token for token what `dspark generate` prints).\n"
           CLI_WEIGHTS_HELP
+          CLI_KV_CACHE_HELP
           CLI_DRAFT_WEIGHTS_HELP
           "  --draft DIR           an export (`dspark export`) or a run directory (its checkpoint)\n"
           "  --prompt TEXT  --chat  --prompt-ids IDS  --max-new-tokens N (64)  --temperature T (0 = greedy)\n"

@@ -9,6 +9,7 @@
 #include "dspark/common.h"
 #include "dspark/model_source.h"
 #include "dspark/progress.h"
+#include "dspark/target.h"
 
 typedef struct {
   const char *name;
@@ -16,28 +17,29 @@ typedef struct {
   const char *summary;
   int computes; /* runs matmuls: says once when they would run a slow path on this CPU */
   int weights;  /* runs a frozen target (not one whose tables a draft copies while training): takes --weights */
+  int kv;       /* decodes with the target's KV cache: takes --kv-cache */
 } command;
 
 static const command k_commands[] = {
-    {"info", cmd_info, "print a model's (directory or .gguf) architecture, sizes and tensors", 1, 1},
-    {"convert", cmd_convert, "write a llama.cpp GGUF model file as a Hugging Face model directory", 0, 0},
-    {"generate", cmd_generate, "generate text with a target model (greedy or sampled)", 1, 1},
-    {"forward", cmd_forward, "run the target over token ids; write logits and captured hidden states", 1, 1},
-    {"tokenize", cmd_tokenize, "encode text / decode ids with a tokenizer.json; ChatML rendering", 0, 0},
-    {"train", cmd_train, "train a DSpark draft against the live target or from a cache", 1, 0},
-    {"pretrain", cmd_pretrain, "train a causal LM (a student) from scratch or a checkpoint with the LM loss", 1, 0},
-    {"distill", cmd_distill, "distill a student from a teacher (live or cached top-K): ghost-token KD + LM", 1, 1},
-    {"capture", cmd_capture, "run the target once; write the offline feature / KD cache (resumable)", 1, 1},
-    {"inspect", cmd_inspect, "print a cache's manifest, counts and bytes per token; verify its checksums", 0, 0},
-    {"export", cmd_export, "write a trained draft in the HF layout serving engines load", 0, 0},
-    {"regenerate", cmd_regenerate, "replace conversations' assistant turns by the target's own answers (resumable)", 1, 1},
-    {"speculate", cmd_speculate, "lossless speculative decoding with a DSpark draft; tau, acceptance, speedup", 1, 1},
-    {"calibrate", cmd_calibrate, "fit the draft's confidences to its acceptance (Sequential Temperature Scaling)", 1, 1},
-    {"profile", cmd_profile, "measure this machine's verification cost per batch of tokens and the draft's cost", 1, 1},
-    {"draft-forward", cmd_draft_forward, "run a draft on given features and anchors; logits, loss and gradients", 1, 0},
-    {"loss", cmd_loss, "evaluate the DSpark loss and its gradients on tensors from a safetensors file", 0, 0},
-    {"plot", cmd_plot, "draw a run's training curves (PNG, with gnuplot) from its metrics.jsonl", 0, 0},
-    {"kd-loss", cmd_kd_loss, "evaluate the KD loss (ghost-token top-K / dense KL + LM) and its gradient", 0, 0},
+    {"info", cmd_info, "print a model's (directory or .gguf) architecture, sizes and tensors", 1, 1, 0},
+    {"convert", cmd_convert, "write a llama.cpp GGUF model file as a Hugging Face model directory", 0, 0, 0},
+    {"generate", cmd_generate, "generate text with a target model (greedy or sampled)", 1, 1, 1},
+    {"forward", cmd_forward, "run the target over token ids; write logits and captured hidden states", 1, 1, 1},
+    {"tokenize", cmd_tokenize, "encode text / decode ids with a tokenizer.json; ChatML rendering", 0, 0, 0},
+    {"train", cmd_train, "train a DSpark draft against the live target or from a cache", 1, 0, 0},
+    {"pretrain", cmd_pretrain, "train a causal LM (a student) from scratch or a checkpoint with the LM loss", 1, 0, 0},
+    {"distill", cmd_distill, "distill a student from a teacher (live or cached top-K): ghost-token KD + LM", 1, 1, 0},
+    {"capture", cmd_capture, "run the target once; write the offline feature / KD cache (resumable)", 1, 1, 0},
+    {"inspect", cmd_inspect, "print a cache's manifest, counts and bytes per token; verify its checksums", 0, 0, 0},
+    {"export", cmd_export, "write a trained draft in the HF layout serving engines load", 0, 0, 0},
+    {"regenerate", cmd_regenerate, "replace conversations' assistant turns by the target's own answers (resumable)", 1, 1, 1},
+    {"speculate", cmd_speculate, "lossless speculative decoding with a DSpark draft; tau, acceptance, speedup", 1, 1, 1},
+    {"calibrate", cmd_calibrate, "fit the draft's confidences to its acceptance (Sequential Temperature Scaling)", 1, 1, 1},
+    {"profile", cmd_profile, "measure this machine's verification cost per batch of tokens and the draft's cost", 1, 1, 1},
+    {"draft-forward", cmd_draft_forward, "run a draft on given features and anchors; logits, loss and gradients", 1, 0, 0},
+    {"loss", cmd_loss, "evaluate the DSpark loss and its gradients on tensors from a safetensors file", 0, 0, 0},
+    {"plot", cmd_plot, "draw a run's training curves (PNG, with gnuplot) from its metrics.jsonl", 0, 0, 0},
+    {"kd-loss", cmd_kd_loss, "evaluate the KD loss (ghost-token top-K / dense KL + LM) and its gradient", 0, 0, 0},
 };
 
 /* The program's one communicator (the library keeps none of its own). */
@@ -143,6 +145,32 @@ static int take_weights_option(const char *cmd, int *argc, char **argv) {
   return 1;
 }
 
+/* --kv-cache f32|f16 (or --kv-cache=...) of the commands that decode with a KV cache, taken out
+ * of argv as --weights is (ds_set_kv_cache_dtype). */
+static int take_kv_cache_option(const char *cmd, int *argc, char **argv) {
+  for (int i = 2; i < *argc;) {
+    const char *v = NULL;
+    int used = 0;
+    if (!strcmp(argv[i], "--kv-cache")) {
+      used = 2;
+      v = i + 1 < *argc ? argv[i + 1] : NULL;
+    } else if (!strncmp(argv[i], "--kv-cache=", 11)) {
+      used = 1;
+      v = argv[i] + 11;
+    }
+    if (!used) { i++; continue; }
+    if (!v || (strcmp(v, "f32") && strcmp(v, "f16"))) {
+      fprintf(stderr, "dspark %s: --kv-cache takes f32 or f16 (got %s%s%s)\n", cmd, v ? "'" : "no value", v ? v : "",
+              v ? "'" : "");
+      return 0;
+    }
+    (void)ds_set_kv_cache_dtype(strcmp(v, "f16") ? DS_F32 : DS_F16);
+    memmove(argv + i, argv + i + used, (size_t)(*argc - i - used + 1) * sizeof *argv);
+    *argc -= used;
+  }
+  return 1;
+}
+
 int main(int argc, char **argv) {
   /* Past a file-size limit (ulimit -f) a write fails with EFBIG, which every writer reports
    * naming the file and leaves resumable, instead of a SIGXFSZ that kills the process with
@@ -158,6 +186,7 @@ int main(int argc, char **argv) {
       if (ds_comm_open(&argc, &argv, &g_comm) != DS_OK) return cli_report_error("mpi");
       if (k_commands[i].computes && !take_compute_option(argv[1], &argc, argv)) return finish(2);
       if (k_commands[i].weights && !take_weights_option(argv[1], &argc, argv)) return finish(2);
+      if (k_commands[i].kv && !take_kv_cache_option(argv[1], &argc, argv)) return finish(2);
       const char *slow = k_commands[i].computes && ds_comm_rank(g_comm) == 0 ? ds_gemm_warning() : NULL;
       if (slow) fprintf(stderr, "dspark: %s\n", slow);
       slow = ds_matmul_compute() == DS_COMPUTE_BF16 && ds_comm_rank(g_comm) == 0 ? ds_gemm_bf16_warning() : NULL;

@@ -8,9 +8,24 @@
 
 /* ---------------------------------------------------------------- KV cache */
 
+static ds_dtype g_kv_dtype = DS_F32;
+
+ds_status ds_set_kv_cache_dtype(ds_dtype dt) {
+  if (dt != DS_F32 && dt != DS_F16)
+    return DS_FAIL(DS_ERR_ARG, "a KV cache holds f32 or f16 values, not %s", ds_dtype_name(dt));
+  g_kv_dtype = dt;
+  return DS_OK;
+}
+
+ds_dtype ds_kv_cache_dtype(void) { return g_kv_dtype; }
+
 ds_status ds_kv_cache_new(const ds_target *m, int64_t capacity, ds_kv_cache **out) {
   *out = NULL;
   if (capacity <= 0) return DS_FAIL(DS_ERR_ARG, "KV cache capacity must be positive (got %lld)", (long long)capacity);
+  int f16 = g_kv_dtype == DS_F16;
+  if (f16 && (!m->be->attention_causal_f16 || !m->be->copy_rows_f16))
+    return DS_FAIL(DS_ERR_UNSUPPORTED, "an f16 KV cache (--kv-cache f16) needs the cpu backend; the %s backend keeps "
+                   "fp32 caches", m->be->name);
   ds_kv_cache *c = ds_calloc(1, sizeof *c, "KV cache");
   if (!c) return DS_ERR_NOMEM;
   c->be = m->be;
@@ -19,9 +34,14 @@ ds_status ds_kv_cache_new(const ds_target *m, int64_t capacity, ds_kv_cache **ou
   c->n_kv_heads = m->cfg.num_key_value_heads;
   c->head_dim = m->cfg.head_dim;
   size_t n = (size_t)c->n_layers * (size_t)c->n_kv_heads * (size_t)capacity * (size_t)c->head_dim;
-  c->k = m->be->alloc(n * sizeof(float), "KV cache keys");
-  c->v = m->be->alloc(n * sizeof(float), "KV cache values");
-  if (!c->k || !c->v) {
+  if (f16) {
+    c->k16 = m->be->alloc(n * sizeof(uint16_t), "KV cache keys");
+    c->v16 = m->be->alloc(n * sizeof(uint16_t), "KV cache values");
+  } else {
+    c->k = m->be->alloc(n * sizeof(float), "KV cache keys");
+    c->v = m->be->alloc(n * sizeof(float), "KV cache values");
+  }
+  if (f16 ? !c->k16 || !c->v16 : !c->k || !c->v) {
     ds_kv_cache_free(c);
     return DS_ERR_NOMEM;
   }
@@ -33,6 +53,8 @@ void ds_kv_cache_free(ds_kv_cache *c) {
   if (!c) return;
   c->be->free(c->k);
   c->be->free(c->v);
+  c->be->free(c->k16);
+  c->be->free(c->v16);
   free(c);
 }
 
@@ -145,8 +167,13 @@ static void append_kv(const ds_target *m, int64_t layer, const ds_target_seq *se
     const float *kr = qkv + row * m->qkv_dim + m->q_dim, *vr = kr + m->kv_dim;
     for (int64_t h = 0; h < hkv; h++) {
       size_t at = layer_off + ((size_t)h * (size_t)kc->cap + (size_t)kc->len) * (size_t)hd;
-      m->be->copy_rows(kc->k + at, hd, kr + h * hd, m->qkv_dim, seqs[s].n, hd);
-      m->be->copy_rows(kc->v + at, hd, vr + h * hd, m->qkv_dim, seqs[s].n, hd);
+      if (kc->k16) {
+        m->be->copy_rows_f16(kc->k16 + at, hd, kr + h * hd, m->qkv_dim, seqs[s].n, hd);
+        m->be->copy_rows_f16(kc->v16 + at, hd, vr + h * hd, m->qkv_dim, seqs[s].n, hd);
+      } else {
+        m->be->copy_rows(kc->k + at, hd, kr + h * hd, m->qkv_dim, seqs[s].n, hd);
+        m->be->copy_rows(kc->v + at, hd, vr + h * hd, m->qkv_dim, seqs[s].n, hd);
+      }
     }
     row += seqs[s].n;
   }
@@ -185,9 +212,14 @@ static void attention_block(ds_target *m, int64_t layer, const ds_target_seq *se
   for (int s = 0; s < n_seqs; s++) {
     const ds_kv_cache *kc = seqs[s].cache;
     size_t layer_off = (size_t)layer * (size_t)kc->n_kv_heads * (size_t)kc->cap * (size_t)hd;
-    be->attention_causal(ws->attn + row * m->q_dim, ws->qkv + row * m->qkv_dim, m->qkv_dim, kc->k + layer_off,
-                         kc->v + layer_off, seqs[s].n, kc->len, kc->cap, c->num_attention_heads,
-                         c->num_key_value_heads, hd, scale);
+    if (kc->k16)
+      be->attention_causal_f16(ws->attn + row * m->q_dim, ws->qkv + row * m->qkv_dim, m->qkv_dim, kc->k16 + layer_off,
+                               kc->v16 + layer_off, seqs[s].n, kc->len, kc->cap, c->num_attention_heads,
+                               c->num_key_value_heads, hd, scale);
+    else
+      be->attention_causal(ws->attn + row * m->q_dim, ws->qkv + row * m->qkv_dim, m->qkv_dim, kc->k + layer_off,
+                           kc->v + layer_off, seqs[s].n, kc->len, kc->cap, c->num_attention_heads,
+                           c->num_key_value_heads, hd, scale);
     row += seqs[s].n;
   }
   run_linear(m, ws->tmp, ws->attn, &w->wo, w->bo, rows, m->q_dim);

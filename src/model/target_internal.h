@@ -90,8 +90,9 @@ struct ds_kv_cache {
   const ds_backend *be; /* k and v live in its memory */
   int64_t len, cap;
   int64_t n_layers, n_kv_heads, head_dim;
-  float *k; /* (L, n_kv_heads, cap, head_dim) */
+  float *k; /* (L, n_kv_heads, cap, head_dim); NULL in an f16 cache */
   float *v; /* (L, n_kv_heads, cap, head_dim) */
+  uint16_t *k16, *v16; /* the same in f16 bits (ds_set_kv_cache_dtype(DS_F16)); NULL in an fp32 cache */
 };
 
 /* Frees the forward's scratch (target.c). */

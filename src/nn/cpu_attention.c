@@ -12,8 +12,12 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include "dspark/backend.h"
+#include "dspark/dtype.h"
 #include "nn/cpu_kernels.h"
 #include "nn/fast_exp.h"
 
@@ -61,7 +65,12 @@ static inline float dot_lanes(const float *q, const float *k, int64_t hd) {
 
 #if defined(__AVX2__) && defined(__FMA__)
 #define DECODE_AVX2 1
-#include <immintrin.h>
+
+/* The four sums of s0..s3's lanes, each as dot4_avx2 adds them. */
+static inline __m128 hsum4_avx2(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
+  __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
 
 /* score[0..4) = q . k0..k3 (hd a multiple of 8): lane sums of 8-wide products, added pairwise by
  * hadd (key 0 of a call with fewer keys passes copies of itself and gets the same bits). */
@@ -75,8 +84,7 @@ static inline __m128 dot4_avx2(const float *q, const float *k0, const float *k1,
     s2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + e), s2);
     s3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + e), s3);
   }
-  __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  return hsum4_avx2(s0, s1, s2, s3);
 }
 
 /* out[0 .. 8C) = sum_t score[t] v_t[0 .. 8C) (v rows hd apart), C accumulators in registers. */
@@ -164,8 +172,33 @@ static void decode_block(float *part, float *score, const float *qr, const float
   part[0] = mx, part[1] = lanes_sum(sum);
 }
 
-static void attention_decode(float *out, const float *q, int64_t q_stride, const float *k, const float *v, int64_t n,
-                             int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv, int64_t hd, float scale) {
+/* dst[0 .. n) = the f16 values src widened to fp32 (exact). */
+static void widen_f16(float *dst, const uint16_t *src, int64_t n) {
+  int64_t i = 0;
+#ifdef __F16C__
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+#endif
+  for (; i < n; i++) dst[i] = ds_f16_to_f32(src[i]);
+}
+
+void ds_cpu_copy_rows_f16(uint16_t *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; r++) {
+    uint16_t *d = dst + r * ld_dst;
+    const float *x = src + r * ld_src;
+    int64_t c = 0;
+#ifdef __F16C__ /* the conversion instruction rounds to nearest even, as ds_f32_to_f16 does */
+    for (; c + 8 <= cols; c += 8)
+      _mm_storeu_si128((__m128i *)(d + c), _mm256_cvtps_ph(_mm256_loadu_ps(x + c), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; c < cols; c++) d[c] = ds_f32_to_f16(x[c]);
+  }
+}
+
+/* k, v: fp32, or f16 bits when f16 (each task widens its block of keys and values first, into
+ * its thread's scratch: a long context's cache is read at half the bytes). */
+static void attention_decode(float *out, const float *q, int64_t q_stride, const void *k, const void *v, int f16,
+                             int64_t n, int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv, int64_t hd,
+                             float scale) {
   int64_t group = n_heads / n_kv, nb_max = (past + n + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK, pstride = hd + 2;
   int64_t first[ATTN_ROWWISE_MAX + 1]; /* tasks of query i: first[i] .. first[i + 1] - 1 */
   first[0] = 0;
@@ -176,18 +209,29 @@ static void attention_decode(float *out, const float *q, int64_t q_stride, const
   DS_OMP(parallel if (first[n] > 1 && (past + n) * n_heads * hd > 32768))
   {
     float *score = malloc(ATTN_KEY_BLOCK * sizeof(float));
-    DS_CHECK(score != NULL);
+    float *kw = f16 ? malloc((size_t)(2 * ATTN_KEY_BLOCK * hd) * sizeof(float)) : NULL, *vw = kw ? kw + ATTN_KEY_BLOCK * hd : NULL;
+    DS_CHECK(score != NULL && (!f16 || kw != NULL));
     DS_OMP(for schedule(dynamic))
     for (int64_t t = 0; t < first[n]; t++) {
       int64_t i = 0;
       while (t >= first[i + 1]) i++;
       int64_t nb = (first[i + 1] - first[i]) / n_kv, g = (t - first[i]) / nb, b = (t - first[i]) % nb;
       int64_t visible = past + i + 1, j0 = b * ATTN_KEY_BLOCK, j1 = j0 + ATTN_KEY_BLOCK < visible ? j0 + ATTN_KEY_BLOCK : visible;
+      const float *kh, *vh;
+      int64_t from = j0;
+      if (f16) {
+        widen_f16(kw, (const uint16_t *)k + (g * cap + j0) * hd, (j1 - j0) * hd);
+        widen_f16(vw, (const uint16_t *)v + (g * cap + j0) * hd, (j1 - j0) * hd);
+        kh = kw, vh = vw, from = 0;
+      } else {
+        kh = (const float *)k + g * cap * hd, vh = (const float *)v + g * cap * hd;
+      }
       for (int64_t h = g * group; h < (g + 1) * group; h++)
-        decode_block(part + ((i * n_heads + h) * nb_max + b) * pstride, score, q + i * q_stride + h * hd,
-                     k + g * cap * hd, v + g * cap * hd, j0, j1, hd, scale);
+        decode_block(part + ((i * n_heads + h) * nb_max + b) * pstride, score, q + i * q_stride + h * hd, kh, vh,
+                     from, from + j1 - j0, hd, scale);
     }
     free(score);
+    free(kw);
   }
   /* merge each (query, head)'s blocks in order: out = sum_b e^(m_b - M) acc_b / sum_b e^(m_b - M) l_b */
   for (int64_t i = 0; i < n; i++)
@@ -216,7 +260,7 @@ void ds_cpu_attention_causal(float *out, const float *q, int64_t q_stride, const
       ds_cpu_attention_causal_bf16(out, q, q_stride, k, v, n, past, cap, n_heads, n_kv_heads, head_dim, scale))
     return;
   if (n <= ATTN_ROWWISE_MAX) {
-    attention_decode(out, q, q_stride, k, v, n, past, cap, n_heads, n_kv_heads, head_dim, scale);
+    attention_decode(out, q, q_stride, k, v, 0, n, past, cap, n_heads, n_kv_heads, head_dim, scale);
     return;
   }
   int64_t group = n_heads / n_kv_heads;
@@ -259,6 +303,27 @@ void ds_cpu_attention_causal(float *out, const float *q, int64_t q_stride, const
       }
     free(scores);
   }
+}
+
+void ds_cpu_attention_causal_f16(float *out, const float *q, int64_t q_stride, const uint16_t *k, const uint16_t *v,
+                                 int64_t n, int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv_heads,
+                                 int64_t head_dim, float scale) {
+  if (n <= ATTN_ROWWISE_MAX) {
+    attention_decode(out, q, q_stride, k, v, 1, n, past, cap, n_heads, n_kv_heads, head_dim, scale);
+    return;
+  }
+  /* a prefill's many rows: the visible keys and values widened once, then the fp32 kernel */
+  int64_t len = past + n;
+  size_t cells = (size_t)(n_kv_heads * len * head_dim);
+  float *kf = malloc(2 * cells * sizeof(float)), *vf = kf ? kf + cells : NULL;
+  DS_CHECK(kf != NULL);
+  DS_OMP(parallel for schedule(static) if (cells > 65536))
+  for (int64_t g = 0; g < n_kv_heads; g++) {
+    widen_f16(kf + g * len * head_dim, k + g * cap * head_dim, len * head_dim);
+    widen_f16(vf + g * len * head_dim, v + g * cap * head_dim, len * head_dim);
+  }
+  ds_cpu_attention_causal(out, q, q_stride, kf, vf, n, past, len, n_heads, n_kv_heads, head_dim, scale);
+  free(kf);
 }
 
 /* ---------------------------------------------------------------- block attention */

@@ -31,6 +31,11 @@ void ds_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *
 int ds_cpu_threads(void);
 
 /* The attention entries of the cpu table; shapes and semantics in include/dspark/backend.h. */
+/* ds_cpu_attention_causal over an f16 cache (backend.h attention_causal_f16), and its appends. */
+void ds_cpu_attention_causal_f16(float *out, const float *q, int64_t q_stride, const uint16_t *k, const uint16_t *v,
+                                 int64_t n, int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv_heads,
+                                 int64_t head_dim, float scale);
+void ds_cpu_copy_rows_f16(uint16_t *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t cols);
 void ds_cpu_attention_causal(float *out, const float *q, int64_t q_stride, const float *k, const float *v, int64_t n,
                              int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                              float scale);

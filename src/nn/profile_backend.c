@@ -37,6 +37,20 @@ static void p_attention(float *out, const float *q, int64_t q_stride, const floa
   account(DS_KERNEL_ATTENTION, t0, 4.0 * pairs * (double)n_heads * (double)head_dim);
 }
 
+static void p_attention_f16(float *out, const float *q, int64_t q_stride, const uint16_t *k, const uint16_t *v,
+                            int64_t n, int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv_heads,
+                            int64_t head_dim, float scale) {
+  double t0 = ds_time_sec();
+  g_inner->attention_causal_f16(out, q, q_stride, k, v, n, past, cap, n_heads, n_kv_heads, head_dim, scale);
+  double pairs = (double)n * (double)past + (double)n * (double)(n + 1) / 2.0;
+  account(DS_KERNEL_ATTENTION, t0, 4.0 * pairs * (double)n_heads * (double)head_dim);
+}
+
+static void p_copy_rows_f16(uint16_t *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows,
+                            int64_t cols) {
+  g_inner->copy_rows_f16(dst, ld_dst, src, ld_src, rows, cols);
+}
+
 static void p_swiglu(float *out, const float *gu, int64_t n, int64_t inter) {
   double t0 = ds_time_sec();
   g_inner->swiglu(out, gu, n, inter);
@@ -241,6 +255,8 @@ const ds_backend *ds_backend_profiled(const ds_backend *inner, ds_profile *prof)
   g_inner = inner;
   g_prof = prof;
   g_profiled.device_memory = inner->device_memory;
+  g_profiled.attention_causal_f16 = inner->attention_causal_f16 ? p_attention_f16 : NULL; /* f16 caches where the inner has them */
+  g_profiled.copy_rows_f16 = inner->copy_rows_f16 ? p_copy_rows_f16 : NULL;
   return &g_profiled;
 }
 

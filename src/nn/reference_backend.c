@@ -364,6 +364,25 @@ static double ref_causal_probs(double *p, const float *q, const float *k, int64_
 }
 
 /* out[rows, n_heads*hd] = softmax(q k^T * scale, causal within each sequence) v; lse[rows, n_heads]. */
+/* The f16 cache widened to fp32 whole, then the reference attention. */
+static void ref_attention_causal_f16(float *out, const float *q, int64_t q_stride, const uint16_t *k, const uint16_t *v,
+                                     int64_t n, int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv_heads,
+                                     int64_t head_dim, float scale) {
+  size_t cells = (size_t)(n_kv_heads * cap * head_dim);
+  float *kf = malloc(cells * sizeof(float)), *vf = malloc(cells * sizeof(float));
+  if (!kf || !vf) abort();
+  for (size_t i = 0; i < cells; i++) kf[i] = ds_f16_to_f32(k[i]), vf[i] = ds_f16_to_f32(v[i]);
+  ref_attention_causal(out, q, q_stride, kf, vf, n, past, cap, n_heads, n_kv_heads, head_dim, scale);
+  free(kf);
+  free(vf);
+}
+
+static void ref_copy_rows_f16(uint16_t *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows,
+                              int64_t cols) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) dst[r * ld_dst + c] = ds_f32_to_f16(src[r * ld_src + c]);
+}
+
 static void ref_attention_causal_train(float *out, float *lse, const float *q, const float *k, const float *v,
                                        const int64_t *seq_off, int64_t n_seqs, int64_t n_heads, int64_t n_kv_heads,
                                        int64_t hd, float scale) {
@@ -452,6 +471,7 @@ static const ds_backend k_reference = {
     .rmsnorm = ref_rmsnorm,
     .rope = ref_rope,
     .attention_causal = ref_attention_causal,
+    .attention_causal_f16 = ref_attention_causal_f16,
     .swiglu = ref_swiglu,
     .add = ref_add,
     .linear_backward = ref_linear_backward,
@@ -473,6 +493,7 @@ static const ds_backend k_reference = {
     .copy_to_host = ds_host_copy,
     .copy = ds_host_copy,
     .copy_rows = ds_host_copy_rows,
+    .copy_rows_f16 = ref_copy_rows_f16,
     .memset_zero = ds_host_memset_zero,
     .synchronize = ds_host_synchronize,
     .linear_w_cat = ref_linear_w_cat,

@@ -216,6 +216,24 @@ def main():
             for prompt, line in zip(PROMPTS, lines):
                 ck.check(line.split() == flat[prompt], f"batched greedy {head} {policy} '{prompt}': {line.split()} != "
                                                        f"{flat[prompt]}")
+    # an f16 KV cache (--kv-cache f16): speculation stays lossless with respect to the model as it
+    # runs, one request at a time and batched
+    f16 = ["--kv-cache", "f16"]
+    for prompt in PROMPTS:
+        out, _, _ = common.run([args.dspark, "generate", target, "--prompt", prompt, "--max-new-tokens", "24",
+                                "--print-ids", "--ignore-eos"] + f16)
+        for policy in ([], ["--draft-len", "2"]):
+            got, _, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", drafts["vanilla"],
+                                    "--prompt", prompt, "--max-new-tokens", "24", "--print-ids", "--ignore-eos"]
+                                   + policy + f16)
+            ck.check(got.split() == out.split(), f"f16 cache {policy} '{prompt}': speculate {got.split()} != "
+                                                 f"generate {out.split()}")
+    out, _, _ = common.run([args.dspark, "generate", target, "--data", batch_file, "--max-new-tokens", "24",
+                            "--print-ids", "--ignore-eos"] + f16)
+    got, _, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", drafts["vanilla"], "--data",
+                            batch_file, "--max-new-tokens", "24", "--print-ids", "--ignore-eos"] + f16)
+    ck.check(got.split() == out.split() and len(out.split()) == 24 * len(PROMPTS),
+             "f16 cache, batched: speculate differs from generate")
     for head, t in taus.items():
         print(f"greedy tau with draft-len 4, {head} head: {sum(t) / len(t):.3f}")
     ck.check(max(sum(t) / len(t) for t in taus.values()) > 1.1,

@@ -7,7 +7,8 @@ within 1e-4 normwise relative error (max|ours - ref| / max|ref|) of transformers
 batched prefill of two sequences of different lengths; KV-cache incremental decode (chunks
 of 1 and 5 tokens) equal to the full recompute (1e-5); a batch of more rows than one pass of the
 layers takes (512; a sequence split between two passes) against transformers (1e-4) and against
-each sequence forwarded alone (1e-5); 32 greedy tokens identical to transformers' generate. bf16 checkpoints: our fp32 compute on the bf16 weights is compared
+each sequence forwarded alone (1e-5); 32 greedy tokens identical to transformers' generate; an f16 KV cache within 5e-3 of the fp32 one, its one-token-at-a-time
+decode within 5e-4 of its prefill. bf16 checkpoints: our fp32 compute on the bf16 weights is compared
 with transformers running the same weights upcast to fp32 (1e-4), and, for information and
 with a documented bound of 5e-2, with transformers computing in bf16."""
 import os
@@ -66,7 +67,8 @@ def main():
         outs = {}
         for mode, extra in (("prefill", []), ("chunk5", ["--chunk", "5"]), ("chunk1", ["--chunk", "1"]),
                             ("last", ["--logits", "last"]), ("last_chunk5", ["--logits", "last", "--chunk", "5"]),
-                            ("repeat3", ["--repeat", "3", "--chunk", "5"])):
+                            ("repeat3", ["--repeat", "3", "--chunk", "5"]), ("f16", ["--kv-cache", "f16"]),
+                            ("f16_chunk1", ["--kv-cache", "f16", "--chunk", "1"])):
             path = os.path.join(args.tmp, f"{name}-{mode}.safetensors")
             common.run([args.dspark, "forward", mdir, "--ids", ids_arg, "--capture", cap_arg, "--out", path] + extra)
             outs[mode] = load_file(path)
@@ -86,6 +88,18 @@ def main():
                 for key in ("logits", "final_hidden", "captured"):
                     err = common.normwise_rel_err(outs[mode][f"{key}.{b}"], got[f"{key}.{b}"])
                     ck.check(err <= 1e-5, f"{name} seq {b} {key}: KV-cache {mode} vs prefill rel err {err:.2e}")
+            # --kv-cache f16: keys and values rounded to f16 as they are cached (a prefill's rows read
+            # them rounded too), 2e-4 - 1e-3 from the fp32 cache; decoding one token at a time reads
+            # rounded values too, but a last-bit difference of its fp32 keys from the prefill's can
+            # round to the neighbouring f16 value (measured up to 1e-4, against 1e-6 in fp32); the
+            # kernels are checked bit for bit on the same f16 values in unit.test_kernels
+            for key in ("logits", "final_hidden"):
+                err = common.normwise_rel_err(outs["f16"][f"{key}.{b}"], got[f"{key}.{b}"])
+                print(f"{name} seq {b} {key}: f16 KV cache vs fp32 rel err {err:.2e}")
+                ck.check(err <= 5e-3, f"{name} seq {b} {key}: f16 KV cache vs fp32 rel err {err:.2e}")
+                err = common.normwise_rel_err(outs["f16_chunk1"][f"{key}.{b}"], outs["f16"][f"{key}.{b}"])
+                print(f"{name} seq {b} {key}: f16 KV cache chunk1 vs prefill rel err {err:.2e}")
+                ck.check(err <= 5e-4, f"{name} seq {b} {key}: f16 KV cache chunk1 vs prefill rel err {err:.2e}")
             # --logits last: only the last rows through the vocabulary matmul (sequences ending in
             # different forwards with --chunk 5), the same logits as the last row of all
             for mode in ("last", "last_chunk5"):
@@ -133,6 +147,8 @@ def main():
                                    "--max-new-tokens", "32", "--print-ids", "--ignore-eos"])
         ours = [int(t) for t in stdout.split()]
         ck.check(ours == ref_tokens, f"{name}: greedy tokens differ\n ours {ours}\n hf   {ref_tokens}")
+    _, err, _ = common.run([args.dspark, "generate", mdir, "--prompt-ids", "1,2", "--kv-cache", "f8"], expect_rc=2)
+    ck.check("--kv-cache takes f32 or f16" in err, f"a bad --kv-cache value: {err[-300:]}")
     ck.finish("test_target")
 
 

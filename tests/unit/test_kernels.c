@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "dspark/backend.h"
+#include "dspark/dtype.h"
 #include "dspark/rng.h"
 #include "test_util.h"
 
@@ -107,6 +108,47 @@ static void test_attention(void) {
   }
 }
 
+/* An f16 KV cache: the appends round as ds_f32_to_f16 does (ties to even, subnormals, overflow to
+ * infinity), and attention over it (decode rows, a verification, a prefill) equals the reference
+ * attention over the widened values, each decode row bit-equal to the query decoded alone. */
+static void test_attention_f16(void) {
+  float specials[] = {0.0f, -0.0f, 1.0f, 65504.0f, 65520.0f, 1e6f, -1e6f, 6.0e-8f, 3.0e-5f, -2.9e-8f,
+                      1.00048828125f, 1.000732421875f, 0.333333343f, -7.77e-3f, 2049.0f, 2051.0f, 1e-3f};
+  int n_sp = (int)(sizeof specials / sizeof *specials);
+  float *x = rand_buf(4 * 37, 300);
+  for (int i = 0; i < n_sp; i++) x[i * 5] = specials[i];
+  uint16_t got[4 * 37];
+  ds_backend_cpu()->copy_rows_f16(got, 37, x, 37, 4, 37);
+  int same = 1;
+  for (int i = 0; i < 4 * 37; i++) same &= got[i] == ds_f32_to_f16(x[i]);
+  EXPECT(same);
+  free(x);
+
+  int64_t cases[][3] = {{0, 1, 64}, {300, 1, 72}, {260, 5, 64}, {1000, 3, 80}, {37, 150, 64}};
+  for (int c = 0; c < 5; c++) {
+    int64_t past = cases[c][0], n = cases[c][1], hd = cases[c][2], hq = 6, hkv = 2, cap = past + n + 2;
+    int64_t w = hq * hd, cells = hkv * cap * hd;
+    float *q = rand_buf((size_t)(n * w), 2), *kf = rand_buf((size_t)cells, 2), *vf = rand_buf((size_t)cells, 2);
+    uint16_t *k = malloc(sizeof(uint16_t) * (size_t)cells), *v = malloc(sizeof(uint16_t) * (size_t)cells);
+    ds_backend_cpu()->copy_rows_f16(k, cells, kf, cells, 1, cells);
+    ds_backend_cpu()->copy_rows_f16(v, cells, vf, cells, 1, cells);
+    float *o1 = malloc(sizeof(float) * (size_t)(n * w)), *o2 = malloc(sizeof(float) * (size_t)(n * w));
+    float *one = malloc(sizeof(float) * (size_t)w), scale = 1.0f / sqrtf((float)hd);
+    ds_backend_cpu()->attention_causal_f16(o1, q, w, k, v, n, past, cap, hq, hkv, hd, scale);
+    ds_backend_reference()->attention_causal_f16(o2, q, w, k, v, n, past, cap, hq, hkv, hd, scale);
+    EXPECT(test_rel_err(o1, o2, (size_t)(n * w)) < 1e-5);
+    if (n <= 8) {
+      int alone = 1;
+      for (int64_t i = 0; i < n; i++) {
+        ds_backend_cpu()->attention_causal_f16(one, q + i * w, w, k, v, 1, past + i, cap, hq, hkv, hd, scale);
+        alone &= memcmp(one, o1 + i * w, sizeof(float) * (size_t)w) == 0;
+      }
+      EXPECT(alone);
+    }
+    free(q); free(kf); free(vf); free(k); free(v); free(o1); free(o2); free(one);
+  }
+}
+
 static void test_swiglu_add(void) {
   int64_t n = 4, inter = 37;
   float *gu = rand_buf((size_t)(n * 2 * inter), 6);
@@ -164,6 +206,7 @@ int main(void) {
   TEST_RUN(test_rmsnorm);
   TEST_RUN(test_rope);
   TEST_RUN(test_attention);
+  TEST_RUN(test_attention_f16);
   TEST_RUN(test_swiglu_add);
   return TEST_RESULT();
 }
