@@ -79,7 +79,7 @@ def long_prompt_ids(ds, model, n, tmp):
     return ids[:n]
 
 
-def bench_dspark_plain(ds, model, threads, ids, n_decode, reps):
+def bench_dspark_plain(ds, model, threads, ids, n_decode, reps, kv):
     """Prefill of the whole prompt; decode from a one-token prompt, as llama-bench's tg test decodes
     from an empty context (decoding after the 512-token prompt reads its keys and values too: on
     SmolLM2 in fp32 about a quarter more bytes a token than the weights alone)."""
@@ -87,7 +87,7 @@ def bench_dspark_plain(ds, model, threads, ids, n_decode, reps):
     for _ in range(reps):
         for prompt, n in ((ids, 1), (ids[:1], n_decode)):
             r = lcpp.run([ds, "generate", model, "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens",
-                          str(n), "--ignore-eos", "--threads", str(threads), "--print-ids"]).must()
+                          str(n), "--ignore-eos", "--threads", str(threads), "--print-ids"] + kv).must()
             pf, dc = dspark_timing(r.err)
             if n == 1:
                 best_pf = max(best_pf, pf or 0)
@@ -97,7 +97,7 @@ def bench_dspark_plain(ds, model, threads, ids, n_decode, reps):
     return best_pf, best_dc, rss
 
 
-def bench_spec(ds, bins, model, run, draft_gguf, prompts, threads, n_new, draft_len, tmp, weights, sched=None):
+def bench_spec(ds, bins, model, run, draft_gguf, prompts, threads, n_new, draft_len, tmp, weights, kv, sched=None):
     """Both engines' speculative decoding over the prompts, one request at a time; sched: the
     options of dspark's scheduler policy, run instead of the fixed one (llama.cpp's side is then
     not run: None)."""
@@ -114,7 +114,7 @@ def bench_spec(ds, bins, model, run, draft_gguf, prompts, threads, n_new, draft_
         report = os.path.join(tmp, f"spec{i}.json")
         r = lcpp.run([ds, "speculate", "--target", model, "--draft", run, "--prompt-ids", ",".join(map(str, ids)),
                       "--max-new-tokens", str(n_new), "--draft-len", str(draft_len), "--threads", str(threads),
-                      "--draft-weights", weights, "--report", report] + (sched or [])).must()
+                      "--draft-weights", weights, "--report", report] + kv + (sched or [])).must()
         rep = json.load(open(report))
         ours["tokens"] += rep["generated_tokens"]
         ours["seconds"] += rep["generated_tokens"] / rep["decode_tokens_per_s"]
@@ -139,6 +139,8 @@ def main():
     ap.add_argument("--draft-dtype", default="q8_0", choices=["q8_0", "f32", "bf16"],
                     help="the draft's matrices on both sides: the GGUF export's --dtype and speculate's --draft-weights")
     ap.add_argument("--calibration", help="`dspark calibrate`'s file for the draft, given to the scheduler run")
+    ap.add_argument("--kv-cache", default="f32", choices=["f32", "f16"],
+                    help="dspark's KV cache (llama.cpp keeps f16 by default)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--work", default=os.path.expanduser("~/.cache/dspark/bench-llama-cpp"),
                     help="where the other GGUF types and the draft GGUF are kept")
@@ -162,16 +164,17 @@ def main():
     for t, model in models.items():
         for th in [int(x) for x in a.threads.split(",")]:
             lb, lbr = lcpp.bench(bins, model, th, a.prefill, a.decode, a.reps)
-            pf, dc, rss = bench_dspark_plain(a.dspark, model, th, long_ids, a.decode, a.reps)
+            kv = ["--kv-cache", a.kv_cache]
+            pf, dc, rss = bench_dspark_plain(a.dspark, model, th, long_ids, a.decode, a.reps, kv)
             ll, ours = bench_spec(a.dspark, bins, model, a.draft, draft_gguf, prompts, th, a.spec_tokens,
-                                  a.draft_len, a.work, a.draft_dtype)
+                                  a.draft_len, a.work, a.draft_dtype, kv)
             profile = os.path.join(a.work, f"profile-{t}-{th}.json")
             lcpp.run([a.dspark, "profile", "--target", model, "--draft", a.draft, "--out", profile, "--max-tokens",
-                      str(a.draft_len + 1), "--threads", str(th), "--draft-weights", a.draft_dtype]).must()
+                      str(a.draft_len + 1), "--threads", str(th), "--draft-weights", a.draft_dtype] + kv).must()
             sched = ["--policy", "scheduler", "--profile", profile] + (["--calibration", a.calibration]
                                                                        if a.calibration else [])
             _, sch = bench_spec(a.dspark, bins, model, a.draft, draft_gguf, prompts, th, a.spec_tokens,
-                                a.draft_len, a.work, a.draft_dtype, sched)
+                                a.draft_len, a.work, a.draft_dtype, kv, sched)
             row = {"type": t, "threads": th,
                    "llama_prefill": lb["prefill"][0], "dspark_prefill": pf,
                    "llama_decode": lb["decode"][0], "dspark_decode": dc,
@@ -186,11 +189,11 @@ def main():
     res = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "dspark_kernels": gemm.group(1) if gemm else "",
            "prefill_tokens": a.prefill, "decode_tokens": a.decode, "spec_tokens": a.spec_tokens,
            "prompts": a.prompts, "prompt_file": a.prompt_file, "draft": a.draft, "draft_len": a.draft_len,
-           "draft_dtype": a.draft_dtype, "calibration": a.calibration, "rows": rows}
+           "draft_dtype": a.draft_dtype, "calibration": a.calibration, "kv_cache": a.kv_cache, "rows": rows}
     with open(os.path.join(a.out, "llama_cpp_peer.json"), "w") as f:
         json.dump(res, f, indent=1)
     print(f"\n{res['date']}, {res['cpu']}; dspark {res['dspark_kernels']}; llama.cpp {VERSION_NOTE}; "
-          f"draft matrices {a.draft_dtype}")
+          f"draft matrices {a.draft_dtype}; dspark KV cache {a.kv_cache}")
     print("| GGUF | threads | prefill tok/s llama.cpp / dspark | decode tok/s llama.cpp / dspark | "
           "speculative tok/s llama.cpp / dspark (fixed) / dspark (scheduler) | accepted per drafted llama.cpp / dspark | "
           "peak RSS MiB, plain: llama-bench / generate | peak RSS MiB, speculative: llama.cpp / dspark |")
