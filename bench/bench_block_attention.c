@@ -13,6 +13,7 @@
 
 #include "dspark/backend.h"
 #include "dspark/rng.h"
+#include "bench_util.h"
 
 
 typedef struct {
@@ -42,15 +43,6 @@ static double sgemm_rate(int n, int k) {
   }
   free(a); free(b); free(c);
   return 2.0 * n * n * k / best / 1e9;
-}
-
-static double rel_err(const float *a, const float *b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; i++) {
-    num = fmax(num, fabs((double)a[i] - b[i]));
-    den = fmax(den, fabs((double)b[i]));
-  }
-  return num / (den > 0 ? den : 1);
 }
 
 int main(int argc, char **argv) {
@@ -119,8 +111,9 @@ int main(int argc, char **argv) {
   printf("speedup cpu/reference: forward %.1fx backward %.1fx total %.1fx\n", t_fwd[1] / t_fwd[0],
          t_bwd[1] / t_bwd[0], (t_fwd[1] + t_bwd[1]) / (t_fwd[0] + t_bwd[0]));
   printf("agreement (normwise rel err): out %.2g dq %.2g dk_ctx %.2g dv_ctx %.2g dk_blk %.2g dv_blk %.2g\n",
-         rel_err(r[0].out, r[1].out, nq), rel_err(r[0].dq, r[1].dq, nq), rel_err(r[0].dkc, r[1].dkc, nc),
-         rel_err(r[0].dvc, r[1].dvc, nc), rel_err(r[0].dkb, r[1].dkb, nb), rel_err(r[0].dvb, r[1].dvb, nb));
+         bench_rel_err(r[0].out, r[1].out, nq), bench_rel_err(r[0].dq, r[1].dq, nq),
+         bench_rel_err(r[0].dkc, r[1].dkc, nc), bench_rel_err(r[0].dvc, r[1].dvc, nc),
+         bench_rel_err(r[0].dkb, r[1].dkb, nb), bench_rel_err(r[0].dvb, r[1].dvb, nb));
   for (int k = 0; k < 2; k++) {
     free(r[k].out); free(r[k].lse); free(r[k].dq); free(r[k].dkc); free(r[k].dvc); free(r[k].dkb); free(r[k].dvb);
   }

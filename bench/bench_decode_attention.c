@@ -15,6 +15,7 @@
 #include "dspark/backend.h"
 #include "dspark/dtype.h"
 #include "dspark/rng.h"
+#include "bench_util.h"
 
 static float *buf(size_t n, ds_rng *r) {
   float *p = malloc(n * sizeof(float));
@@ -46,15 +47,6 @@ static double stream_rate(void) {
   }
   free(a);
   return sink == 12345.0 ? 0 : (double)n * sizeof(float) / best / 1e9;
-}
-
-static double rel_err(const float *a, const float *b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; i++) {
-    num = fmax(num, fabs((double)a[i] - b[i]));
-    den = fmax(den, fabs((double)b[i]));
-  }
-  return num / (den > 0 ? den : 1);
 }
 
 int main(int argc, char **argv) {
@@ -112,7 +104,7 @@ int main(int argc, char **argv) {
                                              hd, scale);
     double bytes = 2.0 * (double)layers * (double)nkv * (double)(past + rows) * (double)hd * (f16 ? 2.0 : 4.0);
     printf("| %lld | %.3f | %.1f | %.0f%% | %.2g |\n", (long long)past, best * 1e3, bytes / best / 1e9,
-           100.0 * bytes / best / 1e9 / gbs, rel_err(out, ref, (size_t)(rows * nh * hd)));
+           100.0 * bytes / best / 1e9 / gbs, bench_rel_err(out, ref, (size_t)(rows * nh * hd)));
     for (int64_t l = 0; l < layers; l++) free(k[l]), free(v[l]), free(k16[l]), free(v16[l]);
     free(k), free(v), free(k16), free(v16), free(q), free(out), free(ref);
   }

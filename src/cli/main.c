@@ -81,92 +81,75 @@ static void usage(FILE *f) {
                                                             : "not built (no MPI in this build)");
 }
 
-/* --compute fp32|bf16|int8 (or --compute=...), shared by every command that computes: taken out of
- * argv here, once, so the commands' own parsers never see it; sets the process-wide matmul
+/* The next `opt VALUE` or `opt=VALUE` from argv[2] on (argv[1] is the command), taken out of argv
+ * (the final NULL moved with it): 1 with *v its value, NULL when none follows; 0 when none is
+ * left. The options main takes this way are shared by many commands, so their own parsers never
+ * see them. */
+static int take_option(const char *opt, int *argc, char **argv, const char **v) {
+  size_t n = strlen(opt);
+  for (int i = 2; i < *argc; i++) {
+    int used = 0;
+    if (!strcmp(argv[i], opt)) {
+      *v = i + 1 < *argc ? argv[i + 1] : NULL;
+      used = *v ? 2 : 1;
+    } else if (!strncmp(argv[i], opt, n) && argv[i][n] == '=') {
+      *v = argv[i] + n + 1;
+      used = 1;
+    }
+    if (!used) continue;
+    memmove(argv + i, argv + i + used, (size_t)(*argc - i - used + 1) * sizeof *argv);
+    *argc -= used;
+    return 1;
+  }
+  return 0;
+}
+
+/* The usage message of a value opt does not take; returns 0 (a usage error). */
+static int bad_value(const char *cmd, const char *opt, const char *takes, const char *v) {
+  fprintf(stderr, "dspark %s: %s takes %s (got %s%s%s)\n", cmd, opt, takes, v ? "'" : "no value", v ? v : "",
+          v ? "'" : "");
+  return 0;
+}
+
+/* --compute fp32|bf16|int8, shared by every command that computes; sets the process-wide matmul
  * precision (include/dspark/backend.h). 1 ok, 0 after a usage message. */
 static int take_compute_option(const char *cmd, int *argc, char **argv) {
-  for (int i = 2; i < *argc;) { /* argv[1] is the command */
-    const char *v = NULL;
-    int used = 0;
-    if (!strcmp(argv[i], "--compute")) {
-      used = 2;
-      v = i + 1 < *argc ? argv[i + 1] : NULL;
-    } else if (!strncmp(argv[i], "--compute=", 10)) {
-      used = 1;
-      v = argv[i] + 10;
-    }
-    if (!used) { i++; continue; }
+  const char *v;
+  while (take_option("--compute", argc, argv, &v)) {
     ds_compute c;
-    if (!v || !ds_compute_parse(v, &c)) {
-      fprintf(stderr, "dspark %s: --compute takes fp32, bf16 or int8 (got %s%s%s)\n", cmd, v ? "'" : "no value",
-              v ? v : "", v ? "'" : "");
-      return 0;
-    }
+    if (!v || !ds_compute_parse(v, &c)) return bad_value(cmd, "--compute", "fp32, bf16 or int8", v);
     ds_set_matmul_compute(c);
-    memmove(argv + i, argv + i + used, (size_t)(*argc - i - used + 1) * sizeof *argv); /* with the final NULL */
-    *argc -= used;
   }
   return 1;
 }
 
-/* --weights as-stored|bf16|f32 (or --weights=...) of the commands that run a frozen target
- * (capture's, distill's live teacher included: a cache stores a quantized table dequantized),
- * taken out of argv as --compute is; sets how the target holds its weights (model_source.h;
- * the default for them: as-stored). The other commands keep the library's default (a GGUF
- * dequantized to fp32): train copies the live target's tables into the draft it trains. */
+/* --weights as-stored|bf16|f32 of the commands that run a frozen target (capture's, distill's
+ * live teacher included: a cache stores a quantized table dequantized); sets how the target holds
+ * its weights (model_source.h; the default for them: as-stored). The other commands keep the
+ * library's default (a GGUF dequantized to fp32): train copies the live target's tables into the
+ * draft it trains. */
 static int g_weights_given; /* --weights was on the command line */
 
 int cli_weights_given(void) { return g_weights_given; }
 
 static int take_weights_option(const char *cmd, int *argc, char **argv) {
   ds_set_target_weights(DS_WEIGHTS_AS_STORED);
-  for (int i = 2; i < *argc;) {
-    const char *v = NULL;
-    int used = 0;
-    if (!strcmp(argv[i], "--weights")) {
-      used = 2;
-      v = i + 1 < *argc ? argv[i + 1] : NULL;
-    } else if (!strncmp(argv[i], "--weights=", 10)) {
-      used = 1;
-      v = argv[i] + 10;
-    }
-    if (!used) { i++; continue; }
+  const char *v;
+  while (take_option("--weights", argc, argv, &v)) {
     ds_weights_mode w;
-    if (!v || !ds_weights_mode_parse(v, &w)) {
-      fprintf(stderr, "dspark %s: --weights takes as-stored, bf16 or f32 (got %s%s%s)\n", cmd, v ? "'" : "no value",
-              v ? v : "", v ? "'" : "");
-      return 0;
-    }
+    if (!v || !ds_weights_mode_parse(v, &w)) return bad_value(cmd, "--weights", "as-stored, bf16 or f32", v);
     ds_set_target_weights(w);
     g_weights_given = 1;
-    memmove(argv + i, argv + i + used, (size_t)(*argc - i - used + 1) * sizeof *argv);
-    *argc -= used;
   }
   return 1;
 }
 
-/* --kv-cache f32|f16 (or --kv-cache=...) of the commands that decode with a KV cache, taken out
- * of argv as --weights is (ds_set_kv_cache_dtype). */
+/* --kv-cache f32|f16 of the commands that decode with a KV cache (ds_set_kv_cache_dtype). */
 static int take_kv_cache_option(const char *cmd, int *argc, char **argv) {
-  for (int i = 2; i < *argc;) {
-    const char *v = NULL;
-    int used = 0;
-    if (!strcmp(argv[i], "--kv-cache")) {
-      used = 2;
-      v = i + 1 < *argc ? argv[i + 1] : NULL;
-    } else if (!strncmp(argv[i], "--kv-cache=", 11)) {
-      used = 1;
-      v = argv[i] + 11;
-    }
-    if (!used) { i++; continue; }
-    if (!v || (strcmp(v, "f32") && strcmp(v, "f16"))) {
-      fprintf(stderr, "dspark %s: --kv-cache takes f32 or f16 (got %s%s%s)\n", cmd, v ? "'" : "no value", v ? v : "",
-              v ? "'" : "");
-      return 0;
-    }
+  const char *v;
+  while (take_option("--kv-cache", argc, argv, &v)) {
+    if (!v || (strcmp(v, "f32") && strcmp(v, "f16"))) return bad_value(cmd, "--kv-cache", "f32 or f16", v);
     (void)ds_set_kv_cache_dtype(strcmp(v, "f16") ? DS_F32 : DS_F16);
-    memmove(argv + i, argv + i + used, (size_t)(*argc - i - used + 1) * sizeof *argv);
-    *argc -= used;
   }
   return 1;
 }

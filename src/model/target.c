@@ -101,24 +101,16 @@ static ds_status workspace_reserve(ds_target *m, int64_t rows) {
   return DS_OK;
 }
 
-/* Backend memory for the `rows` normed rows a forward of several passes gathers (grow-only). */
-static ds_status picked_reserve(ds_target *m, int64_t rows) {
-  workspace *ws = &m->ws;
-  if (rows <= ws->picked_rows) return DS_OK;
-  m->be->free(ws->picked);
-  ws->picked = m->be->alloc((size_t)rows * (size_t)m->cfg.hidden_size * sizeof(float), "logit rows");
-  ws->picked_rows = ws->picked ? rows : 0;
-  return ws->picked ? DS_OK : DS_ERR_NOMEM;
-}
-
-/* Device backends: backend memory for `rows` rows of logits (grow-only). */
-static ds_status logits_reserve(ds_target *m, int64_t rows) {
-  workspace *ws = &m->ws;
-  if (rows <= ws->logit_rows) return DS_OK;
-  m->be->free(ws->logits);
-  ws->logits = m->be->alloc((size_t)rows * (size_t)m->cfg.vocab_size * sizeof(float), "logits");
-  ws->logit_rows = ws->logits ? rows : 0;
-  return ws->logits ? DS_OK : DS_ERR_NOMEM;
+/* *buf: backend memory for `rows` rows of `width` floats, grown (never shrunk) as forwards ask;
+ * *have its rows. The logits of a device backend's forward, and the normed rows a forward of
+ * several passes gathers for them. */
+static ds_status rows_reserve(const ds_backend *be, float **buf, int64_t *have, int64_t rows, int64_t width,
+                              const char *what) {
+  if (rows <= *have) return DS_OK;
+  be->free(*buf);
+  *buf = be->alloc((size_t)rows * (size_t)width * sizeof(float), what);
+  *have = *buf ? rows : 0;
+  return *buf ? DS_OK : DS_ERR_NOMEM;
 }
 
 ds_status ds_target_check_capture_layers(const ds_target *m, const int32_t *ids, int n) {
@@ -284,7 +276,7 @@ static ds_status vocab_product(ds_target *m, const float *x, int64_t n, float *l
     be->linear_w(logits, V, x, m->lm_head, NULL, n, d, V);
     return DS_OK;
   }
-  DS_TRY(logits_reserve(m, n));
+  DS_TRY(rows_reserve(m->be, &m->ws.logits, &m->ws.logit_rows, n, m->cfg.vocab_size, "logits"));
   be->linear_w(m->ws.logits, V, x, m->lm_head, NULL, n, d, V);
   be->copy_to_host(logits, m->ws.logits, (size_t)n * (size_t)V * sizeof(float));
   return DS_OK;
@@ -348,7 +340,8 @@ ds_status ds_target_forward(ds_target *m, const ds_target_seq *seqs, int n_seqs,
   int64_t pass = rows < FORWARD_PASS_ROWS ? rows : FORWARD_PASS_ROWS;
   int single = pass == rows;
   DS_TRY(workspace_reserve(m, pass));
-  if (!single && out->logits && out->logit_rows) DS_TRY(picked_reserve(m, out->n_logit_rows));
+  if (!single && out->logits && out->logit_rows)
+    DS_TRY(rows_reserve(be, &m->ws.picked, &m->ws.picked_rows, out->n_logit_rows, m->cfg.hidden_size, "logit rows"));
   ds_target_seq *part = ds_malloc((size_t)n_seqs * sizeof *part, "forward passes");
   int64_t *len0 = ds_malloc((size_t)n_seqs * sizeof *len0, "forward passes");
   ds_status st = part && len0 ? DS_OK : DS_ERR_NOMEM;

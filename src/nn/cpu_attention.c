@@ -66,12 +66,6 @@ static inline float dot_lanes(const float *q, const float *k, int64_t hd) {
 #if defined(__AVX2__) && defined(__FMA__)
 #define DECODE_AVX2 1
 
-/* The four sums of s0..s3's lanes, each as dot4_avx2 adds them. */
-static inline __m128 hsum4_avx2(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
-  __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-
 /* score[0..4) = q . k0..k3 (hd a multiple of 8): lane sums of 8-wide products, added pairwise by
  * hadd (key 0 of a call with fewer keys passes copies of itself and gets the same bits). */
 static inline __m128 dot4_avx2(const float *q, const float *k0, const float *k1, const float *k2, const float *k3,
@@ -84,7 +78,8 @@ static inline __m128 dot4_avx2(const float *q, const float *k0, const float *k1,
     s2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + e), s2);
     s3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + e), s3);
   }
-  return hsum4_avx2(s0, s1, s2, s3);
+  __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
 /* out[0 .. 8C) = sum_t score[t] v_t[0 .. 8C) (v rows hd apart), C accumulators in registers. */
