@@ -113,6 +113,9 @@ ds_status ds_gguf_dequantize(const ds_gguf *g, const ds_gguf_tensor *t, float *d
  * whole pages inside it) once a copy has been made: a later read faults them in again from the
  * file. Nothing for a handle over memory. */
 void ds_gguf_release(const ds_gguf *g, const ds_gguf_tensor *t);
+/* The same for the header's pages (key-values, tensor infos) once what a caller needs of them is
+ * loaded: the strings and arrays the handle gives out stay valid, read from the file again. */
+void ds_gguf_release_header(const ds_gguf *g);
 
 #ifdef __cplusplus
 }

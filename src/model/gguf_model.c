@@ -338,6 +338,10 @@ struct ds_gguf_model {
   char *text[DS_MODEL_FILE_COUNT]; /* NUL-terminated; chat_template.jinja stays NULL */
 };
 
+void ds_gguf_model_release_header(const ds_gguf_model *m) {
+  if (m) ds_gguf_release_header(m->g);
+}
+
 void ds_gguf_model_close(ds_gguf_model *m) {
   if (!m) return;
   for (int i = 0; i < DS_MODEL_FILE_COUNT; i++) free(m->text[i]);

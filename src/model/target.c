@@ -71,12 +71,15 @@ ds_status ds_kv_cache_crop(ds_kv_cache *c, int64_t len) {
 /* ---------------------------------------------------------------- forward */
 
 void target_workspace_free(const ds_backend *be, workspace *ws) {
-  float *bufs[] = {ws->h, ws->x, ws->qkv, ws->attn, ws->gu, ws->act, ws->tmp, ws->logits, ws->picked};
+  float *bufs[] = {ws->h, ws->x, ws->mix, ws->logits, ws->picked};
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(bufs[i]);
   free(ws->pos);
   free(ws->stage);
   memset(ws, 0, sizeof *ws);
 }
+
+/* n floats rounded up to whole 64-byte lines: where the second view of `mix` starts */
+static size_t lines(size_t n) { return (n + 15) / 16 * 16; }
 
 static ds_status workspace_reserve(ds_target *m, int64_t rows) {
   workspace *ws = &m->ws;
@@ -85,18 +88,19 @@ static ds_status workspace_reserve(ds_target *m, int64_t rows) {
   target_workspace_free(be, ws);
   const ds_model_config *c = &m->cfg;
   size_t R = (size_t)rows, d = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
+  size_t attn_at = lines(R * (size_t)m->qkv_dim), act_at = lines(R * 2 * I);
+  size_t mix = attn_at + R * (size_t)m->q_dim > act_at + R * I ? attn_at + R * (size_t)m->q_dim : act_at + R * I;
   ws->h = be->alloc(R * d * sizeof(float), "activations");
   ws->x = be->alloc(R * d * sizeof(float), "activations");
-  ws->qkv = be->alloc(R * (size_t)m->qkv_dim * sizeof(float), "activations");
-  ws->attn = be->alloc(R * (size_t)m->q_dim * sizeof(float), "activations");
-  ws->gu = be->alloc(R * 2 * I * sizeof(float), "activations");
-  ws->act = be->alloc(R * I * sizeof(float), "activations");
-  ws->tmp = be->alloc(R * d * sizeof(float), "activations");
+  ws->mix = be->alloc(mix * sizeof(float), "activations");
   ws->pos = ds_malloc(R * sizeof(int64_t), "positions");
-  if (!ws->h || !ws->x || !ws->qkv || !ws->attn || !ws->gu || !ws->act || !ws->tmp || !ws->pos) {
+  if (!ws->h || !ws->x || !ws->mix || !ws->pos) {
     target_workspace_free(be, ws);
     return DS_ERR_NOMEM;
   }
+  ws->tmp = ws->x;
+  ws->qkv = ws->mix, ws->attn = ws->mix + attn_at;
+  ws->gu = ws->mix, ws->act = ws->mix + act_at;
   ws->rows = rows;
   return DS_OK;
 }
@@ -171,6 +175,22 @@ static void append_kv(const ds_target *m, int64_t layer, const ds_target_seq *se
   }
 }
 
+/* y[rows, ldy], columns col .. col + heads hd of each row: from a llama GGUF's q / k order (in a
+ * head, column 2i + j) to HF's (column j hd / 2 + i). Host memory: quantized weights run on the
+ * host backends only. */
+static void columns_to_hf_order(float *y, int64_t ldy, int64_t rows, int64_t col, int64_t heads, int64_t hd) {
+  int64_t half = hd / 2;
+#pragma omp parallel for schedule(static) if (rows * heads * hd > 65536)
+  for (int64_t r = 0; r < rows; r++) {
+    float pair[2048]; /* head_dim <= 2048, checked at load */
+    for (int64_t h = 0; h < heads; h++) {
+      float *v = y + r * ldy + col + h * hd;
+      memcpy(pair, v, (size_t)hd * sizeof *v);
+      for (int64_t i = 0; i < half; i++) v[i] = pair[2 * i], v[half + i] = pair[2 * i + 1];
+    }
+  }
+}
+
 /* y[rows, out] = x[rows, in] @ W^T (+ bias), W's row segments (q, k, v; gate, up) each writing
  * their columns of y (row stride out): one linear_w_cat, which the backend may run as one product. */
 static void run_linear(const ds_target *m, float *y, const float *x, const target_linear *w, const float *bias,
@@ -179,6 +199,9 @@ static void run_linear(const ds_target *m, float *y, const float *x, const targe
   for (int s = 0; s < w->n_seg; s++) out += w->seg_rows[s];
   if (w->n_seg == 1) m->be->linear_w(y, out, x, w->seg[0], bias, rows, in, out);
   else m->be->linear_w_cat(y, out, x, w->seg, w->seg_rows, w->n_seg, bias, rows, in);
+  for (int s = 0, col = 0; s < w->n_seg; col += (int)w->seg_rows[s++])
+    if (w->seg_pair_heads[s])
+      columns_to_hf_order(y, out, rows, col, w->seg_pair_heads[s], w->seg_rows[s] / w->seg_pair_heads[s]);
 }
 
 static void attention_block(ds_target *m, int64_t layer, const ds_target_seq *seqs, int n_seqs, int64_t rows) {

@@ -16,6 +16,9 @@ typedef struct {
   int64_t seg_rows[3];
   int n_seg;
   int mapped; /* 1: the segments are the checkpoint's 16-bit tensors; 2: a GGUF's quantized ones */
+  /* per segment: 0, or the heads of a llama GGUF's q / k rows used in the file's order (in each
+   * head, file row 2i + j is HF row j hd / 2 + i), the product's columns put back in HF order */
+  int64_t seg_pair_heads[3];
 } target_linear;
 
 typedef struct {
@@ -38,11 +41,14 @@ typedef struct {
   int64_t rows;
   float *h;       /* (R, d) residual stream */
   float *x;       /* (R, d) normed input of a sub-block */
-  float *qkv;     /* (R, q_dim + 2 kv_dim) */
-  float *attn;    /* (R, q_dim) */
-  float *gu;      /* (R, 2 I) */
-  float *act;     /* (R, I) */
-  float *tmp;     /* (R, d) */
+  float *tmp;     /* (R, d) a sub-block's output: x's memory (x is read before it is written) */
+  /* one buffer `mix` for what the sub-blocks hold in turn: the attention's qkv and attn, then
+   * the MLP's gu and act (each dead before the other is written) */
+  float *mix;
+  float *qkv;     /* (R, q_dim + 2 kv_dim) in mix */
+  float *attn;    /* (R, q_dim) in mix, after qkv */
+  float *gu;      /* (R, 2 I) in mix */
+  float *act;     /* (R, I) in mix, after gu */
   int64_t *pos;   /* (R), host memory (the backends take positions from the host) */
   /* device backends only (ds_backend.device_memory): outputs the caller wants on the host are
    * computed here, then copied */

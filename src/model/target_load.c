@@ -240,7 +240,7 @@ static ds_status own(ds_target *m, size_t nbytes, void **out) {
   void **owned = realloc(m->owned, (size_t)(m->n_owned + 1) * sizeof *owned);
   if (!owned) return DS_FAIL(DS_ERR_NOMEM, "out of memory");
   m->owned = owned;
-  if (!(*out = ds_malloc_aligned(nbytes ? nbytes : 1, "quantized q / k rows"))) return DS_ERR_NOMEM;
+  if (!(*out = ds_malloc_aligned(nbytes ? nbytes : 1, "aligned copy of a 16-bit tensor"))) return DS_ERR_NOMEM;
   m->owned[m->n_owned++] = *out;
   return DS_OK;
 }
@@ -269,11 +269,12 @@ static ds_status map16(ds_target *m, const char *name, int64_t rows, int64_t col
   return DS_OK;
 }
 
-/* A GGUF tensor kept in its quantized type as the HF tensor `name` [rows, cols]: used where it
- * lies in the target's own mapping of the file; llama's interleaved q / k rows are copied back
- * to HF order (whole rows of blocks: in head h, file row 2i + j is HF row j * hd / 2 + i). */
+/* A GGUF tensor kept in its quantized type as the HF tensor `name` [rows, cols], used where it
+ * lies in the target's own mapping of the file. llama's q / k rows stay in the file's interleaved
+ * order: *pair_heads gets their heads (0 for any other tensor), and the forward reorders the
+ * product's columns (a copy of the rows in HF order would be held beside their packed copy). */
 static ds_status map_quant(ds_target *m, const ds_model_source *src, const char *name, int64_t rows, int64_t cols,
-                           ds_weight *out) {
+                           ds_weight *out, int64_t *pair_heads) {
   const ds_gguf_tensor *st;
   int qk;
   ds_dtype dt = stored_quant(src, name, &st, &qk);
@@ -289,18 +290,11 @@ static ds_status map_quant(ds_target *m, const ds_model_source *src, const char 
   if (bad >= 0)
     return DS_FAIL(DS_ERR_NUMERIC, "%s: tensor '%s' (%s): a scale of row %lld is not finite (NaN or infinity)", m->dir,
                    t->name, ds_dtype_name(dt), (long long)bad);
+  if (qk && (!pair_heads || rows % qk || (rows / qk) % 2))
+    return DS_FAIL(DS_ERR_FORMAT, "%s: tensor '%s': %lld rows are not %d heads of an even size", m->dir, t->name,
+                   (long long)rows, qk);
+  if (pair_heads) *pair_heads = qk;
   const void *data = t->data;
-  if (qk) {
-    unsigned char *copy = NULL;
-    DS_TRY(own(m, t->nbytes, (void **)&copy));
-    int64_t hd = rows / qk, half = hd / 2;
-    for (int64_t h = 0; h < qk; h++)
-      for (int64_t i = 0; i < half; i++)
-        for (int j = 0; j < 2; j++)
-          memcpy(copy + (size_t)(h * hd + j * half + i) * rb, (const unsigned char *)t->data + (size_t)(h * hd + 2 * i + j) * rb, rb);
-    data = copy;
-    ds_release_mapped_pages(t->data, t->nbytes); /* read once: the copy is the weight */
-  }
   *out = (ds_weight){data, dt};
   if (m->be == ds_backend_cpu()) ds_prepare_quant_weight(*out, rows, cols); /* its repacked copy, the pages dropped */
   m->mapped_bytes += t->nbytes;
@@ -319,7 +313,7 @@ static ds_status load_linear(ds_target *m, const ds_model_source *src, int64_t l
   for (int i = 0; i < n; i++) {
     snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)layer, suffixes[i]);
     if (t->mapped) {
-      if (t->mapped == 2) DS_TRY(map_quant(m, src, name, rows[i], cols, &t->seg[i]));
+      if (t->mapped == 2) DS_TRY(map_quant(m, src, name, rows[i], cols, &t->seg[i], &t->seg_pair_heads[i]));
       else DS_TRY(map16(m, name, rows[i], cols, &t->seg[i]));
       t->seg_rows[i] = rows[i];
     } else {
@@ -337,11 +331,11 @@ static ds_status load_weights(ds_target *m, const ds_model_source *src) {
   int64_t d = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
   char name[256];
   if (m->embed.dtype == DS_F32) DS_TRY(read2(ck, embed_source(m, ck), V, d, (float *)m->embed.data));
-  else if (ds_dtype_is_quantized(m->embed.dtype)) DS_TRY(map_quant(m, src, embed_source(m, ck), V, d, &m->embed));
+  else if (ds_dtype_is_quantized(m->embed.dtype)) DS_TRY(map_quant(m, src, embed_source(m, ck), V, d, &m->embed, NULL));
   else DS_TRY(map16(m, embed_source(m, ck), V, d, &m->embed));
   if (!m->own_head) m->lm_head = m->embed;
   else if (m->lm_head.dtype == DS_F32) DS_TRY(read2(ck, k_head_name, V, d, (float *)m->lm_head.data));
-  else if (ds_dtype_is_quantized(m->lm_head.dtype)) DS_TRY(map_quant(m, src, k_head_name, V, d, &m->lm_head));
+  else if (ds_dtype_is_quantized(m->lm_head.dtype)) DS_TRY(map_quant(m, src, k_head_name, V, d, &m->lm_head, NULL));
   else DS_TRY(map16(m, k_head_name, V, d, &m->lm_head));
   DS_TRY(read1(ck, "model.norm.weight", d, m->norm));
   int64_t qkv_rows[3] = {m->q_dim, m->kv_dim, m->kv_dim}, d_rows[1] = {d}, gu_rows[2] = {I, I};
@@ -570,6 +564,10 @@ ds_status ds_target_load_source(ds_model_source *src, const ds_backend *backend,
                                                                                    : DS_WEIGHTS_AS_STORED;
   if (st == DS_OK && m->be->device_memory) st = upload_weights(m);
   if (st != DS_OK) goto fail;
+  /* the metadata (a tokenizer's megabytes among it) was read: its pages need not stay resident
+   * beside the weights, twice (the model source's mapping and this one) */
+  ds_gguf_release_header(m->gguf);
+  ds_gguf_model_release_header(ds_model_source_gguf(src));
   *out = m;
   return DS_OK;
 fail:

@@ -11,7 +11,9 @@ bit, what it gives with the directory `dspark convert --dtype f32` writes from t
   a .gguf gives are the files convert writes), a few `train` steps online (the same losses and
   checkpoint; run.json names the .gguf as given), `train --cache` from the directory's cache with
   `--target FILE.gguf` (accepted: the hashes agree), `distill --teacher / --student FILE.gguf`,
-  `speculate` with the trained draft, `regenerate` on 2 conversations, `info --tensors`;
+  `speculate` with the trained draft, `regenerate` on 2 conversations, `info --tensors`; and each
+  file's quantized matrices used in place (`--weights as-stored`) against fp32 in the prefill
+  regime, equal up to summation order (llama's q / k rows used in the file's order);
 - refusals: an output over the .gguf (a file output, and a directory output holding it), a
   regular file that is not a GGUF (named as such), a GGUF of another architecture or tokenizer
   model (named by key, as convert names it);
@@ -33,6 +35,7 @@ import test_gguf_convert as conv  # noqa: E402
 import numpy as np  # noqa: E402
 import gguf  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
+from safetensors.numpy import load_file  # noqa: E402
 
 # The commands whose default (--weights as-stored) runs a GGUF's quantized matrices in place
 # (test_quant_target and test_weights_capture_distill check those); here they run with
@@ -261,6 +264,29 @@ def refusals(args, ck, tmp, g, d):
     print("refusals: outputs over the .gguf, a text file, another architecture / tokenizer model")
 
 
+def in_place_prefill(args, ck, arch, model, tokens, merges, pre, tmp):
+    """The model written again with every matrix in a type used in place (Q4_0, Q8_0, Q4_1), its
+    matrices used in place against the file dequantized to fp32 at load, in the prefill regime (40
+    rows: dequantized chunks into the fp32 GEMM): equal up to summation order. On llama the q / k
+    rows stay in the file's interleaved order and the product's columns are put back, so a wrong
+    reordering shows here without the real model."""
+    g = os.path.join(tmp, f"in-place-{arch}.gguf")
+    conv.write_gguf(model, arch, tokens, merges, g, pre, [Q.Q4_0, Q.Q8_0, Q.Q4_1])
+    info = common.run([args.dspark, "info", g])[0]
+    held = info.split("used in place")[0]
+    ck.check(all(t in held for t in ("Q4_0", "Q8_0", "Q4_1")),
+             f"{arch}: the in-place file's matrices are not all held quantized:\n{info}")
+    ids = ",".join(str((5 + 37 * i) % len(tokens)) for i in range(40))
+    logits = {}
+    for w in ("as-stored", "f32"):
+        out = os.path.join(tmp, f"{arch}-in-place-{w}.safetensors")
+        common.run([args.dspark, "forward", g, "--ids", ids, "--out", out, "--weights", w, "--threads", "2"])
+        logits[w] = load_file(out)["logits.0"].astype(np.float64)
+    err = np.linalg.norm(logits["as-stored"] - logits["f32"]) / np.linalg.norm(logits["f32"])
+    ck.check(err <= 1e-4, f"{arch}: quantized matrices in place give logits {err:.2e} from the fp32 model's (<= 1e-4)")
+    return err
+
+
 def check_tiny(args, ck, tmp):
     tokens, merges = conv.train_tokenizer(tmp)
     V, eos = len(tokens), tokens.index("<|im_end|>")  # noqa: N806
@@ -292,8 +318,10 @@ def check_tiny(args, ck, tmp):
         seen, t0 = listing(src_dir), time.time()
         check_model(Pair(args, ck, arch, g, d, tmp), data, chat_data, tokens.index("<|endoftext|>"))
         ck.check(listing(src_dir) == seen, f"{arch}: files appeared beside the .gguf: {listing(src_dir)}")
+        err = in_place_prefill(args, ck, arch, model, tokens, merges, pre, tmp)
         print(f"{arch}: forward, generate, tokenize, info, capture, train (online and --cache), distill, speculate "
-              f"and regenerate agree between the .gguf and its converted directory ({time.time() - t0:.0f} s)", flush=True)
+              f"and regenerate agree between the .gguf and its converted directory ({time.time() - t0:.0f} s); "
+              f"in place {err:.1e} from fp32", flush=True)
         first = first or (g, d)
     refusals(args, ck, tmp, *first)
 

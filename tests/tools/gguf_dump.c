@@ -4,7 +4,8 @@
  * OUT.safetensors: every tensor the engine converts, dequantized to F32, shape in PyTorch's order
  * (the GGUF dimensions reversed). OUT.json: {"version", "alignment", "kv": {key: {"type",
  * "elem_type", "value"}}, "tensors": {name: {"type", "ne", "offset", "error"?}}}. Exit 1 and the
- * engine's message when the file is refused. */
+ * engine's message when the file is refused. The header's pages are released (ds_gguf_release_header)
+ * before anything is read: what the handle gives must stay valid. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +52,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "gguf_dump: %s\n", ds_last_error());
     return 1;
   }
+  /* as the target's loader does once it has read the metadata: everything below reads the header
+   * again through the handle, from pages faulted back in */
+  ds_gguf_release_header(g);
   cJSON *root = cJSON_CreateObject(), *kvs = cJSON_AddObjectToObject(root, "kv"),
         *tens = cJSON_AddObjectToObject(root, "tensors");
   cJSON_AddNumberToObject(root, "version", ds_gguf_version(g));
