@@ -6,7 +6,8 @@
 #   2. `dspark regenerate` has the target answer the training prompts (greedy, batched): its
 #      drafts learn what it says;
 #   3. `dspark capture` runs the target once over those conversations into a feature cache;
-#   4. `dspark train --cache` trains a DSpark draft (vanilla Markov head, CE + L1 + confidence) and
+#   4. `dspark train --cache` trains a DSpark draft (vanilla Markov head of rank 256, the method's
+#      default; CE + L1 + confidence) and
 #      a DFlash-style draft (rank 0, CE only) for the same steps on the same data;
 #   5. `dspark profile` and `dspark calibrate` measure this machine's verification costs and fit
 #      the DSpark draft's confidence for the prefix scheduler;
@@ -79,7 +80,7 @@ train_draft() { # NAME extra options...
         --save-every "$dsteps" --lr "$draft_lr" --warmup "$draft_warmup" --seed 1 "$@"
   fi
 }
-train_draft dspark --markov vanilla --markov-rank 64
+train_draft dspark --markov vanilla --markov-rank 256
 train_draft dflash --markov none --ce-only
 
 stamp "profiling this machine's verification cost and calibrating the DSpark draft's confidence"
