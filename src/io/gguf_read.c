@@ -159,10 +159,10 @@ static ds_status parse_kvs(ds_gguf *g, cursor *c, size_t *n_strs, int fill, size
       char *k = g->names + *names_at;
       memcpy(k, key.p, (size_t)key.len);
       k[key.len] = 0;
-      *names_at += (size_t)key.len + 1;
       kv.key = k;
       g->kvs[i] = kv;
     }
+    *names_at += (size_t)key.len + 1; /* the first pass counts the names' bytes */
   }
   *n_strs = s_at;
   return DS_OK;
@@ -201,6 +201,27 @@ static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 static int by_offset(const void *a, const void *b) {
   const ds_gguf_tensor *x = *(const ds_gguf_tensor *const *)a, *y = *(const ds_gguf_tensor *const *)b;
   return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* The bytes of the tensor names' NUL-terminated copies, read ahead of parse_tensors so that the
+ * names buffer is sized to them, not to the file. It stops where the tensor infos stop making
+ * sense: parse_tensors fails there too, having copied no more names than were counted. */
+static size_t tensor_name_bytes(const ds_gguf *g, cursor c) {
+  size_t bytes = 0;
+  for (uint64_t i = 0; i < g->n_tensors; i++) {
+    ds_gguf_str name;
+    uint32_t nd, type;
+    uint64_t v;
+    if (take_str(&c, &name, "the name", "a tensor info") != DS_OK) break;
+    bytes += (size_t)name.len + 1;
+    if (take_u32(&c, &nd, "the dimension count", "a tensor info") != DS_OK || nd < 1 || nd > GGUF_MAX_DIMS) break;
+    int ok = 1;
+    for (uint32_t d = 0; d < nd && ok; d++) ok = take_u64(&c, &v, "a dimension", "a tensor info") == DS_OK;
+    if (!ok || take_u32(&c, &type, "the type", "a tensor info") != DS_OK ||
+        take_u64(&c, &v, "the offset", "a tensor info") != DS_OK)
+      break;
+  }
+  return bytes;
 }
 
 static ds_status parse_tensors(ds_gguf *g, cursor *c, size_t *names_at) {
@@ -311,13 +332,15 @@ static ds_status parse(ds_gguf *g) {
                    g->label, (unsigned long long)g->n_kv, (unsigned long long)g->n_tensors, left(&c));
   size_t kv_start = c.at, n_strs = 0, names_at = 0;
   DS_TRY(parse_kvs(g, &c, &n_strs, 0, &names_at)); /* counts and checks */
-  /* names: every key and tensor name, each no longer than the bytes that held it */
+  /* names: every key and tensor name, NUL-terminated, in one buffer */
+  size_t name_bytes = names_at + tensor_name_bytes(g, c);
   g->kvs = calloc((size_t)g->n_kv + 1, sizeof *g->kvs);
   g->strs = calloc(n_strs + 1, sizeof *g->strs);
   g->tensors = calloc((size_t)g->n_tensors + 1, sizeof *g->tensors);
-  g->names = malloc(g->size + 1);
+  g->names = malloc(name_bytes + 1);
   if (!g->kvs || !g->strs || !g->tensors || !g->names) return DS_FAIL(DS_ERR_NOMEM, "%s: GGUF tables", g->label);
   c.at = kv_start;
+  names_at = 0;
   DS_TRY(parse_kvs(g, &c, &n_strs, 1, &names_at));
   g->alignment = GGUF_DEFAULT_ALIGNMENT;
   const ds_gguf_kv *al = ds_gguf_find_kv(g, "general.alignment");
