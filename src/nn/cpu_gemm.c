@@ -10,6 +10,7 @@
  *   none      the loops below (sanitizer builds, portability).
  * ds_gemm_warning says when a slow path runs on a CPU that has a faster one. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dspark/backend.h"
@@ -70,6 +71,110 @@ static void onednn_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const 
   dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, A, lda, B, ldb, beta, C, ldc);
   DS_CHECK(st == dnnl_success);
 }
+
+/* oneDNN 2.6's AVX2 no-copy kernels read an operand whose k runs down its rows (A transposed, B
+ * not) in place, a row at a time: at a row stride that is a multiple of 512 bytes (d = 512, 1024,
+ * 3072...) those rows fall on a few cache sets and the product runs at 60-75% of its speed at
+ * another stride (the draft's [128, 32000] @ lm_head [32000, 512]: 115-123 GFLOP/s, 150-186 with
+ * the rows 528 floats apart; AMD EPYC Zen 3, 2 threads). Its AVX-512 path detects such strides
+ * and packs instead; here the copy is ours: each such operand is copied a k-slice at a time into
+ * rows 16 floats longer, and the product accumulates slice after slice. Products oneDNN packs
+ * anyway are left alone (copying cost them 5-20%). DSPARK_GEMM_PAD=0 turns it off. */
+enum { PAD_LD_MULT = 128, PAD_EXTRA = 16, PAD_SLICE_FLOATS = 1 << 18, PAD_MIN_K = 128, PAD_MAX_WIDTH = 8192 };
+static const int64_t PAD_MIN_MACS = (int64_t)1 << 22;
+
+static int pad_enabled(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("DSPARK_GEMM_PAD");
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    on = !(e && !strcmp(e, "0")) && (isa & dnnl_cpu_isa_avx512_core) != dnnl_cpu_isa_avx512_core;
+  }
+  return on;
+}
+
+static int bad_ld(int64_t ld) { return ld % PAD_LD_MULT == 0; }
+
+static long g_padded_count;
+long ds_cpu_sgemm_padded_count(void) { return __atomic_load_n(&g_padded_count, __ATOMIC_RELAXED); }
+
+/* Whether oneDNN 2.6 runs a product on its AVX2 no-copy kernels: its gemm_driver's rule, in its
+ * column-major terms (our C^T = op(B)^T op(A)^T: its m is our n, its n our m, its transb our ta). */
+static int onednn_avx2_nocopy(int nthr, int ta, int64_t m, int64_t n, int64_t k) {
+  int64_t cm = n, cn = m;
+  if (1.0 / (double)cm + 1.0 / (double)cn >= 0.0038) return 1;
+  if (cm <= 378 && cn <= 378 && k >= nthr * 378) return 0;
+  if (cm >= nthr * 378 && k >= nthr * 378) return 0;
+  if (cm <= 128 && cn <= 128) return 1;
+  if (!ta) return cn <= nthr * 16 || k <= nthr * 2 || (cm <= 64 && cn >= nthr * 16);
+  return cn <= nthr || k <= nthr;
+}
+
+/* rows x cols of X (stride ldx) to Y (stride ldy) */
+static void copy_rows(float *Y, int64_t ldy, const float *X, int64_t ldx, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; i++) memcpy(Y + i * ldy, X + i * ldx, (size_t)cols * sizeof(float));
+}
+
+/* One thread's product, A (pa: transposed, [k, m]) and B (pb: not, [k, n]) copied kc rows at a
+ * time into rows 16 floats longer. */
+static void padded_sgemm_1(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
+                           int64_t ldb, float beta, float *C, int64_t ldc, int pa, int pb) {
+  int64_t pla = m + PAD_EXTRA, plb = n + PAD_EXTRA;
+  int64_t kb = PAD_SLICE_FLOATS / ((pa ? pla : 0) + (pb ? plb : 0)); /* both slices about 1 MiB */
+  kb = kb < PAD_MIN_K ? PAD_MIN_K : kb > k ? k : kb;
+  float *sa = pa ? ds_malloc_aligned((size_t)(kb * pla) * sizeof(float), "a GEMM operand's padded rows") : NULL;
+  float *sb = pb ? ds_malloc_aligned((size_t)(kb * plb) * sizeof(float), "a GEMM operand's padded rows") : NULL;
+  DS_CHECK((!pa || sa) && (!pb || sb));
+  for (int64_t k0 = 0; k0 < k; k0 += kb) {
+    int64_t kc = k - k0 < kb ? k - k0 : kb;
+    const float *Ak = ta ? A + k0 * lda : A + k0, *Bk = tb ? B + k0 : B + k0 * ldb;
+    int64_t la = lda, lb = ldb;
+    if (pa) copy_rows(sa, pla, Ak, lda, kc, m), Ak = sa, la = pla;
+    if (pb) copy_rows(sb, plb, Bk, ldb, kc, n), Bk = sb, lb = plb;
+    onednn_sgemm(ta, tb, m, n, kc, Ak, la, Bk, lb, k0 ? 1.0f : beta, C, ldc);
+  }
+  ds_free_aligned(sa);
+  ds_free_aligned(sb);
+}
+
+/* The product with its bad-stride operands copied, split across the threads by C's columns (by
+ * its rows when only A is copied, so that each thread copies its own part); 0 when it is not a
+ * case for it. */
+static int padded_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
+                        int64_t ldb, float beta, float *C, int64_t ldc) {
+  if (!pad_enabled() || m * n * k < PAD_MIN_MACS) return 0;
+  /* not a vocabulary-wide operand ([128, 32000]^T: nothing gained, 16 MiB copied a call) */
+  int pa = ta && bad_ld(lda) && m <= PAD_MAX_WIDTH, pb = !tb && bad_ld(ldb) && n <= PAD_MAX_WIDTH;
+  if (!pa && !pb) return 0;
+  int nt = 1;
+#ifdef DSPARK_USE_OPENMP
+  nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+#endif
+  if (!onednn_avx2_nocopy(nt, ta, m, n, k)) return 0;
+  __atomic_fetch_add(&g_padded_count, 1, __ATOMIC_RELAXED);
+  int by_rows = pa && !pb && m >= 16 * nt;
+  if (nt > 1 && !by_rows && n < 64 * nt) nt = 1;
+  if (nt == 1) {
+    padded_sgemm_1(ta, tb, m, n, k, A, lda, B, ldb, beta, C, ldc, pa, pb);
+    return 1;
+  }
+#ifdef DSPARK_USE_OPENMP
+#pragma omp parallel num_threads(nt)
+  {
+    int t = omp_get_thread_num();
+    if (by_rows) {
+      int64_t i0 = m * t / nt / 8 * 8, i1 = t + 1 == nt ? m : m * (t + 1) / nt / 8 * 8;
+      padded_sgemm_1(ta, tb, i1 - i0, n, k, A + i0, lda, B, ldb, beta, C + i0 * ldc, ldc, pa, pb);
+    } else {
+      int64_t j0 = n * t / nt / 16 * 16, j1 = t + 1 == nt ? n : n * (t + 1) / nt / 16 * 16;
+      padded_sgemm_1(ta, tb, m, j1 - j0, k, A, lda, tb ? B + j0 * ldb : B + j0, ldb, beta, C + j0, ldc, pa, pb);
+    }
+  }
+#endif
+  return 1;
+}
+#else
+long ds_cpu_sgemm_padded_count(void) { return 0; }
 #endif
 
 /* C[m, n] = op(A)[m, k] @ op(B)[k, n] + beta * C (contract in cpu_kernels.h). */
@@ -86,6 +191,7 @@ void ds_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *
     ds_mkl_sgemm(ta, tb, m, n, k, A, lda, B, ldb, beta, C, ldc);
     return;
   }
+  if (padded_sgemm(ta, tb, m, n, k, A, lda, B, ldb, beta, C, ldc)) return;
 #ifdef DSPARK_USE_OPENMP
   int nt = omp_get_max_threads();
   if (tb && m >= SPLIT_MIN_ROWS && nt > 1 && n >= SPLIT_MIN_COLS * nt && !omp_in_parallel()) {

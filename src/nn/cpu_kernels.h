@@ -27,6 +27,10 @@
 void ds_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
                   int64_t ldb, float beta, float *C, int64_t ldc);
 
+/* Products ds_cpu_sgemm ran with operands copied to rows of another stride (the oneDNN build on a
+ * CPU without AVX-512, nn/cpu_gemm.c): for the tests. */
+long ds_cpu_sgemm_padded_count(void);
+
 /* Threads the kernels' OpenMP regions use (1 without OpenMP). */
 int ds_cpu_threads(void);
 

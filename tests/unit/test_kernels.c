@@ -7,6 +7,7 @@
 #include "dspark/backend.h"
 #include "dspark/dtype.h"
 #include "dspark/rng.h"
+#include "nn/cpu_kernels.h"
 #include "test_util.h"
 
 static ds_rng g_rng;
@@ -199,9 +200,55 @@ static void test_sgemm_split(void) {
   ds_set_num_threads(threads);
 }
 
+/* Products whose operand with k down its rows has a row stride of a multiple of 512 bytes, which
+ * the oneDNN build copies to rows of another stride on a CPU without AVX-512 (nn/cpu_gemm.c:
+ * here, or under unit.test_kernels_avx2): B [k, n] split by columns, A^T and B both, A^T alone
+ * split by rows, and one left on a thread count of its own (n < 128); k-slices with a tail. Each
+ * against a double reference within the first-order bound of a k-term fp32 sum, C's padding
+ * between rows never written; and the copying route counted where oneDNN runs AVX2. */
+static void test_sgemm_bad_stride(void) {
+  /* ta, tb, m, n, k, lda, ldb */
+  int64_t cases[][7] = {{0, 0, 128, 512, 1100, 1100, 512},
+                        {1, 0, 512, 512, 448, 512, 512},
+                        {1, 1, 384, 200, 300, 384, 300},
+                        {0, 0, 256, 100, 2000, 2000, 128}};
+  int threads = ds_get_num_threads();
+  ds_set_num_threads(2);
+  long before = ds_cpu_sgemm_padded_count();
+  for (int c = 0; c < 4; c++)
+    for (int bi = 0; bi < 2; bi++) {
+      int ta = (int)cases[c][0], tb = (int)cases[c][1];
+      int64_t m = cases[c][2], n = cases[c][3], k = cases[c][4], lda = cases[c][5], ldb = cases[c][6], ldc = n + 5;
+      float beta = (float)bi;
+      float *A = rand_buf((size_t)((ta ? k : m) * lda), 1), *B = rand_buf((size_t)((tb ? n : k) * ldb), 1);
+      float *C = rand_buf((size_t)(m * ldc), 1), *C0 = malloc(sizeof(float) * (size_t)(m * ldc));
+      memcpy(C0, C, sizeof(float) * (size_t)(m * ldc));
+      ds_gemm_f32(ta, tb, m, n, k, A, lda, B, ldb, beta, C, ldc);
+      int bad = 0;
+      for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+          double ref = beta * (double)C0[i * ldc + j], mag = fabs(ref);
+          for (int64_t p = 0; p < k; p++) {
+            double t = (double)(ta ? A[p * lda + i] : A[i * lda + p]) * (tb ? B[j * ldb + p] : B[p * ldb + j]);
+            ref += t, mag += fabs(t);
+          }
+          bad += fabs(C[i * ldc + j] - ref) > (double)(k + 2) * 0x1p-24 * mag;
+        }
+      for (int64_t i = 0; i < m; i++)
+        for (int64_t j = n; j < ldc; j++) bad += C[i * ldc + j] != C0[i * ldc + j];
+      EXPECT(bad == 0);
+      free(A), free(B), free(C), free(C0);
+    }
+  long taken = ds_cpu_sgemm_padded_count() - before;
+  const char *gemm = ds_gemm_name();
+  if (strstr(gemm, "oneDNN") && strstr(gemm, " avx2") && !getenv("DSPARK_GEMM_PAD")) EXPECT(taken == 8);
+  ds_set_num_threads(threads);
+}
+
 int main(void) {
   ds_rng_seed(&g_rng, 42);
   TEST_RUN(test_sgemm_split);
+  TEST_RUN(test_sgemm_bad_stride);
   TEST_RUN(test_linear);
   TEST_RUN(test_rmsnorm);
   TEST_RUN(test_rope);
