@@ -55,6 +55,11 @@ static const shape k_train[] = {
     {"draft dX    448x512x1536 (dy@W)", 448, 512, 1536, 0, 0},
     {"draft dW    1536x512x448 (dy^T@x)", 1536, 512, 448, 0, 1},
     {"draft head  128x32000x512", 128, 32000, 512, 1, 0},
+    /* backward products whose k runs down a row stride of 512 floats (nn/cpu_gemm.c: copied on
+     * AVX2; compare DSPARK_GEMM_PAD=0) */
+    {"draft dh    128x512x32000 (dlogits@lm_head)", 128, 512, 32000, 0, 0},
+    {"draft dX    448x512x3072 (dy@W_down)", 448, 512, 3072, 0, 0},
+    {"draft dW    512x512x448 (dy^T@x)", 512, 512, 448, 0, 1},
 };
 
 static double now(void) {
