@@ -80,7 +80,7 @@ static void onednn_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const 
  * and packs instead; here the copy is ours: each such operand is copied a k-slice at a time into
  * rows 16 floats longer, and the product accumulates slice after slice. Products oneDNN packs
  * anyway are left alone (copying cost them 5-20%). DSPARK_GEMM_PAD=0 turns it off. */
-enum { PAD_LD_MULT = 128, PAD_EXTRA = 16, PAD_SLICE_FLOATS = 1 << 18, PAD_MIN_K = 128, PAD_MAX_WIDTH = 8192 };
+enum { PAD_LD_MULT = 128, PAD_EXTRA = 16, PAD_SLICE_FLOATS = 1 << 18, PAD_MIN_K = 128, PAD_MAX_WIDTH = 4096 };
 static const int64_t PAD_MIN_MACS = (int64_t)1 << 22;
 
 static int pad_enabled(void) {
@@ -143,7 +143,8 @@ static void padded_sgemm_1(int ta, int tb, int64_t m, int64_t n, int64_t k, cons
 static int padded_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, const float *B,
                         int64_t ldb, float beta, float *C, int64_t ldc) {
   if (!pad_enabled() || m * n * k < PAD_MIN_MACS) return 0;
-  /* not a vocabulary-wide operand ([128, 32000]^T: nothing gained, 16 MiB copied a call) */
+  /* not a vocabulary-wide operand ([128, 32000]^T: nothing gained, 16 MiB copied a call; [128, 8192]^T
+   * 2-3% slower) */
   int pa = ta && bad_ld(lda) && m <= PAD_MAX_WIDTH, pb = !tb && bad_ld(ldb) && n <= PAD_MAX_WIDTH;
   if (!pa && !pb) return 0;
   int nt = 1;
