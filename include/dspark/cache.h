@@ -119,6 +119,10 @@ typedef struct {
   "xxh64 (seed 0) of manifest.json's bytes with this field's 16 hex digits replaced by '0'; written first"
 
 void ds_cache_manifest_free(ds_cache_manifest *m);
+/* Writes a manifest text's own checksum into its leading "manifest_xxh64" field (the 16 hex
+ * digits, in place); 0 when the text does not start with that field. The writer's last step,
+ * and the fuzzer's way past the checksum. */
+int ds_cache_manifest_seal(char *text, size_t len);
 /* Deterministic JSON text (malloc'd). */
 char *ds_cache_manifest_json(const ds_cache_manifest *m);
 /* Strict: every field present with its type and a valid value, no unknown field, shards

@@ -501,7 +501,7 @@ typedef struct {
 static ds_status capture_shards_ranks(capture *c, int64_t first_shard) {
   ds_comm *comm = c->o->comm;
   int rank = ds_comm_rank(comm), world = ds_comm_size(comm);
-  double t0 = ds_time_sec(), tokens = 0, all_tokens = 0;
+  double t0 = ds_time_sec(), all_tokens = 0;
   for (int64_t round = first_shard; round < c->n_shards_total; round += world) {
     shard_note note = {-1, 0, 0, 0};
     int64_t k = round + rank;
@@ -513,7 +513,6 @@ static ds_status capture_shards_ranks(capture *c, int64_t first_shard) {
         DS_TRY(run_sample(c, i));
         DS_TRY(ds_shard_store(&c->buf[0], &c->m, j, c->data.lengths[i], c->data.ids + i * c->S,
                               c->data.loss_mask + i * c->S, c->ctx, c->last, c->kd_ids, c->kd_lp));
-        tokens += (double)c->data.lengths[i];
       }
       char name[32];
       ds_cache_shard_name(k, name, sizeof name);

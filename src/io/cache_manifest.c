@@ -145,12 +145,17 @@ char *ds_cache_manifest_json(const ds_cache_manifest *m) {
   if (!out) { free(text); return NULL; }
   out[n] = '\n';
   out[n + 1] = 0;
-  char *digits = (char *)self_hash_digits(out, n + 1);
-  if (!digits) { free(out); return NULL; }
-  char hex[17];
-  ds_cache_hex(self_hash(out, n + 1, digits), hex);
-  memcpy(digits, hex, 16);
+  if (!ds_cache_manifest_seal(out, n + 1)) { free(out); return NULL; }
   return out;
+}
+
+int ds_cache_manifest_seal(char *text, size_t len) {
+  char *digits = (char *)self_hash_digits(text, len);
+  if (!digits) return 0;
+  char hex[17];
+  ds_cache_hex(self_hash(text, len, digits), hex);
+  memcpy(digits, hex, 16);
+  return 1;
 }
 
 /* ---------------------------------------------------------------- parsing */
