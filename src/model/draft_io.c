@@ -263,13 +263,17 @@ static void copy_released(void *dst, const void *src, size_t n) {
 }
 
 /* A frozen table used in place in the checkpoint's file mapping, as the target's weights are,
- * when it is stored in the draft's dtype for it and 16-byte aligned: the draft holds the file
- * (ds_st_retain_mapped) and only the rows it reads become resident (decoding reads two rows of
- * the 113 MB embedding of a 49k vocabulary a round). Returns 0 where it must be copied. */
+ * when it is stored in the draft's dtype for it and aligned for that dtype: the draft holds the
+ * file (ds_st_retain_mapped) and only the rows it reads become resident (decoding reads two rows
+ * of the 113 MB embedding of a 49k vocabulary a round). No kernel needs more than the element's
+ * alignment (every vector load is unaligned); 16 bytes, once required here, held or not by the
+ * length of the file's header (a checkpoint's tables lie 8 or 16 bytes past a multiple of 16
+ * by chance: SmolLM2's rank-256 draft copied them, 159 MB more resident). Returns 0 where it
+ * must be copied. */
 static int table_in_place(ds_draft *d, size_t i, const ds_tensor_view *v, const ds_safetensors *st) {
   ds_draft_tensor *t = &d->tensors[i];
   tensor_spec *s = &d->specs[i];
-  if (!s->table || v->dtype != t->dtype || ((uintptr_t)v->data & 15)) return 0;
+  if (!s->table || v->dtype != t->dtype || (uintptr_t)v->data % ds_dtype_size(v->dtype)) return 0;
   if (!d->tables_file && !(d->tables_file = ds_st_retain_mapped(st))) return 0;
   if (d->tables_file != st) return 0; /* both tables from the one file the draft holds */
   t->data = (void *)v->data; /* never written: the frozen tables are read only */

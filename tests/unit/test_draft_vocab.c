@@ -4,6 +4,8 @@
  * gradient against central finite differences, the d2t / t2d tensors through an export and a
  * load (and the identity that tells S apart), and the refusals. */
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -294,6 +296,34 @@ static void test_grads_fd(void) {
   }
 }
 
+/* Rewrites DIR/model.safetensors with `extra` spaces ending its header's JSON (the length field
+ * updated), so every tensor lies `extra` bytes further into the file; 1 on success. */
+static int widen_header(const char *dir, size_t extra) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  FILE *f = fopen(path, "rb");
+  if (!f) return 0;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  rewind(f);
+  unsigned char *b = malloc((size_t)n + extra);
+  int ok = b && n > 8 && fread(b, 1, (size_t)n, f) == (size_t)n;
+  fclose(f);
+  uint64_t hl = 0;
+  for (int i = 0; ok && i < 8; i++) hl |= (uint64_t)b[i] << (8 * i);
+  ok = ok && hl + 8 <= (uint64_t)n;
+  if (ok) {
+    memmove(b + 8 + hl + extra, b + 8 + hl, (size_t)n - 8 - hl);
+    memset(b + 8 + hl, ' ', extra);
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)((hl + extra) >> (8 * i));
+    f = fopen(path, "wb");
+    ok = f && fwrite(b, 1, (size_t)n + extra, f) == (size_t)n + extra;
+    if (f) ok = fclose(f) == 0 && ok;
+  }
+  free(b);
+  return ok;
+}
+
 /* Export and load: config.json's draft_vocab_size, d2t (offsets) and t2d, the same logits and
  * identity; another S is another draft. */
 static void test_export_load(void) {
@@ -346,6 +376,20 @@ static void test_export_load(void) {
            e->lm_head.data != (char *)e->frozen + e->specs[1].offset);
     EXPECT(!memcmp(e->embed.data, d->embed.data, sizeof(float) * V * DM) &&
            !memcmp(e->lm_head.data, d->lm_head.data, sizeof(float) * N * DM));
+    /* ... wherever the file puts them: the same file with its header 8 bytes longer (valid
+     * safetensors: the header's JSON may end in spaces) moves the tables 8 bytes, so one of the
+     * two loads finds them at an address of 8 mod 16; both must read them in place */
+    ds_draft *e8 = NULL;
+    EXPECT(widen_header(out, 8));
+    EXPECT_OK(ds_draft_load_hf(out, ds_backend_cpu(), &e8));
+    if (e8) {
+      EXPECT(e8->tables_file && e8->embed.data != (char *)e8->frozen + e8->specs[0].offset &&
+             e8->lm_head.data != (char *)e8->frozen + e8->specs[1].offset);
+      EXPECT(((uintptr_t)e8->embed.data - (uintptr_t)e->embed.data) % 16 == 8);
+      EXPECT(!memcmp(e8->embed.data, d->embed.data, sizeof(float) * V * DM) &&
+             !memcmp(e8->lm_head.data, d->lm_head.data, sizeof(float) * N * DM));
+      ds_draft_free(e8);
+    }
     uint64_t id = ds_draft_identity(e);
     e->vocab_ids[3] = 8; /* another S (same weights): another draft */
     EXPECT(ds_draft_identity(e) != id);
