@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "dspark/draft.h"
+#include "dspark/fileio.h"
 #include "dspark/draft_loss.h"
 #include "dspark/draft_trainer.h"
 #include "dspark/rng.h"
@@ -301,31 +302,25 @@ static void test_grads_fd(void) {
 static int widen_header(const char *dir, size_t extra) {
   char path[600];
   snprintf(path, sizeof path, "%s/model.safetensors", dir);
-  FILE *f = fopen(path, "rb");
-  if (!f) return 0;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  rewind(f);
-  unsigned char *b = malloc((size_t)n + extra);
-  int ok = b && n > 8 && fread(b, 1, (size_t)n, f) == (size_t)n;
-  fclose(f);
+  char *b = NULL;
+  size_t n = 0;
+  if (ds_read_file(path, &b, &n) != DS_OK) return 0;
   uint64_t hl = 0;
-  for (int i = 0; ok && i < 8; i++) hl |= (uint64_t)b[i] << (8 * i);
-  ok = ok && hl + 8 <= (uint64_t)n;
+  for (int i = 0; n > 8 && i < 8; i++) hl |= (uint64_t)(unsigned char)b[i] << (8 * i);
+  char *w = n > 8 && hl + 8 <= n ? malloc(n + extra) : NULL;
+  int ok = w != NULL;
   if (ok) {
-    memmove(b + 8 + hl + extra, b + 8 + hl, (size_t)n - 8 - hl);
-    memset(b + 8 + hl, ' ', extra);
-    for (int i = 0; i < 8; i++) b[i] = (unsigned char)((hl + extra) >> (8 * i));
-    f = fopen(path, "wb");
-    ok = f && fwrite(b, 1, (size_t)n + extra, f) == (size_t)n + extra;
-    if (f) ok = fclose(f) == 0 && ok;
+    memcpy(w, b, 8 + hl);
+    memset(w + 8 + hl, ' ', extra);
+    memcpy(w + 8 + hl + extra, b + 8 + hl, n - 8 - hl);
+    for (int i = 0; i < 8; i++) w[i] = (char)(unsigned char)((hl + extra) >> (8 * i));
+    ok = ds_write_file_atomic(path, w, n + extra) == DS_OK;
   }
+  free(w);
   free(b);
   return ok;
 }
 
-/* Export and load: config.json's draft_vocab_size, d2t (offsets) and t2d, the same logits and
- * identity; another S is another draft. */
 static void test_export_load(void) {
   ds_rng rng;
   ds_rng_seed(&rng, 71);

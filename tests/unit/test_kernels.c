@@ -163,6 +163,32 @@ static void test_swiglu_add(void) {
   free(gu);
 }
 
+/* ds_gemm_f32 on random operands of the given strides (C's rows n + pad_c apart), against a
+ * double reference: the entries outside the first-order bound of a k-term fp32 sum, plus those of
+ * C's padding between rows that were written. */
+static int gemm_mismatches(int ta, int tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t pad_c,
+                           float beta) {
+  int64_t ldc = n + pad_c;
+  float *A = rand_buf((size_t)((ta ? k : m) * lda), 1), *B = rand_buf((size_t)((tb ? n : k) * ldb), 1);
+  float *C = rand_buf((size_t)(m * ldc), 1), *C0 = malloc(sizeof(float) * (size_t)(m * ldc));
+  memcpy(C0, C, sizeof(float) * (size_t)(m * ldc));
+  ds_gemm_f32(ta, tb, m, n, k, A, lda, B, ldb, beta, C, ldc);
+  int bad = 0;
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < n; j++) {
+      double ref = beta * (double)C0[i * ldc + j], mag = fabs(ref);
+      for (int64_t p = 0; p < k; p++) {
+        double t = (double)(ta ? A[p * lda + i] : A[i * lda + p]) * (tb ? B[j * ldb + p] : B[p * ldb + j]);
+        ref += t, mag += fabs(t);
+      }
+      bad += fabs(C[i * ldc + j] - ref) > (double)(k + 2) * 0x1p-24 * mag;
+    }
+  for (int64_t i = 0; i < m; i++) /* the padding between rows of C is never written */
+    for (int64_t j = n; j < ldc; j++) bad += C[i * ldc + j] != C0[i * ldc + j];
+  free(A), free(B), free(C), free(C0);
+  return bad;
+}
+
 /* The fp32 GEMM with padded strides and beta 0 / 1, on 2 threads, at shapes its column split
  * takes (B transposed, 16+ rows, 96+ columns a thread: tails of the split included) and that
  * it leaves whole, against a double reference: each entry within the first-order bound of a
@@ -176,26 +202,7 @@ static void test_sgemm_split(void) {
       for (int tb = 0; tb < 2; tb++)
         for (int bi = 0; bi < 2; bi++) {
           int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], pad = 3;
-          int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
-          float beta = (float)bi;
-          float *A = rand_buf((size_t)((ta ? k : m) * lda), 1), *B = rand_buf((size_t)((tb ? n : k) * ldb), 1);
-          float *C = rand_buf((size_t)(m * ldc), 1), *C0 = malloc(sizeof(float) * (size_t)(m * ldc));
-          memcpy(C0, C, sizeof(float) * (size_t)(m * ldc));
-          ds_gemm_f32(ta, tb, m, n, k, A, lda, B, ldb, beta, C, ldc);
-          int bad = 0;
-          for (int64_t i = 0; i < m; i++)
-            for (int64_t j = 0; j < n; j++) {
-              double ref = beta * (double)C0[i * ldc + j], mag = fabs(ref);
-              for (int64_t p = 0; p < k; p++) {
-                double t = (double)(ta ? A[p * lda + i] : A[i * lda + p]) * (tb ? B[j * ldb + p] : B[p * ldb + j]);
-                ref += t, mag += fabs(t);
-              }
-              bad += fabs(C[i * ldc + j] - ref) > (double)(k + 2) * 0x1p-24 * mag;
-            }
-          for (int64_t i = 0; i < m; i++) /* the padding between rows of C is never written */
-            for (int64_t j = n; j < ldc; j++) bad += C[i * ldc + j] != C0[i * ldc + j];
-          EXPECT(bad == 0);
-          free(A), free(B), free(C), free(C0);
+          EXPECT(gemm_mismatches(ta, tb, m, n, k, (ta ? m : k) + pad, (tb ? k : n) + pad, pad, (float)bi) == 0);
         }
   ds_set_num_threads(threads);
 }
@@ -218,26 +225,8 @@ static void test_sgemm_bad_stride(void) {
   for (int c = 0; c < 4; c++)
     for (int bi = 0; bi < 2; bi++) {
       int ta = (int)cases[c][0], tb = (int)cases[c][1];
-      int64_t m = cases[c][2], n = cases[c][3], k = cases[c][4], lda = cases[c][5], ldb = cases[c][6], ldc = n + 5;
-      float beta = (float)bi;
-      float *A = rand_buf((size_t)((ta ? k : m) * lda), 1), *B = rand_buf((size_t)((tb ? n : k) * ldb), 1);
-      float *C = rand_buf((size_t)(m * ldc), 1), *C0 = malloc(sizeof(float) * (size_t)(m * ldc));
-      memcpy(C0, C, sizeof(float) * (size_t)(m * ldc));
-      ds_gemm_f32(ta, tb, m, n, k, A, lda, B, ldb, beta, C, ldc);
-      int bad = 0;
-      for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) {
-          double ref = beta * (double)C0[i * ldc + j], mag = fabs(ref);
-          for (int64_t p = 0; p < k; p++) {
-            double t = (double)(ta ? A[p * lda + i] : A[i * lda + p]) * (tb ? B[j * ldb + p] : B[p * ldb + j]);
-            ref += t, mag += fabs(t);
-          }
-          bad += fabs(C[i * ldc + j] - ref) > (double)(k + 2) * 0x1p-24 * mag;
-        }
-      for (int64_t i = 0; i < m; i++)
-        for (int64_t j = n; j < ldc; j++) bad += C[i * ldc + j] != C0[i * ldc + j];
-      EXPECT(bad == 0);
-      free(A), free(B), free(C), free(C0);
+      EXPECT(gemm_mismatches(ta, tb, cases[c][2], cases[c][3], cases[c][4], cases[c][5], cases[c][6], 5, (float)bi) ==
+             0);
     }
   long taken = ds_cpu_sgemm_padded_count() - before;
   const char *gemm = ds_gemm_name();
