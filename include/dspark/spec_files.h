@@ -47,7 +47,7 @@ ds_status ds_spec_add_target_identity(cJSON *j, ds_model_source *target);
  * `drafted` positions; T malloc'd. Refused, naming the file, the field and both values: a file
  * without the draft's record (an older calibrate's: re-run it), another draft's (identity or
  * block size), temperatures that are not one finite value > 0 per fitted position ("draft_len"),
- * and fewer fitted positions than drafted. */
+ * and fewer fitted positions than drafted. On a refusal *T is NULL and *n 0. */
 ds_status ds_spec_read_calibration(const char *path, const ds_draft *d, const char *draft_dir, int64_t drafted,
                                    double **T, int64_t *n);
 /* Reads "verify_seconds" (required, B = 1 .. n_verify), "head_seconds" (optional: *n_head = 0
@@ -57,7 +57,8 @@ ds_status ds_spec_read_calibration(const char *path, const ds_draft *d, const ch
  * A file recording another target (target_config_xxh64) is refused naming the field and both
  * values; draft costs recorded for another draft (identity or block size) are dropped with a note
  * (*n_draft = 0: measured during decoding, as without them); a file recording neither (written by
- * hand, or by an older profile) is taken as given, with a note. */
+ * hand, or by an older profile) is taken as given, with a note. On a refusal every array is NULL
+ * and every count 0. */
 ds_status ds_spec_read_profile(const char *path, ds_model_source *target, const ds_draft *d, const char *draft_dir,
                                double **verify_s, int64_t *n_verify, double **head_s, int64_t *n_head, double **draft_s,
                                int64_t *n_draft);

@@ -264,10 +264,8 @@ ds_status ds_spec_read_profile(const char *path, ds_model_source *target, const 
                                double **verify_s, int64_t *n_verify, double **head_s, int64_t *n_head, double **draft_s,
                                int64_t *n_draft) {
   cJSON *j = NULL;
-  *draft_s = NULL;
-  *n_draft = 0;
-  *head_s = NULL;
-  *n_head = 0;
+  *verify_s = *head_s = *draft_s = NULL; /* a refusal leaves nothing behind, whatever fails */
+  *n_verify = *n_head = *n_draft = 0;
   DS_TRY(read_json(path, &j));
   ds_status st = positive_array(j, path, "verify_seconds", 0, verify_s, n_verify);
   if (st == DS_OK) st = positive_array(j, path, "head_seconds", 1, head_s, n_head);
@@ -279,7 +277,7 @@ ds_status ds_spec_read_profile(const char *path, ds_model_source *target, const 
     free(*verify_s), *verify_s = NULL;
     free(*head_s), *head_s = NULL;
     free(*draft_s), *draft_s = NULL;
-    *n_draft = *n_head = 0;
+    *n_verify = *n_head = *n_draft = 0;
   }
   cJSON_Delete(j);
   return st;
