@@ -100,24 +100,6 @@ ds_status plot_run(const char *dir, const char *script) {
 
 /* ---- training curves ---- */
 
-enum { MAX_METRICS = 48, MAX_VECTORS = 6 };
-
-typedef struct {
-  char name[64];
-  double *step, *value;
-  unsigned char *is_eval;
-  int n, cap;
-} series;
-
-typedef struct {
-  series m[MAX_METRICS];
-  int n;
-  /* the per-position vector (accept_per_position) of the last evaluations */
-  char vec_name[64];
-  double *vec[MAX_VECTORS];
-  int vec_len[MAX_VECTORS], vec_step[MAX_VECTORS], n_vec;
-} curves;
-
 /* Bookkeeping fields that are not curves. */
 static int is_curve(const char *key) {
   static const char *const skip[] = {"kind", "step", "elapsed_s", "tokens", "skipped_steps"};
@@ -126,15 +108,15 @@ static int is_curve(const char *key) {
   return 1;
 }
 
-static ds_status add_point(curves *c, const char *name, double step, double value, int is_eval) {
+static ds_status add_point(plot_curves *c, const char *name, double step, double value, int is_eval) {
   int k = 0;
   while (k < c->n && strcmp(c->m[k].name, name)) k++;
   if (k == c->n) {
-    if (c->n == MAX_METRICS) return DS_OK; /* more metrics than a reader looks at */
+    if (c->n == PLOT_MAX_METRICS) return DS_OK; /* more metrics than a reader looks at */
     snprintf(c->m[k].name, sizeof c->m[k].name, "%s", name);
     c->n++;
   }
-  series *s = &c->m[k];
+  plot_curve *s = &c->m[k];
   if (s->n == s->cap) {
     int cap = s->cap ? 2 * s->cap : 256;
     double *st = realloc(s->step, (size_t)cap * sizeof *st);
@@ -153,7 +135,7 @@ static ds_status add_point(curves *c, const char *name, double step, double valu
   return DS_OK;
 }
 
-static ds_status add_vector(curves *c, const char *name, const cJSON *arr, int step) {
+static ds_status add_vector(plot_curves *c, const char *name, const cJSON *arr, int step) {
   int len = cJSON_GetArraySize(arr);
   if (len <= 0) return DS_OK;
   double *v = malloc((size_t)len * sizeof *v);
@@ -162,11 +144,11 @@ static ds_status add_vector(curves *c, const char *name, const cJSON *arr, int s
     const cJSON *e = cJSON_GetArrayItem(arr, i);
     v[i] = cJSON_IsNumber(e) ? e->valuedouble : NAN;
   }
-  if (c->n_vec == MAX_VECTORS) { /* keep the latest: drop the oldest */
+  if (c->n_vec == PLOT_MAX_VECTORS) { /* keep the latest: drop the oldest */
     free(c->vec[0]);
-    memmove(c->vec, c->vec + 1, (MAX_VECTORS - 1) * sizeof *c->vec);
-    memmove(c->vec_len, c->vec_len + 1, (MAX_VECTORS - 1) * sizeof *c->vec_len);
-    memmove(c->vec_step, c->vec_step + 1, (MAX_VECTORS - 1) * sizeof *c->vec_step);
+    memmove(c->vec, c->vec + 1, (PLOT_MAX_VECTORS - 1) * sizeof *c->vec);
+    memmove(c->vec_len, c->vec_len + 1, (PLOT_MAX_VECTORS - 1) * sizeof *c->vec_len);
+    memmove(c->vec_step, c->vec_step + 1, (PLOT_MAX_VECTORS - 1) * sizeof *c->vec_step);
     c->n_vec--;
   }
   snprintf(c->vec_name, sizeof c->vec_name, "%s", name);
@@ -177,7 +159,7 @@ static ds_status add_vector(curves *c, const char *name, const cJSON *arr, int s
   return DS_OK;
 }
 
-static void curves_free(curves *c) {
+void plot_curves_free(plot_curves *c) {
   for (int k = 0; k < c->n; k++) {
     free(c->m[k].step);
     free(c->m[k].value);
@@ -188,7 +170,7 @@ static void curves_free(curves *c) {
 
 /* One record; a line that is not a JSON object is an error naming the line, except the last
  * one, which a run still writing may have torn. */
-static ds_status read_record(curves *c, const char *path, const char *line, size_t len, int line_no, int last) {
+static ds_status read_record(plot_curves *c, const char *path, const char *line, size_t len, int line_no, int last) {
   char label[64];
   snprintf(label, sizeof label, "line %d", line_no);
   ds_status st;
@@ -240,7 +222,7 @@ static void quote_run_name(FILE *f, const char *run_dir, const char *what) {
   plot_quote(f, buf);
 }
 
-static ds_status plot_series(const series *s, const char *stem, const char *run_dir, const char *out_dir,
+static ds_status plot_series(const plot_curve *s, const char *stem, const char *run_dir, const char *out_dir,
                              const plot_inputs *in) {
   char dat[80], gp[80];
   snprintf(dat, sizeof dat, "%s.dat", stem);
@@ -290,7 +272,7 @@ static ds_status plot_series(const series *s, const char *stem, const char *run_
   return plot_run(out_dir, gp);
 }
 
-static ds_status plot_vectors(const curves *c, const char *stem, const char *run_dir, const char *out_dir,
+static ds_status plot_vectors(const plot_curves *c, const char *stem, const char *run_dir, const char *out_dir,
                               const plot_inputs *in) {
   char dat[80], gp[80];
   snprintf(dat, sizeof dat, "%s.dat", stem);
@@ -324,27 +306,34 @@ static ds_status plot_vectors(const curves *c, const char *stem, const char *run
   return plot_run(out_dir, gp);
 }
 
+ds_status plot_metrics_parse(const char *path, const char *text, size_t len, plot_curves *c) {
+  memset(c, 0, sizeof *c);
+  ds_status st = DS_OK;
+  int line_no = 0;
+  for (size_t at = 0; st == DS_OK && at < len;) {
+    const char *nl = memchr(text + at, '\n', len - at);
+    size_t end = nl ? (size_t)(nl - text) : len;
+    line_no++;
+    if (end > at) st = read_record(c, path, text + at, end - at, line_no, !nl || end + 1 >= len);
+    at = end + 1;
+  }
+  if (st == DS_OK && c->n == 0) st = DS_FAIL(DS_ERR_FORMAT, "%s: no metrics records to plot", path);
+  return st;
+}
+
 ds_status plot_metrics(const char *run_dir, const char *out_dir, const plot_inputs *in, int *n_png) {
   *n_png = 0;
   char *path = ds_path_join(run_dir, "metrics.jsonl");
   if (!path) return DS_FAIL(DS_ERR_NOMEM, "out of memory");
   char *buf = NULL;
   size_t len = 0;
-  ds_status st = ds_read_file(path, &buf, &len);
-  curves c;
+  plot_curves c;
   memset(&c, 0, sizeof c);
-  int line_no = 0;
-  for (size_t at = 0; st == DS_OK && at < len;) {
-    const char *nl = memchr(buf + at, '\n', len - at);
-    size_t end = nl ? (size_t)(nl - buf) : len;
-    line_no++;
-    if (end > at) st = read_record(&c, path, buf + at, end - at, line_no, !nl || end + 1 >= len);
-    at = end + 1;
-  }
-  if (st == DS_OK && c.n == 0) st = DS_FAIL(DS_ERR_FORMAT, "%s: no metrics records to plot", path);
+  ds_status st = ds_read_file(path, &buf, &len);
+  if (st == DS_OK) st = plot_metrics_parse(path, buf, len, &c);
   if (st == DS_OK && (st = ds_mkdir_p(out_dir)) != DS_OK && in->option) ds_error_wrap(st, "%s", in->option);
   /* the file names: keys that differ only in characters a name cannot hold get a suffix */
-  char stems[MAX_METRICS + 1][64];
+  char stems[PLOT_MAX_METRICS + 1][64];
   for (int k = 0; k <= c.n; k++) {
     file_stem(k < c.n ? c.m[k].name : c.vec_name, stems[k], sizeof stems[k] - 8);
     for (int e = 0; e < k; e++)
@@ -361,7 +350,7 @@ ds_status plot_metrics(const char *run_dir, const char *out_dir, const plot_inpu
     st = plot_vectors(&c, stems[c.n], run_dir, out_dir, in);
     if (st == DS_OK) (*n_png)++;
   }
-  curves_free(&c);
+  plot_curves_free(&c);
   free(buf);
   free(path);
   return st;

@@ -4,6 +4,7 @@
 #ifndef DSPARK_CLI_PLOT_H
 #define DSPARK_CLI_PLOT_H
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 
 #include "dspark/common.h"
@@ -38,5 +39,39 @@ ds_status plot_metrics(const char *run_dir, const char *out_dir, const plot_inpu
  * (REPORT-acceptance.png, REPORT-tokens-per-round.png, REPORT-calibration.png when it has a
  * calibration). A JSON that is not such a report: DS_ERR_NOT_FOUND. */
 ds_status plot_report(const char *json_path, const char *out_dir, const plot_inputs *in, int *n_png);
+
+/* What plot_metrics reads of metrics.jsonl before it draws (apart, so that fuzz/fuzz_plot.c
+ * reaches it without gnuplot): one curve per metric, the first PLOT_MAX_METRICS of them (every
+ * finite number of a record except its bookkeeping fields: step, tokens, ...), and the
+ * per-position vector (accept_per_position) of the last PLOT_MAX_VECTORS evaluations. */
+enum { PLOT_MAX_METRICS = 48, PLOT_MAX_VECTORS = 6 };
+typedef struct {
+  char name[64];
+  double *step, *value;
+  unsigned char *is_eval;
+  int n, cap;
+} plot_curve;
+typedef struct {
+  plot_curve m[PLOT_MAX_METRICS];
+  int n;
+  char vec_name[64];
+  double *vec[PLOT_MAX_VECTORS];
+  int vec_len[PLOT_MAX_VECTORS], vec_step[PLOT_MAX_VECTORS], n_vec;
+} plot_curves;
+/* Reads the records of text[0..len) (path names the file in errors) into *c: one JSON value a
+ * line, records (a "kind" string and a "step" number) read and anything else passed over; a line
+ * that is no JSON is an error naming it, except the last, which a run still writing may have
+ * torn; no curve at all is an error too. Free *c with plot_curves_free, also after an error. */
+ds_status plot_metrics_parse(const char *path, const char *text, size_t len, plot_curves *c);
+void plot_curves_free(plot_curves *c);
+
+/* What plot_report reads before it draws: text[0..len) as a report, its JSON tree in *out (free
+ * it with cJSON_Delete); one without the arrays "accept_conditional" and
+ * "tokens_per_round_histogram" and the number "tau": DS_ERR_NOT_FOUND, *out NULL. */
+ds_status plot_report_parse(const char *json_path, const char *text, size_t len, cJSON **out);
+/* Writes a figure's data: one row per index of the longest array of cols (numbered from
+ * `first`), then each column's number, or "?" (gnuplot's missing value) where that array, or
+ * column, has none. Returns the row count. */
+int plot_columns(FILE *f, const cJSON *const *cols, int n_cols, int first);
 
 #endif

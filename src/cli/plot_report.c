@@ -11,9 +11,7 @@
 
 static const cJSON *field(const cJSON *j, const char *key) { return cJSON_GetObjectItemCaseSensitive(j, key); }
 
-/* Writes the arrays as columns: index (from `first`), then one column per array; a missing or
- * shorter array leaves "?" (gnuplot's missing value). Returns the row count. */
-static int write_columns(FILE *f, const cJSON *const *cols, int n_cols, int first) {
+int plot_columns(FILE *f, const cJSON *const *cols, int n_cols, int first) {
   int rows = 0;
   for (int c = 0; c < n_cols; c++)
     if (cJSON_IsArray(cols[c]) && cJSON_GetArraySize(cols[c]) > rows) rows = cJSON_GetArraySize(cols[c]);
@@ -42,7 +40,7 @@ static ds_status draw(const figure_ctx *x, const char *name, const cJSON *const 
   snprintf(gp, sizeof gp, "%s-%s.gp", x->stem, name);
   FILE *f = plot_open(x->out_dir, dat, x->in);
   if (!f) return DS_ERR_IO;
-  int rows = write_columns(f, cols, n_cols, first);
+  int rows = plot_columns(f, cols, n_cols, first);
   DS_TRY(plot_close(f, x->out_dir, dat));
   if (!rows) return DS_OK; /* nothing to draw (e.g. no calibration in this report) */
   if (!(f = plot_open(x->out_dir, gp, x->in))) return DS_ERR_IO;
@@ -63,22 +61,32 @@ static ds_status draw(const figure_ctx *x, const char *name, const cJSON *const 
   return DS_OK;
 }
 
+ds_status plot_report_parse(const char *json_path, const char *text, size_t len, cJSON **out) {
+  ds_status st;
+  *out = NULL;
+  cJSON *j = ds_json_parse(text, len, json_path, &st);
+  if (!j) return st;
+  if (!cJSON_IsArray(field(j, "accept_conditional")) || !cJSON_IsArray(field(j, "tokens_per_round_histogram")) ||
+      !cJSON_IsNumber(field(j, "tau"))) {
+    cJSON_Delete(j);
+    return DS_FAIL(DS_ERR_NOT_FOUND, "%s: not a speculative-decoding report (accept_conditional, "
+                   "tokens_per_round_histogram or tau missing)", json_path);
+  }
+  *out = j;
+  return DS_OK;
+}
+
 ds_status plot_report(const char *json_path, const char *out_dir, const plot_inputs *in, int *n_png) {
   *n_png = 0;
   char *buf = NULL;
   size_t len = 0;
   DS_TRY(ds_read_file(json_path, &buf, &len));
-  ds_status st;
-  cJSON *j = ds_json_parse(buf, len, json_path, &st);
+  cJSON *j = NULL;
+  ds_status st = plot_report_parse(json_path, buf, len, &j);
   free(buf);
   if (!j) return st;
   const cJSON *cond = field(j, "accept_conditional"), *uncond = field(j, "accept_unconditional");
   const cJSON *hist = field(j, "tokens_per_round_histogram"), *tau = field(j, "tau");
-  if (!cJSON_IsArray(cond) || !cJSON_IsArray(hist) || !cJSON_IsNumber(tau)) {
-    cJSON_Delete(j);
-    return DS_FAIL(DS_ERR_NOT_FOUND, "%s: not a speculative-decoding report (accept_conditional, "
-                   "tokens_per_round_histogram or tau missing)", json_path);
-  }
   /* the stem names the figures: report.json -> report-acceptance.png */
   const char *base = strrchr(json_path, '/') ? strrchr(json_path, '/') + 1 : json_path;
   char stem[256], title[300];
