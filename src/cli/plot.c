@@ -113,7 +113,7 @@ static ds_status add_point(plot_curves *c, const char *name, double step, double
   while (k < c->n && strcmp(c->m[k].name, name)) k++;
   if (k == c->n) {
     if (c->n == PLOT_MAX_METRICS) return DS_OK; /* more metrics than a reader looks at */
-    snprintf(c->m[k].name, sizeof c->m[k].name, "%s", name);
+    if (!(c->m[k].name = strdup(name))) return DS_FAIL(DS_ERR_NOMEM, "out of memory");
     c->n++;
   }
   plot_curve *s = &c->m[k];
@@ -161,6 +161,7 @@ static ds_status add_vector(plot_curves *c, const char *name, const cJSON *arr, 
 
 void plot_curves_free(plot_curves *c) {
   for (int k = 0; k < c->n; k++) {
+    free(c->m[k].name);
     free(c->m[k].step);
     free(c->m[k].value);
     free(c->m[k].is_eval);

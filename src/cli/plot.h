@@ -46,7 +46,7 @@ ds_status plot_report(const char *json_path, const char *out_dir, const plot_inp
  * per-position vector (accept_per_position) of the last PLOT_MAX_VECTORS evaluations. */
 enum { PLOT_MAX_METRICS = 48, PLOT_MAX_VECTORS = 6 };
 typedef struct {
-  char name[64];
+  char *name; /* the metric's key, whole: one cut short matched no later record's */
   double *step, *value;
   unsigned char *is_eval;
   int n, cap;
