@@ -135,7 +135,7 @@ static ds_status add_point(plot_curves *c, const char *name, double step, double
   return DS_OK;
 }
 
-static ds_status add_vector(plot_curves *c, const char *name, const cJSON *arr, int step) {
+static ds_status add_vector(plot_curves *c, const char *name, const cJSON *arr, double step) {
   int len = cJSON_GetArraySize(arr);
   if (len <= 0) return DS_OK;
   double *v = malloc((size_t)len * sizeof *v);
@@ -189,7 +189,7 @@ static ds_status read_record(plot_curves *c, const char *path, const char *line,
       if (cJSON_IsNumber(e) && isfinite(e->valuedouble))
         st = add_point(c, e->string, step->valuedouble, e->valuedouble, is_eval);
       else if (cJSON_IsArray(e) && is_eval)
-        st = add_vector(c, e->string, e, (int)step->valuedouble);
+        st = add_vector(c, e->string, e, step->valuedouble);
     }
   }
   cJSON_Delete(j);
@@ -300,7 +300,7 @@ static ds_status plot_vectors(const plot_curves *c, const char *stem, const char
     fprintf(f, "%s", k ? ", \\\n     " : "");
     plot_quote(f, dat);
     fprintf(f, " index %d using 1:2 with linespoints pt 7 lw %s title ", k, k == c->n_vec - 1 ? "2.5" : "1");
-    plot_quotef(f, "step %d", c->vec_step[k]);
+    plot_quotef(f, "step %.17g", c->vec_step[k]);
   }
   fprintf(f, "\n");
   DS_TRY(plot_close(f, out_dir, gp));

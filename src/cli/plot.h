@@ -56,7 +56,8 @@ typedef struct {
   int n;
   char vec_name[64];
   double *vec[PLOT_MAX_VECTORS];
-  int vec_len[PLOT_MAX_VECTORS], vec_step[PLOT_MAX_VECTORS], n_vec;
+  int vec_len[PLOT_MAX_VECTORS], n_vec;
+  double vec_step[PLOT_MAX_VECTORS]; /* as the record has it: a step past 2^31 was no int */
 } plot_curves;
 /* Reads the records of text[0..len) (path names the file in errors) into *c: one JSON value a
  * line, records (a "kind" string and a "step" number) read and anything else passed over; a line

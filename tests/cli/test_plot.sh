@@ -89,6 +89,14 @@ n="$(ls "$tmp/long/plots" | grep -c '\.png$' || true)"
 [ "$(grep -v '^#' "$tmp/long/plots/${long:0:55}.dat" 2>&1)" = "$(printf '1 1.5\n2 2.5\n3 3.5')" ] ||
   no "a long metric name's data: $(cat "$tmp/long/plots/${long:0:55}.dat")"
 
+# an evaluation's step past 2^31 names its vector as it is (fuzz/fuzz_plot found it converted to
+# an int: undefined behaviour, "step -2147483648" here)
+mkdir -p "$tmp/bigstep"
+printf '%s\n' '{"kind":"eval","step":3000000000,"loss":2,"accept_per_position":[0.5,0.25]}' > "$tmp/bigstep/metrics.jsonl"
+"$dspark" plot "$tmp/bigstep" 2> "$tmp/err" || no "a step past 2^31 failed: $(cat "$tmp/err")"
+grep -q "title 'step 3000000000'" "$tmp/bigstep/plots/accept_per_position.gp" ||
+  no "a step past 2^31: $(grep title "$tmp/bigstep/plots/accept_per_position.gp")"
+
 # no gnuplot on PATH: the error names the set-up script
 mkdir -p "$tmp/emptybin"
 if PATH="$tmp/emptybin" "$dspark" plot "$tmp/runs/a" --out "$tmp/x" 2> "$tmp/err"; then no "ran without gnuplot"; fi
