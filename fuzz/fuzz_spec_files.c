@@ -3,10 +3,10 @@
  * --profile. Each input is written to a file and read by both readers as it is, then once more
  * sealed (its "draft_identity", "block_size", "draft_weights" and "target_config_xxh64" set to
  * those of the tiny draft and target made at start, as the commands write them) so that mutations
- * reach acceptance. Findings: a crash; an accepted file whose values break the readers' promises
- * (counts as the file's arrays and "draft_len" give them, every value finite and > 0 and the
- * file's own, drafted <= fitted <= block size, draft costs per block length of this draft or
- * none); a refusal that leaves an array or a count behind. */
+ * reach acceptance. Findings: a crash or undefined behaviour; an accepted file whose values
+ * break the readers' promises (counts as the file's arrays and "draft_len" give them, every
+ * value finite and > 0 and the file's own, drafted <= fitted <= block size, draft costs per
+ * block length of this draft or none); a refusal that leaves an array or a count behind. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,6 +20,9 @@
 #include "dspark/spec_files.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+/* UBSan reports and goes on by default: here undefined behaviour is a finding. */
+const char *__ubsan_default_options(void);
+const char *__ubsan_default_options(void) { return "halt_on_error=1:print_stacktrace=1"; }
 
 enum { V = 41, DM = 16, G = 7 }; /* G: the commands' default block size */
 
