@@ -117,10 +117,13 @@ static ds_status read_json(const char *path, cJSON **out) {
   char *text = NULL;
   size_t len = 0;
   DS_TRY(ds_read_file(path, &text, &len));
-  *out = cJSON_ParseWithLength(text, len);
+  ds_status st;
+  *out = ds_json_parse(text, len, path, &st); /* strict: nothing after the value */
   free(text);
-  if (!*out || !cJSON_IsObject(*out)) {
+  if (!*out) return st;
+  if (!cJSON_IsObject(*out)) {
     cJSON_Delete(*out);
+    *out = NULL;
     return DS_FAIL(DS_ERR_FORMAT, "%s: not a JSON object", path);
   }
   return DS_OK;

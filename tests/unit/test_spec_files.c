@@ -2,7 +2,8 @@
  * a target directory holding only config.json: a file of this draft and target is read whole,
  * and every refusal (no JSON, another target, a bad cost) leaves no array and no count behind,
  * whatever the caller's variables held (fuzz/fuzz_spec_files found a refused profile leaving
- * its verification count, and a file that is no JSON leaving both untouched). */
+ * its verification count, and a file that is no JSON leaving both untouched); the JSON is read
+ * strictly, as every other reader's (text after the value is refused). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,6 +98,10 @@ static void test_profile(void) {
   /* refused before anything was read: no JSON, a bad first cost, no file */
   EXPECT(read_profile(write_file("not-json.json", "not json"), &nv, &nh, &nd) == DS_ERR_FORMAT);
   EXPECT(read_profile(profile("bad-verify.json", g_hash, "[1e-3, -1]"), &nv, &nh, &nd) == DS_ERR_FORMAT);
+  /* strict JSON: text after the value (a file cut and pasted together), a value that is no object */
+  EXPECT(read_profile(write_file("trailing.json", "{\"verify_seconds\": [1e-3]}\n}"), &nv, &nh, &nd) == DS_ERR_FORMAT);
+  EXPECT(strstr(ds_last_error(), "trailing.json") && strstr(ds_last_error(), "after the end"));
+  EXPECT(read_profile(write_file("array.json", "[1e-3]"), &nv, &nh, &nd) == DS_ERR_FORMAT);
   char missing[600];
   snprintf(missing, sizeof missing, "%s/missing.json", g_dir);
   EXPECT(read_profile(missing, &nv, &nh, &nd) != DS_OK);
