@@ -26,7 +26,7 @@
 
 static int g_fail;
 
-static void die(const char *what) {
+static __attribute__((noreturn)) void die(const char *what) {
   fprintf(stderr, "target_device_check: %s: %s\n", what, ds_last_error());
   exit(1);
 }

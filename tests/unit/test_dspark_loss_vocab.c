@@ -261,6 +261,7 @@ static void test_outside_mass(void) {
       if (v.index[u] < 0) out += exp(t[u] - m) / s;
       else ins += exp(t[u] - m) / s;
     }
+    EXPECT_CLOSE(out + ins, 1.0, 1e-12, 1e-12); /* the two masses split p */
     /* q = p / ins on S: sum_S |q - p| = (1 - ins) = out, plus out outside */
     EXPECT_CLOSE(o.l1[r], 2 * out, 1e-5, 1e-6);
     if (r == 2) EXPECT(o.l1[r] < 1e-6 && o.acc[r] > 1 - 1e-6);
