@@ -36,6 +36,9 @@ ds_round_set ds_spec_rounds_set(const ds_spec_rounds *r, const uint8_t *use);
 cJSON *ds_ece_json(const ds_round_set *s, const double *T);
 /* Rounds counted per position. */
 cJSON *ds_ece_counts_json(const ds_round_set *s);
+/* The mean of the per-position ECE over the positions that some round proposed (0 when none):
+ * under the scheduler later positions may never be drafted, and their 0 is no measurement. */
+double ds_ece_mean(const ds_round_set *s, const double *T);
 
 /* What a calibration or profile file records of what it was made on: "draft_identity"
  * (ds_draft_identity as 16 hex digits) and "block_size"; "target_config_xxh64" (xxh64 of the

@@ -50,19 +50,11 @@ static const char *split_rounds(const ds_spec_rounds *r, int requests, uint8_t *
                     : "held out: rounds with index % 4 == 3 (fewer than 4 requests); fit: the other rounds";
 }
 
-static double mean_of(const cJSON *a) {
-  double s = 0;
-  int n = 0;
-  const cJSON *e;
-  cJSON_ArrayForEach(e, a) s += e->valuedouble, n++;
-  return n ? s / n : 0.0;
-}
-
 static cJSON *ece_block(const ds_round_set *s, const double *T, double *before_mean, double *after_mean) {
   cJSON *o = cJSON_CreateObject();
   cJSON *before = ds_ece_json(s, NULL), *after = ds_ece_json(s, T);
-  *before_mean = mean_of(before);
-  *after_mean = mean_of(after);
+  *before_mean = ds_ece_mean(s, NULL);
+  *after_mean = ds_ece_mean(s, T);
   int64_t rounds = 0;
   for (int64_t i = 0; i < s->n; i++) rounds += !s->use || s->use[i];
   cJSON_AddNumberToObject(o, "rounds", (double)rounds);

@@ -102,14 +102,6 @@ static const char k_convention[] =
     "confidence_i against whether positions 1..k+1 were all accepted, over the rounds that proposed "
     "position k+1";
 
-static double mean_array(const cJSON *a) {
-  double sum = 0;
-  int n = 0;
-  const cJSON *e;
-  cJSON_ArrayForEach(e, a) sum += e->valuedouble, n++;
-  return n ? sum / n : 0.0;
-}
-
 static ds_status write_report(const char *path, const ds_spec_options *o, int64_t g, int64_t requests,
                               const ds_spec_result *s, const ds_spec_result *plain, const report_extras *x) {
   cJSON *j = cJSON_CreateObject();
@@ -154,11 +146,11 @@ static ds_status write_report(const char *path, const ds_spec_options *o, int64_
     if (x->calibration_path) cJSON_AddStringToObject(cal, "file", x->calibration_path);
     else cJSON_AddNullToObject(cal, "file");
     cJSON *raw = ds_ece_json(&set, NULL);
-    cJSON_AddNumberToObject(cal, "ece_raw_mean", mean_array(raw));
+    cJSON_AddNumberToObject(cal, "ece_raw_mean", ds_ece_mean(&set, NULL));
     cJSON_AddItemToObject(cal, "ece_raw", raw);
     if (x->T) {
       cJSON *after = ds_ece_json(&set, x->T);
-      cJSON_AddNumberToObject(cal, "ece_calibrated_mean", mean_array(after));
+      cJSON_AddNumberToObject(cal, "ece_calibrated_mean", ds_ece_mean(&set, x->T));
       cJSON_AddItemToObject(cal, "ece_calibrated", after);
       cJSON_AddItemToObject(cal, "temperatures", ds_json_number_array(x->T, g));
     }
@@ -414,10 +406,8 @@ int cmd_speculate(int argc, char **argv) {
           1e3 * sum.verify_s / steps, 1e3 * (book > 0 ? book : 0) / steps);
   if (rounds.n > 0 && !rounds.failed) {
     ds_round_set set = ds_spec_rounds_set(&rounds, NULL);
-    double raw = 0, cal = 0;
-    for (int64_t k = 0; k < g; k++) raw += ds_cumulative_ece(&set, k, NULL, NULL), cal += ds_cumulative_ece(&set, k, T, NULL);
-    fprintf(stderr, "\ncalibration: mean ECE of the cumulative acceptance %.4f", raw / (double)g);
-    if (calibration) fprintf(stderr, " raw -> %.4f calibrated", cal / (double)g);
+    fprintf(stderr, "\ncalibration: mean ECE of the cumulative acceptance %.4f", ds_ece_mean(&set, NULL));
+    if (calibration) fprintf(stderr, " raw -> %.4f calibrated", ds_ece_mean(&set, T));
   }
   if (o.policy == DS_SPEC_SCHEDULER)
     fprintf(stderr, "\nscheduler: speculation switched off %lld times (%lld plain rounds, %lld of %lld requests)",

@@ -118,15 +118,24 @@ ds_status plot_report(const char *json_path, const char *out_dir, const plot_inp
   }
   const cJSON *cal = field(j, "calibration");
   if (st == DS_OK && cJSON_IsObject(cal)) {
-    const cJSON *cols[2] = {field(cal, "ece_raw"), field(cal, "ece_calibrated")};
-    int after = cJSON_IsArray(cols[1]) && cJSON_GetArraySize(cols[1]) > 0;
-    st = draw(&x, "calibration", cols, after ? 2 : 1, 1,
-              "set xlabel 'draft position'\nset ylabel 'ECE of the cumulative acceptance'\nset yrange [0:*]\n"
-              "set xtics 1\nset style data histogram\nset style histogram clustered gap 1\n"
-              "set style fill solid 0.7",
-              after ? "plot datafile using 2:xtic(1) title 'raw confidence', '' using 3 title 'after STS'"
-                    : "plot datafile using 2:xtic(1) title 'raw confidence'",
-              n_png);
+    /* With the rounds per position (a scheduler may never draft the later ones, whose ECE of 0
+     * is no measurement), the tics say how many rounds each bar stands on and empty positions
+     * get no bar. */
+    const cJSON *raw = field(cal, "ece_raw"), *calib = field(cal, "ece_calibrated"), *count = field(cal, "count");
+    int after = cJSON_IsArray(calib) && cJSON_GetArraySize(calib) > 0, counted = cJSON_IsArray(count);
+    const cJSON *cols[3] = {raw, after ? calib : count, count};
+    int n_cols = 1 + after + counted;
+    static const char *const plots[2][2] = {
+        {"plot datafile using 2:xtic(1) title 'raw confidence'",
+         "plot datafile using ($3 > 0 ? $2 : NaN):xtic(sprintf('%d (%d)', $1, $3)) title 'raw confidence'"},
+        {"plot datafile using 2:xtic(1) title 'raw confidence', '' using 3 title 'after STS'",
+         "plot datafile using ($4 > 0 ? $2 : NaN):xtic(sprintf('%d (%d)', $1, $4)) title 'raw confidence', \\\n"
+         "     '' using ($4 > 0 ? $3 : NaN) title 'after STS'"}};
+    char head[320];
+    snprintf(head, sizeof head, "set xlabel 'draft position%s'\nset ylabel 'ECE of the cumulative acceptance'\n"
+             "set yrange [0:*]\nset xtics 1\nset style data histogram\nset style histogram clustered gap 1\n"
+             "set style fill solid 0.7", counted ? " (rounds that drafted it)" : "");
+    st = draw(&x, "calibration", cols, n_cols, 1, head, plots[after][counted], n_png);
   }
   cJSON_Delete(j);
   return st;

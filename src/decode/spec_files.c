@@ -61,6 +61,17 @@ cJSON *ds_ece_json(const ds_round_set *s, const double *T) {
   return a;
 }
 
+double ds_ece_mean(const ds_round_set *s, const double *T) {
+  double sum = 0;
+  int64_t used = 0;
+  for (int64_t k = 0; k < s->K; k++) {
+    int64_t n = 0;
+    double e = ds_cumulative_ece(s, k, T, &n);
+    if (n > 0) sum += e, used++;
+  }
+  return used ? sum / (double)used : 0.0;
+}
+
 cJSON *ds_ece_counts_json(const ds_round_set *s) {
   cJSON *a = cJSON_CreateArray();
   for (int64_t k = 0; k < s->K; k++) {

@@ -74,6 +74,20 @@ done
 grep -q "^2 5$" "$tmp/runs/plots/spec-tokens-per-round.dat" || no "histogram data wrong"
 if "$dspark" plot "$tmp/runs/other.json" 2> "$tmp/err"; then no "a JSON that is not a report was accepted"; fi
 grep -q "not a speculative-decoding report" "$tmp/err" || no "non-report error unclear: $(cat "$tmp/err")"
+# with the rounds per position (a scheduler's report: position 3 never drafted): the tics count
+# the rounds and the empty position gets no bar, not an ECE of 0
+mkdir -p "$tmp/sched"
+sed 's/"ece_calibrated": \[0.05, 0.04, 0.02\]}/"ece_calibrated": [0.05, 0.04, 0], "count": [22, 2, 0]}/' \
+    "$tmp/runs/spec.json" > "$tmp/sched/spec.json"
+grep -q '"count"' "$tmp/sched/spec.json" || no "test set-up: the report with counts"
+"$dspark" plot "$tmp/sched/spec.json" 2> "$tmp/err" || no "a report with round counts failed: $(cat "$tmp/err")"
+[ "$(grep -v '^#' "$tmp/sched/plots/spec-calibration.dat")" = "$(printf '1 0.2 0.05 22\n2 0.3 0.04 2\n3 0.1 0 0')" ] ||
+  no "spec-calibration.dat with counts: $(cat "$tmp/sched/plots/spec-calibration.dat")"
+grep -q "(\$4 > 0 ? \$2 : NaN):xtic(sprintf('%d (%d)', \$1, \$4))" "$tmp/sched/plots/spec-calibration.gp" ||
+  no "calibration figure with counts: $(grep plot "$tmp/sched/plots/spec-calibration.gp")"
+[ -f "$tmp/sched/plots/spec-calibration.png" ] || no "spec-calibration.png with counts missing"
+grep -q "using 2:xtic(1)" "$tmp/runs/plots/spec-calibration.gp" || no "a report without counts: its plain tics"
+
 cp "$tmp/runs/a/metrics.jsonl" "$tmp/runs/b/metrics.jsonl" # b was broken above
 "$dspark" plot "$tmp/runs" --out "$tmp/all2" 2> "$tmp/err" || no "a folder with a report and another JSON failed: $(cat "$tmp/err")"
 [ -f "$tmp/all2/spec-calibration.png" ] || no "folder: the report's figures missing"

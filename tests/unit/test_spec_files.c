@@ -126,6 +126,30 @@ static void test_calibration(void) {
   EXPECT(!T && n == 0);
 }
 
+/* The mean ECE of a report counts the positions some round drafted, not those none reached (a
+ * scheduler's report held 0.70 at position 2 from 2 rounds and nothing after: the mean over all 7
+ * was 0.108, over the two drafted 0.38). */
+static void test_ece_mean(void) {
+  ds_spec_rounds r;
+  ds_spec_rounds_init(&r, 3);
+  float conf[3] = {1.5f, -0.5f, 0.25f};
+  for (int i = 0; i < 8; i++) ds_spec_rounds_add(&r, 0, conf, 1, 1, i % 3 == 0); /* position 1 only */
+  ds_spec_rounds_add(&r, 0, conf, 2, 2, 1);                                       /* one reaches 2 */
+  ds_round_set set = ds_spec_rounds_set(&r, NULL);
+  int64_t n[3];
+  double e[3];
+  for (int k = 0; k < 3; k++) e[k] = ds_cumulative_ece(&set, k, NULL, &n[k]);
+  EXPECT(n[0] == 9 && n[1] == 1 && n[2] == 0 && e[0] > 0 && e[1] > 0);
+  EXPECT_CLOSE(ds_ece_mean(&set, NULL), (e[0] + e[1]) / 2, 1e-15, 0);
+  double T[3] = {2, 0.5, 1};
+  EXPECT_CLOSE(ds_ece_mean(&set, T), (ds_cumulative_ece(&set, 0, T, NULL) + ds_cumulative_ece(&set, 1, T, NULL)) / 2,
+               1e-15, 0);
+  ds_round_set none = set;
+  none.n = 0;
+  EXPECT(ds_ece_mean(&none, NULL) == 0);
+  ds_spec_rounds_free(&r);
+}
+
 int main(void) {
   const char *base = getenv("DSPARK_TEST_TMP") ? getenv("DSPARK_TEST_TMP") : "/tmp";
   mkdir(base, 0755);
@@ -144,6 +168,7 @@ int main(void) {
   cJSON_Delete(ids);
   TEST_RUN(test_profile);
   TEST_RUN(test_calibration);
+  TEST_RUN(test_ece_mean);
   ds_model_source_close(g_target);
   ds_draft_free(g_draft);
   return TEST_RESULT();
