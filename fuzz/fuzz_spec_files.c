@@ -18,6 +18,7 @@
 #include "dspark/draft.h"
 #include "dspark/model_source.h"
 #include "dspark/spec_files.h"
+#include "support/tiny_draft.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -28,32 +29,13 @@ static ds_model_source *g_target;
 static char g_dir[64], g_input[96], g_config[96];
 static char g_draft_id[24], g_target_hash[24];
 
-/* A small draft (the shapes of tests/unit/test_draft_decode.c) with fixed weights, so that its
+/* The unit tests' tiny draft (tests/unit/support/tiny_draft.h) with fixed weights, so that its
  * identity is the same on every machine: the seeds in fuzz/corpus/spec_files carry it. */
 static ds_draft *tiny_draft(void) {
-  ds_draft_config c;
-  memset(&c, 0, sizeof c);
-  c.vocab_size = V;
-  c.hidden_size = DM;
-  c.intermediate_size = 24;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.rms_norm_eps = 1e-6;
-  c.rope_source.head_dim = 8;
-  c.rope_source.rope_theta = 10000.0;
-  c.num_layers = 1;
-  c.block_size = G;
-  c.num_target_layers = 4;
-  c.target_layer_ids[0] = 1;
+  ds_draft_config c = tiny_draft_config(V, 1, G, DS_MARKOV_VANILLA, 1);
+  c.num_target_layers = 4; /* layers 1 and 2 of 4, rank 4: the identity the seeds carry */
   c.target_layer_ids[1] = 2;
-  c.n_target_layers = 2;
-  c.mask_token_id = V - 1;
-  c.markov_type = DS_MARKOV_VANILLA;
   c.markov_rank = 4;
-  c.enable_confidence_head = 1;
-  c.confidence_head_with_markov = 1;
-  c.num_anchors = 1;
   static float table[V * DM];
   for (int i = 0; i < V * DM; i++) table[i] = (float)(i % 13 - 6) / 64;
   ds_draft *d = NULL;

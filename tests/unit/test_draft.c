@@ -10,35 +10,16 @@
 #include "dspark/draft.h"
 #include "dspark/dtype.h"
 #include "dspark/rng.h"
+#include "support/tiny_draft.h"
 #include "model/draft_internal.h"
 #include "test_util.h"
 
 enum { V = 37, DM = 16, T = 12, NB = 3, G = 3 };
 
 static ds_draft_config tiny_config(ds_markov_type type, int conf, int conf_markov) {
-  ds_draft_config c;
-  memset(&c, 0, sizeof c);
-  c.vocab_size = V;
-  c.hidden_size = DM;
-  c.intermediate_size = 24;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.rms_norm_eps = 1e-6;
-  c.rope_source.head_dim = 8;
-  c.rope_source.rope_theta = 10000.0;
-  c.num_layers = 2;
-  c.block_size = G;
-  c.num_target_layers = 6;
-  c.target_layer_ids[0] = 1;
-  c.target_layer_ids[1] = 3;
-  c.n_target_layers = 2;
-  c.mask_token_id = V - 1;
-  c.markov_type = type;
-  c.markov_rank = type == DS_MARKOV_NONE ? 0 : 5;
+  ds_draft_config c = tiny_draft_config(V, 2, G, type, NB);
   c.enable_confidence_head = conf;
   c.confidence_head_with_markov = conf_markov;
-  c.num_anchors = NB;
   return c;
 }
 

@@ -10,36 +10,12 @@
 #include "dspark/backend.h"
 #include "dspark/draft.h"
 #include "dspark/rng.h"
+#include "support/tiny_draft.h"
 #include "test_util.h"
 
 enum { V = 41, DM = 16, T = 14, G = 4, M = 2 };
 
-static ds_draft_config tiny_config(ds_markov_type type) {
-  ds_draft_config c;
-  memset(&c, 0, sizeof c);
-  c.vocab_size = V;
-  c.hidden_size = DM;
-  c.intermediate_size = 24;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.rms_norm_eps = 1e-6;
-  c.rope_source.head_dim = 8;
-  c.rope_source.rope_theta = 10000.0;
-  c.num_layers = 2;
-  c.block_size = G;
-  c.num_target_layers = 6;
-  c.target_layer_ids[0] = 1;
-  c.target_layer_ids[1] = 3;
-  c.n_target_layers = M;
-  c.mask_token_id = V - 1;
-  c.markov_type = type;
-  c.markov_rank = type == DS_MARKOV_NONE ? 0 : 5;
-  c.enable_confidence_head = 1;
-  c.confidence_head_with_markov = type != DS_MARKOV_NONE;
-  c.num_anchors = 1;
-  return c;
-}
+static ds_draft_config tiny_config(ds_markov_type type) { return tiny_draft_config(V, 2, G, type, 1); }
 
 /* A draft of config c over a random embedding / lm_head *table (malloc'd, the caller frees it),
  * its trainable weights the init plus noise of the given size, so that the heads matter. */

@@ -15,6 +15,7 @@
 #include "dspark/draft_loss.h"
 #include "dspark/draft_trainer.h"
 #include "dspark/rng.h"
+#include "support/tiny_draft.h"
 #include "model/draft_internal.h"
 #include "test_util.h"
 
@@ -23,29 +24,7 @@ enum { V = 41, DM = 16, T = 12, NB = 3, G = 3, N = 11 };
 static const int32_t k_vocab[N] = {0, 2, 3, 7, 11, 12, 20, 29, 33, 38, 40}; /* S: mask V-1 = 40 in it too */
 
 static ds_draft_config tiny_config(ds_markov_type type, int64_t n_vocab) {
-  ds_draft_config c;
-  memset(&c, 0, sizeof c);
-  c.vocab_size = V;
-  c.hidden_size = DM;
-  c.intermediate_size = 24;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.rms_norm_eps = 1e-6;
-  c.rope_source.head_dim = 8;
-  c.rope_source.rope_theta = 10000.0;
-  c.num_layers = 1;
-  c.block_size = G;
-  c.num_target_layers = 6;
-  c.target_layer_ids[0] = 1;
-  c.target_layer_ids[1] = 3;
-  c.n_target_layers = 2;
-  c.mask_token_id = V - 1;
-  c.markov_type = type;
-  c.markov_rank = type == DS_MARKOV_NONE ? 0 : 5;
-  c.enable_confidence_head = 1;
-  c.confidence_head_with_markov = type != DS_MARKOV_NONE;
-  c.num_anchors = NB;
+  ds_draft_config c = tiny_draft_config(V, 1, G, type, NB);
   c.draft_vocab_size = n_vocab;
   return c;
 }
