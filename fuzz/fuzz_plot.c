@@ -105,8 +105,8 @@ static void read_report(const uint8_t *data, size_t size) {
   check_columns(hist, 1);
   const cJSON *cal = field(j, "calibration");
   if (cJSON_IsObject(cal)) {
-    const cJSON *ece[2] = {field(cal, "ece_raw"), field(cal, "ece_calibrated")};
-    check_columns(ece, 2);
+    const cJSON *ece[3] = {field(cal, "ece_raw"), field(cal, "ece_calibrated"), field(cal, "count")};
+    check_columns(ece, 3);
   }
   /* the policy goes into every figure's title */
   const cJSON *policy = field(j, "policy");
