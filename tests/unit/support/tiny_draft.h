@@ -6,8 +6,16 @@
 #define DSPARK_TEST_TINY_DRAFT_H
 
 #include "dspark/draft.h"
+#include "dspark/rng.h"
 
 ds_draft_config tiny_draft_config(int64_t vocab, int64_t layers, int64_t block, ds_markov_type type,
                                   int64_t anchors);
+
+/* Central differences (h = 1e-2) of objective(d, ctx) at 12 random entries of every trainable
+ * tensor of d, against grad (the analytic gradient, copied out before: each probe reruns the
+ * forward). A tensor whose largest error exceeds 2% of its largest gradient (at least 1e-3)
+ * fails and is named on stderr after label. Returns the failing tensors. */
+int tiny_draft_fd_check(ds_draft *d, const float *grad, double (*objective)(ds_draft *, void *), void *ctx,
+                        ds_rng *rng, const char *label);
 
 #endif
