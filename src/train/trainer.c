@@ -411,7 +411,7 @@ ds_status ds_trainer_run(ds_objective *obj, const ds_loop_options *o) {
     if (st == DS_OK && !t.o.quiet) {
       char extra[160];
       int pp = t.ops->progress_pair;
-      if (pp >= 0)
+      if (pp >= 0 && r.pair_present[pp]) /* absent: not computed this run (e.g. --ce-only), not 0 */
         snprintf(extra, sizeof extra, "loss %.4f %s %.3f", pair_value(&r, 0), t.ops->progress_label,
                  pair_value(&r, pp));
       else

@@ -10,7 +10,8 @@ tokenizer trained here (tokenizers) on the Python standard library's sources:
 - the export is the HF layout of spec section 7 (checked with `safetensors` and json), and
   loading it back gives identical logits to the checkpoint it came from;
 - a target whose tokenizer reserves no mask token gets the last special token that the data never
-  contains (and no eos or bos), and a clear error when there is none."""
+  contains (and no eos or bos), and a clear error when there is none;
+- the progress line shows the acceptance of a step only where it was computed (not with --ce-only)."""
 import hashlib
 import json
 import os
@@ -176,6 +177,14 @@ def main():
     got = json.load(open(os.path.join(m, "run.json")))["mask_token_id"]
     ck.check(got == ids["<|spare_b|>"] and "<|spare_b|>" in err,
              f"default mask token {got} (stderr: {err.strip()[:300]}), expected <|spare_b|> = {ids['<|spare_b|>']}")
+    # the progress line shows the acceptance only where the step computed it: not with --ce-only
+    step_lines = [l for l in err.replace("\r", "\n").splitlines() if l.startswith("step 1/1")]
+    ck.check(step_lines and all(" accept " in l for l in step_lines), f"three-term progress line: {step_lines}")
+    _, err_ce, _ = common.run([args.dspark, "train", "--data", data, "--out", run_dir("run-ce-only"), "--ce-only",
+                               "--markov", "none"] + one)
+    step_lines = [l for l in err_ce.replace("\r", "\n").splitlines() if l.startswith("step 1/1")]
+    ck.check(step_lines and not any("accept" in l for l in step_lines),
+             f"--ce-only progress line shows an acceptance it never computed: {step_lines}")
     m = run_dir("run-nomask-b")
     common.run([args.dspark, "train", "--data", with_b, "--out", m] + one)
     got = json.load(open(os.path.join(m, "run.json")))["mask_token_id"]
