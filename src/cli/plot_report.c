@@ -123,8 +123,10 @@ ds_status plot_report(const char *json_path, const char *out_dir, const plot_inp
      * get no bar. */
     const cJSON *raw = field(cal, "ece_raw"), *calib = field(cal, "ece_calibrated"), *count = field(cal, "count");
     int after = cJSON_IsArray(calib) && cJSON_GetArraySize(calib) > 0, counted = cJSON_IsArray(count);
-    const cJSON *cols[3] = {raw, after ? calib : count, count};
-    int n_cols = 1 + after + counted;
+    const cJSON *cols[3] = {raw};
+    int n_cols = 1;
+    if (after) cols[n_cols++] = calib;
+    if (counted) cols[n_cols++] = count;
     static const char *const plots[2][2] = {
         {"plot datafile using 2:xtic(1) title 'raw confidence'",
          "plot datafile using ($3 > 0 ? $2 : NaN):xtic(sprintf('%d (%d)', $1, $3)) title 'raw confidence'"},
