@@ -215,7 +215,7 @@ int ds_quant_direct_cat(ds_qisa isa, float *y, int64_t ldy, const float *x, cons
   ds_quant_rows_fn rows = pick_rows(isa);
   const unsigned char *packed[DS_CAT_SEG_MAX] = {0};
   if (isa > ds_qisa_best()) isa = ds_qisa_best(); /* never a SIGILL */
-  if (isa == DS_QISA_AVX2_PACKED)
+  if (isa == DS_QISA_AVX2_PACKED || isa == DS_QISA_VNNI)
     for (int s = 0; s < n_seg; s++) packed[s] = ds_quant_packed(w[s], out[s], in);
   ds_cat_blocks c;
   ds_cat_blocks_init(&c, out, n_seg, ROW_BLOCK); /* ROW_BLOCK a multiple of 8: whole packed groups */
@@ -228,7 +228,8 @@ int ds_quant_direct_cat(ds_qisa isa, float *y, int64_t ldy, const float *x, cons
 #if defined(__x86_64__) || defined(__i386__)
     if (packed[s]) { /* the rows of whole groups packed, the rest (< 8) by the row kernel */
       int64_t o8 = o0 + (o1 - o0) / 8 * 8;
-      ds_quant_packed_rows_avx2(ys, ldy, &qx, n, packed[s], w[s].dtype, in, o0, o8, bs);
+      if (isa == DS_QISA_VNNI) ds_quant_packed_rows_vnni(ys, ldy, &qx, n, packed[s], w[s].dtype, in, o0, o8, bs);
+      else ds_quant_packed_rows_avx2(ys, ldy, &qx, n, packed[s], w[s].dtype, in, o0, o8, bs);
       o0 = o8;
     }
 #endif
@@ -353,5 +354,6 @@ void ds_cpu_embedding_quant(float *y, const int32_t *ids, ds_weight table, int64
 }
 
 void ds_prepare_quant_weight(ds_weight w, int64_t rows, int64_t in) {
-  if (ds_qisa_best() == DS_QISA_AVX2_PACKED && ds_quant_packable(w.dtype)) (void)ds_quant_packed(w, rows, in);
+  ds_qisa isa = ds_qisa_best();
+  if ((isa == DS_QISA_AVX2_PACKED || isa == DS_QISA_VNNI) && ds_quant_packable(w.dtype)) (void)ds_quant_packed(w, rows, in);
 }

@@ -33,12 +33,13 @@ typedef struct {
   float *m;   /* (n, in / 32)  d * sum of q over the block: the sum of x's rounded values there */
 } ds_qx;
 
-/* The instruction sets of these kernels: VNNI is AVX-512 VNNI (with VL and BW), Q4_0 / Q4_1 / Q4_K
- * / Q6_K at 512 bits with 16 weight rows across the lanes, Q8_0 a row at a time with dpbusd
- * (cpu_quant_avx512.c); AVX2 a weight row at a time (cpu_quant_avx2.c); AVX2_PACKED the AVX2
- * kernel on 8-row packed copies of Q4_0 / Q4_1 / Q8_0 weights (below; cpu_quant_avx2_packed.c),
- * the row kernel for the other types and for the last rows of a weight whose count is not a
- * multiple of 8. */
+/* The instruction sets of these kernels: AVX2 a weight row at a time (cpu_quant_avx2.c);
+ * AVX2_PACKED the AVX2 kernel on 8-row packed copies of Q4_0 / Q4_1 / Q8_0 weights (below;
+ * cpu_quant_avx2_packed.c), the row kernel for the other types and for the last rows of a weight
+ * whose count is not a multiple of 8; VNNI is AVX-512 VNNI (with VL and BW): the same packed
+ * kernel with dpbusd for Q4_0 / Q4_1 / Q8_0 (cpu_quant_vnni_packed.c), Q4_K / Q6_K at 512 bits
+ * with 16 weight rows across the lanes, and the last rows (< 8) of the packed types Q4_0 / Q4_1
+ * the same way, Q8_0's a row at a time (cpu_quant_avx512.c). */
 typedef enum { DS_QISA_PORTABLE = 0, DS_QISA_AVX2, DS_QISA_AVX2_PACKED, DS_QISA_VNNI } ds_qisa;
 ds_qisa ds_qisa_best(void); /* what this CPU runs, capped by $DSPARK_MAX_ISA as ds_isa_best */
 const char *ds_qisa_name(ds_qisa isa);
@@ -99,6 +100,8 @@ size_t ds_quant_packed_bytes(void);
 void ds_quant_release_packs(void);
 /* y[i, o] (+ bias[o]) for i < n and o in [o0, o1) (multiples of 8) from the packed copy. */
 void ds_quant_packed_rows_avx2(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *packed,
+                               ds_dtype dt, int64_t in, int64_t o0, int64_t o1, const float *bias);
+void ds_quant_packed_rows_vnni(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *packed,
                                ds_dtype dt, int64_t in, int64_t o0, int64_t o1, const float *bias);
 
 /* y[n, sum(out)] (row stride ldy) = x[n, in] @ [w[0]; w[1]; ...]^T (+ bias), each segment a

@@ -148,7 +148,8 @@ static void test_paths(void) {
         ds_weight qw = {w, dt};
         for (int isa = DS_QISA_PORTABLE; isa <= (int)ds_qisa_best(); isa++) {
           /* the packed kernel runs where it can (AVX2 and above): its copy must exist */
-          if (isa == DS_QISA_AVX2_PACKED) EXPECT((ds_quant_packed(qw, out, in) != NULL) == ds_quant_packable(dt));
+          if (isa == DS_QISA_AVX2_PACKED || isa == DS_QISA_VNNI)
+            EXPECT((ds_quant_packed(qw, out, in) != NULL) == ds_quant_packable(dt));
           for (int64_t q = 0; q < n * ldy; q++) got[q] = 7.0f;
           EXPECT(ds_quant_direct_cat((ds_qisa)isa, got, ldy, x, &qw, &out, 1, NULL, n, in));
           EXPECT(check_against(ds_qisa_name((ds_qisa)isa), dt, got, ldy, want, wf, x, n, in, out, 1));
@@ -194,6 +195,36 @@ static void test_rows_independent(void) {
     }
     ds_release_packed_weights();
     free(w), free(x), free(all);
+  }
+}
+
+/* The packed kernel's two instruction sets form the same integer sums of every block and scale
+ * them in the same order: VNNI gives AVX2's numbers bit for bit on the packed rows (1 to 9 rows of
+ * x: one and several passes of 4). */
+static void test_packed_isas_equal(void) {
+  if (ds_qisa_best() < DS_QISA_VNNI) {
+    fprintf(stderr, "test_packed_isas_equal: no AVX-512 VNNI here, skipped\n");
+    return;
+  }
+  for (int t = 0; t < N_TYPES; t++) {
+    ds_dtype dt = k_types[t];
+    if (!ds_quant_packable(dt)) continue;
+    int64_t in = 320, out = 45;
+    unsigned char *w = rand_weight(dt, out, in);
+    ds_weight qw = {w, dt};
+    for (int64_t n = 1; n <= 9; n++) {
+      float *x = rand_x(n, in), *a = malloc((size_t)(n * out) * sizeof(float));
+      float *v = malloc((size_t)(n * out) * sizeof(float));
+      EXPECT(ds_quant_direct_cat(DS_QISA_AVX2_PACKED, a, out, x, &qw, &out, 1, NULL, n, in));
+      EXPECT(ds_quant_direct_cat(DS_QISA_VNNI, v, out, x, &qw, &out, 1, NULL, n, in));
+      int same = 1; /* the packed rows; the last 5 take each set's own row kernel */
+      for (int64_t i = 0; i < n; i++) same &= !memcmp(a + i * out, v + i * out, 40 * sizeof(float));
+      if (!same) fprintf(stderr, "%s, %d rows of x: VNNI differs from AVX2\n", ds_dtype_name(dt), (int)n);
+      EXPECT(same);
+      free(x), free(a), free(v);
+    }
+    ds_release_packed_weights();
+    free(w);
   }
 }
 
@@ -452,6 +483,7 @@ int main(void) {
   TEST_RUN(test_unpack);
   TEST_RUN(test_paths);
   TEST_RUN(test_rows_independent);
+  TEST_RUN(test_packed_isas_equal);
   TEST_RUN(test_cat);
   TEST_RUN(test_embedding_backward);
   TEST_RUN(test_compute_bf16);
