@@ -585,6 +585,10 @@ void ds_gguf_release_header(const ds_gguf *g) {
   if (g && g->mapped && g->data_start) ds_release_mapped_pages(g->base, g->data_start);
 }
 
+void ds_gguf_release_pages(const ds_gguf *g) {
+  if (g && g->mapped && g->size) ds_release_mapped_pages(g->base, g->size);
+}
+
 void ds_gguf_release(const ds_gguf *g, const ds_gguf_tensor *t) {
   if (!g || !g->mapped || !t || !t->nbytes) return;
   uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);

@@ -27,6 +27,8 @@ ds_status ds_gguf_model_open(const char *path, ds_dtype dtype, ds_gguf_model **o
 void ds_gguf_model_close(ds_gguf_model *m);
 /* ds_gguf_release_header on the model's file: its metadata was read into the model source */
 void ds_gguf_model_release_header(const ds_gguf_model *m);
+/* ds_gguf_release_pages on the model's file: no tensor of it is read in place */
+void ds_gguf_model_release_pages(const ds_gguf_model *m);
 const char *ds_gguf_model_path(const ds_gguf_model *m);
 /* A file's text (NULL for a file a GGUF never gives: chat_template.jinja), owned by m. */
 const char *ds_gguf_model_text(const ds_gguf_model *m, ds_model_file f, size_t *len);

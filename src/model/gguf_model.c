@@ -342,6 +342,10 @@ void ds_gguf_model_release_header(const ds_gguf_model *m) {
   if (m) ds_gguf_release_header(m->g);
 }
 
+void ds_gguf_model_release_pages(const ds_gguf_model *m) {
+  if (m) ds_gguf_release_pages(m->g);
+}
+
 void ds_gguf_model_close(ds_gguf_model *m) {
   if (!m) return;
   for (int i = 0; i < DS_MODEL_FILE_COUNT; i++) free(m->text[i]);

@@ -364,6 +364,10 @@ static ds_status load_weights(ds_target *m, const ds_model_source *src) {
     DS_TRY(read1(ck, NAME("input_layernorm.weight"), d, w->in_norm));
     DS_TRY(read1(ck, NAME("post_attention_layernorm.weight"), d, w->post_norm));
 #undef NAME
+    /* a GGUF's quantized weights are read from the target's own mapping: what the reads of this
+     * layer's small tensors mapped of the model source's (their neighbours, a folio around each
+     * read) is dropped as it goes, not at the end: the load's peak is the steady state's */
+    if (m->gguf && !m->ck_mapped) ds_gguf_model_release_pages(ds_model_source_gguf(src));
   }
   return DS_OK;
 }
@@ -565,9 +569,12 @@ ds_status ds_target_load_source(ds_model_source *src, const ds_backend *backend,
   if (st == DS_OK && m->be->device_memory) st = upload_weights(m);
   if (st != DS_OK) goto fail;
   /* the metadata (a tokenizer's megabytes among it) was read: its pages need not stay resident
-   * beside the weights, twice (the model source's mapping and this one) */
+   * beside the weights, twice (the model source's mapping and this one); nor, when no weight
+   * lies in it, any page of the model source's mapping: reading its small tensors to convert
+   * them mapped megabytes of their neighbours (SmolLM2 Q4_1: 40 MB of it resident after load) */
   ds_gguf_release_header(m->gguf);
-  ds_gguf_model_release_header(ds_model_source_gguf(src));
+  if (m->ck_mapped) ds_gguf_model_release_header(ds_model_source_gguf(src));
+  else ds_gguf_model_release_pages(ds_model_source_gguf(src));
   *out = m;
   return DS_OK;
 fail:
