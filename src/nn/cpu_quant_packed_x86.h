@@ -49,20 +49,33 @@ PI void group_dot(const unsigned char *g, ds_dtype dt, size_t bb8, int64_t nb, c
     if (dt == DS_Q8_0) {
       const unsigned char *qs = blk + 16;
       __m256i s[4];
+#if PACKED_VNNI /* w + 128 as unsigned bytes (w ^ 0x80) dotted with x as it is, then 128 times x's block
+                 * sum taken back: AVX2's integer sums with no sign operations (dpbusd's int32
+                 * sums cannot saturate, maddubs' int16 pairs would) */
+      const __m256i flip = _mm256_set1_epi8((char)0x80);
+      for (int j = 0; j < 8; j++) { /* values 4j .. 4j+3 of the 8 rows */
+        __m256i u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qs + 32 * j)), flip);
+        for (int r = 0; r < R; r++) {
+          __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, bcast4(x->q + (i0 + r) * in + 32 * b + 4 * j));
+          s[r] = j ? _mm256_add_epi32(s[r], p) : p; /* p off s's chain: see below */
+          PIN(s[r]);
+        }
+      }
+      for (int r = 0; r < R; r++) {
+        const int16_t *xs = x->s + ((i0 + r) * xb + b) * 2;
+        s[r] = _mm256_sub_epi32(s[r], _mm256_set1_epi32(128 * ((int32_t)xs[0] + xs[1])));
+      }
+#else
       for (int j = 0; j < 8; j++) { /* values 4j .. 4j+3 of the 8 rows */
         __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 32 * j)), a = _mm256_sign_epi8(w, w);
         for (int r = 0; r < R; r++) {
           __m256i xv = _mm256_sign_epi8(bcast4(x->q + (i0 + r) * in + 32 * b + 4 * j), w);
-#if PACKED_VNNI
-          __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, xv); /* off s's chain: see below */
-          s[r] = j ? _mm256_add_epi32(s[r], p) : p;
-#else
           __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(a, xv), ones); /* |w| <= 128, |x| <= 127 */
           s[r] = j ? _mm256_add_epi32(s[r], p) : p;
-#endif
           PIN(s[r]);
         }
       }
+#endif
       for (int r = 0; r < R; r++)
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]), _mm256_mul_ps(dw, _mm256_set1_ps(x->d[(i0 + r) * xb + b])),
                                  acc[r]);
