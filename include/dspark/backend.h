@@ -307,7 +307,7 @@ size_t ds_packed_weight_bytes(void); /* bytes the packed copies hold now */
  * BF16 / F16 weights) run on this CPU, chosen at run time from cpuid: "AVX-512", "AVX2" or
  * "portable" (plain C); one binary runs on any x86-64 (and elsewhere, portable). */
 const char *ds_weight16_kernel_name(void);
-/* The instruction set of the kernels on quantized frozen weights (Q8_0 ... Q6_K: linear_w's
+/* The instruction set of the kernels on quantized frozen weights (Q8_0 ... Q5_1: linear_w's
  * integer block dots, nn/cpu_quant.h): "AVX-512 VNNI", "AVX2" or "portable". */
 const char *ds_weight_quant_kernel_name(void);
 

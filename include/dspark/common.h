@@ -56,13 +56,13 @@ void ds_check_failed(const char *src_file, int src_line, const char *cond) __att
  * safetensors file carries them (ds_dtype_from_name does not know them) and ds_dtype_size is 0. */
 typedef enum {
   DS_F32 = 0, DS_F16, DS_BF16, DS_F64, DS_I64, DS_I32, DS_I16, DS_I8, DS_U8, DS_BOOL,
-  DS_Q8_0, DS_Q4_0, DS_Q4_1, DS_Q4_K, DS_Q6_K, /* grow only here, before the count */
+  DS_Q8_0, DS_Q4_0, DS_Q4_1, DS_Q4_K, DS_Q6_K, DS_Q5_0, DS_Q5_1, /* grow only here, before the count */
   DS_DTYPE_COUNT
 } ds_dtype;
 
 /* A read-only (frozen, never trained) matrix in its storage dtype, as the backend's *_w
  * kernels read it (include/dspark/backend.h): F32, BF16 or F16, row-major and contiguous, data
- * aligned to its element size; or one of GGUF's quantized types (Q8_0 ... Q6_K), rows of
+ * aligned to its element size; or one of GGUF's quantized types (Q8_0 ... Q5_1), rows of
  * blocks as GGUF stores them (dspark/ggml_quant.h), any alignment. The memory belongs to whoever made it (a model's buffer, a
  * checkpoint's mapping) and must outlive every use. */
 typedef struct {

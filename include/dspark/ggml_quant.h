@@ -3,7 +3,7 @@
  * (gguf.quants). In core because both the GGUF reader (io) and the quantized matmuls of the
  * cpu backend (nn) read these blocks.
  *
- * A quantized frozen weight (ds_weight with dtype DS_Q8_0 ... DS_Q6_K, dspark/common.h) is
+ * A quantized frozen weight (ds_weight with dtype DS_Q8_0 ... DS_Q5_1, dspark/common.h) is
  * stored as GGUF stores it: row-major [rows, cols], each row cols / block blocks back to back,
  * no padding, no alignment (blocks are 18 to 210 bytes). */
 #ifndef DSPARK_GGML_QUANT_H

@@ -10,7 +10,7 @@ static const struct { const char *name; size_t size; } k_dtypes[DS_DTYPE_COUNT] 
     [DS_BOOL] = {"BOOL", 1},
     /* block-quantized: no element size (ggml_quant.h has their blocks) */
     [DS_Q8_0] = {"Q8_0", 0}, [DS_Q4_0] = {"Q4_0", 0}, [DS_Q4_1] = {"Q4_1", 0},
-    [DS_Q4_K] = {"Q4_K", 0}, [DS_Q6_K] = {"Q6_K", 0},
+    [DS_Q4_K] = {"Q4_K", 0}, [DS_Q6_K] = {"Q6_K", 0}, [DS_Q5_0] = {"Q5_0", 0}, [DS_Q5_1] = {"Q5_1", 0},
 };
 
 size_t ds_dtype_size(ds_dtype dt) { return (unsigned)dt < DS_DTYPE_COUNT ? k_dtypes[dt].size : 0; }

@@ -200,7 +200,7 @@ static const struct {
   uint32_t ggml;
 } k_quant_dtypes[] = {
     {DS_Q8_0, DS_GGML_Q8_0}, {DS_Q4_0, DS_GGML_Q4_0}, {DS_Q4_1, DS_GGML_Q4_1},
-    {DS_Q4_K, DS_GGML_Q4_K}, {DS_Q6_K, DS_GGML_Q6_K},
+    {DS_Q4_K, DS_GGML_Q4_K}, {DS_Q6_K, DS_GGML_Q6_K}, {DS_Q5_0, DS_GGML_Q5_0}, {DS_Q5_1, DS_GGML_Q5_1},
 };
 enum { N_QUANT_DTYPES = sizeof k_quant_dtypes / sizeof k_quant_dtypes[0] };
 
@@ -242,7 +242,7 @@ int64_t ds_quant_first_nonfinite_row(ds_dtype dt, const void *data, int64_t rows
   const type_info *t = info((uint32_t)g);
   /* where each type keeps its halves: d (and m / dmin after it) */
   size_t at = dt == DS_Q6_K ? 208 : 0;
-  int halves = dt == DS_Q4_1 || dt == DS_Q4_K ? 2 : 1;
+  int halves = dt == DS_Q4_1 || dt == DS_Q5_1 || dt == DS_Q4_K ? 2 : 1;
   const unsigned char *b = data;
   int64_t per_row = cols / t->block;
   for (int64_t r = 0; r < rows; r++)

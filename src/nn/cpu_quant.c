@@ -116,6 +116,21 @@ static float dot_row_portable(const unsigned char *w, ds_dtype dt, const int8_t 
       }
       break;
     }
+    case DS_Q5_0:
+    case DS_Q5_1: {
+      int q51 = dt == DS_Q5_1;
+      for (int64_t b = 0; b < in / 32; b++, w += q51 ? 24 : 22) {
+        const unsigned char *qh = w + (q51 ? 4 : 2), *qs = qh + 4;
+        uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+        const int8_t *x = xq + 32 * b;
+        int s = 0, xsum = xs[2 * b] + xs[2 * b + 1];
+        for (int l = 0; l < 16; l++)
+          s += ((qs[l] & 0xF) | ((h >> l) & 1) << 4) * x[l] + ((qs[l] >> 4) | ((h >> (l + 16)) & 1) << 4) * x[l + 16];
+        if (q51) acc += f16_at(w) * xd[b] * (float)s + f16_at(w + 2) * xd[b] * (float)xsum;
+        else acc += f16_at(w) * xd[b] * (float)(s - 16 * xsum); /* x = d (q - 16) */
+      }
+      break;
+    }
     case DS_Q4_K:
       for (int64_t b = 0; b < in / 256; b++, w += 144) {
         float d = f16_at(w), dmin = f16_at(w + 2);

@@ -1,5 +1,5 @@
 /* Internal to the CPU backend: the kernels behind linear_w / linear_w_backward / embedding_w on
- * frozen weights in GGUF's block-quantized types (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; layouts in
+ * frozen weights in GGUF's block-quantized types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K; layouts in
  * dspark/ggml_quant.h), in both regimes and for each instruction set, so the tests can run
  * every path the CPU has against the naive reference. Not a public header.
  *

@@ -43,6 +43,18 @@ QI __m256i q_nibbles16(const unsigned char *qs) {
   return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
 }
 
+/* Q5's fifth bits: byte l = bit l of qh, moved to 0x10 (values 0-15 the low nibbles' bits 0-15,
+ * 16-31 the high nibbles' 16-31, GGUF's order) */
+QI __m256i q_bits5(const unsigned char *qh) {
+  uint32_t h;
+  memcpy(&h, qh, 4);
+  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, /* qh bytes 0, 1 */
+                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3); /* 2, 3 */
+  const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+  __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)h), spread), bit);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10));
+}
+
 QI __m256 q_fma(__m256i isum, float scale, __m256 acc) {
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(scale), acc);
 }
@@ -71,6 +83,15 @@ QI void q_block(ds_dtype dt, const unsigned char *w, int64_t b, const q_xrows *x
     for (int r = 0; r < R; r++) {
       float dx = x->d[r][b];
       acc[r] = q_fma(QDOT(u, q_load(x->q[r] + 32 * b)), dw * dx, acc[r]);
+      extra[r] += mw * x->m[r][b];
+    }
+  } else if (dt == DS_Q5_0 || dt == DS_Q5_1) {
+    int q51 = dt == DS_Q5_1;
+    const unsigned char *qh = w + (q51 ? 4 : 2);
+    __m256i u = _mm256_or_si256(q_nibbles16(qh + 4), q_bits5(qh)); /* <= 31 */
+    float dw = q_f16(w), mw = q51 ? q_f16(w + 2) : -16.0f * dw; /* Q5_0: x = d (q - 16) */
+    for (int r = 0; r < R; r++) {
+      acc[r] = q_fma(QDOT(u, q_load(x->q[r] + 32 * b)), dw * x->d[r][b], acc[r]);
       extra[r] += mw * x->m[r][b];
     }
   } else if (dt == DS_Q4_K) {
@@ -164,6 +185,8 @@ QROWS_LINKAGE QT void QROWS(float *y, int64_t ldy, const ds_qx *x, int64_t n, co
     case DS_Q4_1: q_rows(y, ldy, x, n, w, DS_Q4_1, in, o0, o1, bias); break;
     case DS_Q4_K: q_rows(y, ldy, x, n, w, DS_Q4_K, in, o0, o1, bias); break;
     case DS_Q6_K: q_rows(y, ldy, x, n, w, DS_Q6_K, in, o0, o1, bias); break;
+    case DS_Q5_0: q_rows(y, ldy, x, n, w, DS_Q5_0, in, o0, o1, bias); break;
+    case DS_Q5_1: q_rows(y, ldy, x, n, w, DS_Q5_1, in, o0, o1, bias); break;
     default: DS_CHECK(!"a quantized dtype the kernels do not know");
   }
 }

@@ -271,10 +271,10 @@ def in_place_prefill(args, ck, arch, model, tokens, merges, pre, tmp):
     rows stay in the file's interleaved order and the product's columns are put back, so a wrong
     reordering shows here without the real model."""
     g = os.path.join(tmp, f"in-place-{arch}.gguf")
-    conv.write_gguf(model, arch, tokens, merges, g, pre, [Q.Q4_0, Q.Q8_0, Q.Q4_1])
+    conv.write_gguf(model, arch, tokens, merges, g, pre, [Q.Q4_0, Q.Q8_0, Q.Q4_1, Q.Q5_0, Q.Q5_1])
     info = common.run([args.dspark, "info", g])[0]
     held = info.split("used in place")[0]
-    ck.check(all(t in held for t in ("Q4_0", "Q8_0", "Q4_1")),
+    ck.check(all(t in held for t in ("Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1")),
              f"{arch}: the in-place file's matrices are not all held quantized:\n{info}")
     ids = ",".join(str((5 + 37 * i) % len(tokens)) for i in range(40))
     logits = {}

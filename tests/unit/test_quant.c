@@ -32,7 +32,7 @@ static void put_f16(unsigned char *p, float v) {
   p[0] = (unsigned char)h, p[1] = (unsigned char)(h >> 8);
 }
 
-static const ds_dtype k_types[] = {DS_Q8_0, DS_Q4_0, DS_Q4_1, DS_Q4_K, DS_Q6_K};
+static const ds_dtype k_types[] = {DS_Q8_0, DS_Q4_0, DS_Q4_1, DS_Q4_K, DS_Q6_K, DS_Q5_0, DS_Q5_1};
 enum { N_TYPES = sizeof k_types / sizeof k_types[0] };
 
 /* A random weight [rows, cols] in dt: random quant bytes (every bit pattern of the nibbles,
@@ -62,6 +62,11 @@ static unsigned char *rand_weight(ds_dtype dt, int64_t rows, int64_t cols) {
         put_f16(w + b * 144 + 2, 0.002f * urand());
         break;
       case DS_Q6_K: put_f16(w + b * 210 + 208, 0.001f * urand()); break;
+      case DS_Q5_0: put_f16(w + b * 22, 0.01f * urand()); break;
+      case DS_Q5_1:
+        put_f16(w + b * 24, 0.01f * urand());
+        put_f16(w + b * 24 + 2, 0.1f * urand());
+        break;
       default: break;
     }
   }
@@ -195,6 +200,28 @@ static void test_rows_independent(void) {
     }
     ds_release_packed_weights();
     free(w), free(x), free(all);
+  }
+}
+
+/* A quantized matrix with a non-finite scale is found by its row (the loader refuses it, naming
+ * the row): each type's d, and the second half (m, dmin) of the types that carry one. */
+static void test_nonfinite_scales(void) {
+  for (int t = 0; t < N_TYPES; t++) {
+    ds_dtype dt = k_types[t];
+    int64_t in = ds_quant_block(dt) == 256 ? 512 : 96, rows = 7;
+    size_t rb = ds_quant_row_bytes(dt, in), bb = ds_quant_row_bytes(dt, ds_quant_block(dt));
+    size_t at = dt == DS_Q6_K ? 208 : 0;
+    int two = dt == DS_Q4_1 || dt == DS_Q5_1 || dt == DS_Q4_K;
+    for (int which = 0; which <= two; which++) {
+      unsigned char *w = rand_weight(dt, rows, in);
+      EXPECT(ds_quant_first_nonfinite_row(dt, w, rows, in) == -1);
+      unsigned char *p = w + 5 * rb + bb + at + 2 * (size_t)which; /* row 5's second block */
+      p[0] = 0x00, p[1] = 0x7e;                                  /* an f16 NaN */
+      int64_t got = ds_quant_first_nonfinite_row(dt, w, rows, in);
+      if (got != 5) fprintf(stderr, "%s, half %d: row %lld\n", ds_dtype_name(dt), which, (long long)got);
+      EXPECT(got == 5);
+      free(w);
+    }
   }
 }
 
@@ -484,6 +511,7 @@ int main(void) {
   TEST_RUN(test_paths);
   TEST_RUN(test_rows_independent);
   TEST_RUN(test_packed_isas_equal);
+  TEST_RUN(test_nonfinite_scales);
   TEST_RUN(test_cat);
   TEST_RUN(test_embedding_backward);
   TEST_RUN(test_compute_bf16);
