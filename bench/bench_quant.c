@@ -22,7 +22,7 @@ static unsigned char *make_weight(ds_dtype dt, int64_t rows, int64_t cols) {
   size_t bb = ds_quant_row_bytes(dt, ds_quant_block(dt)), at = dt == DS_Q6_K ? 208 : 0;
   for (size_t b = 0; b < nb / bb; b++) {
     w[b * bb + at] = 0x00, w[b * bb + at + 1] = 0x20;
-    if (dt == DS_Q4_1 || dt == DS_Q4_K) w[b * bb + 2] = 0x00, w[b * bb + 3] = 0x20;
+    if (dt == DS_Q4_1 || dt == DS_Q5_1 || dt == DS_Q4_K) w[b * bb + 2] = 0x00, w[b * bb + 3] = 0x20;
   }
   return w;
 }
@@ -43,7 +43,7 @@ int main(int argc, char **argv) {
   }
   if (threads) ds_set_num_threads(threads);
   printf("quantized kernels: %s, GEMM: %s, threads %d\n", ds_qisa_name(isa), ds_gemm_name(), ds_get_num_threads());
-  const ds_dtype types[] = {DS_Q4_1, DS_Q8_0, DS_Q4_0, DS_Q4_K, DS_Q6_K};
+  const ds_dtype types[] = {DS_Q4_1, DS_Q8_0, DS_Q4_0, DS_Q4_K, DS_Q6_K, DS_Q5_0, DS_Q5_1};
   const int64_t shapes[3][2] = {{3072, 576}, {576, 1536}, {49152, 576}};
   const int64_t rows[] = {1, 2, 4, 8, 12, 16, 24, 32, 64, 128};
   printf("%-5s %-13s %5s %10s %10s %8s %8s\n", "type", "shape", "rows", "direct ms", "chunked ms", "ratio", "GB/s");

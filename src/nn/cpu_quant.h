@@ -34,10 +34,10 @@ typedef struct {
 } ds_qx;
 
 /* The instruction sets of these kernels: AVX2 a weight row at a time (cpu_quant_avx2.c);
- * AVX2_PACKED the AVX2 kernel on 8-row packed copies of Q4_0 / Q4_1 / Q8_0 weights (below;
+ * AVX2_PACKED the AVX2 kernel on 8-row packed copies of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 (below;
  * cpu_quant_avx2_packed.c), the row kernel for the other types and for the last rows of a weight
  * whose count is not a multiple of 8; VNNI is AVX-512 VNNI (with VL and BW): the same packed
- * kernel with dpbusd for Q4_0 / Q4_1 / Q8_0 (cpu_quant_vnni_packed.c), Q4_K / Q6_K at 512 bits
+ * kernel with dpbusd for Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 (cpu_quant_vnni_packed.c), Q4_K / Q6_K at 512 bits
  * with 16 weight rows across the lanes, and the last rows (< 8) of the packed types Q4_0 / Q4_1
  * the same way, Q8_0's a row at a time (cpu_quant_avx512.c). */
 typedef enum { DS_QISA_PORTABLE = 0, DS_QISA_AVX2, DS_QISA_AVX2_PACKED, DS_QISA_VNNI } ds_qisa;
@@ -73,15 +73,20 @@ void ds_quant_rows_avx2(float *y, int64_t ldy, const ds_qx *x, int64_t n, const 
 void ds_quant_rows_vnni(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *w, ds_dtype dt,
                         int64_t in, int64_t o0, int64_t o1, const float *bias);
 
-/* The 8-row packed layout of a Q4_0 / Q4_1 / Q8_0 weight [rows, in] (its first 8 * groups rows):
- * group g (rows 8g .. 8g+7), block b (values 32b .. 32b+31) at byte (g * in / 32 + b) * 8 * B,
- * B the type's block bytes (18, 20, 34), so the copy is as large as the rows it packs:
- *   d[8]     f16, row r's scale at r          (then Q4_1's m[8] the same way)
+/* The 8-row packed layout of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weight [rows, in] (its first
+ * 8 * groups rows): group g (rows 8g .. 8g+7), block b (values 32b .. 32b+31) at byte
+ * (g * in / 32 + b) * 8 * B, B the type's block bytes (18, 20, 22, 24, 34), so the copy is as
+ * large as the rows it packs:
+ *   d[8]     f16, row r's scale at r          (then Q4_1's / Q5_1's m[8] the same way)
+ *   e[8]     Q5 only: row r's 32 fifth bits at bytes 4r .. 4r+3, reordered so that byte k bit c
+ *            holds value (c < 4 ? 0 : 16) + 4 (c % 4) + k: chunk j's low nibbles find theirs at
+ *            bit j of each byte, its high nibbles at bit 4 + j (one shift and a mask each)
  *   quants   chunks of 32 bytes, chunk j holding at bytes 4r .. 4r+3 row r's stored quant bytes
- *            4j .. 4j+3 (Q8_0: values 4j .. 4j+3, chunks 0-7; Q4: low nibbles values 4j .. 4j+3,
- *            high nibbles 16 + 4j .. 16 + 4j + 3, chunks 0-3).
- * Packing moves bytes only: the packed kernel reads the stored values, scales and offsets. */
-int ds_quant_packable(ds_dtype dt); /* Q4_0, Q4_1, Q8_0 */
+ *            4j .. 4j+3 (Q8_0: values 4j .. 4j+3, chunks 0-7; Q4 / Q5: low nibbles values
+ *            4j .. 4j+3, high nibbles 16 + 4j .. 16 + 4j + 3, chunks 0-3).
+ * Packing moves bytes (and Q5's mask bits) only: the packed kernel reads the stored values,
+ * scales and offsets, and ds_quant_unpack_row gives a row's stored bytes back. */
+int ds_quant_packable(ds_dtype dt); /* Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 */
 void ds_quant_pack8(unsigned char *dst, const unsigned char *w, ds_dtype dt, int64_t groups, int64_t in);
 /* The packed copy of w's first rows / 8 * 8 rows, made on first use (parallel over groups) and kept
  * for the process, keyed by w's address, type and shape (ds_release_packed_weights() frees the

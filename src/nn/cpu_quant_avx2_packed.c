@@ -1,5 +1,6 @@
-/* The AVX2 direct product on the 8-row packed copies of Q4_0 / Q4_1 / Q8_0 weights (the kernel in
- * nn/cpu_quant_packed_x86.h, maddubs as its integer dot), and the AVX2 quantizer of x. */
+/* The AVX2 direct product on the 8-row packed copies of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weights
+ * (the kernel in nn/cpu_quant_packed_x86.h, maddubs as its integer dot), and the AVX2 quantizer
+ * of x. */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #include <math.h>

@@ -253,7 +253,7 @@ QT void ds_quant_rows_vnni(float *y, int64_t ldy, const ds_qx *x, int64_t n, con
      * the L1 thrashed: SmolLM2 Q8_0 decoded 67 / 105 tokens/s on 1 / 2 threads with the rows
      * across the lanes against 100 / 154 a row at a time (AMD EPYC Zen 4). */
     case DS_Q8_0: q_rows_vnni256(y, ldy, x, n, w, DS_Q8_0, in, o0, o1, bias); break;
-    case DS_Q5_0: /* a weight row at a time too: no 16-row or packed kernel for them yet */
+    case DS_Q5_0: /* a weight row at a time too (their packed kernel takes every group of 8 rows) */
     case DS_Q5_1: q_rows_vnni256(y, ldy, x, n, w, dt, in, o0, o1, bias); break;
     case DS_Q4_0: z_rows(y, ldy, x, n, w, DS_Q4_0, in, o0, o1, bias); break;
     case DS_Q4_1: z_rows(y, ldy, x, n, w, DS_Q4_1, in, o0, o1, bias); break;

@@ -1,4 +1,4 @@
-/* The 8-row interleaved copies of frozen Q4_0 / Q4_1 / Q8_0 weights (layout in nn/cpu_quant.h)
+/* The 8-row interleaved copies of frozen Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weights (layout in nn/cpu_quant.h)
  * that the AVX2 direct path reads: made once per weight on its first direct product, kept for
  * the life of the process, keyed by the weight's address as the bf16 packed copies are
  * (ds_release_packed_weights() drops both). */
@@ -10,15 +10,46 @@
 #include "nn/cpu_kernels.h"
 #include "nn/cpu_quant.h"
 
-int ds_quant_packable(ds_dtype dt) { return dt == DS_Q4_0 || dt == DS_Q4_1 || dt == DS_Q8_0; }
+int ds_quant_packable(ds_dtype dt) {
+  return dt == DS_Q4_0 || dt == DS_Q4_1 || dt == DS_Q8_0 || dt == DS_Q5_0 || dt == DS_Q5_1;
+}
 
-/* Bytes of the f16 scales ahead of a packed block's quants: d[8] (and m[8] for Q4_1). */
-static size_t scale_bytes(ds_dtype dt) { return dt == DS_Q4_1 ? 32 : 16; }
+static int has_m(ds_dtype dt) { return dt == DS_Q4_1 || dt == DS_Q5_1; }
+static int is_q5(ds_dtype dt) { return dt == DS_Q5_0 || dt == DS_Q5_1; }
+/* Bytes ahead of a packed block's quants: d[8] (and m[8] for Q4_1 / Q5_1), then Q5's fifth bits. */
+static size_t scale_bytes(ds_dtype dt) { return (has_m(dt) ? 32 : 16) + (is_q5(dt) ? 32 : 0); }
+/* Bytes ahead of a stored block's quants: d (m) (Q5's 32-bit mask of fifth bits) */
+static size_t head_bytes(ds_dtype dt) { return (has_m(dt) ? 4 : 2) + (is_q5(dt) ? 4 : 0); }
+
+/* A Q5 block's fifth bits (bit v of the stored mask: value v) in the packed kernel's order: byte k
+ * bit c holds value (c < 4 ? 0 : 16) + 4 (c % 4) + k, so chunk j's bits for its low nibbles are
+ * bit j of every byte, for its high ones bit 4 + j. */
+static uint32_t q5_bits_packed(uint32_t h) {
+  uint32_t e = 0;
+  for (int k = 0; k < 4; k++)
+    for (int c = 0; c < 8; c++) e |= ((h >> ((c < 4 ? 0 : 16) + 4 * (c % 4) + k)) & 1u) << (8 * k + c);
+  return e;
+}
+
+static uint32_t q5_bits_stored(uint32_t e) {
+  uint32_t h = 0;
+  for (int k = 0; k < 4; k++)
+    for (int c = 0; c < 8; c++) h |= ((e >> (8 * k + c)) & 1u) << ((c < 4 ? 0 : 16) + 4 * (c % 4) + k);
+  return h;
+}
+
+static uint32_t le32(const unsigned char *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void put_le32(unsigned char *p, uint32_t v) {
+  for (int k = 0; k < 4; k++) p[k] = (unsigned char)(v >> (8 * k));
+}
 
 void ds_quant_pack8(unsigned char *dst, const unsigned char *w, ds_dtype dt, int64_t groups, int64_t in) {
   DS_CHECK(ds_quant_packable(dt) && in % 32 == 0);
   int64_t nb = in / 32;
-  size_t bb = ds_quant_row_bytes(dt, 32), rb = ds_quant_row_bytes(dt, in), head = dt == DS_Q4_1 ? 4 : 2;
+  size_t bb = ds_quant_row_bytes(dt, 32), rb = ds_quant_row_bytes(dt, in), head = head_bytes(dt);
   size_t sb = scale_bytes(dt), qb = bb - head; /* quant bytes of a row's block: 16 or 32 */
   DS_OMP(parallel for schedule(static) if (groups * nb > 4096))
   for (int64_t g = 0; g < groups; g++)
@@ -27,7 +58,8 @@ void ds_quant_pack8(unsigned char *dst, const unsigned char *w, ds_dtype dt, int
       for (int r = 0; r < 8; r++) {
         const unsigned char *src = w + (size_t)(8 * g + r) * rb + (size_t)b * bb;
         memcpy(o + 2 * r, src, 2);                             /* d */
-        if (dt == DS_Q4_1) memcpy(o + 16 + 2 * r, src + 2, 2); /* m */
+        if (has_m(dt)) memcpy(o + 16 + 2 * r, src + 2, 2);     /* m */
+        if (is_q5(dt)) put_le32(o + sb - 32 + 4 * r, q5_bits_packed(le32(src + head - 4)));
         for (size_t j = 0; j < qb / 4; j++) memcpy(o + sb + 32 * j + 4 * r, src + head + 4 * j, 4);
       }
     }
@@ -120,12 +152,13 @@ const unsigned char *ds_quant_packed_find(const void *data, ds_dtype dt, int64_t
 void ds_quant_unpack_row(unsigned char *row, const unsigned char *packed, ds_dtype dt, int64_t in, int64_t r) {
   int64_t nb = in / 32, g = r / 8;
   int lane = (int)(r % 8);
-  size_t bb = ds_quant_row_bytes(dt, 32), head = dt == DS_Q4_1 ? 4 : 2, sb = scale_bytes(dt), qb = bb - head;
+  size_t bb = ds_quant_row_bytes(dt, 32), head = head_bytes(dt), sb = scale_bytes(dt), qb = bb - head;
   for (int64_t b = 0; b < nb; b++) {
     const unsigned char *blk = packed + ((size_t)g * (size_t)nb + (size_t)b) * 8 * bb;
     unsigned char *o = row + (size_t)b * bb;
-    memcpy(o, blk + 2 * lane, 2);                             /* d */
-    if (dt == DS_Q4_1) memcpy(o + 2, blk + 16 + 2 * lane, 2); /* m */
+    memcpy(o, blk + 2 * lane, 2);                         /* d */
+    if (has_m(dt)) memcpy(o + 2, blk + 16 + 2 * lane, 2); /* m */
+    if (is_q5(dt)) put_le32(o + head - 4, q5_bits_stored(le32(blk + sb - 32 + 4 * lane)));
     for (size_t j = 0; j < qb / 4; j++) memcpy(o + head + 4 * j, blk + sb + 32 * j + 4 * lane, 4);
   }
 }

@@ -1,5 +1,5 @@
-/* The direct product on the 8-row packed copies of Q4_0 / Q4_1 / Q8_0 weights (layout in
- * nn/cpu_quant.h), one source for two instruction sets: cpu_quant_avx2_packed.c and
+/* The direct product on the 8-row packed copies of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weights
+ * (layout in nn/cpu_quant.h), one source for two instruction sets: cpu_quant_avx2_packed.c and
  * cpu_quant_vnni_packed.c include it after defining
  *   PT            the target attribute of every function here,
  *   PACKED_VNNI   1 to sum each 4 byte products with one AVX-512 VNNI dpbusd (256 bits: the packed
@@ -79,23 +79,34 @@ PI void group_dot(const unsigned char *g, ds_dtype dt, size_t bb8, int64_t nb, c
       for (int r = 0; r < R; r++)
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]), _mm256_mul_ps(dw, _mm256_set1_ps(x->d[(i0 + r) * xb + b])),
                                  acc[r]);
-    } else {
-      int q41 = dt == DS_Q4_1;
-      __m256 mw = q41 ? f16x8(blk + 16) : _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f)); /* Q4_0: w = d (q - 8) */
-      const unsigned char *qs = blk + (q41 ? 32 : 16);
+    } else { /* Q4_0, Q4_1, Q5_0, Q5_1 */
+      int has_m = dt == DS_Q4_1 || dt == DS_Q5_1, q5 = dt == DS_Q5_0 || dt == DS_Q5_1;
+      /* Q4_0: w = d (q - 8), Q5_0: d (q - 16) */
+      __m256 mw = has_m ? f16x8(blk + 16) : _mm256_mul_ps(dw, _mm256_set1_ps(q5 ? -16.0f : -8.0f));
+      const unsigned char *qs = blk + (has_m ? 32 : 16) + (q5 ? 32 : 0);
+      /* Q5's fifth bits (layout in nn/cpu_quant.h): bit j of each byte for the low nibbles of chunk
+       * j, bit 4 + j for the high ones, moved to bit 4 (0x10) */
+      __m256i e = q5 ? _mm256_loadu_si256((const __m256i *)(qs - 32)) : _mm256_setzero_si256();
+      const __m256i m5 = _mm256_set1_epi8(0x10);
       __m256i s[4];
       for (int j = 0; j < 4; j++) { /* low nibbles: values 4j .. 4j+3, high: 16 + 4j .. */
         __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
         __m256i lo = _mm256_and_si256(w, m4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+        if (q5) {
+          lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi32(e, 4 - j), m5));
+          hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi32(e, j), m5));
+        }
         for (int r = 0; r < R; r++) {
           const int8_t *xq = x->q + (i0 + r) * in + 32 * b + 4 * j;
 #if PACKED_VNNI /* int32 sums; each j's from zero, so s's chain is the adds (s as dpbusd's accumulator,
                   * a chain of 8 dpbusd a block, decoded a quarter slower) */
           __m256i p = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, bcast4(xq)), hi, bcast4(xq + 16));
           s[r] = j ? _mm256_add_epi32(s[r], p) : p;
-#else /* int16 sums: each pair <= 2 * 15 * 127, eight of them <= 30480 */
+#else /* Q4: int16 sums, each pair <= 2 * 15 * 127, eight of them <= 30480; Q5's pairs reach
+       * 2 * 31 * 127, so its sums widen to int32 at each j */
           __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xq)), _mm256_maddubs_epi16(hi, bcast4(xq + 16)));
-          s[r] = j ? _mm256_add_epi16(s[r], p) : p;
+          if (q5) p = _mm256_madd_epi16(p, ones), s[r] = j ? _mm256_add_epi32(s[r], p) : p;
+          else s[r] = j ? _mm256_add_epi16(s[r], p) : p;
 #endif
           PIN(s[r]);
         }
@@ -105,7 +116,7 @@ PI void group_dot(const unsigned char *g, ds_dtype dt, size_t bb8, int64_t nb, c
 #if PACKED_VNNI
         __m256 isum = _mm256_cvtepi32_ps(s[r]);
 #else
-        __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[r], ones));
+        __m256 isum = _mm256_cvtepi32_ps(q5 ? s[r] : _mm256_madd_epi16(s[r], ones));
 #endif
         acc[r] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(x->d[k])), acc[r]);
         acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x->m[k]), acc[r]); /* the offset times x's block sum */
@@ -144,6 +155,8 @@ PT void PACKED_ROWS(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsi
     case DS_Q8_0: packed_rows(y, ldy, x, n, packed, DS_Q8_0, in, o0, o1, bias); break;
     case DS_Q4_0: packed_rows(y, ldy, x, n, packed, DS_Q4_0, in, o0, o1, bias); break;
     case DS_Q4_1: packed_rows(y, ldy, x, n, packed, DS_Q4_1, in, o0, o1, bias); break;
+    case DS_Q5_0: packed_rows(y, ldy, x, n, packed, DS_Q5_0, in, o0, o1, bias); break;
+    case DS_Q5_1: packed_rows(y, ldy, x, n, packed, DS_Q5_1, in, o0, o1, bias); break;
     default: DS_CHECK(!"a type without a packed layout");
   }
 }

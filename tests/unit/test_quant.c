@@ -203,6 +203,33 @@ static void test_rows_independent(void) {
   }
 }
 
+/* The largest integer sums a block can give: every quant at its maximum against x at +127
+ * (int16 partial sums that would overflow, as Q5's 31 * 127 pairs do in AVX2's maddubs sums,
+ * show here; random blocks rarely reach them). Every type and instruction set. */
+static void test_extreme_blocks(void) {
+  for (int t = 0; t < N_TYPES; t++) {
+    ds_dtype dt = k_types[t];
+    int64_t in = ds_quant_block(dt) == 256 ? 512 : 128, out = 24, n = 3;
+    size_t bb = ds_quant_row_bytes(dt, ds_quant_block(dt));
+    unsigned char *w = rand_weight(dt, out, in);
+    size_t q0 = dt == DS_Q8_0 ? 2 : dt == DS_Q4_0 ? 2 : dt == DS_Q4_1 ? 4 : dt == DS_Q5_0 ? 2 : dt == DS_Q5_1 ? 4 : 0;
+    if (q0) /* the K-quants' scales interleave with their quants: random blocks only */
+      for (size_t b = 0; b < (size_t)(out * in / ds_quant_block(dt)); b++)
+        memset(w + b * bb + q0, dt == DS_Q8_0 ? 0x7F : 0xFF, bb - q0);
+    float *x = malloc((size_t)(n * in) * sizeof(float)), *want = malloc((size_t)(n * out) * sizeof(float));
+    float *got = malloc((size_t)(n * out) * sizeof(float)), *wf = dequantized(dt, w, out, in);
+    for (int64_t i = 0; i < n * in; i++) x[i] = 1.0f;
+    ref_linear(want, w, dt, x, NULL, n, in, out);
+    ds_weight qw = {w, dt};
+    for (int isa = DS_QISA_PORTABLE; isa <= (int)ds_qisa_best(); isa++) {
+      EXPECT(ds_quant_direct_cat((ds_qisa)isa, got, out, x, &qw, &out, 1, NULL, n, in));
+      EXPECT(check_against(ds_qisa_name((ds_qisa)isa), dt, got, out, want, wf, x, n, in, out, 1));
+    }
+    ds_release_packed_weights();
+    free(w), free(x), free(want), free(got), free(wf);
+  }
+}
+
 /* A quantized matrix with a non-finite scale is found by its row (the loader refuses it, naming
  * the row): each type's d, and the second half (m, dmin) of the types that carry one. */
 static void test_nonfinite_scales(void) {
@@ -475,8 +502,8 @@ static void test_quantize_q8_0_weights(void) {
 /* Once a weight has its packed copy, the rows read back from it (the chunked path, embedding
  * lookups, ds_quant_unpack_row) are the stored rows, tail rows past the last group of 8 too. */
 static void test_unpack(void) {
-  const ds_dtype types[] = {DS_Q8_0, DS_Q4_0, DS_Q4_1};
-  for (int t = 0; t < 3; t++) {
+  const ds_dtype types[] = {DS_Q8_0, DS_Q4_0, DS_Q4_1, DS_Q5_0, DS_Q5_1};
+  for (int t = 0; t < 5; t++) {
     int64_t rows = 27, in = 96;
     ds_dtype dt = types[t];
     unsigned char *w = rand_weight(dt, rows, in);
@@ -512,6 +539,7 @@ int main(void) {
   TEST_RUN(test_rows_independent);
   TEST_RUN(test_packed_isas_equal);
   TEST_RUN(test_nonfinite_scales);
+  TEST_RUN(test_extreme_blocks);
   TEST_RUN(test_cat);
   TEST_RUN(test_embedding_backward);
   TEST_RUN(test_compute_bf16);
