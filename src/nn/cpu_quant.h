@@ -34,12 +34,12 @@ typedef struct {
 } ds_qx;
 
 /* The instruction sets of these kernels: AVX2 a weight row at a time (cpu_quant_avx2.c);
- * AVX2_PACKED the AVX2 kernel on 8-row packed copies of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 (below;
- * cpu_quant_avx2_packed.c), the row kernel for the other types and for the last rows of a weight
- * whose count is not a multiple of 8; VNNI is AVX-512 VNNI (with VL and BW): the same packed
- * kernel with dpbusd for Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 (cpu_quant_vnni_packed.c), Q4_K / Q6_K at 512 bits
- * with 16 weight rows across the lanes, and the last rows (< 8) of the packed types Q4_0 / Q4_1
- * the same way, Q8_0's a row at a time (cpu_quant_avx512.c). */
+ * AVX2_PACKED the AVX2 kernel on 8-row packed copies of the packable types (below;
+ * cpu_quant_avx2_packed.c), the row kernel for Q6_K and for the last rows of a weight whose
+ * count is not a multiple of 8; VNNI is AVX-512 VNNI (with VL and BW): the same packed kernel
+ * with dpbusd (cpu_quant_vnni_packed.c), Q6_K at 512 bits with 16 weight rows across the lanes,
+ * and the last rows (< 8) of Q4_0 / Q4_1 / Q4_K the same way, of Q8_0 / Q5_0 / Q5_1 a row at a
+ * time (cpu_quant_avx512.c). */
 typedef enum { DS_QISA_PORTABLE = 0, DS_QISA_AVX2, DS_QISA_AVX2_PACKED, DS_QISA_VNNI } ds_qisa;
 ds_qisa ds_qisa_best(void); /* what this CPU runs, capped by $DSPARK_MAX_ISA as ds_isa_best */
 const char *ds_qisa_name(ds_qisa isa);
@@ -73,11 +73,14 @@ void ds_quant_rows_avx2(float *y, int64_t ldy, const ds_qx *x, int64_t n, const 
 void ds_quant_rows_vnni(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *w, ds_dtype dt,
                         int64_t in, int64_t o0, int64_t o1, const float *bias);
 
-/* The 8-row packed layout of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weight [rows, in] (its first
- * 8 * groups rows): group g (rows 8g .. 8g+7), block b (values 32b .. 32b+31) at byte
- * (g * in / 32 + b) * 8 * B, B the type's block bytes (18, 20, 22, 24, 34), so the copy is as
- * large as the rows it packs:
- *   d[8]     f16, row r's scale at r          (then Q4_1's / Q5_1's m[8] the same way)
+/* The 8-row packed layout of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K weight [rows, in] (its
+ * first 8 * groups rows): group g (rows 8g .. 8g+7), block b (values 32b .. 32b+31; Q4_K's
+ * super-blocks of 256) at byte (g * in / K + b) * 8 * B, K the block's values and B its bytes (18,
+ * 20, 22, 24, 34, 144), so the copy is as large as the rows it packs:
+ *   d[8]     f16, row r's scale at r          (then Q4_1's / Q5_1's m[8], Q4_K's dmin[8])
+ *   sc[96]   Q4_K only: its 12 bytes of 6-bit scales and mins, byte i of row r at 8 i + r (the
+ *            kernel decodes 8 rows' scale of a sub-block at once); then chunks of the quants as
+ *            Q4's, 32 of them (sub-block 2g in chunks 8g .. 8g+7's low nibbles, 2g + 1 high)
  *   e[8]     Q5 only: row r's 32 fifth bits at bytes 4r .. 4r+3, reordered so that byte k bit c
  *            holds value (c < 4 ? 0 : 16) + 4 (c % 4) + k: chunk j's low nibbles find theirs at
  *            bit j of each byte, its high nibbles at bit 4 + j (one shift and a mask each)
@@ -86,7 +89,7 @@ void ds_quant_rows_vnni(float *y, int64_t ldy, const ds_qx *x, int64_t n, const 
  *            4j .. 4j+3, high nibbles 16 + 4j .. 16 + 4j + 3, chunks 0-3).
  * Packing moves bytes (and Q5's mask bits) only: the packed kernel reads the stored values,
  * scales and offsets, and ds_quant_unpack_row gives a row's stored bytes back. */
-int ds_quant_packable(ds_dtype dt); /* Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 */
+int ds_quant_packable(ds_dtype dt); /* Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K */
 void ds_quant_pack8(unsigned char *dst, const unsigned char *w, ds_dtype dt, int64_t groups, int64_t in);
 /* The packed copy of w's first rows / 8 * 8 rows, made on first use (parallel over groups) and kept
  * for the process, keyed by w's address, type and shape (ds_release_packed_weights() frees the

@@ -11,15 +11,21 @@
 #include "nn/cpu_quant.h"
 
 int ds_quant_packable(ds_dtype dt) {
-  return dt == DS_Q4_0 || dt == DS_Q4_1 || dt == DS_Q8_0 || dt == DS_Q5_0 || dt == DS_Q5_1;
+  return dt == DS_Q4_0 || dt == DS_Q4_1 || dt == DS_Q8_0 || dt == DS_Q5_0 || dt == DS_Q5_1 || dt == DS_Q4_K;
 }
 
-static int has_m(ds_dtype dt) { return dt == DS_Q4_1 || dt == DS_Q5_1; }
+static int has_m(ds_dtype dt) { return dt == DS_Q4_1 || dt == DS_Q5_1 || dt == DS_Q4_K; } /* m or dmin */
 static int is_q5(ds_dtype dt) { return dt == DS_Q5_0 || dt == DS_Q5_1; }
-/* Bytes ahead of a packed block's quants: d[8] (and m[8] for Q4_1 / Q5_1), then Q5's fifth bits. */
-static size_t scale_bytes(ds_dtype dt) { return (has_m(dt) ? 32 : 16) + (is_q5(dt) ? 32 : 0); }
-/* Bytes ahead of a stored block's quants: d (m) (Q5's 32-bit mask of fifth bits) */
-static size_t head_bytes(ds_dtype dt) { return (has_m(dt) ? 4 : 2) + (is_q5(dt) ? 4 : 0); }
+enum { Q4K_SCALES = 12 }; /* Q4_K's bytes of 6-bit scales and mins after d, dmin */
+/* Bytes ahead of a packed block's quants: d[8] (and m[8] / dmin[8]), then Q5's fifth bits or
+ * Q4_K's scale bytes. */
+static size_t scale_bytes(ds_dtype dt) {
+  return (has_m(dt) ? 32 : 16) + (is_q5(dt) ? 32 : 0) + (dt == DS_Q4_K ? 8 * Q4K_SCALES : 0);
+}
+/* Bytes ahead of a stored block's quants: d (m) (Q5's 32-bit mask of fifth bits, Q4_K's scales) */
+static size_t head_bytes(ds_dtype dt) {
+  return (has_m(dt) ? 4 : 2) + (is_q5(dt) ? 4 : 0) + (dt == DS_Q4_K ? Q4K_SCALES : 0);
+}
 
 /* A Q5 block's fifth bits (bit v of the stored mask: value v) in the packed kernel's order: byte k
  * bit c holds value (c < 4 ? 0 : 16) + 4 (c % 4) + k, so chunk j's bits for its low nibbles are
@@ -47,9 +53,10 @@ static void put_le32(unsigned char *p, uint32_t v) {
 }
 
 void ds_quant_pack8(unsigned char *dst, const unsigned char *w, ds_dtype dt, int64_t groups, int64_t in) {
-  DS_CHECK(ds_quant_packable(dt) && in % 32 == 0);
-  int64_t nb = in / 32;
-  size_t bb = ds_quant_row_bytes(dt, 32), rb = ds_quant_row_bytes(dt, in), head = head_bytes(dt);
+  int64_t blk = ds_quant_block(dt);
+  DS_CHECK(ds_quant_packable(dt) && in % blk == 0);
+  int64_t nb = in / blk;
+  size_t bb = ds_quant_row_bytes(dt, blk), rb = ds_quant_row_bytes(dt, in), head = head_bytes(dt);
   size_t sb = scale_bytes(dt), qb = bb - head; /* quant bytes of a row's block: 16 or 32 */
   DS_OMP(parallel for schedule(static) if (groups * nb > 4096))
   for (int64_t g = 0; g < groups; g++)
@@ -60,6 +67,8 @@ void ds_quant_pack8(unsigned char *dst, const unsigned char *w, ds_dtype dt, int
         memcpy(o + 2 * r, src, 2);                             /* d */
         if (has_m(dt)) memcpy(o + 16 + 2 * r, src + 2, 2);     /* m */
         if (is_q5(dt)) put_le32(o + sb - 32 + 4 * r, q5_bits_packed(le32(src + head - 4)));
+        if (dt == DS_Q4_K)
+          for (int i = 0; i < Q4K_SCALES; i++) o[32 + 8 * i + r] = src[4 + i]; /* scale byte i of 8 rows */
         for (size_t j = 0; j < qb / 4; j++) memcpy(o + sb + 32 * j + 4 * r, src + head + 4 * j, 4);
       }
     }
@@ -102,7 +111,7 @@ static int grow(void) {
 }
 
 const unsigned char *ds_quant_packed(ds_weight w, int64_t rows, int64_t in) {
-  if (!ds_quant_packable(w.dtype) || rows < 8 || in % 32) return NULL;
+  if (!ds_quant_packable(w.dtype) || rows < 8 || in % ds_quant_block(w.dtype)) return NULL;
   pthread_mutex_lock(&g_lock);
   const unsigned char *found = NULL;
   int known = 0;
@@ -150,15 +159,17 @@ const unsigned char *ds_quant_packed_find(const void *data, ds_dtype dt, int64_t
 }
 
 void ds_quant_unpack_row(unsigned char *row, const unsigned char *packed, ds_dtype dt, int64_t in, int64_t r) {
-  int64_t nb = in / 32, g = r / 8;
+  int64_t blk_values = ds_quant_block(dt), nb = in / blk_values, g = r / 8;
   int lane = (int)(r % 8);
-  size_t bb = ds_quant_row_bytes(dt, 32), head = head_bytes(dt), sb = scale_bytes(dt), qb = bb - head;
+  size_t bb = ds_quant_row_bytes(dt, blk_values), head = head_bytes(dt), sb = scale_bytes(dt), qb = bb - head;
   for (int64_t b = 0; b < nb; b++) {
     const unsigned char *blk = packed + ((size_t)g * (size_t)nb + (size_t)b) * 8 * bb;
     unsigned char *o = row + (size_t)b * bb;
     memcpy(o, blk + 2 * lane, 2);                         /* d */
     if (has_m(dt)) memcpy(o + 2, blk + 16 + 2 * lane, 2); /* m */
     if (is_q5(dt)) put_le32(o + head - 4, q5_bits_stored(le32(blk + sb - 32 + 4 * lane)));
+    if (dt == DS_Q4_K)
+      for (int i = 0; i < Q4K_SCALES; i++) o[4 + i] = blk[32 + 8 * i + lane];
     for (size_t j = 0; j < qb / 4; j++) memcpy(o + head + 4 * j, blk + sb + 32 * j + 4 * lane, 4);
   }
 }

@@ -34,6 +34,70 @@ PI __m256i bcast4(const int8_t *p) { /* 4 bytes of x in every lane */
 
 PI __m256 f16x8(const unsigned char *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
+/* The 8 rows' 6-bit scale (or min) of Q4_K sub-block j from the 12 scale bytes, each byte i of
+ * the 8 rows at sc + 8 i (ds_ggml_q4k_scales' rule, 8 rows at once), as fp32 lanes. */
+PI __m256 q4k_six_bits(const unsigned char *sc, int j, int mins) {
+  const __m128i m6 = _mm_set1_epi8(63), m4 = _mm_set1_epi8(0x0F), top = _mm_set1_epi8(0x30);
+  __m128i v;
+  if (j < 4) {
+    v = _mm_and_si128(_mm_loadl_epi64((const __m128i *)(sc + 8 * (j + 4 * mins))), m6);
+  } else { /* low 4 bits from byte j + 4 (low or high nibble), top 2 from byte j - 4 (or j) bits 6-7 */
+    __m128i lo = _mm_loadl_epi64((const __m128i *)(sc + 8 * (j + 4)));
+    __m128i hi = _mm_loadl_epi64((const __m128i *)(sc + 8 * (mins ? j : j - 4)));
+    lo = _mm_and_si128(mins ? _mm_srli_epi16(lo, 4) : lo, m4);
+    v = _mm_or_si128(lo, _mm_and_si128(_mm_srli_epi16(hi, 2), top));
+  }
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+}
+
+/* acc[r] += one Q4_K super-block (256 values: 8 sub-blocks of 32, x's blocks kx .. kx + 7) of the
+ * 8 rows, packed as nn/cpu_quant.h lays it out: sub-block 2g in chunk g's low nibbles, 2g + 1 in
+ * its high ones, each with its 6-bit scale and min. */
+PI void q4k_superblock(const unsigned char *blk, const ds_qx *x, int64_t in, int64_t xb, int64_t i0, int64_t kx,
+                       int R, __m256 *acc) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+#if !PACKED_VNNI
+  const __m256i ones = _mm256_set1_epi16(1);
+#endif
+  __m256 d = f16x8(blk), dmin = f16x8(blk + 16);
+  const unsigned char *sc = blk + 32, *qs = blk + 128;
+  for (int g = 0; g < 4; g++) {
+    __m256 s0 = _mm256_mul_ps(d, q4k_six_bits(sc, 2 * g, 0)), s1 = _mm256_mul_ps(d, q4k_six_bits(sc, 2 * g + 1, 0));
+    __m256 n0 = _mm256_mul_ps(dmin, q4k_six_bits(sc, 2 * g, 1)), n1 = _mm256_mul_ps(dmin, q4k_six_bits(sc, 2 * g + 1, 1));
+    __m256i t0[4], t1[4];
+    for (int c = 0; c < 8; c++) { /* values 4c .. 4c+3 of both sub-blocks */
+      __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 32 * (8 * g + c)));
+      __m256i lo = _mm256_and_si256(w, m4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+      for (int r = 0; r < R; r++) {
+        const int8_t *xq = x->q + (i0 + r) * in + 32 * (kx + 2 * g) + 4 * c;
+#if PACKED_VNNI
+        __m256i p0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, bcast4(xq));
+        __m256i p1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), hi, bcast4(xq + 32));
+        t0[r] = c ? _mm256_add_epi32(t0[r], p0) : p0, t1[r] = c ? _mm256_add_epi32(t1[r], p1) : p1;
+#else /* int16 sums: 8 pairs of at most 2 * 15 * 127 */
+        __m256i p0 = _mm256_maddubs_epi16(lo, bcast4(xq)), p1 = _mm256_maddubs_epi16(hi, bcast4(xq + 32));
+        t0[r] = c ? _mm256_add_epi16(t0[r], p0) : p0, t1[r] = c ? _mm256_add_epi16(t1[r], p1) : p1;
+#endif
+        PIN(t0[r]);
+        PIN(t1[r]);
+      }
+    }
+    for (int r = 0; r < R; r++) {
+      int64_t k = (i0 + r) * xb + kx + 2 * g;
+#if PACKED_VNNI
+      __m256 i0f = _mm256_cvtepi32_ps(t0[r]), i1f = _mm256_cvtepi32_ps(t1[r]);
+#else
+      __m256 i0f = _mm256_cvtepi32_ps(_mm256_madd_epi16(t0[r], ones));
+      __m256 i1f = _mm256_cvtepi32_ps(_mm256_madd_epi16(t1[r], ones));
+#endif
+      acc[r] = _mm256_fmadd_ps(i0f, _mm256_mul_ps(s0, _mm256_set1_ps(x->d[k])), acc[r]);
+      acc[r] = _mm256_fmadd_ps(i1f, _mm256_mul_ps(s1, _mm256_set1_ps(x->d[k + 1])), acc[r]);
+      acc[r] = _mm256_fnmadd_ps(n0, _mm256_set1_ps(x->m[k]), acc[r]); /* x = d sc q - dmin mn */
+      acc[r] = _mm256_fnmadd_ps(n1, _mm256_set1_ps(x->m[k + 1]), acc[r]);
+    }
+  }
+}
+
 /* acc[r] (lanes: the group's 8 weight rows) += the group's nb blocks (bb8 bytes each) dotted with R
  * rows of x. */
 PI void group_dot(const unsigned char *g, ds_dtype dt, size_t bb8, int64_t nb, const ds_qx *x, int64_t in, int64_t i0,
@@ -45,6 +109,10 @@ PI void group_dot(const unsigned char *g, ds_dtype dt, size_t bb8, int64_t nb, c
   const int64_t xb = in / 32;
   for (int64_t b = 0; b < nb; b++) {
     const unsigned char *blk = g + (size_t)b * bb8;
+    if (dt == DS_Q4_K) { /* b a super-block of 8 of x's blocks */
+      q4k_superblock(blk, x, in, xb, i0, 8 * b, R, acc);
+      continue;
+    }
     __m256 dw = f16x8(blk);
     if (dt == DS_Q8_0) {
       const unsigned char *qs = blk + 16;
@@ -128,8 +196,8 @@ PI void group_dot(const unsigned char *g, ds_dtype dt, size_t bb8, int64_t nb, c
 PI void packed_rows(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *p, ds_dtype dt,
                     int64_t in, int64_t o0, int64_t o1, const float *bias) {
   /* the block size once per call (ds_quant_row_bytes per group was 1% of a speculative decode) */
-  int64_t nb = in / 32;
-  size_t bb8 = 8 * ds_quant_row_bytes(dt, 32), gb = bb8 * (size_t)nb;
+  int64_t blk = ds_quant_block(dt), nb = in / blk;
+  size_t bb8 = 8 * ds_quant_row_bytes(dt, blk), gb = bb8 * (size_t)nb;
   for (int64_t o = o0; o < o1; o += 8) {
     const unsigned char *g = p + (size_t)(o / 8) * gb;
     __m256 bv = bias ? _mm256_loadu_ps(bias + o) : _mm256_setzero_ps();
@@ -157,6 +225,7 @@ PT void PACKED_ROWS(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsi
     case DS_Q4_1: packed_rows(y, ldy, x, n, packed, DS_Q4_1, in, o0, o1, bias); break;
     case DS_Q5_0: packed_rows(y, ldy, x, n, packed, DS_Q5_0, in, o0, o1, bias); break;
     case DS_Q5_1: packed_rows(y, ldy, x, n, packed, DS_Q5_1, in, o0, o1, bias); break;
+    case DS_Q4_K: packed_rows(y, ldy, x, n, packed, DS_Q4_K, in, o0, o1, bias); break;
     default: DS_CHECK(!"a type without a packed layout");
   }
 }

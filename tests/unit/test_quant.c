@@ -263,7 +263,7 @@ static void test_packed_isas_equal(void) {
   for (int t = 0; t < N_TYPES; t++) {
     ds_dtype dt = k_types[t];
     if (!ds_quant_packable(dt)) continue;
-    int64_t in = 320, out = 45;
+    int64_t in = ds_quant_block(dt) == 256 ? 512 : 320, out = 45;
     unsigned char *w = rand_weight(dt, out, in);
     ds_weight qw = {w, dt};
     for (int64_t n = 1; n <= 9; n++) {
@@ -502,26 +502,27 @@ static void test_quantize_q8_0_weights(void) {
 /* Once a weight has its packed copy, the rows read back from it (the chunked path, embedding
  * lookups, ds_quant_unpack_row) are the stored rows, tail rows past the last group of 8 too. */
 static void test_unpack(void) {
-  const ds_dtype types[] = {DS_Q8_0, DS_Q4_0, DS_Q4_1, DS_Q5_0, DS_Q5_1};
-  for (int t = 0; t < 5; t++) {
-    int64_t rows = 27, in = 96;
+  const ds_dtype types[] = {DS_Q8_0, DS_Q4_0, DS_Q4_1, DS_Q5_0, DS_Q5_1, DS_Q4_K};
+  for (int t = 0; t < 6; t++) {
     ds_dtype dt = types[t];
+    enum { IN_MAX = 512 };
+    int64_t rows = 27, in = ds_quant_block(dt) == 256 ? IN_MAX : 96;
     unsigned char *w = rand_weight(dt, rows, in);
     size_t rb = ds_quant_row_bytes(dt, in);
     ds_weight wt = {w, dt};
     const unsigned char *packed = ds_quant_packed(wt, rows, in);
     int64_t rows_packed = 0;
     EXPECT(packed != NULL && ds_quant_packed_find(w, dt, in, &rows_packed) == packed && rows_packed == 24);
-    unsigned char row[96 * 2];
+    unsigned char row[IN_MAX * 2];
     for (int64_t r = 0; r < rows_packed; r++) {
       ds_quant_unpack_row(row, packed, dt, in, r);
       EXPECT(memcmp(row, w + (size_t)r * rb, rb) == 0);
     }
-    float *want = dequantized(dt, w, rows, in), got[27 * 96];
+    float *want = dequantized(dt, w, rows, in), got[27 * IN_MAX];
     ds_quant_dequantize_rows(got, wt, in, 0, rows);
-    EXPECT(memcmp(got, want, sizeof got) == 0);
+    EXPECT(memcmp(got, want, (size_t)(rows * in) * sizeof(float)) == 0);
     int32_t ids[] = {26, 0, 7, 8, 23, 24, 13};
-    float emb[7 * 96];
+    float emb[7 * IN_MAX];
     ds_backend_cpu()->embedding_w(emb, ids, wt, 7, in);
     for (int i = 0; i < 7; i++) EXPECT(memcmp(emb + i * in, want + ids[i] * in, (size_t)in * sizeof(float)) == 0);
     free(want);
