@@ -35,11 +35,10 @@ typedef struct {
 
 /* The instruction sets of these kernels: AVX2 a weight row at a time (cpu_quant_avx2.c);
  * AVX2_PACKED the AVX2 kernel on 8-row packed copies of the packable types (below;
- * cpu_quant_avx2_packed.c), the row kernel for Q6_K and for the last rows of a weight whose
- * count is not a multiple of 8; VNNI is AVX-512 VNNI (with VL and BW): the same packed kernel
- * with dpbusd (cpu_quant_vnni_packed.c), Q6_K at 512 bits with 16 weight rows across the lanes,
- * and the last rows (< 8) of Q4_0 / Q4_1 / Q4_K the same way, of Q8_0 / Q5_0 / Q5_1 a row at a
- * time (cpu_quant_avx512.c). */
+ * cpu_quant_avx2_packed.c), the row kernel for the last rows of a weight whose count is not a
+ * multiple of 8; VNNI is AVX-512 VNNI (with VL and BW): the same packed kernel with dpbusd
+ * (cpu_quant_vnni_packed.c), and for those last rows Q4_0 / Q4_1 / Q4_K / Q6_K at 512 bits with
+ * 16 weight rows across the lanes, Q8_0 / Q5_0 / Q5_1 a row at a time (cpu_quant_avx512.c). */
 typedef enum { DS_QISA_PORTABLE = 0, DS_QISA_AVX2, DS_QISA_AVX2_PACKED, DS_QISA_VNNI } ds_qisa;
 ds_qisa ds_qisa_best(void); /* what this CPU runs, capped by $DSPARK_MAX_ISA as ds_isa_best */
 const char *ds_qisa_name(ds_qisa isa);
@@ -81,6 +80,8 @@ void ds_quant_rows_vnni(float *y, int64_t ldy, const ds_qx *x, int64_t n, const 
  *   sc[96]   Q4_K only: its 12 bytes of 6-bit scales and mins, byte i of row r at 8 i + r (the
  *            kernel decodes 8 rows' scale of a sub-block at once); then chunks of the quants as
  *            Q4's, 32 of them (sub-block 2g in chunks 8g .. 8g+7's low nibbles, 2g + 1 high)
+ *   Q6_K (210 bytes): d[8] at 0, its 16 int8 scales byte i of row r at 16 + 8 i + r, then its
+ *            ql[128] in 32 chunks and qh[64] in 16 chunks of 32 bytes, 4 bytes a row as above
  *   e[8]     Q5 only: row r's 32 fifth bits at bytes 4r .. 4r+3, reordered so that byte k bit c
  *            holds value (c < 4 ? 0 : 16) + 4 (c % 4) + k: chunk j's low nibbles find theirs at
  *            bit j of each byte, its high nibbles at bit 4 + j (one shift and a mask each)
@@ -89,7 +90,7 @@ void ds_quant_rows_vnni(float *y, int64_t ldy, const ds_qx *x, int64_t n, const 
  *            4j .. 4j+3, high nibbles 16 + 4j .. 16 + 4j + 3, chunks 0-3).
  * Packing moves bytes (and Q5's mask bits) only: the packed kernel reads the stored values,
  * scales and offsets, and ds_quant_unpack_row gives a row's stored bytes back. */
-int ds_quant_packable(ds_dtype dt); /* Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K */
+int ds_quant_packable(ds_dtype dt); /* Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K */
 void ds_quant_pack8(unsigned char *dst, const unsigned char *w, ds_dtype dt, int64_t groups, int64_t in);
 /* The packed copy of w's first rows / 8 * 8 rows, made on first use (parallel over groups) and kept
  * for the process, keyed by w's address, type and shape (ds_release_packed_weights() frees the

@@ -11,7 +11,17 @@
 #include "nn/cpu_quant.h"
 
 int ds_quant_packable(ds_dtype dt) {
-  return dt == DS_Q4_0 || dt == DS_Q4_1 || dt == DS_Q8_0 || dt == DS_Q5_0 || dt == DS_Q5_1 || dt == DS_Q4_K;
+  return dt == DS_Q4_0 || dt == DS_Q4_1 || dt == DS_Q8_0 || dt == DS_Q5_0 || dt == DS_Q5_1 || dt == DS_Q4_K ||
+         dt == DS_Q6_K;
+}
+
+/* Where the bytes of row r's Q6_K super-block (ql[128], qh[64], scales[16], d as stored) lie in a
+ * packed one (nn/cpu_quant.h): stored byte i at packed byte q6k_at(i, r). */
+static size_t q6k_at(int i, int r) {
+  if (i < 128) return 144 + 32 * (size_t)(i / 4) + 4 * (size_t)r + (size_t)(i % 4);         /* ql */
+  if (i < 192) return 144 + 1024 + 32 * (size_t)((i - 128) / 4) + 4 * (size_t)r + (size_t)(i % 4); /* qh */
+  if (i < 208) return 16 + 8 * (size_t)(i - 192) + (size_t)r;                              /* scales */
+  return 2 * (size_t)r + (size_t)(i - 208);                                                /* d */
 }
 
 static int has_m(ds_dtype dt) { return dt == DS_Q4_1 || dt == DS_Q5_1 || dt == DS_Q4_K; } /* m or dmin */
@@ -64,6 +74,10 @@ void ds_quant_pack8(unsigned char *dst, const unsigned char *w, ds_dtype dt, int
       unsigned char *o = dst + ((size_t)g * (size_t)nb + (size_t)b) * 8 * bb;
       for (int r = 0; r < 8; r++) {
         const unsigned char *src = w + (size_t)(8 * g + r) * rb + (size_t)b * bb;
+        if (dt == DS_Q6_K) {
+          for (int i = 0; i < 210; i++) o[q6k_at(i, r)] = src[i];
+          continue;
+        }
         memcpy(o + 2 * r, src, 2);                             /* d */
         if (has_m(dt)) memcpy(o + 16 + 2 * r, src + 2, 2);     /* m */
         if (is_q5(dt)) put_le32(o + sb - 32 + 4 * r, q5_bits_packed(le32(src + head - 4)));
@@ -165,6 +179,10 @@ void ds_quant_unpack_row(unsigned char *row, const unsigned char *packed, ds_dty
   for (int64_t b = 0; b < nb; b++) {
     const unsigned char *blk = packed + ((size_t)g * (size_t)nb + (size_t)b) * 8 * bb;
     unsigned char *o = row + (size_t)b * bb;
+    if (dt == DS_Q6_K) {
+      for (int i = 0; i < 210; i++) o[i] = blk[q6k_at(i, lane)];
+      continue;
+    }
     memcpy(o, blk + 2 * lane, 2);                         /* d */
     if (has_m(dt)) memcpy(o + 2, blk + 16 + 2 * lane, 2); /* m */
     if (is_q5(dt)) put_le32(o + head - 4, q5_bits_stored(le32(blk + sb - 32 + 4 * lane)));

@@ -98,6 +98,55 @@ PI void q4k_superblock(const unsigned char *blk, const ds_qx *x, int64_t in, int
   }
 }
 
+/* acc[r] += one Q6_K super-block (256 values, x's blocks kx .. kx + 7) of the 8 rows, packed as
+ * nn/cpu_quant.h lays it out. Values 32c .. 32c + 31 (c = 0 .. 7, half h = c / 4): low 4 bits in
+ * ql bytes 64 h + 32 (c % 2) + l (the high nibbles when c % 4 >= 2), high 2 bits in qh bytes
+ * 32 h + l at bit 2 (c % 4); each 16 values have their int8 scale; x = d sc (q - 32). */
+PI void q6k_superblock(const unsigned char *blk, const ds_qx *x, int64_t in, int64_t xb, int64_t i0, int64_t kx,
+                       int R, __m256 *acc) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+#if !PACKED_VNNI
+  const __m256i ones = _mm256_set1_epi16(1);
+#endif
+  __m256 d = f16x8(blk);
+  const unsigned char *sc = blk + 16, *ql = blk + 144, *qh = ql + 32 * 32;
+  for (int c = 0; c < 8; c++) {
+    int h = c / 4, shift_lo = 4 * ((c % 4) / 2), shift_hi = 2 * (c % 4);
+    /* the 8 rows' scales of values 0-15 and 16-31 of this group, times d */
+    __m256 sa = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * (2 * c))))));
+    __m256 sb = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * (2 * c + 1))))));
+    __m256i ta[4], tb[4];
+    for (int t = 0; t < 8; t++) { /* values 4t .. 4t+3 of the group */
+      __m256i lo = _mm256_and_si256(
+          _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(ql + 32 * (16 * h + 8 * (c % 2) + t))), _mm_cvtsi32_si128(shift_lo)),
+          m4);
+      __m256i hi = _mm256_and_si256(
+          _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(qh + 32 * (8 * h + t))), _mm_cvtsi32_si128(shift_hi)), m2);
+      __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)); /* <= 63 */
+      for (int r = 0; r < R; r++) {
+        const int8_t *xq = x->q + (i0 + r) * in + 32 * (kx + c) + 4 * t;
+#if PACKED_VNNI
+        __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, bcast4(xq));
+#else /* pairs reach 2 * 63 * 127: int32 at each step */
+        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, bcast4(xq)), ones);
+#endif
+        if (t < 4) ta[r] = t ? _mm256_add_epi32(ta[r], p) : p;
+        else tb[r] = t > 4 ? _mm256_add_epi32(tb[r], p) : p;
+        PIN(ta[r]);
+        PIN(tb[r]);
+      }
+    }
+    for (int r = 0; r < R; r++) {
+      int64_t k = (i0 + r) * xb + kx + c;
+      __m256 xd = _mm256_set1_ps(x->d[k]);
+      __m256 fa = _mm256_sub_ps(_mm256_cvtepi32_ps(ta[r]), _mm256_set1_ps(32.0f * (float)x->s[2 * k]));
+      __m256 fb = _mm256_sub_ps(_mm256_cvtepi32_ps(tb[r]), _mm256_set1_ps(32.0f * (float)x->s[2 * k + 1]));
+      acc[r] = _mm256_fmadd_ps(fa, _mm256_mul_ps(sa, xd), acc[r]);
+      acc[r] = _mm256_fmadd_ps(fb, _mm256_mul_ps(sb, xd), acc[r]);
+    }
+  }
+}
+
 /* acc[r] (lanes: the group's 8 weight rows) += the group's nb blocks (bb8 bytes each) dotted with R
  * rows of x. */
 PI void group_dot(const unsigned char *g, ds_dtype dt, size_t bb8, int64_t nb, const ds_qx *x, int64_t in, int64_t i0,
@@ -109,8 +158,9 @@ PI void group_dot(const unsigned char *g, ds_dtype dt, size_t bb8, int64_t nb, c
   const int64_t xb = in / 32;
   for (int64_t b = 0; b < nb; b++) {
     const unsigned char *blk = g + (size_t)b * bb8;
-    if (dt == DS_Q4_K) { /* b a super-block of 8 of x's blocks */
-      q4k_superblock(blk, x, in, xb, i0, 8 * b, R, acc);
+    if (dt == DS_Q4_K || dt == DS_Q6_K) { /* b a super-block of 8 of x's blocks */
+      if (dt == DS_Q4_K) q4k_superblock(blk, x, in, xb, i0, 8 * b, R, acc);
+      else q6k_superblock(blk, x, in, xb, i0, 8 * b, R, acc);
       continue;
     }
     __m256 dw = f16x8(blk);
@@ -226,6 +276,7 @@ PT void PACKED_ROWS(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsi
     case DS_Q5_0: packed_rows(y, ldy, x, n, packed, DS_Q5_0, in, o0, o1, bias); break;
     case DS_Q5_1: packed_rows(y, ldy, x, n, packed, DS_Q5_1, in, o0, o1, bias); break;
     case DS_Q4_K: packed_rows(y, ldy, x, n, packed, DS_Q4_K, in, o0, o1, bias); break;
+    case DS_Q6_K: packed_rows(y, ldy, x, n, packed, DS_Q6_K, in, o0, o1, bias); break;
     default: DS_CHECK(!"a type without a packed layout");
   }
 }

@@ -212,10 +212,11 @@ static void test_extreme_blocks(void) {
     int64_t in = ds_quant_block(dt) == 256 ? 512 : 128, out = 24, n = 3;
     size_t bb = ds_quant_row_bytes(dt, ds_quant_block(dt));
     unsigned char *w = rand_weight(dt, out, in);
-    size_t q0 = dt == DS_Q8_0 ? 2 : dt == DS_Q4_0 ? 2 : dt == DS_Q4_1 ? 4 : dt == DS_Q5_0 ? 2 : dt == DS_Q5_1 ? 4 : 0;
-    if (q0) /* the K-quants' scales interleave with their quants: random blocks only */
-      for (size_t b = 0; b < (size_t)(out * in / ds_quant_block(dt)); b++)
-        memset(w + b * bb + q0, dt == DS_Q8_0 ? 0x7F : 0xFF, bb - q0);
+    /* the quant bytes of a block (the scales left finite): [q0, q1) */
+    size_t q0 = dt == DS_Q4_1 || dt == DS_Q5_1 ? 4 : dt == DS_Q4_K ? 16 : dt == DS_Q6_K ? 0 : 2;
+    size_t q1 = dt == DS_Q6_K ? 192 : bb;
+    for (size_t b = 0; b < (size_t)(out * in / ds_quant_block(dt)); b++)
+      memset(w + b * bb + q0, dt == DS_Q8_0 ? 0x7F : 0xFF, q1 - q0);
     float *x = malloc((size_t)(n * in) * sizeof(float)), *want = malloc((size_t)(n * out) * sizeof(float));
     float *got = malloc((size_t)(n * out) * sizeof(float)), *wf = dequantized(dt, w, out, in);
     for (int64_t i = 0; i < n * in; i++) x[i] = 1.0f;
@@ -502,8 +503,8 @@ static void test_quantize_q8_0_weights(void) {
 /* Once a weight has its packed copy, the rows read back from it (the chunked path, embedding
  * lookups, ds_quant_unpack_row) are the stored rows, tail rows past the last group of 8 too. */
 static void test_unpack(void) {
-  const ds_dtype types[] = {DS_Q8_0, DS_Q4_0, DS_Q4_1, DS_Q5_0, DS_Q5_1, DS_Q4_K};
-  for (int t = 0; t < 6; t++) {
+  const ds_dtype types[] = {DS_Q8_0, DS_Q4_0, DS_Q4_1, DS_Q5_0, DS_Q5_1, DS_Q4_K, DS_Q6_K};
+  for (int t = 0; t < 7; t++) {
     ds_dtype dt = types[t];
     enum { IN_MAX = 512 };
     int64_t rows = 27, in = ds_quant_block(dt) == 256 ? IN_MAX : 96;
