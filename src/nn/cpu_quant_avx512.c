@@ -1,6 +1,9 @@
-/* The quantized row kernel with AVX-512 VNNI (nn/cpu_quant.h): Q4_0, Q4_1, Q4_K and Q6_K at 512
- * bits with the weight rows across the lanes; Q8_0 a weight row at a time (nn/cpu_quant_x86.h at
- * 256 bits, one dpbusd as its integer dot product; why at the dispatch below).
+/* The quantized row kernel with AVX-512 VNNI (nn/cpu_quant.h), which since every type reads an
+ * 8-row packed copy (cpu_quant_vnni_packed.c) takes a weight's last rows when their count is not
+ * a multiple of 8, and a weight whose copy could not be made: Q4_0, Q4_1, Q4_K and Q6_K at 512
+ * bits with the weight rows across the lanes; Q8_0, Q5_0 and Q5_1 a weight row at a time
+ * (nn/cpu_quant_x86.h at 256 bits, one dpbusd as its integer dot product; why at the dispatch
+ * below).
  *
  * Lanes are weight rows: 16 rows' block b is transposed in registers so that vector j holds
  * dword j (4 consecutive quants) of every row, and one dpbusd against x's matching 4 bytes
