@@ -217,6 +217,9 @@ static ds_quant_rows_fn pick_rows(ds_qisa isa) {
 
 /* ---------------------------------------------------------------- regimes */
 
+/* the instruction sets whose direct path reads the 8-row packed copies */
+static int reads_packed(ds_qisa isa) { return isa == DS_QISA_AVX2_PACKED || isa == DS_QISA_VNNI; }
+
 enum { ROW_BLOCK = 16 }; /* weight rows per parallel task */
 
 int ds_quant_direct_cat(ds_qisa isa, float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out,
@@ -230,7 +233,7 @@ int ds_quant_direct_cat(ds_qisa isa, float *y, int64_t ldy, const float *x, cons
   ds_quant_rows_fn rows = pick_rows(isa);
   const unsigned char *packed[DS_CAT_SEG_MAX] = {0};
   if (isa > ds_qisa_best()) isa = ds_qisa_best(); /* never a SIGILL */
-  if (isa == DS_QISA_AVX2_PACKED || isa == DS_QISA_VNNI)
+  if (reads_packed(isa))
     for (int s = 0; s < n_seg; s++) packed[s] = ds_quant_packed(w[s], out[s], in);
   ds_cat_blocks c;
   ds_cat_blocks_init(&c, out, n_seg, ROW_BLOCK); /* ROW_BLOCK a multiple of 8: whole packed groups */
@@ -369,6 +372,5 @@ void ds_cpu_embedding_quant(float *y, const int32_t *ids, ds_weight table, int64
 }
 
 void ds_prepare_quant_weight(ds_weight w, int64_t rows, int64_t in) {
-  ds_qisa isa = ds_qisa_best();
-  if ((isa == DS_QISA_AVX2_PACKED || isa == DS_QISA_VNNI) && ds_quant_packable(w.dtype)) (void)ds_quant_packed(w, rows, in);
+  if (reads_packed(ds_qisa_best())) (void)ds_quant_packed(w, rows, in); /* NULL for a type without the layout */
 }

@@ -72,22 +72,21 @@ void ds_quant_rows_avx2(float *y, int64_t ldy, const ds_qx *x, int64_t n, const 
 void ds_quant_rows_vnni(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *w, ds_dtype dt,
                         int64_t in, int64_t o0, int64_t o1, const float *bias);
 
-/* The 8-row packed layout of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K weight [rows, in] (its
- * first 8 * groups rows): group g (rows 8g .. 8g+7), block b (values 32b .. 32b+31; Q4_K's
- * super-blocks of 256) at byte (g * in / K + b) * 8 * B, K the block's values and B its bytes (18,
- * 20, 22, 24, 34, 144), so the copy is as large as the rows it packs:
- *   d[8]     f16, row r's scale at r          (then Q4_1's / Q5_1's m[8], Q4_K's dmin[8])
- *   sc[96]   Q4_K only: its 12 bytes of 6-bit scales and mins, byte i of row r at 8 i + r (the
- *            kernel decodes 8 rows' scale of a sub-block at once); then chunks of the quants as
- *            Q4's, 32 of them (sub-block 2g in chunks 8g .. 8g+7's low nibbles, 2g + 1 high)
- *   Q6_K (210 bytes): d[8] at 0, its 16 int8 scales byte i of row r at 16 + 8 i + r, then its
- *            ql[128] in 32 chunks and qh[64] in 16 chunks of 32 bytes, 4 bytes a row as above
- *   e[8]     Q5 only: row r's 32 fifth bits at bytes 4r .. 4r+3, reordered so that byte k bit c
- *            holds value (c < 4 ? 0 : 16) + 4 (c % 4) + k: chunk j's low nibbles find theirs at
- *            bit j of each byte, its high nibbles at bit 4 + j (one shift and a mask each)
- *   quants   chunks of 32 bytes, chunk j holding at bytes 4r .. 4r+3 row r's stored quant bytes
- *            4j .. 4j+3 (Q8_0: values 4j .. 4j+3, chunks 0-7; Q4 / Q5: low nibbles values
- *            4j .. 4j+3, high nibbles 16 + 4j .. 16 + 4j + 3, chunks 0-3).
+/* The 8-row packed layout of a quantized weight [rows, in] (its first 8 * groups rows), every
+ * type: group g (rows 8g .. 8g+7), block b (values 32b .. 32b+31; the K-quants' super-blocks of
+ * 256) at byte (g * in / K + b) * 8 * B, K the block's values and B its bytes (Q4_0 18, Q4_1 20,
+ * Q5_0 22, Q5_1 24, Q8_0 34, Q4_K 144, Q6_K 210), so the copy is as large as the rows it packs.
+ * A "chunk" is 32 bytes holding 4 stored bytes of each row, row r's at 4r .. 4r+3. In order:
+ *   d[8]     f16, row r's scale at 2r (then Q4_1's / Q5_1's m[8], Q4_K's dmin[8])
+ *   e[8]     Q5 only: row r's 32 fifth bits at 4r .. 4r+3, reordered so that byte k bit c holds
+ *            value (c < 4 ? 0 : 16) + 4 (c % 4) + k: chunk j's low nibbles find theirs at bit j
+ *            of each byte, its high nibbles at bit 4 + j (one shift and a mask each)
+ *   sc       Q4_K: its 12 bytes of 6-bit scales and mins; Q6_K: its 16 int8 scales; byte i of
+ *            row r at 8 i + r (8 rows' scale of a sub-block decode at once)
+ *   quants   chunk j = stored quant bytes 4j .. 4j+3: Q8_0 values 4j .. 4j+3 (8 chunks); Q4 / Q5
+ *            low nibbles values 4j .. 4j+3, high nibbles 16 + 4j .. (4 chunks); Q4_K its 128
+ *            bytes (32 chunks: sub-block 2g in chunks 8g .. 8g+7's low nibbles, 2g + 1 high);
+ *            Q6_K its ql[128] then qh[64] (32 + 16 chunks)
  * Packing moves bytes (and Q5's mask bits) only: the packed kernel reads the stored values,
  * scales and offsets, and ds_quant_unpack_row gives a row's stored bytes back. */
 int ds_quant_packable(ds_dtype dt); /* Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K */

@@ -1,7 +1,7 @@
 /* The 8-row interleaved copies of frozen quantized weights (every type the kernels know; layout in
  * nn/cpu_quant.h) that the packed direct path reads (AVX2 and VNNI): made once per weight when a
- * target loads or on its first direct product, kept for the life of the process, keyed by the weight's address as the bf16 packed copies are
- * (ds_release_packed_weights() drops both). */
+ * target loads or on its first direct product, kept for the life of the process, keyed by the
+ * weight's address as the bf16 packed copies are (ds_release_packed_weights() drops both). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>

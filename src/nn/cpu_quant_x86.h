@@ -1,6 +1,6 @@
 /* The x86 row kernel of the quantized matmuls (nn/cpu_quant.h), a weight row at a time, one
  * source for two instruction sets: cpu_quant_avx2.c (every type) and cpu_quant_avx512.c (Q8_0,
- * whose other types lie across the lanes there) include it after defining
+ * Q5_0 and Q5_1; its other types lie across the lanes there) include it after defining
  *   QT            the target attribute of every function here,
  *   QDOT(u, s)    32 unsigned bytes u times 32 signed bytes s, summed in fours into 8 int32
  *                 (AVX2: maddubs then madd with ones; never saturates here, as |u| <= 128 with
