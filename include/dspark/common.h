@@ -79,6 +79,11 @@ void *ds_malloc(size_t nbytes, const char *what);
 void *ds_calloc(size_t n, size_t size, const char *what);
 /* 64-byte aligned (for SIMD and BLAS); free with ds_free_aligned. */
 void *ds_malloc_aligned(size_t nbytes, const char *what);
+/* The same for a large buffer read whole, again and again (frozen weights): from 2 MiB on, 2 MiB
+ * aligned and advised for transparent huge pages (Linux), which a decode step streams without a
+ * TLB miss every 4 KiB; free with ds_free_aligned. Not for buffers touched sparsely (a KV
+ * cache): each touched 2 MiB becomes resident whole. */
+void *ds_malloc_huge(size_t nbytes, const char *what);
 void ds_free_aligned(void *p);
 
 double ds_time_sec(void); /* monotonic clock */

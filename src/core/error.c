@@ -1,3 +1,4 @@
+#define _DEFAULT_SOURCE /* madvise */
 #include "dspark/common.h"
 
 #include <errno.h>
@@ -5,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 /* Messages longer than the buffer are cut, by design: the warning about it is noise here. */
@@ -87,6 +89,21 @@ void *ds_malloc_aligned(size_t nbytes, const char *what) {
     DS_FAIL(DS_ERR_NOMEM, "cannot allocate %zu bytes for %s", nbytes, what);
     return NULL;
   }
+  return p;
+}
+
+void *ds_malloc_huge(size_t nbytes, const char *what) {
+  const size_t huge = (size_t)2 << 20;
+  if (nbytes < huge) return ds_malloc_aligned(nbytes, what);
+  size_t rounded = (nbytes + huge - 1) & ~(huge - 1); /* the last 2 MiB huge too */
+  void *p = NULL;
+  if (rounded < nbytes || posix_memalign(&p, huge, rounded) != 0) {
+    DS_FAIL(DS_ERR_NOMEM, "cannot allocate %zu bytes for %s", nbytes, what);
+    return NULL;
+  }
+#ifdef MADV_HUGEPAGE
+  (void)madvise(p, rounded, MADV_HUGEPAGE); /* advice: refused, the buffer has 4 KiB pages */
+#endif
   return p;
 }
 

@@ -107,7 +107,7 @@ ds_status ds_draft_set_decode_weights(ds_draft *d, ds_dtype dtype) {
     total += copy_bytes(copy_dtype(dtype, ms[i].in), ms[i].rows, ms[i].in);
     if (ms[i].in > widest) widest = ms[i].in;
   }
-  d->dec.mem = ds_malloc_aligned(total ? total : 64, "draft decoding weights");
+  d->dec.mem = ds_malloc_huge(total ? total : 64, "draft decoding weights");
   float *buf = ds_malloc_aligned((size_t)widest * sizeof(float), "draft decoding weights");
   if (!d->dec.mem || !buf) {
     ds_free_aligned(buf);

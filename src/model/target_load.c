@@ -4,6 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __GLIBC__
+#include <malloc.h> /* malloc_trim */
+#endif
 
 #include "dspark/cache.h"
 #include "dspark/dtype.h"
@@ -484,6 +487,11 @@ static ds_status upload_weights(ds_target *m) {
 ds_status ds_target_load_source(ds_model_source *src, const ds_backend *backend, uint64_t *weights_xxh64,
                                 ds_target **out) {
   *out = NULL;
+#ifdef __GLIBC__
+  /* what was freed before (a GGUF tokenizer's conversion: about 10 MB on SmolLM2) given back to
+   * the system: the weights' copies lie in their own huge-page memory and would not reuse it */
+  malloc_trim(0);
+#endif
   ds_target *m = ds_calloc(1, sizeof *m, "target model");
   if (!m) return DS_ERR_NOMEM;
   m->be = backend ? backend : ds_backend_cpu();
@@ -533,7 +541,7 @@ ds_status ds_target_load_source(ds_model_source *src, const ds_backend *backend,
   if (as_stored && (st = ds_gguf_open(ds_model_source_path(src), &m->gguf)) != DS_OK) goto fail;
   m->n_params = layout_params(m, NULL);
   if ((st = preflight(m, m->ck)) == DS_OK) {
-    m->params = ds_malloc_aligned((m->n_params ? m->n_params : 1) * sizeof(float), "model weights");
+    m->params = ds_malloc_huge((m->n_params ? m->n_params : 1) * sizeof(float), "model weights");
     if (!m->params) st = DS_ERR_NOMEM;
   }
   if (st == DS_OK) {
