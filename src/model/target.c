@@ -178,17 +178,23 @@ static void append_kv(const ds_target *m, int64_t layer, const ds_target_seq *se
 /* y[rows, ldy], columns col .. col + heads hd of each row: from a llama GGUF's q / k order (in a
  * head, column 2i + j) to HF's (column j hd / 2 + i). Host memory: quantized weights run on the
  * host backends only. */
-static void columns_to_hf_order(float *y, int64_t ldy, int64_t rows, int64_t col, int64_t heads, int64_t hd) {
+static void row_to_hf_order(float *y, int64_t heads, int64_t hd) {
+  float pair[2048]; /* head_dim <= 2048, checked at load */
   int64_t half = hd / 2;
-#pragma omp parallel for schedule(static) if (rows * heads * hd > 65536)
-  for (int64_t r = 0; r < rows; r++) {
-    float pair[2048]; /* head_dim <= 2048, checked at load */
-    for (int64_t h = 0; h < heads; h++) {
-      float *v = y + r * ldy + col + h * hd;
-      memcpy(pair, v, (size_t)hd * sizeof *v);
-      for (int64_t i = 0; i < half; i++) v[i] = pair[2 * i], v[half + i] = pair[2 * i + 1];
-    }
+  for (int64_t h = 0; h < heads; h++) {
+    float *v = y + h * hd;
+    memcpy(pair, v, (size_t)hd * sizeof *v);
+    for (int64_t i = 0; i < half; i++) v[i] = pair[2 * i], v[half + i] = pair[2 * i + 1];
   }
+}
+
+static void columns_to_hf_order(float *y, int64_t ldy, int64_t rows, int64_t col, int64_t heads, int64_t hd) {
+  if (rows * heads * hd <= 65536) { /* outside any OpenMP region: an if(false) one costs a futex call */
+    for (int64_t r = 0; r < rows; r++) row_to_hf_order(y + r * ldy + col, heads, hd);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; r++) row_to_hf_order(y + r * ldy + col, heads, hd);
 }
 
 /* y[rows, out] = x[rows, in] @ W^T (+ bias), W's row segments (q, k, v; gate, up) each writing

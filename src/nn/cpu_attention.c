@@ -189,44 +189,77 @@ void ds_cpu_copy_rows_f16(uint16_t *dst, int64_t ld_dst, const float *src, int64
   }
 }
 
+/* What attention_decode's tasks share; a task: query i's keys [j0, j1) of one kv head, every
+ * query head of its group. */
+typedef struct {
+  float *part;
+  const float *q;
+  int64_t q_stride;
+  const void *k, *v;
+  int f16;
+  const int64_t *first;
+  int64_t past, cap, n_heads, n_kv, hd, nb_max, pstride;
+  float scale;
+} decode_tasks;
+
+/* task t, with its thread's scratch: score[ATTN_KEY_BLOCK], and kw, vw [ATTN_KEY_BLOCK, hd] when f16 */
+static void decode_task(const decode_tasks *a, int64_t t, float *score, float *kw, float *vw) {
+  int64_t i = 0, hd = a->hd, group = a->n_heads / a->n_kv;
+  while (t >= a->first[i + 1]) i++;
+  int64_t nb = (a->first[i + 1] - a->first[i]) / a->n_kv, g = (t - a->first[i]) / nb, b = (t - a->first[i]) % nb;
+  int64_t visible = a->past + i + 1, j0 = b * ATTN_KEY_BLOCK;
+  int64_t j1 = j0 + ATTN_KEY_BLOCK < visible ? j0 + ATTN_KEY_BLOCK : visible;
+  const float *kh, *vh;
+  int64_t from = j0;
+  if (a->f16) {
+    widen_f16(kw, (const uint16_t *)a->k + (g * a->cap + j0) * hd, (j1 - j0) * hd);
+    widen_f16(vw, (const uint16_t *)a->v + (g * a->cap + j0) * hd, (j1 - j0) * hd);
+    kh = kw, vh = vw, from = 0;
+  } else {
+    kh = (const float *)a->k + g * a->cap * hd, vh = (const float *)a->v + g * a->cap * hd;
+  }
+  for (int64_t h = g * group; h < (g + 1) * group; h++)
+    decode_block(a->part + ((i * a->n_heads + h) * a->nb_max + b) * a->pstride, score, a->q + i * a->q_stride + h * hd,
+                 kh, vh, from, from + j1 - j0, hd, a->scale);
+}
+
+/* one thread's scratch for decode_task (NULL when out of memory) */
+static float *decode_scratch(const decode_tasks *a) {
+  return malloc((size_t)ATTN_KEY_BLOCK * (size_t)(1 + (a->f16 ? 2 * a->hd : 0)) * sizeof(float));
+}
+
+static void decode_task_with(const decode_tasks *a, int64_t t, float *scratch) {
+  float *kw = a->f16 ? scratch + ATTN_KEY_BLOCK : NULL;
+  decode_task(a, t, scratch, kw, kw ? kw + ATTN_KEY_BLOCK * a->hd : NULL);
+}
+
 /* k, v: fp32, or f16 bits when f16 (each task widens its block of keys and values first, into
  * its thread's scratch: a long context's cache is read at half the bytes). */
 static void attention_decode(float *out, const float *q, int64_t q_stride, const void *k, const void *v, int f16,
                              int64_t n, int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv, int64_t hd,
                              float scale) {
-  int64_t group = n_heads / n_kv, nb_max = (past + n + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK, pstride = hd + 2;
+  int64_t nb_max = (past + n + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK, pstride = hd + 2;
   int64_t first[ATTN_ROWWISE_MAX + 1]; /* tasks of query i: first[i] .. first[i + 1] - 1 */
   first[0] = 0;
   for (int64_t i = 0; i < n; i++) first[i + 1] = first[i] + n_kv * ((past + i + 1 + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK);
   /* part[((i * n_heads + h) * nb_max + b) * pstride ..] */
   float *part = malloc((size_t)(n * n_heads * nb_max * pstride) * sizeof(float));
   DS_CHECK(part != NULL);
-  DS_OMP(parallel if (first[n] > 1 && (past + n) * n_heads * hd > 32768))
-  {
-    float *score = malloc(ATTN_KEY_BLOCK * sizeof(float));
-    float *kw = f16 ? malloc((size_t)(2 * ATTN_KEY_BLOCK * hd) * sizeof(float)) : NULL, *vw = kw ? kw + ATTN_KEY_BLOCK * hd : NULL;
-    DS_CHECK(score != NULL && (!f16 || kw != NULL));
-    DS_OMP(for schedule(dynamic))
-    for (int64_t t = 0; t < first[n]; t++) {
-      int64_t i = 0;
-      while (t >= first[i + 1]) i++;
-      int64_t nb = (first[i + 1] - first[i]) / n_kv, g = (t - first[i]) / nb, b = (t - first[i]) % nb;
-      int64_t visible = past + i + 1, j0 = b * ATTN_KEY_BLOCK, j1 = j0 + ATTN_KEY_BLOCK < visible ? j0 + ATTN_KEY_BLOCK : visible;
-      const float *kh, *vh;
-      int64_t from = j0;
-      if (f16) {
-        widen_f16(kw, (const uint16_t *)k + (g * cap + j0) * hd, (j1 - j0) * hd);
-        widen_f16(vw, (const uint16_t *)v + (g * cap + j0) * hd, (j1 - j0) * hd);
-        kh = kw, vh = vw, from = 0;
-      } else {
-        kh = (const float *)k + g * cap * hd, vh = (const float *)v + g * cap * hd;
-      }
-      for (int64_t h = g * group; h < (g + 1) * group; h++)
-        decode_block(part + ((i * n_heads + h) * nb_max + b) * pstride, score, q + i * q_stride + h * hd, kh, vh,
-                     from, from + j1 - j0, hd, scale);
+  decode_tasks a = {part, q, q_stride, k, v, f16, first, past, cap, n_heads, n_kv, hd, nb_max, pstride, scale};
+  if (first[n] <= 1 || (past + n) * n_heads * hd <= 32768) { /* no region (cpu_kernels.h) */
+    float *scratch = decode_scratch(&a);
+    DS_CHECK(scratch != NULL);
+    for (int64_t t = 0; t < first[n]; t++) decode_task_with(&a, t, scratch);
+    free(scratch);
+  } else {
+    DS_OMP(parallel)
+    {
+      float *scratch = decode_scratch(&a);
+      DS_CHECK(scratch != NULL);
+      DS_OMP(for schedule(dynamic))
+      for (int64_t t = 0; t < first[n]; t++) decode_task_with(&a, t, scratch);
+      free(scratch);
     }
-    free(score);
-    free(kw);
   }
   /* merge each (query, head)'s blocks in order: out = sum_b e^(m_b - M) acc_b / sum_b e^(m_b - M) l_b */
   for (int64_t i = 0; i < n; i++)

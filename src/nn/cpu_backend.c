@@ -128,19 +128,30 @@ static void cpu_linear_backward(float *dx, float *dw, float *db, const float *dy
 
 /* ---------------------------------------------------------------- rmsnorm */
 
+/* y[d] = w[d] * (x * r), r = 1 / sqrt(mean(x^2) + eps) (returned) */
+static inline float rmsnorm_row(float *y, const float *x, const float *w, int64_t d, float eps) {
+  float ss = 0.0f;
+  DS_OMP(simd reduction(+ : ss))
+  for (int64_t j = 0; j < d; j++) ss += x[j] * x[j];
+  float r = 1.0f / sqrtf(ss / (float)d + eps);
+  /* HF order: normalize in fp32, then scale by the weight. */
+  for (int64_t j = 0; j < d; j++) y[j] = w[j] * (x[j] * r);
+  return r;
+}
+
 /* y[n, d] = w[d] * (x * rstd), rstd[n] = 1 / sqrt(mean(x^2) + eps) saved for the backward. */
 static void cpu_rmsnorm(float *y, float *rstd, const float *x, const float *w, int64_t n, int64_t d, float eps) {
-  DS_OMP(parallel for schedule(static) if (n * d > 32768))
+  if (n * d <= 32768) { /* no region (cpu_kernels.h) */
+    for (int64_t i = 0; i < n; i++) {
+      float r = rmsnorm_row(y + i * d, x + i * d, w, d, eps);
+      if (rstd) rstd[i] = r;
+    }
+    return;
+  }
+  DS_OMP(parallel for schedule(static))
   for (int64_t i = 0; i < n; i++) {
-    const float *xi = x + i * d;
-    float *yi = y + i * d;
-    float ss = 0.0f;
-    DS_OMP(simd reduction(+ : ss))
-    for (int64_t j = 0; j < d; j++) ss += xi[j] * xi[j];
-    float r = 1.0f / sqrtf(ss / (float)d + eps);
+    float r = rmsnorm_row(y + i * d, x + i * d, w, d, eps);
     if (rstd) rstd[i] = r;
-    /* HF order: normalize in fp32, then scale by the weight. */
-    for (int64_t j = 0; j < d; j++) yi[j] = w[j] * (xi[j] * r);
   }
 }
 
@@ -148,7 +159,11 @@ static void cpu_rmsnorm(float *y, float *rstd, const float *x, const float *w, i
  * serially, 7% of a bf16 prefill). */
 static void cpu_rmsnorm_heads(float *x, int64_t stride, const float *w, int64_t n, int64_t heads, int64_t head_dim,
                               float eps) {
-  DS_OMP(parallel for schedule(static) if (n * heads * head_dim > 32768))
+  if (n * heads * head_dim <= 32768) {
+    for (int64_t t = 0; t < n; t++) cpu_rmsnorm(x + t * stride, NULL, x + t * stride, w, heads, head_dim, eps);
+    return;
+  }
+  DS_OMP(parallel for schedule(static))
   for (int64_t t = 0; t < n; t++) cpu_rmsnorm(x + t * stride, NULL, x + t * stride, w, heads, head_dim, eps);
 }
 
@@ -225,33 +240,46 @@ static const rope_table *rope_table_for(const int64_t *pos, const float *inv_fre
   }
   memcpy(r->pos, pos, (size_t)n * sizeof *pos);
   memcpy(r->freq, inv_freq, (size_t)half * sizeof *inv_freq);
-  DS_OMP(parallel for schedule(static) if (n * half > 4096))
-  for (int64_t t = 0; t < n; t++) rope_angles((float)pos[t], inv_freq, half, r->cs + t * half, r->sn + t * half);
+  if (n * half <= 4096) {
+    for (int64_t t = 0; t < n; t++) rope_angles((float)pos[t], inv_freq, half, r->cs + t * half, r->sn + t * half);
+  } else {
+    DS_OMP(parallel for schedule(static))
+    for (int64_t t = 0; t < n; t++) rope_angles((float)pos[t], inv_freq, half, r->cs + t * half, r->sn + t * half);
+  }
   r->n = n, r->half = half;
   return r;
+}
+
+/* Token t's heads of x (row stride `stride`) rotated in place by sign * angle, its cos and sin
+ * from the table (or computed, without one). */
+static inline void rope_row(float *x, int64_t stride, const int64_t *pos, const float *inv_freq, const rope_table *tab,
+                            int64_t t, int64_t heads, int64_t head_dim, float sign) {
+  int64_t half = head_dim / 2;
+  float cs[1024], sn[1024]; /* head_dim <= 2048 is checked at model load */
+  const float *c = cs, *s = sn;
+  if (tab) c = tab->cs + t * half, s = tab->sn + t * half;
+  else rope_angles((float)pos[t], inv_freq, half, cs, sn); /* no table (out of memory) */
+  for (int64_t i = 0; i < half; i++) sn[i] = sign * s[i]; /* sign is +-1: exact */
+  for (int64_t h = 0; h < heads; h++) {
+    float *v = x + t * stride + h * head_dim;
+    for (int64_t i = 0; i < half; i++) {
+      float a = v[i], b = v[i + half];
+      v[i] = a * c[i] - b * sn[i];
+      v[i + half] = b * c[i] + a * sn[i];
+    }
+  }
 }
 
 /* Rotates x[n, heads, head_dim] (row stride `stride`) in place by sign * angle; pairs (i, i + head_dim/2). */
 static void rope_rotate(float *x, int64_t stride, const int64_t *pos, const float *inv_freq, int64_t n,
                         int64_t heads, int64_t head_dim, float sign) {
-  int64_t half = head_dim / 2;
-  const rope_table *tab = rope_table_for(pos, inv_freq, n, half);
-  DS_OMP(parallel for schedule(static) if (n * heads * head_dim > 32768))
-  for (int64_t t = 0; t < n; t++) {
-    float cs[1024], sn[1024]; /* head_dim <= 2048 is checked at model load */
-    const float *c = cs, *s = sn;
-    if (tab) c = tab->cs + t * half, s = tab->sn + t * half;
-    else rope_angles((float)pos[t], inv_freq, half, cs, sn); /* no table (out of memory) */
-    for (int64_t i = 0; i < half; i++) sn[i] = sign * s[i]; /* sign is +-1: exact */
-    for (int64_t h = 0; h < heads; h++) {
-      float *v = x + t * stride + h * head_dim;
-      for (int64_t i = 0; i < half; i++) {
-        float a = v[i], b = v[i + half];
-        v[i] = a * c[i] - b * sn[i];
-        v[i + half] = b * c[i] + a * sn[i];
-      }
-    }
+  const rope_table *tab = rope_table_for(pos, inv_freq, n, head_dim / 2);
+  if (n * heads * head_dim <= 32768) { /* no region (cpu_kernels.h) */
+    for (int64_t t = 0; t < n; t++) rope_row(x, stride, pos, inv_freq, tab, t, heads, head_dim, sign);
+    return;
   }
+  DS_OMP(parallel for schedule(static))
+  for (int64_t t = 0; t < n; t++) rope_row(x, stride, pos, inv_freq, tab, t, heads, head_dim, sign);
 }
 
 /* x[n, heads, head_dim] (row stride `stride`) rotated in place. */
@@ -271,14 +299,18 @@ static void cpu_rope_backward(float *dx, int64_t stride, const int64_t *pos, con
 /* out[n, I] = silu(gate) * up, gu[n, 2I] = (gate | up); with the vectorizing exp (2e-7 relative,
  * nn/fast_exp.h) instead of libm's scalar expf: about 10x cheaper, and 7% of a pretraining step
  * with expf (29M Qwen3, AMD EPYC Zen 4). */
+static inline void swiglu_row(float *o, const float *g, const float *u, int64_t inter) {
+  DS_OMP(simd)
+  for (int64_t j = 0; j < inter; j++) o[j] = g[j] / (1.0f + ds_fast_expf(-g[j])) * u[j];
+}
+
 static void cpu_swiglu(float *out, const float *gu, int64_t n, int64_t inter) {
-  DS_OMP(parallel for schedule(static) if (n * inter > 32768))
-  for (int64_t i = 0; i < n; i++) {
-    const float *g = gu + i * 2 * inter, *u = g + inter;
-    float *o = out + i * inter;
-    DS_OMP(simd)
-    for (int64_t j = 0; j < inter; j++) o[j] = g[j] / (1.0f + ds_fast_expf(-g[j])) * u[j];
+  if (n * inter <= 32768) { /* no region (cpu_kernels.h) */
+    for (int64_t i = 0; i < n; i++) swiglu_row(out + i * inter, gu + i * 2 * inter, gu + i * 2 * inter + inter, inter);
+    return;
   }
+  DS_OMP(parallel for schedule(static))
+  for (int64_t i = 0; i < n; i++) swiglu_row(out + i * inter, gu + i * 2 * inter, gu + i * 2 * inter + inter, inter);
 }
 
 /* dgu[n, 2I] += (dout * up * silu'(gate) | dout * silu(gate)), silu'(g) = s (1 + g (1 - s)), s = sigmoid(g). */
@@ -300,7 +332,11 @@ static void cpu_swiglu_backward(float *dgu, const float *dout, const float *gu, 
 
 /* y[n] += x[n] */
 static void cpu_add(float *y, const float *x, int64_t n) {
-  DS_OMP(parallel for simd schedule(static) if (n > 65536))
+  if (n <= 65536) { /* no region (cpu_kernels.h) */
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+    return;
+  }
+  DS_OMP(parallel for simd schedule(static))
   for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
@@ -308,7 +344,11 @@ static void cpu_add(float *y, const float *x, int64_t n) {
 
 /* out[n, d] = table[ids[i]] rows. */
 static void cpu_embedding(float *out, const float *table, const int32_t *ids, int64_t n, int64_t d) {
-  DS_OMP(parallel for schedule(static) if (n * d > 65536))
+  if (n * d <= 65536) { /* no region (cpu_kernels.h) */
+    for (int64_t i = 0; i < n; i++) memcpy(out + i * d, table + (int64_t)ids[i] * d, (size_t)d * sizeof(float));
+    return;
+  }
+  DS_OMP(parallel for schedule(static))
   for (int64_t i = 0; i < n; i++) memcpy(out + i * d, table + (int64_t)ids[i] * d, (size_t)d * sizeof(float));
 }
 
