@@ -98,7 +98,16 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--decode")) decode = 1;
     else if (i + 1 == argc) break;
-    else if (!strcmp(argv[i], "--type") && !ds_dtype_from_name(argv[++i], &decode_type)) return 2;
+    else if (!strcmp(argv[i], "--type")) {
+      const char *v = argv[++i];
+      int found = 0;
+      for (ds_dtype t = 0; t < DS_DTYPE_COUNT && !found; t++)
+        if (ds_dtype_is_quantized(t) && !strcmp(v, ds_dtype_name(t))) decode_type = t, found = 1;
+      if (!found) {
+        fprintf(stderr, "bench_quant: --type %s is not a quantized type (Q4_1, Q8_0, ...)\n", v);
+        return 2;
+      }
+    }
     else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--chunk-kb")) chunk_kb = atoi(argv[++i]);
