@@ -32,15 +32,18 @@
 enum { ATTN_QCHUNK = 64, ATTN_ROWWISE_MAX = 8 };
 
 /* ---- decode and short verification: n <= ATTN_ROWWISE_MAX queries ----
- * Each query reads its visible keys in blocks of ATTN_KEY_BLOCK, a task per (query, kv head, key
- * block): the GQA group's query heads read the block's keys from L1 after the first brought them
- * in (a task per query head had two threads stream the same keys from memory at once), the
- * blocks spread a long context over the threads, and each task keeps its heads' unnormalized
+ * Each query reads its visible keys in blocks of ATTN_KEY_BLOCK, a task per (kv head, key block)
+ * for every query row that sees the block and every query head of the GQA group: the block's
+ * keys are read once and taken 8 at a time by each (row, head) pair while in L1, and with
+ * AVX-512 its value rows once for up to 4 pairs (a task per row and query head read the block
+ * again from L2 each time: a verification of 8 tokens at 1024 of context took 1.2-1.35x longer).
+ * The blocks spread a long context over the threads, and each pair keeps its unnormalized
  * partial softmax (max, sum, weighted values), merged in block order after. Blocks are fixed by
- * key position, so a query's numbers do not depend on the other rows of the call or on the
- * thread count. Scores, exps and sums run in DS_LANES lanes the compiler vectorizes (the
- * sgemm this replaced, one row at a time, and libm's expf for every score made decoding after a
- * 2048-token prompt 3.2x slower than from an empty context). */
+ * key position and each pair's operations run in the same order whatever else the task holds,
+ * so a query's numbers do not depend on the other rows of the call or on the thread count.
+ * Scores, exps and sums run in DS_LANES lanes the compiler vectorizes (the sgemm this replaced,
+ * one row at a time, and libm's expf for every score made decoding after a 2048-token prompt
+ * 3.2x slower than from an empty context). */
 enum { ATTN_KEY_BLOCK = 128, DS_LANES = 16, MIX_COLS = 32 }; /* 128 keys of 64 fp32 values: 32 KiB */
 
 /* The DS_LANES partial sums added as a tree (halves onto halves: vector adds, where a left-to-right
@@ -66,6 +69,12 @@ static inline float dot_lanes(const float *q, const float *k, int64_t hd) {
 #if defined(__AVX2__) && defined(__FMA__)
 #define DECODE_AVX2 1
 
+/* Four keys' 8-lane sums, each added pairwise by hadd. */
+static inline __m128 sum4_avx2(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
+  __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
 /* score[0..4) = q . k0..k3 (hd a multiple of 8): lane sums of 8-wide products, added pairwise by
  * hadd (key 0 of a call with fewer keys passes copies of itself and gets the same bits). */
 static inline __m128 dot4_avx2(const float *q, const float *k0, const float *k1, const float *k2, const float *k3,
@@ -78,8 +87,7 @@ static inline __m128 dot4_avx2(const float *q, const float *k0, const float *k1,
     s2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + e), s2);
     s3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + e), s3);
   }
-  __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  return sum4_avx2(s0, s1, s2, s3);
 }
 
 /* out[0 .. 8C) = sum_t score[t] v_t[0 .. 8C) (v rows hd apart), C accumulators in registers. */
@@ -93,14 +101,59 @@ static inline __attribute__((always_inline)) void mix_avx2(float *out, const flo
   }
   for (int c = 0; c < C; c++) _mm256_storeu_ps(out + 8 * c, a[c]);
 }
+
+#if defined(__AVX512F__)
+#define DECODE_AVX512 1
+/* out[h][0 .. 16C) = sum_t p_h[t] v_t[0 .. 16C) (p_h rows ATTN_KEY_BLOCK apart) for H query
+ * heads at once, each value row (16C values: whole rows, read in order) loaded once
+ * for the H heads; every column sums over t in order, as mix_avx2 does, so the numbers are its. */
+static inline __attribute__((always_inline)) void mixg_avx512(float *const *out, const float *p, const float *v,
+                                                              int64_t nk, int64_t hd, int H, int C) {
+  __m512 a[4][8];
+  for (int h = 0; h < H; h++)
+    for (int c = 0; c < C; c++) a[h][c] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < nk; t++) {
+    __m512 vv[8];
+    for (int c = 0; c < C; c++) vv[c] = _mm512_loadu_ps(v + t * hd + 16 * c);
+    for (int h = 0; h < H; h++) {
+      __m512 w = _mm512_set1_ps(p[h * ATTN_KEY_BLOCK + t]);
+      for (int c = 0; c < C; c++) a[h][c] = _mm512_fmadd_ps(w, vv[c], a[h][c]);
+    }
+  }
+  for (int h = 0; h < H; h++)
+    for (int c = 0; c < C; c++) _mm512_storeu_ps(out[h] + 16 * c, a[h][c]);
+}
 #endif
+
+/* score[0..8) = scale * q . k_0..k_7, the keys hd apart from k (hd a multiple of 8): dot4_avx2's
+ * numbers for each key, with 8 independent sums in flight where 4 left the FMA units waiting on
+ * their latency (the scores were 60% of a decode step's attention on AMD Zen 4). */
+static inline void dot8_avx2(float *score, const float *q, const float *k, int64_t hd, __m128 sc) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+  for (int64_t e = 0; e < hd; e += 8) {
+    __m256 qv = _mm256_loadu_ps(q + e);
+    s0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + e), s0);
+    s1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + hd + e), s1);
+    s2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 2 * hd + e), s2);
+    s3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 3 * hd + e), s3);
+    s4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 4 * hd + e), s4);
+    s5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 5 * hd + e), s5);
+    s6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 6 * hd + e), s6);
+    s7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 7 * hd + e), s7);
+  }
+  _mm_storeu_ps(score, _mm_mul_ps(sc, sum4_avx2(s0, s1, s2, s3)));
+  _mm_storeu_ps(score + 4, _mm_mul_ps(sc, sum4_avx2(s4, s5, s6, s7)));
+}
+#endif /* AVX2 */
 
 /* score[j] = scale * q . k_j for the nk keys from kh (rows of hd). */
 static void block_scores(float *score, const float *q, const float *kh, int64_t nk, int64_t hd, float scale) {
 #ifdef DECODE_AVX2
   if (hd % 8 == 0) {
     __m128 sc = _mm_set1_ps(scale);
-    for (int64_t j = 0; j < nk; j += 4) {
+    int64_t j = 0;
+    for (; j + 8 <= nk; j += 8) dot8_avx2(score + j, q, kh + j * hd, hd, sc);
+    for (; j < nk; j += 4) {
       const float *k0 = kh + j * hd, *k1 = j + 1 < nk ? k0 + hd : k0, *k2 = j + 2 < nk ? k0 + 2 * hd : k0;
       const float *k3 = j + 3 < nk ? k0 + 3 * hd : k0;
       float s4[4];
@@ -142,14 +195,54 @@ static void block_mix(float *acc, const float *score, const float *vh, int64_t n
   }
 }
 
-/* One task: query row qr (one head's hd values), keys [j0, j1) of one kv head; the partial
- * softmax into part: [0] max, [1] sum of exps, [2 ..] the exps' weighted values. */
-static void decode_block(float *part, float *score, const float *qr, const float *kh, const float *vh, int64_t j0,
-                         int64_t j1, int64_t hd, float scale) {
-  int64_t nk = j1 - j0;
-  /* the scores first, with nothing carried from key to key, then their maximum in lanes (a
-   * running maximum made every key wait for the previous one's dot product) */
-  block_scores(score, qr, kh + j0 * hd, nk, hd, scale);
+/* score_p[j] (rows ATTN_KEY_BLOCK apart) = scale * q[p] . k_j for P query vectors (heads of a
+ * GQA group, of one or more query rows) and the nk keys from kh: block_scores' numbers, the
+ * vectors taking 8 keys in turn while those keys are in L1. */
+static void group_scores(float *score, const float *const *q, int64_t P, const float *kh, int64_t nk, int64_t hd,
+                         float scale) {
+#ifdef DECODE_AVX2
+  if (hd % 8 == 0) {
+    __m128 sc = _mm_set1_ps(scale);
+    int64_t j = 0;
+    for (; j + 8 <= nk; j += 8)
+      for (int64_t p = 0; p < P; p++) dot8_avx2(score + p * ATTN_KEY_BLOCK + j, q[p], kh + j * hd, hd, sc);
+    if (j < nk)
+      for (int64_t p = 0; p < P; p++) block_scores(score + p * ATTN_KEY_BLOCK + j, q[p], kh + j * hd, nk - j, hd, scale);
+    return;
+  }
+#endif
+  for (int64_t p = 0; p < P; p++) block_scores(score + p * ATTN_KEY_BLOCK, q[p], kh, nk, hd, scale);
+}
+
+/* acc[p][hd] = sum_t w_p[t] v_t for P weight rows w (ATTN_KEY_BLOCK apart) over the nk value rows
+ * from vh: block_mix's numbers; with AVX-512 each value row is read once for up to 4 of them. */
+static void group_mix(float *const *acc, const float *w, int64_t P, const float *vh, int64_t nk, int64_t hd) {
+#ifdef DECODE_AVX512
+  if (hd == 64 || hd == 128) {
+    int hmax = hd == 64 ? 4 : 2;
+    for (int64_t p0 = 0; p0 < P; p0 += hmax) {
+      float *const *o = acc + p0;
+      const float *wp = w + p0 * ATTN_KEY_BLOCK;
+      int H = P - p0 < hmax ? (int)(P - p0) : hmax;
+      if (hd == 64) /* constant counts: registers */
+        switch (H) {
+          case 4: mixg_avx512(o, wp, vh, nk, hd, 4, 4); break;
+          case 3: mixg_avx512(o, wp, vh, nk, hd, 3, 4); break;
+          case 2: mixg_avx512(o, wp, vh, nk, hd, 2, 4); break;
+          default: mixg_avx512(o, wp, vh, nk, hd, 1, 4); break;
+        }
+      else if (H == 2) mixg_avx512(o, wp, vh, nk, hd, 2, 8);
+      else mixg_avx512(o, wp, vh, nk, hd, 1, 8);
+    }
+    return;
+  }
+#endif
+  for (int64_t p = 0; p < P; p++) block_mix(acc[p], w + p * ATTN_KEY_BLOCK, vh, nk, hd);
+}
+
+/* p[nk] = exp(score - max) in place; returns the max, *sum the exps' sum: their maximum and sum
+ * in lanes (a running maximum made every key wait for the previous one's dot product). */
+static float softmax_parts(float *score, int64_t nk, float *sum_out) {
   float mxl[DS_LANES];
   for (int l = 0; l < DS_LANES; l++) mxl[l] = -INFINITY;
   int64_t j = 0;
@@ -163,8 +256,8 @@ static void decode_block(float *part, float *score, const float *qr, const float
   for (; j + DS_LANES <= nk; j += DS_LANES)
     for (int l = 0; l < DS_LANES; l++) sum[l] += score[j + l] = ds_fast_expf(score[j + l] - mx);
   for (int l = 0; j + l < nk; l++) sum[l] += score[j + l] = ds_fast_expf(score[j + l] - mx);
-  block_mix(part + 2, score, vh + j0 * hd, nk, hd);
-  part[0] = mx, part[1] = lanes_sum(sum);
+  *sum_out = lanes_sum(sum);
+  return mx;
 }
 
 /* dst[0 .. n) = the f16 values src widened to fp32 (exact). */
@@ -189,48 +282,78 @@ void ds_cpu_copy_rows_f16(uint16_t *dst, int64_t ld_dst, const float *src, int64
   }
 }
 
-/* What attention_decode's tasks share; a task: query i's keys [j0, j1) of one kv head, every
- * query head of its group. */
+/* What attention_decode's tasks share. A task: one kv head's keys [j0, j0 + ATTN_KEY_BLOCK)
+ * for every query row that sees them and every query head of the group: the rows of a
+ * verification read the block once, where a task per row read it again from L2 for each row;
+ * each (row, head) still gets the numbers it gets alone (its own visible keys, the same order of
+ * operations), so verification and decoding agree bit for bit. */
 typedef struct {
-  float *part;
+  float *part; /* [n, n_heads, nb_max, pstride] partial softmaxes */
   const float *q;
   int64_t q_stride;
   const void *k, *v;
   int f16;
-  const int64_t *first;
-  int64_t past, cap, n_heads, n_kv, hd, nb_max, pstride;
+  int64_t n, past, cap, n_heads, n_kv, hd, nb_max, pstride;
   float scale;
 } decode_tasks;
 
-/* task t, with its thread's scratch: score[ATTN_KEY_BLOCK], and kw, vw [ATTN_KEY_BLOCK, hd] when f16 */
-static void decode_task(const decode_tasks *a, int64_t t, float *score, float *kw, float *vw) {
-  int64_t i = 0, hd = a->hd, group = a->n_heads / a->n_kv;
-  while (t >= a->first[i + 1]) i++;
-  int64_t nb = (a->first[i + 1] - a->first[i]) / a->n_kv, g = (t - a->first[i]) / nb, b = (t - a->first[i]) % nb;
-  int64_t visible = a->past + i + 1, j0 = b * ATTN_KEY_BLOCK;
-  int64_t j1 = j0 + ATTN_KEY_BLOCK < visible ? j0 + ATTN_KEY_BLOCK : visible;
-  const float *kh, *vh;
-  int64_t from = j0;
+/* a thread's scratch: scores [n * group, ATTN_KEY_BLOCK], the f16 block widened [2, ATTN_KEY_BLOCK,
+ * hd], the (row, head) pairs' query and output pointers */
+typedef struct {
+  float *score, *kw, *vw;
+  const float **qs;
+  float **parts, **accs;
+} decode_scratch;
+
+static int decode_scratch_new(const decode_tasks *a, decode_scratch *w) {
+  int64_t P = a->n * (a->n_heads / a->n_kv);
+  w->score = malloc((size_t)ATTN_KEY_BLOCK * (size_t)(P + (a->f16 ? 2 * a->hd : 0)) * sizeof(float));
+  w->kw = a->f16 && w->score ? w->score + P * ATTN_KEY_BLOCK : NULL;
+  w->vw = w->kw ? w->kw + ATTN_KEY_BLOCK * a->hd : NULL;
+  w->qs = malloc((size_t)P * sizeof *w->qs);
+  w->parts = malloc((size_t)(2 * P) * sizeof *w->parts);
+  w->accs = w->parts ? w->parts + P : NULL;
+  return w->score && w->qs && w->parts;
+}
+
+static void decode_scratch_free(decode_scratch *w) {
+  free(w->score);
+  free(w->qs);
+  free(w->parts);
+}
+
+/* task t = (kv head g, key block b) */
+static void decode_task(const decode_tasks *a, int64_t t, decode_scratch *w) {
+  int64_t hd = a->hd, G = a->n_heads / a->n_kv, g = t / a->nb_max, b = t % a->nb_max, j0 = b * ATTN_KEY_BLOCK;
+  int64_t i0 = j0 - a->past > 0 ? j0 - a->past : 0; /* the first row that sees key j0 */
+  if (i0 >= a->n) return;
+  int64_t jmax = j0 + ATTN_KEY_BLOCK < a->past + a->n ? j0 + ATTN_KEY_BLOCK : a->past + a->n;
+  const float *kh, *vh; /* key j0's row */
   if (a->f16) {
-    widen_f16(kw, (const uint16_t *)a->k + (g * a->cap + j0) * hd, (j1 - j0) * hd);
-    widen_f16(vw, (const uint16_t *)a->v + (g * a->cap + j0) * hd, (j1 - j0) * hd);
-    kh = kw, vh = vw, from = 0;
+    widen_f16(w->kw, (const uint16_t *)a->k + (g * a->cap + j0) * hd, (jmax - j0) * hd);
+    widen_f16(w->vw, (const uint16_t *)a->v + (g * a->cap + j0) * hd, (jmax - j0) * hd);
+    kh = w->kw, vh = w->vw;
   } else {
-    kh = (const float *)a->k + g * a->cap * hd, vh = (const float *)a->v + g * a->cap * hd;
+    kh = (const float *)a->k + (g * a->cap + j0) * hd, vh = (const float *)a->v + (g * a->cap + j0) * hd;
   }
-  for (int64_t h = g * group; h < (g + 1) * group; h++)
-    decode_block(a->part + ((i * a->n_heads + h) * a->nb_max + b) * a->pstride, score, a->q + i * a->q_stride + h * hd,
-                 kh, vh, from, from + j1 - j0, hd, a->scale);
-}
-
-/* one thread's scratch for decode_task (NULL when out of memory) */
-static float *decode_scratch(const decode_tasks *a) {
-  return malloc((size_t)ATTN_KEY_BLOCK * (size_t)(1 + (a->f16 ? 2 * a->hd : 0)) * sizeof(float));
-}
-
-static void decode_task_with(const decode_tasks *a, int64_t t, float *scratch) {
-  float *kw = a->f16 ? scratch + ATTN_KEY_BLOCK : NULL;
-  decode_task(a, t, scratch, kw, kw ? kw + ATTN_KEY_BLOCK * a->hd : NULL);
+  /* rows in runs that see the same keys of the block (every row that sees all of it, then each
+   * of the others alone) */
+  for (int64_t i = i0, i1; i < a->n; i = i1) {
+    int64_t nk = (a->past + i + 1 < jmax ? a->past + i + 1 : jmax) - j0;
+    for (i1 = i + 1; i1 < a->n && (a->past + i1 + 1 < jmax ? a->past + i1 + 1 : jmax) - j0 == nk; i1++) {
+    }
+    int64_t P = 0;
+    for (int64_t r = i; r < i1; r++)
+      for (int64_t h = g * G; h < (g + 1) * G; h++, P++) {
+        w->qs[P] = a->q + r * a->q_stride + h * hd;
+        w->parts[P] = a->part + ((r * a->n_heads + h) * a->nb_max + b) * a->pstride;
+        w->accs[P] = w->parts[P] + 2;
+      }
+    /* each pair's partial softmax: [0] max, [1] sum of exps, [2 ..] the exps' weighted values */
+    group_scores(w->score, w->qs, P, kh, nk, hd, a->scale);
+    for (int64_t p = 0; p < P; p++) w->parts[p][0] = softmax_parts(w->score + p * ATTN_KEY_BLOCK, nk, &w->parts[p][1]);
+    group_mix(w->accs, w->score, P, vh, nk, hd);
+  }
 }
 
 /* k, v: fp32, or f16 bits when f16 (each task widens its block of keys and values first, into
@@ -238,33 +361,29 @@ static void decode_task_with(const decode_tasks *a, int64_t t, float *scratch) {
 static void attention_decode(float *out, const float *q, int64_t q_stride, const void *k, const void *v, int f16,
                              int64_t n, int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv, int64_t hd,
                              float scale) {
-  int64_t nb_max = (past + n + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK, pstride = hd + 2;
-  int64_t first[ATTN_ROWWISE_MAX + 1]; /* tasks of query i: first[i] .. first[i + 1] - 1 */
-  first[0] = 0;
-  for (int64_t i = 0; i < n; i++) first[i + 1] = first[i] + n_kv * ((past + i + 1 + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK);
-  /* part[((i * n_heads + h) * nb_max + b) * pstride ..] */
+  int64_t nb_max = (past + n + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK, pstride = hd + 2, tasks = n_kv * nb_max;
   float *part = malloc((size_t)(n * n_heads * nb_max * pstride) * sizeof(float));
   DS_CHECK(part != NULL);
-  decode_tasks a = {part, q, q_stride, k, v, f16, first, past, cap, n_heads, n_kv, hd, nb_max, pstride, scale};
-  if (first[n] <= 1 || (past + n) * n_heads * hd <= 32768) { /* no region (cpu_kernels.h) */
-    float *scratch = decode_scratch(&a);
-    DS_CHECK(scratch != NULL);
-    for (int64_t t = 0; t < first[n]; t++) decode_task_with(&a, t, scratch);
-    free(scratch);
+  decode_tasks a = {part, q, q_stride, k, v, f16, n, past, cap, n_heads, n_kv, hd, nb_max, pstride, scale};
+  if (tasks <= 1 || (past + n) * n_heads * hd <= 32768) { /* no region (cpu_kernels.h) */
+    decode_scratch w;
+    DS_CHECK(decode_scratch_new(&a, &w));
+    for (int64_t t = 0; t < tasks; t++) decode_task(&a, t, &w);
+    decode_scratch_free(&w);
   } else {
     DS_OMP(parallel)
     {
-      float *scratch = decode_scratch(&a);
-      DS_CHECK(scratch != NULL);
+      decode_scratch w;
+      DS_CHECK(decode_scratch_new(&a, &w));
       DS_OMP(for schedule(dynamic))
-      for (int64_t t = 0; t < first[n]; t++) decode_task_with(&a, t, scratch);
-      free(scratch);
+      for (int64_t t = 0; t < tasks; t++) decode_task(&a, t, &w);
+      decode_scratch_free(&w);
     }
   }
   /* merge each (query, head)'s blocks in order: out = sum_b e^(m_b - M) acc_b / sum_b e^(m_b - M) l_b */
   for (int64_t i = 0; i < n; i++)
     for (int64_t h = 0; h < n_heads; h++) {
-      int64_t nb = (first[i + 1] - first[i]) / n_kv;
+      int64_t nb = (past + i + 1 + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK;
       const float *pb = part + (i * n_heads + h) * nb_max * pstride;
       float M = -INFINITY, L = 0.0f, *o = out + i * n_heads * hd + h * hd;
       for (int64_t b = 0; b < nb; b++) M = pb[b * pstride] > M ? pb[b * pstride] : M;

@@ -86,10 +86,12 @@ static void test_attention(void) {
   /* Decode and short verification (at most 8 new rows) over several key blocks of 128, head
    * sizes with lane and column tails: each row equals the reference, and equals bit for bit the
    * same query decoded alone after the rows before it (what makes a verification's numbers a
-   * decode's). */
-  int64_t dec[][3] = {{300, 1, 72}, {260, 5, 64}, {127, 8, 20}, {1000, 3, 80}}; /* 20: the portable path */
-  for (int c = 0; c < 4; c++) {
-    int64_t past = dec[c][0], n = dec[c][1], hd = dec[c][2], hq = 6, hkv = 2, cap = past + n;
+   * decode's). Query heads per kv head 1 to 4, so that a block's (row, head) pairs fill the
+   * AVX-512 value pass (4 pairs of 64 values, 2 of 128) and leave it a remainder. */
+  int64_t dec[][4] = {{300, 1, 72, 6}, {260, 5, 64, 6}, {127, 8, 20, 6}, {1000, 3, 80, 6}, /* 20: the portable path */
+                      {200, 8, 128, 6}, {129, 7, 64, 8}, {64, 2, 64, 2}, {383, 6, 128, 8}};
+  for (int c = 0; c < (int)(sizeof dec / sizeof *dec); c++) {
+    int64_t past = dec[c][0], n = dec[c][1], hd = dec[c][2], hq = dec[c][3], hkv = 2, cap = past + n;
     int64_t q_stride = hq * hd, w = hq * hd;
     float *q = rand_buf((size_t)(n * q_stride), 7 + c), *k = rand_buf((size_t)(hkv * cap * hd), 2);
     float *v = rand_buf((size_t)(hkv * cap * hd), 3);
