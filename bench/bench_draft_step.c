@@ -155,21 +155,15 @@ static double status_mib(const char *key) {
   return kib / 1024.0;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 static int cmp_i64(const void *a, const void *b) {
   int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
   return (x > y) - (x < y);
 }
 
-static double median(const double *x, int n) {
+static double median(const double *x, int n) { /* x left as it is */
   double *s = xmalloc((size_t)n * sizeof(double));
   memcpy(s, x, (size_t)n * sizeof(double));
-  qsort(s, (size_t)n, sizeof(double), cmp_double);
-  double m = n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+  double m = ds_median(s, n);
   free(s);
   return m;
 }

@@ -37,16 +37,6 @@ static unsigned char *make_weight(ds_dtype dt, int64_t rows, int64_t cols) {
 /* A decode's matrix-vector products in a model's order, each round's best of 3 passes beside a
  * stream read of 256 MiB (after a pass that packs the copies and warms): SmolLM2-135M's shapes,
  * its layers' matrices in dt, the head in Q8_0. Medians over the rounds. */
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static int decode_pass(ds_qisa isa, ds_dtype dt, int rounds) {
   enum { LAYERS = 30, D = 576, V = 49152, ROUNDS_MAX = 1000 };
   const int64_t outs[5] = {960, 576, 3072, 576, V}, ins[5] = {D, D, D, 1536, D}, stream_floats = (int64_t)64 << 20;
@@ -80,7 +70,7 @@ static int decode_pass(ds_qisa isa, ds_dtype dt, int rounds) {
     if (r < 0) continue; /* the warm-up round */
     dec[r] = bytes / best / 1e9, str[r] = (double)stream_floats * 4 / ts / 1e9, ratio[r] = dec[r] / str[r];
   }
-  double rm = median(ratio, rounds), dm = median(dec, rounds), sm = median(str, rounds);
+  double rm = ds_median(ratio, rounds), dm = ds_median(dec, rounds), sm = ds_median(str, rounds);
   printf("decode pass (SmolLM2-135M, layers %s, head Q8_0: %.1f MB), %s, %d rounds: %.2f GB/s (%.3f ms), stream "
          "read %.2f GB/s, share %.0f%% (medians)\n", ds_dtype_name(dt), bytes / 1e6, ds_qisa_name(isa), rounds, dm,
          1e3 * bytes / dm / 1e9, sm, 100 * rm);

@@ -87,6 +87,9 @@ void *ds_malloc_huge(size_t nbytes, const char *what);
 void ds_free_aligned(void *p);
 
 double ds_time_sec(void); /* monotonic clock */
+/* The median of v[n] (n >= 1; the mean of the middle two when n is even), v sorted in place:
+ * for timings taken several times. */
+double ds_median(double *v, int64_t n);
 
 #ifdef __cplusplus
 }

@@ -8,15 +8,6 @@
 #include "dspark/sampling.h"
 #include "dspark/spec_schedule.h"
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 enum { PROFILE_MAX_REPS = 64 };
 
@@ -58,7 +49,7 @@ ds_status ds_spec_profile_verify(ds_target *t, int64_t context, int64_t max_toke
       if (rep >= 0) times[rep] = ds_time_sec() - t0;
       if (st == DS_OK) st = ds_kv_cache_crop(kv, context);
     }
-    if (st == DS_OK) seconds[B - 1] = median(times, reps);
+    if (st == DS_OK) seconds[B - 1] = ds_median(times, reps);
   }
   for (int64_t n_rows = 1; head && n_rows < max_tokens && st == DS_OK; n_rows++) {
     double times[PROFILE_MAX_REPS];
@@ -67,7 +58,7 @@ ds_status ds_spec_profile_verify(ds_target *t, int64_t context, int64_t max_toke
       st = ds_target_logits(t, hidden, n_rows, logits);
       if (rep >= 0) times[rep] = ds_time_sec() - t0;
     }
-    if (st == DS_OK) head[n_rows - 1] = median(times, reps);
+    if (st == DS_OK) head[n_rows - 1] = ds_median(times, reps);
   }
   ds_kv_cache_free(kv);
   free(ids);
@@ -125,7 +116,7 @@ ds_status ds_spec_profile_draft(ds_target *t, ds_draft *d, int64_t context, int 
       }
       if (rep >= 0) times[rep] = ds_time_sec() - t0;
     }
-    if (st == DS_OK) seconds[L - 1] = median(times, reps);
+    if (st == DS_OK) seconds[L - 1] = ds_median(times, reps);
   }
   ds_draft_state_free(ds);
   ds_kv_cache_free(kv);

@@ -246,7 +246,16 @@ static void test_malloc_huge(void) {
   EXPECT(ds_malloc_huge(SIZE_MAX - 100, "an impossible size") == NULL); /* refused, not wrapped */
 }
 
+static void test_median(void) {
+  double odd[] = {3, -1, 2, 9, 0}, even[] = {4, 1, 3, 2}, one[] = {7.5};
+  EXPECT(ds_median(odd, 5) == 2);
+  EXPECT(odd[0] == -1 && odd[4] == 9); /* sorted in place */
+  EXPECT(ds_median(even, 4) == 2.5);
+  EXPECT(ds_median(one, 1) == 7.5);
+}
+
 int main(void) {
+  TEST_RUN(test_median);
   TEST_RUN(test_malloc_huge);
   TEST_RUN(test_bf16);
   TEST_RUN(test_f16);
