@@ -121,7 +121,7 @@ static float dot_row_portable(const unsigned char *w, ds_dtype dt, const int8_t 
       int q51 = dt == DS_Q5_1;
       for (int64_t b = 0; b < in / 32; b++, w += q51 ? 24 : 22) {
         const unsigned char *qh = w + (q51 ? 4 : 2), *qs = qh + 4;
-        uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+        uint32_t h = ds_quant_le32(qh);
         const int8_t *x = xq + 32 * b;
         int s = 0, xsum = xs[2 * b] + xs[2 * b + 1];
         for (int l = 0; l < 16; l++)

@@ -25,6 +25,11 @@
 
 enum { DS_QX_BLOCK = 32 };
 
+/* The little-endian 32 bits at p (a Q5 block's mask of fifth bits). */
+static inline uint32_t ds_quant_le32(const unsigned char *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
 /* x[n, in] quantized per block of 32 (in a multiple of 32). */
 typedef struct {
   int8_t *q;  /* (n, in) */

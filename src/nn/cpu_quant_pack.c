@@ -54,10 +54,6 @@ static uint32_t q5_bits_stored(uint32_t e) {
   return h;
 }
 
-static uint32_t le32(const unsigned char *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 static void put_le32(unsigned char *p, uint32_t v) {
   for (int k = 0; k < 4; k++) p[k] = (unsigned char)(v >> (8 * k));
 }
@@ -80,7 +76,7 @@ void ds_quant_pack8(unsigned char *dst, const unsigned char *w, ds_dtype dt, int
         }
         memcpy(o + 2 * r, src, 2);                             /* d */
         if (has_m(dt)) memcpy(o + 16 + 2 * r, src + 2, 2);     /* m */
-        if (is_q5(dt)) put_le32(o + sb - 32 + 4 * r, q5_bits_packed(le32(src + head - 4)));
+        if (is_q5(dt)) put_le32(o + sb - 32 + 4 * r, q5_bits_packed(ds_quant_le32(src + head - 4)));
         if (dt == DS_Q4_K)
           for (int i = 0; i < Q4K_SCALES; i++) o[32 + 8 * i + r] = src[4 + i]; /* scale byte i of 8 rows */
         for (size_t j = 0; j < qb / 4; j++) memcpy(o + sb + 32 * j + 4 * r, src + head + 4 * j, 4);
@@ -228,7 +224,7 @@ void ds_quant_unpack_row(unsigned char *row, const unsigned char *packed, ds_dty
     }
     memcpy(o, blk + 2 * lane, 2);                         /* d */
     if (has_m(dt)) memcpy(o + 2, blk + 16 + 2 * lane, 2); /* m */
-    if (is_q5(dt)) put_le32(o + head - 4, q5_bits_stored(le32(blk + sb - 32 + 4 * lane)));
+    if (is_q5(dt)) put_le32(o + head - 4, q5_bits_stored(ds_quant_le32(blk + sb - 32 + 4 * lane)));
     if (dt == DS_Q4_K)
       for (int i = 0; i < Q4K_SCALES; i++) o[4 + i] = blk[32 + 8 * i + lane];
     for (size_t j = 0; j < qb / 4; j++) memcpy(o + head + 4 * j, blk + sb + 32 * j + 4 * lane, 4);
