@@ -126,7 +126,9 @@ static void test_decode_weights(void) {
   for (int i = 0; i < 2; i++) {
     EXPECT_OK(ds_draft_set_decode_weights(d, kinds[i]));
     EXPECT(ds_draft_decode_weights(d) == kinds[i]);
+    size_t packed = ds_packed_weight_bytes(); /* the kernels' packed copies are made at load: */
     decode_block(d, ctx, ids, a, got, got_conf);
+    EXPECT(ds_packed_weight_bytes() == packed); /* none on the first block */
     double err = test_rel_err(got, ref, G2 * V2), cerr = 0;
     for (int k = 0; k < G2; k++) cerr = fmax(cerr, fabs((double)got_conf[k] - ref_conf[k]));
     fprintf(stderr, "  %s decoding weights: logits rel err %.2e, confidence abs err %.2e\n",
