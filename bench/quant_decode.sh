@@ -4,9 +4,11 @@
 # --ignore-eos, a fixed prompt, $QBENCH_TOKENS new tokens (default 128), best of $QBENCH_REPS runs
 # (default 3) of the decode tokens/s generate prints, for 1 and 2 threads. Prints the CPU, the
 # kernels that ran (dspark info), the load average before and after (the machine is shared: a
-# load above 1 means the numbers are lower bounds), and the bytes of weights each mode reads per
-# token with the roofline they imply at $QBENCH_GBS GB/s of streaming reads (default 13, this
-# machine's measured figure, docs/performance.md).
+# load above 1 means the numbers are lower bounds), the bytes of weights each mode reads per
+# token, and the share of the memory's streaming rate that decode reaches: the rate is read by
+# `bench_linear16 --stream-only` (1 GiB in 2 MiB pages, the same threads) right before each
+# mode's runs, because a shared host's rate moves by 2x within minutes; $QBENCH_GBS fixes it
+# instead, and $QBENCH_WEIGHTS picks the modes (default "as-stored bf16 f32").
 #   bench/quant_decode.sh [BUILD_DIR] [MODEL.gguf]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +16,7 @@ build="${1:-build/dev}"
 model="${2:-$HOME/.cache/dspark/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 tokens="${QBENCH_TOKENS:-128}"
 reps="${QBENCH_REPS:-3}"
-gbs="${QBENCH_GBS:-13}"
+gbs_fixed="${QBENCH_GBS:-}"
 dspark="$build/dspark"
 [ -x "$dspark" ] || { echo "no $dspark: build the dspark target first" >&2; exit 1; }
 [ -f "$model" ] || { echo "no $model (scripts/setup.sh fetches SmolLM2)" >&2; exit 1; }
@@ -26,9 +28,15 @@ echo "model: $model"
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//') ($(nproc) cores)"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$dspark" info "$model" 2>/dev/null | grep -iE "weights|kernel|GEMM" | sed 's/^/info: /' || true
-printf "%-10s %7s %12s %14s %14s\n" weights threads "MB/token" "roofline t/s" "decode t/s"
+printf "%-10s %7s %10s %12s %14s %12s %8s\n" weights threads "MB/token" "stream GB/s" "roofline t/s" "decode t/s" share
 for threads in 1 2; do
-  for w in as-stored bf16 f32; do
+  for w in ${QBENCH_WEIGHTS:-as-stored bf16 f32}; do
+    gbs=$gbs_fixed
+    if [ -z "$gbs" ]; then
+      gbs=$("$build/bench_linear16" --stream-only --threads "$threads" 2>/dev/null |
+            sed -n 's/.*: \([0-9.]*\) GB\/s.*/\1/p' | tail -1)
+      [ -n "$gbs" ] || { echo "no stream rate from $build/bench_linear16: build it, or set QBENCH_GBS" >&2; exit 1; }
+    fi
     best=0
     for ((r = 0; r < reps; r++)); do
       line=$(OMP_NUM_THREADS=$threads "$dspark" generate "$model" --weights "$w" --threads "$threads" \
@@ -43,7 +51,8 @@ unit = dict(B=1e-6, kB=1e-3, MB=1.0, GB=1e3)
 m = re.search(r"weights in memory:\s+([0-9.]+) (B|kB|MB|GB)", sys.stdin.read())
 print("%.0f" % (float(m.group(1)) * unit[m.group(2)]) if m else "?")' || echo "?")
     roof=$(python3 -c "print(f'{$gbs * 1000 / $mb:.0f}' if '$mb' not in ('?', '0') else '?')" 2>/dev/null || echo "?")
-    printf "%-10s %7s %12s %14s %14s\n" "$w" "$threads" "$mb" "$roof" "$best"
+    share=$(python3 -c "print(f'{100 * $best * $mb / ($gbs * 1000):.0f}%' if '$mb' not in ('?', '0') else '?')" 2>/dev/null || echo "?")
+    printf "%-10s %7s %10s %12s %14s %12s %8s\n" "$w" "$threads" "$mb" "$gbs" "$roof" "$best" "$share"
   done
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
