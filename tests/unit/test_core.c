@@ -194,37 +194,6 @@ static void test_config_defaults(void) {
   EXPECT_OK(ds_config_check_positions(&c, "m/config.json", 32768, "--seq-len"));
 }
 
-/* Kilobytes of transparent huge pages /proc/self/smaps gives the mapping that holds p; -1 where
- * it cannot be read (not Linux). */
-static long huge_kb_at(const void *p) {
-  FILE *f = fopen("/proc/self/smaps", "r");
-  if (!f) return -1;
-  char line[512];
-  int inside = 0;
-  long kb = -1;
-  while (fgets(line, sizeof line, f)) {
-    unsigned long lo, hi;
-    if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) /* a mapping's first line; its fields follow */
-      inside = (uintptr_t)p >= lo && (uintptr_t)p < hi;
-    else if (inside && sscanf(line, "AnonHugePages: %ld kB", &kb) == 1)
-      break;
-  }
-  fclose(f);
-  return kb;
-}
-
-/* the system grants huge pages to an madvise'd buffer at its first touch (THP "madvise" or
- * "always", and a defrag mode that compacts for it) */
-static int thp_advised_at_fault(void) {
-  char e[128] = "", d[128] = "";
-  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-  if (f) (void)!fgets(e, sizeof e, f), fclose(f);
-  f = fopen("/sys/kernel/mm/transparent_hugepage/defrag", "r");
-  if (f) (void)!fgets(d, sizeof d, f), fclose(f);
-  return (strstr(e, "[madvise]") || strstr(e, "[always]")) &&
-         (strstr(d, "[madvise]") || strstr(d, "[always]") || strstr(d, "[defer+madvise]"));
-}
-
 static void test_malloc_huge(void) {
   const size_t mib2 = (size_t)2 << 20;
   unsigned char *small = ds_malloc_huge(1000, "test");

@@ -4,8 +4,10 @@
 #define DSPARK_TEST_UTIL_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int g_test_failures;
 
@@ -55,6 +57,37 @@ static inline double test_rel_err(const float *a, const float *b, size_t n) {
     den = fmax(den, fabs((double)b[i]));
   }
   return num / (den > 0 ? den : 1);
+}
+
+/* Kilobytes of transparent huge pages /proc/self/smaps gives the mapping that holds p; -1 where
+ * it cannot be read (not Linux). */
+static inline long huge_kb_at(const void *p) {
+  FILE *f = fopen("/proc/self/smaps", "r");
+  if (!f) return -1;
+  char line[512];
+  int inside = 0;
+  long kb = -1;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) /* a mapping's first line; its fields follow */
+      inside = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+    else if (inside && sscanf(line, "AnonHugePages: %ld kB", &kb) == 1)
+      break;
+  }
+  fclose(f);
+  return kb;
+}
+
+/* the system grants huge pages to an madvise'd buffer at its first touch (THP "madvise" or
+ * "always", and a defrag mode that compacts for it) */
+static inline int thp_advised_at_fault(void) {
+  char e[128] = "", d[128] = "";
+  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  if (f) (void)!fgets(e, sizeof e, f), fclose(f);
+  f = fopen("/sys/kernel/mm/transparent_hugepage/defrag", "r");
+  if (f) (void)!fgets(d, sizeof d, f), fclose(f);
+  return (strstr(e, "[madvise]") || strstr(e, "[always]")) &&
+         (strstr(d, "[madvise]") || strstr(d, "[always]") || strstr(d, "[defer+madvise]"));
 }
 
 #endif
