@@ -65,7 +65,10 @@ typedef struct ds_backend {
    * value is converted to fp32 exactly and every product is accumulated in fp32, so the
    * result equals the fp32 entries run on the same weights converted to fp32, up to fp32
    * summation order (activations are never rounded to 16 bits). With an F32 weight they are
-   * the fp32 entries themselves: linear_w with ldy == out is linear, bit for bit. All this under
+   * the fp32 entries themselves: linear_w with ldy == out is linear, bit for bit, except that
+   * the cpu backend streams an F32 weight row by row for up to 8 rows of x (decode,
+   * verification: fp32 products in another summation order, a row's sums the same whatever
+   * rows share the call; nn/cpu_linear16.h). All this under
    * DS_COMPUTE_F32, the default; under DS_COMPUTE_BF16 (ds_set_matmul_compute below) calls with
    * enough rows on F32 or BF16 weights round x (and an F32 weight) to bf16 instead. */
 

@@ -49,6 +49,8 @@ static void cpu_linear_w(float *y, int64_t ldy, const float *x, ds_weight w, con
       for (int64_t i = 0; i < n; i++) memcpy(y + i * ldy, bias, (size_t)out * sizeof(float));
     }
     ds_cpu_gemm_bf16_frozen(1, n, out, in, x, in, w.data, NULL, bias ? 1.0f : 0.0f, y, ldy);
+  } else if (w.dtype == DS_F32 && n <= DS_F32_DIRECT_MAX_ROWS) {
+    ds_cpu_linear_f32_rows(y, ldy, x, &w, &out, 1, bias, n, in); /* decode: streams w once */
   } else if (w.dtype == DS_F32) {
     linear_f32(y, ldy, x, w.data, bias, n, in, out);
   } else if (ds_dtype_is_quantized(w.dtype)) {
@@ -68,18 +70,20 @@ static void cpu_linear_w_cat(float *y, int64_t ldy, const float *x, const ds_wei
   int fuse = n_seg > 1 && n_seg <= CAT_MAX && ds_matmul_compute() == DS_COMPUTE_BF16 &&
              (w[0].dtype == DS_F32 ? n >= DS_BF16_MIN_ROWS_F32W : w[0].dtype == DS_BF16 && n >= DS_BF16_MIN_ROWS_BF16W);
   int64_t total = 0;
-  int all16 = 1, allq = 1;
+  int all16 = 1, allq = 1, all32 = n <= DS_F32_DIRECT_MAX_ROWS && n_seg <= DS_CAT_SEG_MAX;
   const void *segs[CAT_MAX];
   for (int s = 0; s < n_seg; s++) {
     fuse = fuse && w[s].dtype == w[0].dtype;
     all16 = all16 && (w[s].dtype == DS_BF16 || w[s].dtype == DS_F16);
     allq = allq && ds_dtype_is_quantized(w[s].dtype);
+    all32 = all32 && w[s].dtype == DS_F32;
     if (s < CAT_MAX) segs[s] = w[s].data;
     total += out[s];
   }
   if (!fuse) {
     if (all16) ds_cpu_linear16_cat(y, ldy, x, w, out, n_seg, bias, n, in);
     else if (allq) ds_cpu_linear_quant_cat(y, ldy, x, w, out, n_seg, bias, n, in);
+    else if (all32) ds_cpu_linear_f32_rows(y, ldy, x, w, out, n_seg, bias, n, in); /* one region at decode */
     else ds_linear_w_each_segment(cpu_linear_w, y, ldy, x, w, out, n_seg, bias, n, in);
     return;
   }

@@ -1,7 +1,8 @@
 /* Matmuls and lookups on frozen BF16 / F16 weights for the CPU backend (contracts in
- * nn/cpu_linear16.h and include/dspark/backend.h). Every weight value is converted to fp32
- * exactly (bf16: the 16 bits are the top half of the fp32; f16: the IEEE half is widened) and
- * every product accumulates in fp32: activations are never rounded.
+ * nn/cpu_linear16.h and include/dspark/backend.h), and the direct (row-streaming) product of a
+ * frozen F32 weight at decode. Every weight value is converted to fp32 exactly (bf16: the 16
+ * bits are the top half of the fp32; f16: the IEEE half is widened) and every product
+ * accumulates in fp32: activations are never rounded.
  *
  * The instruction-set variants are compiled with __attribute__((target(...))) and chosen at
  * run time from cpuid (__builtin_cpu_supports), so the same binary is correct on a CPU
@@ -43,7 +44,17 @@ static inline float f16_f32(uint16_t h) {
   return bits_to_f32(u | sign);
 }
 
+/* The direct kernels' weight kinds; a constant at every call site of the inlined tiles. */
+enum { W_BF16 = 0, W_F16 = 1, W_F32 = 2 };
+
 static inline float conv16(uint16_t h, int f16) { return f16 ? f16_f32(h) : bf16_f32(h); }
+
+/* Element q of a weight row of the given kind, as fp32. */
+static inline float welem(const void *w, int64_t q, int kind) {
+  return kind == W_F32 ? ((const float *)w)[q] : conv16(((const uint16_t *)w)[q], kind == W_F16);
+}
+
+static inline size_t wbytes(int kind) { return kind == W_F32 ? 4 : 2; }
 
 static void convert_portable(float *dst, const uint16_t *src, int64_t count, int f16) {
   if (f16)
@@ -61,25 +72,26 @@ int64_t ds_linear16_chunk_rows(int64_t in, int64_t out) {
   return rows < out ? rows : out;
 }
 
-/* A row-block kernel: y[i, o] for i < n and o in [o0, o1). */
-typedef void (*rows_fn)(float *y, int64_t ldy, const float *x, const uint16_t *w, const float *bias, int64_t n,
-                        int64_t in, int64_t o0, int64_t o1, int f16);
+/* A row-block kernel: y[i, o] for i < n and o in [o0, o1), w's rows of the given kind. */
+typedef void (*rows_fn)(float *y, int64_t ldy, const float *x, const void *w, const float *bias, int64_t n,
+                        int64_t in, int64_t o0, int64_t o1, int kind);
 typedef void (*convert_fn)(float *dst, const uint16_t *src, int64_t count, int f16);
 
 /* Portable rows: each weight row is converted in pieces of 256 into a local fp32 buffer and
  * dotted with up to 8 rows of x at a time. */
-static void rows_portable(float *y, int64_t ldy, const float *x, const uint16_t *w, const float *bias, int64_t n,
-                          int64_t in, int64_t o0, int64_t o1, int f16) {
+static void rows_portable(float *y, int64_t ldy, const float *x, const void *w, const float *bias, int64_t n,
+                          int64_t in, int64_t o0, int64_t o1, int kind) {
   enum { P = 256, NI = 8 };
   float wf[P];
   for (int64_t o = o0; o < o1; o++) {
-    const uint16_t *wr = w + o * in;
+    const unsigned char *wr = (const unsigned char *)w + (size_t)(o * in) * wbytes(kind);
     for (int64_t i0 = 0; i0 < n; i0 += NI) {
       int64_t ni = n - i0 < NI ? n - i0 : NI;
       float acc[NI] = {0};
       for (int64_t p0 = 0; p0 < in; p0 += P) {
         int64_t np = in - p0 < P ? in - p0 : P;
-        convert_portable(wf, wr + p0, np, f16);
+        if (kind == W_F32) memcpy(wf, (const float *)(const void *)wr + p0, (size_t)np * sizeof(float));
+        else convert_portable(wf, (const uint16_t *)(const void *)wr + p0, np, kind == W_F16);
         for (int64_t i = 0; i < ni; i++) {
           const float *xi = x + (i0 + i) * in + p0;
           float s = 0.0f;
@@ -105,12 +117,18 @@ T512_INLINE __m512 load16_512(const uint16_t *p, int f16) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* 16 weights from element p of a row of the given kind, as fp32 */
+T512_INLINE __m512 loadw_512(const void *w, int64_t p, int kind) {
+  if (kind == W_F32) return _mm512_loadu_ps((const float *)w + p);
+  return load16_512((const uint16_t *)w + p, kind == W_F16);
+}
+
 /* One weight row times C rows of x (i .. i+C-1): 2 C fp32 accumulators of 16 lanes, the even and
  * odd 16-value steps apart (two chains hide the FMA latency when C is 1); C and f16 are
  * constants at every call site. A row's sums run in the same order whatever C is, so a row of x
  * gets the same numbers alone (decode) as with others (verification). */
-T512_INLINE void tile_512(float *y, int64_t ldy, const float *x, const uint16_t *w, const float *bias, int64_t in,
-                          int C, int f16) {
+T512_INLINE void tile_512(float *y, int64_t ldy, const float *x, const void *w, const float *bias, int64_t in,
+                          int C, int kind) {
   __m512 acc[4][2];
   for (int c = 0; c < C; c++) acc[c][0] = acc[c][1] = _mm512_setzero_ps();
   int64_t p = 0;
@@ -122,43 +140,47 @@ T512_INLINE void tile_512(float *y, int64_t ldy, const float *x, const uint16_t 
      * bytes of BF16 into even and odd values against a reordered x (one load, a shift and a mask
      * per 32 values) measured slower, 19-20.5 GB/s. Past the last row it touches nothing, a
      * prefetch never faults */
-    _mm_prefetch((const char *)(w + 512 + p), _MM_HINT_T0);
-    __m512 w0 = load16_512(w + p, f16), w1 = load16_512(w + p + 16, f16);
+    _mm_prefetch((const char *)w + (size_t)p * wbytes(kind) + 1024, _MM_HINT_T0);
+    if (kind == W_F32) _mm_prefetch((const char *)w + (size_t)p * 4 + 1088, _MM_HINT_T0); /* 128 bytes a step */
+    __m512 w0 = loadw_512(w, p, kind), w1 = loadw_512(w, p + 16, kind);
     for (int c = 0; c < C; c++) {
       acc[c][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + c * in + p), acc[c][0]);
       acc[c][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + c * in + p + 16), acc[c][1]);
     }
   }
   if (p + 16 <= in) {
-    __m512 w0 = load16_512(w + p, f16);
+    __m512 w0 = loadw_512(w, p, kind);
     for (int c = 0; c < C; c++) acc[c][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + c * in + p), acc[c][0]);
     p += 16;
   }
   for (int c = 0; c < C; c++) {
     float s = _mm512_reduce_add_ps(_mm512_add_ps(acc[c][0], acc[c][1]));
-    for (int64_t q = p; q < in; q++) s += conv16(w[q], f16) * x[c * in + q];
+    for (int64_t q = p; q < in; q++) s += welem(w, q, kind) * x[c * in + q];
     y[c * ldy] = s + (bias ? bias[0] : 0.0f);
   }
 }
 
 /* One weight row against every row of x, 4 rows of x at a time (the row stays in L1). */
-T512_INLINE void band_512(float *y, int64_t ldy, const float *x, const uint16_t *w, const float *bias, int64_t n,
-                          int64_t in, int f16) {
+T512_INLINE void band_512(float *y, int64_t ldy, const float *x, const void *w, const float *bias, int64_t n,
+                          int64_t in, int kind) {
   int64_t i = 0;
-  for (; i + 4 <= n; i += 4) tile_512(y + i * ldy, ldy, x + i * in, w, bias, in, 4, f16);
+  for (; i + 4 <= n; i += 4) tile_512(y + i * ldy, ldy, x + i * in, w, bias, in, 4, kind);
   switch (n - i) {
-    case 3: tile_512(y + i * ldy, ldy, x + i * in, w, bias, in, 3, f16); break;
-    case 2: tile_512(y + i * ldy, ldy, x + i * in, w, bias, in, 2, f16); break;
-    case 1: tile_512(y + i * ldy, ldy, x + i * in, w, bias, in, 1, f16); break;
+    case 3: tile_512(y + i * ldy, ldy, x + i * in, w, bias, in, 3, kind); break;
+    case 2: tile_512(y + i * ldy, ldy, x + i * in, w, bias, in, 2, kind); break;
+    case 1: tile_512(y + i * ldy, ldy, x + i * in, w, bias, in, 1, kind); break;
     default: break;
   }
 }
 
-T512 static void rows_avx512(float *y, int64_t ldy, const float *x, const uint16_t *w, const float *bias, int64_t n,
-                             int64_t in, int64_t o0, int64_t o1, int f16) {
+T512 static void rows_avx512(float *y, int64_t ldy, const float *x, const void *w, const float *bias, int64_t n,
+                             int64_t in, int64_t o0, int64_t o1, int kind) {
   for (int64_t o = o0; o < o1; o++) {
-    if (f16) band_512(y + o, ldy, x, w + o * in, bias ? bias + o : NULL, n, in, 1);
-    else band_512(y + o, ldy, x, w + o * in, bias ? bias + o : NULL, n, in, 0);
+    const char *wr = (const char *)w + (size_t)(o * in) * wbytes(kind);
+    const float *b = bias ? bias + o : NULL;
+    if (kind == W_F32) band_512(y + o, ldy, x, wr, b, n, in, W_F32);
+    else if (kind == W_F16) band_512(y + o, ldy, x, wr, b, n, in, W_F16);
+    else band_512(y + o, ldy, x, wr, b, n, in, W_BF16);
   }
 }
 
@@ -182,6 +204,12 @@ T256_INLINE __m256 load8_256(const uint16_t *p, int f16) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+/* 8 weights from element p of a row of the given kind, as fp32 */
+T256_INLINE __m256 loadw_256(const void *w, int64_t p, int kind) {
+  if (kind == W_F32) return _mm256_loadu_ps((const float *)w + p);
+  return load8_256((const uint16_t *)w + p, kind == W_F16);
+}
+
 T256_INLINE float hsum_256(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -190,50 +218,54 @@ T256_INLINE float hsum_256(__m256 v) {
 }
 
 /* tile_512 at 8 lanes: one weight row times C rows of x, two accumulator chains each. */
-T256_INLINE void tile_256(float *y, int64_t ldy, const float *x, const uint16_t *w, const float *bias, int64_t in,
-                          int C, int f16) {
+T256_INLINE void tile_256(float *y, int64_t ldy, const float *x, const void *w, const float *bias, int64_t in,
+                          int C, int kind) {
   __m256 acc[4][2];
   for (int c = 0; c < C; c++) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
   int64_t p = 0;
   for (; p + 16 <= in; p += 16) {
-    if (!(p & 31)) _mm_prefetch((const char *)(w + 8 * in + p), _MM_HINT_T0); /* as tile_512 */
-    __m256 w0 = load8_256(w + p, f16), w1 = load8_256(w + p + 8, f16);
+    if (!(p & 31)) _mm_prefetch((const char *)w + (size_t)(8 * in + p) * wbytes(kind), _MM_HINT_T0); /* 8 rows ahead */
+    if (kind == W_F32 && !(p & 31)) _mm_prefetch((const char *)w + (size_t)(8 * in + p) * 4 + 64, _MM_HINT_T0);
+    __m256 w0 = loadw_256(w, p, kind), w1 = loadw_256(w, p + 8, kind);
     for (int c = 0; c < C; c++) {
       acc[c][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + c * in + p), acc[c][0]);
       acc[c][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + c * in + p + 8), acc[c][1]);
     }
   }
   if (p + 8 <= in) {
-    __m256 w0 = load8_256(w + p, f16);
+    __m256 w0 = loadw_256(w, p, kind);
     for (int c = 0; c < C; c++) acc[c][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + c * in + p), acc[c][0]);
     p += 8;
   }
   for (int c = 0; c < C; c++) {
     float s = hsum_256(_mm256_add_ps(acc[c][0], acc[c][1]));
-    for (int64_t q = p; q < in; q++) s += conv16(w[q], f16) * x[c * in + q];
+    for (int64_t q = p; q < in; q++) s += welem(w, q, kind) * x[c * in + q];
     y[c * ldy] = s + (bias ? bias[0] : 0.0f);
   }
 }
 
 /* One weight row against every row of x, 4 rows of x at a time (16 registers: 8 accumulators,
  * 2 weight vectors, the x loads). */
-T256_INLINE void band_256(float *y, int64_t ldy, const float *x, const uint16_t *w, const float *bias, int64_t n,
-                          int64_t in, int f16) {
+T256_INLINE void band_256(float *y, int64_t ldy, const float *x, const void *w, const float *bias, int64_t n,
+                          int64_t in, int kind) {
   int64_t i = 0;
-  for (; i + 4 <= n; i += 4) tile_256(y + i * ldy, ldy, x + i * in, w, bias, in, 4, f16);
+  for (; i + 4 <= n; i += 4) tile_256(y + i * ldy, ldy, x + i * in, w, bias, in, 4, kind);
   switch (n - i) {
-    case 3: tile_256(y + i * ldy, ldy, x + i * in, w, bias, in, 3, f16); break;
-    case 2: tile_256(y + i * ldy, ldy, x + i * in, w, bias, in, 2, f16); break;
-    case 1: tile_256(y + i * ldy, ldy, x + i * in, w, bias, in, 1, f16); break;
+    case 3: tile_256(y + i * ldy, ldy, x + i * in, w, bias, in, 3, kind); break;
+    case 2: tile_256(y + i * ldy, ldy, x + i * in, w, bias, in, 2, kind); break;
+    case 1: tile_256(y + i * ldy, ldy, x + i * in, w, bias, in, 1, kind); break;
     default: break;
   }
 }
 
-T256 static void rows_avx2(float *y, int64_t ldy, const float *x, const uint16_t *w, const float *bias, int64_t n,
-                           int64_t in, int64_t o0, int64_t o1, int f16) {
+T256 static void rows_avx2(float *y, int64_t ldy, const float *x, const void *w, const float *bias, int64_t n,
+                           int64_t in, int64_t o0, int64_t o1, int kind) {
   for (int64_t o = o0; o < o1; o++) {
-    if (f16) band_256(y + o, ldy, x, w + o * in, bias ? bias + o : NULL, n, in, 1);
-    else band_256(y + o, ldy, x, w + o * in, bias ? bias + o : NULL, n, in, 0);
+    const char *wr = (const char *)w + (size_t)(o * in) * wbytes(kind);
+    const float *b = bias ? bias + o : NULL;
+    if (kind == W_F32) band_256(y + o, ldy, x, wr, b, n, in, W_F32);
+    else if (kind == W_F16) band_256(y + o, ldy, x, wr, b, n, in, W_F16);
+    else band_256(y + o, ldy, x, wr, b, n, in, W_BF16);
   }
 }
 
@@ -278,6 +310,12 @@ static int is_f16(ds_weight w) {
   return w.dtype == DS_F16;
 }
 
+/* The direct kernels' kind of w (BF16, F16 or F32). */
+static int kind_of(ds_weight w) {
+  DS_CHECK(w.dtype == DS_BF16 || w.dtype == DS_F16 || w.dtype == DS_F32);
+  return w.dtype == DS_F32 ? W_F32 : w.dtype == DS_F16 ? W_F16 : W_BF16;
+}
+
 enum { ROW_BLOCK = 16 }; /* weight rows per parallel task */
 
 void ds_convert16(ds_isa isa, float *dst, const uint16_t *src, int64_t count, ds_dtype dtype) {
@@ -309,8 +347,14 @@ void ds_linear16_direct_cat(ds_isa isa, float *y, int64_t ldy, const float *x, c
   for (int64_t b = 0; b < c.blocks; b++) {
     int64_t o0, o1;
     int s = ds_cat_block(&c, out, b, &o0, &o1);
-    rows(y + c.col[s], ldy, x, w[s].data, bias ? bias + c.col[s] : NULL, n, in, o0, o1, is_f16(w[s]));
+    rows(y + c.col[s], ldy, x, w[s].data, bias ? bias + c.col[s] : NULL, n, in, o0, o1, kind_of(w[s]));
   }
+}
+
+void ds_cpu_linear_f32_rows(float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out, int n_seg,
+                            const float *bias, int64_t n, int64_t in) {
+  DS_CHECK(n <= DS_F32_DIRECT_MAX_ROWS);
+  ds_linear16_direct_cat(ds_isa_best(), y, ldy, x, w, out, n_seg, bias, n, in);
 }
 
 static float *scratch_alloc(int64_t floats) {

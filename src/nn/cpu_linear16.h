@@ -48,7 +48,8 @@ void ds_convert16(ds_isa isa, float *dst, const uint16_t *src, int64_t count, ds
 /* y[n, out] (row stride ldy) = x[n, in] @ w[out, in]^T (+ bias[out]); w is BF16 or F16. */
 void ds_linear16_direct(ds_isa isa, float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n,
                         int64_t in, int64_t out);
-/* The same over n_seg (<= 8) weights stored apart (each BF16 or F16, out[s] rows), segment s
+/* The same over n_seg (<= 8) weights stored apart (each BF16, F16 or, for
+ * ds_cpu_linear_f32_rows, F32; out[s] rows), segment s
  * writing its out[s] columns of y after the previous ones, in one parallel region. */
 void ds_linear16_direct_cat(ds_isa isa, float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out,
                             int n_seg, const float *bias, int64_t n, int64_t in);
@@ -64,6 +65,18 @@ int ds_linear16_chunked(ds_isa isa, float *y, int64_t ldy, const float *x, ds_we
 void ds_linear16_backward_direct(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out);
 int ds_linear16_backward_chunked(ds_isa isa, float *dx, const float *dy, ds_weight w, int64_t n, int64_t in,
                                  int64_t out, int64_t chunk_rows);
+
+/* A frozen F32 weight (or n_seg <= 8 of them sharing x) at decode: at most
+ * DS_F32_DIRECT_MAX_ROWS rows of x, each weight row streamed once through the direct kernels
+ * above (the 16-bit ones reading fp32), the best instruction set. SmolLM2 as fp32 decoded 26
+ * tokens/s through oneDNN's GEMM (14 GB/s of a 30 GB/s stream) and 43 this way on 1 thread of
+ * an AMD EPYC Zen 4, 1.17x faster on 2 threads. From 5 rows of x the GEMM is faster on 1 thread
+ * there (8 rows: 50 against 57-65 ms; even on 2), but a row of x gets the same sums here alone as
+ * beside others, so a verification's rows equal their decodes, as on 16-bit and quantized
+ * weights: that decides the limit. */
+enum { DS_F32_DIRECT_MAX_ROWS = 8 };
+void ds_cpu_linear_f32_rows(float *y, int64_t ldy, const float *x, const ds_weight *w, const int64_t *out, int n_seg,
+                            const float *bias, int64_t n, int64_t in);
 
 /* The cpu backend's entries for 16-bit weights: the path by the number of rows, the best
  * instruction set; the direct path when a chunk's scratch cannot be allocated. */

@@ -2,9 +2,10 @@
  * linear_w_backward and embedding_w) against the naive reference kernels: every instruction
  * set this CPU has (AVX-512, AVX2, portable), both regimes (direct and chunked, chunks that do
  * and do not divide the rows), random shapes with odd sizes, n = 1 and large, with and
- * without bias, an output row stride; the exactness contract (chunked = fp32 GEMM on the
- * converted weights, bit for bit; F32 weights = the fp32 linear, bit for bit); the conversion
- * of every 16-bit pattern; and the backward against finite differences. */
+ * without bias, an output row stride; the direct kernels on F32 weights (the decode of a frozen
+ * fp32 weight); the exactness contract (chunked = fp32 GEMM on the converted weights, bit for
+ * bit; F32 weights beyond the decode's rows = the fp32 linear, bit for bit); the conversion of
+ * every 16-bit pattern; and the backward against finite differences. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +39,17 @@ static uint16_t *rand_w16(size_t n, ds_dtype dt, float scale, float **as_f32) {
   return w;
 }
 
+/* rand_w16, or for DS_F32 the fp32 weight itself (*as_f32 a copy of it). */
+static void *rand_w(size_t n, ds_dtype dt, float scale, float **as_f32) {
+  if (dt != DS_F32) return rand_w16(n, dt, scale, as_f32);
+  float *w = rand_f32(n, scale), *f = malloc(n * sizeof(float));
+  memcpy(f, w, n * sizeof(float));
+  *as_f32 = f;
+  return w;
+}
+
 static const ds_dtype k_dtypes[2] = {DS_BF16, DS_F16};
+static const ds_dtype k_direct_dtypes[3] = {DS_BF16, DS_F16, DS_F32}; /* the direct kernels' weights */
 
 typedef struct {
   int64_t n, in, out;
@@ -53,11 +64,12 @@ enum { N_SHAPES = sizeof k_shapes / sizeof k_shapes[0] };
 static void test_forward_paths(void) {
   const ds_backend *ref = ds_backend_reference();
   for (int s = 0; s < N_SHAPES; s++)
-    for (int t = 0; t < 2; t++) {
+    for (int t = 0; t < 3; t++) {
       int64_t n = k_shapes[s].n, in = k_shapes[s].in, out = k_shapes[s].out, ldy = out + 3;
+      ds_dtype dt = k_direct_dtypes[t];
       float *wf, *x = rand_f32((size_t)(n * in), 1), *b = rand_f32((size_t)out, 1);
-      uint16_t *w16 = rand_w16((size_t)(out * in), k_dtypes[t], 0.5f, &wf);
-      ds_weight w = {w16, k_dtypes[t]};
+      void *w16 = rand_w((size_t)(out * in), dt, 0.5f, &wf);
+      ds_weight w = {w16, dt};
       size_t ny = (size_t)(n * ldy);
       float *want = malloc(ny * sizeof(float)), *got = malloc(ny * sizeof(float));
       for (int with_bias = 0; with_bias < 2; with_bias++) {
@@ -72,17 +84,17 @@ static void test_forward_paths(void) {
           double err = test_rel_err(got, want, ny);
           if (!(err < 2e-6))
             fprintf(stderr, "direct %s %s n=%lld in=%lld out=%lld bias=%d: rel err %.2e\n", ds_isa_name((ds_isa)isa),
-                    ds_dtype_name(k_dtypes[t]), (long long)n, (long long)in, (long long)out, with_bias, err);
+                    ds_dtype_name(dt), (long long)n, (long long)in, (long long)out, with_bias, err);
           EXPECT(err < 2e-6);
           int64_t chunks[3] = {5, 16, out};
-          for (int c = 0; c < 3; c++) {
+          for (int c = 0; c < 3 && dt != DS_F32; c++) { /* nothing to convert in an F32 weight */
             for (int64_t i = 0; i < n; i++)
               for (int64_t o = 0; o < out; o++) got[i * ldy + o] = NAN;
             EXPECT(ds_linear16_chunked((ds_isa)isa, got, ldy, x, w, bias, n, in, out, chunks[c]));
             err = test_rel_err(got, want, ny);
             if (!(err < 2e-6))
               fprintf(stderr, "chunked(%lld) %s %s n=%lld in=%lld out=%lld: rel err %.2e\n", (long long)chunks[c],
-                      ds_isa_name((ds_isa)isa), ds_dtype_name(k_dtypes[t]), (long long)n, (long long)in,
+                      ds_isa_name((ds_isa)isa), ds_dtype_name(dt), (long long)n, (long long)in,
                       (long long)out, err);
             EXPECT(err < 2e-6);
           }
@@ -99,13 +111,15 @@ static void test_forward_paths(void) {
 
 /* A row of x gets the same numbers, bit for bit, alone (decode) as among others (verification
  * of a draft): the direct path's sums for a row do not depend on the other rows of the call,
- * which keeps speculation on 16-bit weights lossless. */
+ * which keeps speculation on 16-bit and fp32 weights lossless; the backend's F32 entry at
+ * decode's rows is the direct path. */
 static void test_rows_independent(void) {
   int64_t n = 9, in = 200, out = 37;
-  for (int t = 0; t < 2; t++) {
+  for (int t = 0; t < 3; t++) {
+    ds_dtype dt = k_direct_dtypes[t];
     float *wf, *x = rand_f32((size_t)(n * in), 1);
-    uint16_t *w16 = rand_w16((size_t)(out * in), k_dtypes[t], 0.5f, &wf);
-    ds_weight w = {w16, k_dtypes[t]};
+    void *w16 = rand_w((size_t)(out * in), dt, 0.5f, &wf);
+    ds_weight w = {w16, dt};
     float *all = malloc((size_t)(n * out) * sizeof(float)), *one = malloc((size_t)out * sizeof(float));
     for (int isa = DS_ISA_PORTABLE; isa <= (int)ds_isa_best(); isa++) {
       ds_linear16_direct((ds_isa)isa, all, out, x, w, NULL, n, in, out);
@@ -114,8 +128,19 @@ static void test_rows_independent(void) {
         ds_linear16_direct((ds_isa)isa, one, out, x + i * in, w, NULL, 1, in, out);
         same &= memcmp(one, all + i * out, (size_t)out * sizeof(float)) == 0;
       }
-      if (!same) fprintf(stderr, "%s %s: rows depend on their call\n", ds_isa_name((ds_isa)isa), ds_dtype_name(k_dtypes[t]));
+      if (!same) fprintf(stderr, "%s %s: rows depend on their call\n", ds_isa_name((ds_isa)isa), ds_dtype_name(dt));
       EXPECT(same);
+    }
+    if (dt == DS_F32) { /* linear_w and linear_w_cat on up to DS_F32_DIRECT_MAX_ROWS rows: the direct path */
+      int64_t m = DS_F32_DIRECT_MAX_ROWS, o1 = 20, outs[2] = {o1, out - o1};
+      ds_weight segs[2] = {w, {(float *)w16 + o1 * in, DS_F32}};
+      ds_linear16_direct(ds_isa_best(), all, out, x, w, NULL, m, in, out);
+      float *got = malloc((size_t)(m * out) * sizeof(float));
+      ds_backend_cpu()->linear_w(got, out, x, w, NULL, m, in, out);
+      EXPECT(memcmp(got, all, (size_t)(m * out) * sizeof(float)) == 0);
+      ds_backend_cpu()->linear_w_cat(got, out, x, segs, outs, 2, NULL, m, in);
+      EXPECT(memcmp(got, all, (size_t)(m * out) * sizeof(float)) == 0);
+      free(got);
     }
     free(x), free(wf), free(w16), free(all), free(one);
   }
