@@ -48,4 +48,13 @@ static inline int ds_cat_block(const ds_cat_blocks *c, const int64_t *out, int64
   return s;
 }
 
+/* The part of segment s within blocks [b0, b1): its rows [*o0, *o1) (empty when o0 >= o1). A
+ * thread that takes a contiguous share of the blocks makes one call per segment it touches. */
+static inline void ds_cat_span(const ds_cat_blocks *c, const int64_t *out, int s, int64_t b0, int64_t b1, int64_t *o0,
+                               int64_t *o1) {
+  int64_t lo = b0 > c->first[s] ? b0 : c->first[s], hi = b1 < c->first[s + 1] ? b1 : c->first[s + 1];
+  *o0 = (lo - c->first[s]) * c->rows;
+  *o1 = hi <= lo ? *o0 : (hi - c->first[s]) * c->rows < out[s] ? (hi - c->first[s]) * c->rows : out[s];
+}
+
 #endif
