@@ -124,7 +124,7 @@ T512_INLINE __m512 loadw_512(const void *w, int64_t p, int kind) {
 }
 
 /* One weight row times C rows of x (i .. i+C-1): 2 C fp32 accumulators of 16 lanes, the even and
- * odd 16-value steps apart (two chains hide the FMA latency when C is 1); C and f16 are
+ * odd 16-value steps apart (two chains hide the FMA latency when C is 1); C and kind are
  * constants at every call site. A row's sums run in the same order whatever C is, so a row of x
  * gets the same numbers alone (decode) as with others (verification). */
 T512_INLINE void tile_512(float *y, int64_t ldy, const float *x, const void *w, const float *bias, int64_t in,
