@@ -51,14 +51,16 @@ void ds_sts_fit(const ds_round_set *s, double *T);
  * The prefix scheduler (paper Algorithm 1). R requests; request r offers n_cand[r] candidate
  * tokens with survival probabilities a[r][0..n_cand[r]-1] (non-increasing: a_{r,j} =
  * prod_{i<=j} c_{r,i}). verify_s[B-1] = seconds of one target pass verifying B tokens,
- * B = 1 .. max_B (past the end: the line through the last two entries, never decreasing; a
+ * B = 1 .. max_B, priced as the most of its entries up to B (a pass over more tokens never
+ * costs less; past the end: the line through the last two entries, never decreasing; a
  * one-entry table: proportional to B); fixed_s = seconds of the round that do not depend on the choice (the drafts
- * already run). Starting from B = R, tau = R (every request commits one token), candidates are
- * admitted in descending a (ties: lower r, then lower j), B += 1 and tau += a each, while
- * Theta = tau / (fixed_s + verify_s[B-1] + the expected head costs) (expected tokens per second; with fixed_s = 0 it is
- * tau * SPS(B)) improves; the first admission that does not improve it stops the scan (the
- * early stop). len[r] = the admitted prefix length of request r. Returns
- * the best Theta. Allocates nothing (the requests' lists are merged head by head). */
+ * already run). Starting from B = R, tau = R (every request commits one token), every candidate
+ * is admitted in descending a (ties: lower r, then lower j), B += 1 and tau += a each, and the
+ * admitted prefix of that order with the highest Theta = tau / (fixed_s + verify(B) + the
+ * expected head costs) (expected tokens per second; with fixed_s = 0 it is tau * SPS(B)) is
+ * kept (ties: the shorter) -- not the paper's early stop at the first admission that does not
+ * improve Theta (docs/speculative-decoding.md). len[r] = the admitted prefix length of request
+ * r. Returns the best Theta. Allocates nothing (the requests' lists are merged head by head). */
 double ds_prefix_schedule(int R, const int64_t *n_cand, const double *const *a, const double *verify_s, int64_t max_B,
                           const double *head_s, int64_t max_head, double fixed_s, int64_t *len);
 /* The expected speedup of speculating one request alone over plain decoding, at its best

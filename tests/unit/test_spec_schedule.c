@@ -1,7 +1,7 @@
 /* The confidence-scheduling functions (include/dspark/spec_schedule.h) on inputs whose answers
- * were worked out by hand: the prefix scheduler's lengths and its early stop, the table limit
- * and tie rule, the expected gain that switches speculation off, the cumulative ECE and the
- * STS fit. */
+ * were worked out by hand: the prefix scheduler's lengths over its whole scan and its
+ * non-decreasing cost, the table limit and tie rule, the expected gain that switches
+ * speculation off, the cumulative ECE and the STS fit. */
 #include <math.h>
 
 #include "dspark/spec_schedule.h"
@@ -9,9 +9,9 @@
 
 /* Two requests, survivals [0.9, 0.72, 0.36] and [0.8, 0.4]; verification seconds by B. From
  * B = 2, tau = 2, Theta = 2 / 1.0 = 2: admit 0.9 (2.9 / 1.1 = 2.636), 0.8 (3.7 / 1.2 = 3.083),
- * 0.72 (4.42 / 1.3 = 3.4); 0.4 gives 4.82 / 1.6 = 3.0125, no better: stop. Lengths [2, 1].
- * B = 7 is cheap on purpose (5.18 / 1.45 = 3.57 would beat 3.4): a scan without the early
- * stop would take it and answer [3, 2]. */
+ * 0.72 (4.42 / 1.3 = 3.4); 0.4 gives 4.82 / 1.6 = 3.0125, 0.36 5.18 / 1.6 = 3.2375: B = 7's
+ * entry (1.45) is below B = 6's, and a pass over more tokens is priced at least as dear as one
+ * over fewer, so the best stays at B = 5. Lengths [2, 1]. */
 static void test_prefix_schedule_hand_example(void) {
   const double a0[] = {0.9, 0.72, 0.36}, a1[] = {0.8, 0.4};
   const double *a[] = {a0, a1};
@@ -22,10 +22,20 @@ static void test_prefix_schedule_hand_example(void) {
   EXPECT(len[0] == 2 && len[1] == 1);
   EXPECT_CLOSE(theta, 4.42 / 1.3, 1e-12, 0);
   /* the round's fixed cost enters the denominator: 2/2, 2.9/2.1, 3.7/2.2, 4.42/2.3 = 1.922,
-   * then 4.82/2.6 = 1.854 stops: the same lengths, Theta in tokens per second of the round */
+   * 4.82/2.6 = 1.854, then 5.18/2.6 = 1.992: the whole scan takes every candidate (the paper's
+   * early stop would have ended at 1.854 with [2, 1]) */
   theta = ds_prefix_schedule(2, n_cand, a, verify, 8, NULL, 0, 1.0, len);
-  EXPECT(len[0] == 2 && len[1] == 1);
-  EXPECT_CLOSE(theta, 4.42 / 2.3, 1e-12, 0);
+  EXPECT(len[0] == 3 && len[1] == 2);
+  EXPECT_CLOSE(theta, 5.18 / 2.6, 1e-12, 0);
+  /* a step in the cost (4 tokens, as an fp32 target's verification has it): one request,
+   * survivals 0.9, 0.81, 0.729, 0.6561: 1/1, 1.9/1, 2.71/1.1 = 2.464, 3.439/1.5 = 2.293, then
+   * 4.095/1.5 = 2.730: all four, where stopping at the step would have proposed two */
+  const double s0[] = {0.9, 0.81, 0.729, 0.6561}, *s[] = {s0};
+  const int64_t four[] = {4};
+  const double step[] = {1.0, 1.0, 1.1, 1.5, 1.5};
+  theta = ds_prefix_schedule(1, four, s, step, 5, NULL, 0, 0.0, len);
+  EXPECT(len[0] == 4);
+  EXPECT_CLOSE(theta, 4.0951 / 1.5, 1e-12, 0);
 }
 
 static void test_prefix_schedule_limits(void) {
