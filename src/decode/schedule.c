@@ -126,7 +126,7 @@ double ds_prefix_schedule(int R, const int64_t *n_cand, const double *const *a, 
   if (R < 1 || max_B < 1) return 0.0;
   /* the whole scan, then its best prefix again: the paper's early stop (the first admission that
    * does not pay ends the scan) stopped at a step of the cost table, 4 rows on an fp32 target,
-   * where 7 proposals at 0.9 each paid twice over (docs/speculative-decoding.md) */
+   * where 7 proposals, accepted at 0.81-0.95 each, decoded 1.5x faster (docs/speculative-decoding.md) */
   double best;
   int64_t at = admit(R, n_cand, a, verify_s, max_B, head_s, max_head, fixed_s, -1, len, &best);
   admit(R, n_cand, a, verify_s, max_B, head_s, max_head, fixed_s, at, len, &best);
