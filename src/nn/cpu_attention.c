@@ -305,22 +305,20 @@ typedef struct {
   float **parts, **accs;
 } decode_scratch;
 
+/* one allocation a call and thread (30 a SmolLM2 token): the floats, then the 3 P pointers */
 static int decode_scratch_new(const decode_tasks *a, decode_scratch *w) {
-  int64_t P = a->n * (a->n_heads / a->n_kv);
-  w->score = malloc((size_t)ATTN_KEY_BLOCK * (size_t)(P + (a->f16 ? 2 * a->hd : 0)) * sizeof(float));
-  w->kw = a->f16 && w->score ? w->score + P * ATTN_KEY_BLOCK : NULL;
+  int64_t P = a->n * (a->n_heads / a->n_kv), floats = ATTN_KEY_BLOCK * (P + (a->f16 ? 2 * a->hd : 0));
+  w->score = malloc((size_t)floats * sizeof(float) + (size_t)(3 * P) * sizeof(float *));
+  if (!w->score) return 0;
+  w->kw = a->f16 ? w->score + P * ATTN_KEY_BLOCK : NULL;
   w->vw = w->kw ? w->kw + ATTN_KEY_BLOCK * a->hd : NULL;
-  w->qs = malloc((size_t)P * sizeof *w->qs);
-  w->parts = malloc((size_t)(2 * P) * sizeof *w->parts);
-  w->accs = w->parts ? w->parts + P : NULL;
-  return w->score && w->qs && w->parts;
+  w->qs = (const float **)(void *)(w->score + floats); /* floats is a multiple of 128: aligned */
+  w->parts = (float **)(void *)(w->qs + P);
+  w->accs = w->parts + P;
+  return 1;
 }
 
-static void decode_scratch_free(decode_scratch *w) {
-  free(w->score);
-  free(w->qs);
-  free(w->parts);
-}
+static void decode_scratch_free(decode_scratch *w) { free(w->score); }
 
 /* task t = (kv head g, key block b) */
 static void decode_task(const decode_tasks *a, int64_t t, decode_scratch *w) {
