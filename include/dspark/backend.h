@@ -89,6 +89,11 @@ typedef struct ds_backend {
   /* y[n, d] = table[ids[i], 0:d] converted to fp32 (exact); ids must be rows of the table
    * (callers check them). No backward: the tables it reads are frozen. */
   void (*embedding_w)(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d);
+  /* A frozen weight [rows, in] that the model will multiply for its whole life, announced at
+   * load time so that the copy the backend's kernels read is made now, not by the first
+   * product inside a timed decode (the cpu backend: the 8-row packed layout of Q4_0 / Q4_1 /
+   * Q8_0, the file's pages then dropped). Values are unaffected; a no-op where nothing is made. */
+  void (*prepare_weight)(ds_weight w, int64_t rows, int64_t in);
 
   /* ---- training: backward kernels. Rule for every backward below: it ADDS into each
    * gradient buffer it is given (dx, dw, db, ...) so that contributions from several uses
@@ -299,12 +304,6 @@ const char *ds_gemm_bf16_warning(void);
  * the plain path runs). Keyed by the weight's address: whoever frees or rewrites a frozen
  * weight calls ds_release_packed_weights() first (ds_target_free and ds_draft_free do). */
 void ds_release_packed_weights(void);
-/* A frozen quantized weight [rows, in] made ready now for the cpu kernels, not on its first
- * product: where this CPU's kernels read a repacked copy (the 8-row layout of Q4_0 / Q4_1 /
- * Q8_0 on AVX2) it is made, and the weight's own pages are dropped when they lie in a file
- * mapping (ds_release_mapped_pages): loading a GGUF then holds such a matrix once, and the
- * first prefill reads the copy instead of faulting the file's pages back in. */
-void ds_prepare_quant_weight(ds_weight w, int64_t rows, int64_t in);
 size_t ds_packed_weight_bytes(void); /* bytes the packed copies hold now */
 /* The instruction set the cpu backend's 16-bit weight kernels (linear_w and its backward on
  * BF16 / F16 weights) run on this CPU, chosen at run time from cpuid: "AVX-512", "AVX2" or

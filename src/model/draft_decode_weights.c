@@ -120,9 +120,9 @@ ds_status ds_draft_set_decode_weights(ds_draft *d, ds_dtype dtype) {
     ds_dtype dt = copy_dtype(dtype, ms[i].in);
     if (dt == DS_F32) continue; /* the decoder reads the fp32 value */
     fill(d, &ms[i], dt, at, buf);
-    /* the CPU kernels read a Q8_0 matrix from an 8-row packed copy made on its first product:
+    /* the cpu kernels read a Q8_0 matrix from an 8-row packed copy made on its first product:
      * made here, it is load time, not the first drafting round's (4-22 ms on SmolLM2's draft) */
-    if (dt == DS_Q8_0 && d->be == ds_backend_cpu()) ds_prepare_quant_weight(*ms[i].dst, ms[i].rows, ms[i].in);
+    d->be->prepare_weight(*ms[i].dst, ms[i].rows, ms[i].in);
     at += copy_bytes(dt, ms[i].rows, ms[i].in);
   }
   ds_free_aligned(buf);

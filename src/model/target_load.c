@@ -299,7 +299,7 @@ static ds_status map_quant(ds_target *m, const ds_model_source *src, const char 
   if (pair_heads) *pair_heads = qk;
   const void *data = t->data;
   *out = (ds_weight){data, dt};
-  if (m->be == ds_backend_cpu()) ds_prepare_quant_weight(*out, rows, cols); /* its repacked copy, the pages dropped */
+  m->be->prepare_weight(*out, rows, cols); /* the cpu kernels' packed copy, the pages dropped */
   m->mapped_bytes += t->nbytes;
   m->mapped_of[dt] += t->nbytes;
   m->n_quant_mapped++;

@@ -109,6 +109,10 @@ static void cpu_embedding_w(float *y, const int32_t *ids, ds_weight table, int64
   else ds_cpu_embedding_w(y, ids, table, n, d);
 }
 
+static void cpu_prepare_weight(ds_weight w, int64_t rows, int64_t in) {
+  if (ds_dtype_is_quantized(w.dtype)) ds_cpu_prepare_quant_weight(w, rows, in); /* 16-bit and F32 are read as stored */
+}
+
 enum { COL_CHUNK = 64 }; /* columns per task when summing over rows */
 
 /* dx[n, in] += dy[n, out] @ w[out, in];  dw[out, in] += dy^T @ x[n, in];  db[out] += sum_n dy. */
@@ -396,6 +400,7 @@ static const ds_backend k_cpu = {
     .rmsnorm_heads = cpu_rmsnorm_heads,
     .linear_w_backward = cpu_linear_w_backward,
     .embedding_w = cpu_embedding_w,
+    .prepare_weight = cpu_prepare_weight,
     .alloc = ds_host_alloc,
     .free = ds_host_free,
     .copy_to_device = ds_host_copy,

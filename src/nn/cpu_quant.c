@@ -412,6 +412,6 @@ void ds_cpu_embedding_quant(float *y, const int32_t *ids, ds_weight table, int64
   }
 }
 
-void ds_prepare_quant_weight(ds_weight w, int64_t rows, int64_t in) {
+void ds_cpu_prepare_quant_weight(ds_weight w, int64_t rows, int64_t in) {
   if (reads_packed(ds_qisa_best())) (void)ds_quant_packed(w, rows, in); /* NULL for a type without the layout */
 }

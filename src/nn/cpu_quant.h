@@ -142,5 +142,10 @@ void ds_cpu_linear_quant_cat(float *y, int64_t ldy, const float *x, const ds_wei
                              const float *bias, int64_t n, int64_t in);
 void ds_cpu_linear_quant_backward(float *dx, const float *dy, ds_weight w, int64_t n, int64_t in, int64_t out);
 void ds_cpu_embedding_quant(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d);
+/* The backend's prepare_weight on a quantized weight [rows, in]: where this CPU's kernels read a
+ * repacked copy (the 8-row layout of Q4_0 / Q4_1 / Q8_0) it is made now, and the weight's own
+ * pages are dropped when they lie in a file mapping (ds_release_mapped_pages): a GGUF's matrix
+ * is then held once, and the first prefill reads the copy instead of faulting the file back in. */
+void ds_cpu_prepare_quant_weight(ds_weight w, int64_t rows, int64_t in);
 
 #endif

@@ -257,6 +257,7 @@ const ds_backend *ds_backend_profiled(const ds_backend *inner, ds_profile *prof)
   g_profiled.device_memory = inner->device_memory;
   g_profiled.attention_causal_f16 = inner->attention_causal_f16 ? p_attention_f16 : NULL; /* f16 caches where the inner has them */
   g_profiled.copy_rows_f16 = inner->copy_rows_f16 ? p_copy_rows_f16 : NULL;
+  g_profiled.prepare_weight = inner->prepare_weight; /* load time, not a kernel the profile times */
   return &g_profiled;
 }
 

@@ -102,6 +102,9 @@ static void ref_linear_w_backward(float *dx, const float *dy, ds_weight given, i
 }
 
 /* y[n, d] = table[ids[i], :] */
+/* The reference reads every weight as stored: nothing to prepare. */
+static void ref_prepare_weight(ds_weight w, int64_t rows, int64_t in) { (void)w, (void)rows, (void)in; }
+
 static void ref_embedding_w(float *y, const int32_t *ids, ds_weight table, int64_t n, int64_t d) {
   if (ds_dtype_is_quantized(table.dtype)) { /* one row at a time: the table may be a vocabulary */
     size_t rb = ds_quant_row_bytes(table.dtype, d);
@@ -487,6 +490,7 @@ static const ds_backend k_reference = {
     .linear_w = ref_linear_w,
     .linear_w_backward = ref_linear_w_backward,
     .embedding_w = ref_embedding_w,
+    .prepare_weight = ref_prepare_weight,
     .alloc = ds_host_alloc,
     .free = ds_host_free,
     .copy_to_device = ds_host_copy,

@@ -1,12 +1,16 @@
 /* The seam's memory entries (issue 14) on the host backends (cpu, reference, and the profiled
  * wrapper, which passes them through): a round trip host -> backend -> backend -> host, zeroing,
- * nbytes 0, and every entry of each table set. Without CUDA, ds_backend_cuda refuses with a
- * reason; with it, it gives a full table or (no device) a reason. */
+ * nbytes 0, and every entry of each table set; prepare_weight makes the cpu kernels' packed
+ * copy of a quantized weight through the cpu and profiled tables, none through the reference.
+ * Without CUDA, ds_backend_cuda refuses with a reason; with it, it gives a full table or (no
+ * device) a reason. */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dspark/backend.h"
+#include "dspark/ggml_quant.h"
 #include "dspark/profile.h"
 #include "test_util.h"
 
@@ -77,6 +81,36 @@ static void test_host_backends(void) {
   }
 }
 
+/* A Q8_0 weight [16, 64] announced to each host table: the cpu kernels read it from an 8-row
+ * packed copy except on the portable path, so the copy exists after prepare_weight through the
+ * cpu table and through the profiled wrapper around it (a profiled target is prepared at load
+ * as a plain one), and the reference, which reads weights as stored, makes none. */
+static void test_prepare_weight(void) {
+  enum { ROWS = 16, IN = 64 };
+  size_t rb = ds_quant_row_bytes(DS_Q8_0, IN);
+  ds_profile prof;
+  memset(&prof, 0, sizeof prof);
+  const ds_backend *tables[] = {ds_backend_cpu(), ds_backend_profiled(ds_backend_cpu(), &prof), ds_backend_reference()};
+  const int packs = strcmp(ds_weight_quant_kernel_name(), "portable") != 0;
+  for (int t = 0; t < 3; t++) {
+    unsigned char *q = calloc(ROWS, rb); /* a new address each time: the copies are keyed by it */
+    EXPECT(q != NULL);
+    if (!q) return;
+    for (int r = 0; r < ROWS; r++)
+      for (int b = 0; b < IN / 32; b++) {
+        unsigned char *blk = q + r * rb + b * 34;
+        blk[0] = 0x00, blk[1] = 0x3c; /* scale 1.0 in fp16 */
+        for (int i = 0; i < 32; i++) blk[2 + i] = (unsigned char)(r * 7 + i - 40);
+      }
+    ds_release_packed_weights();
+    EXPECT(ds_packed_weight_bytes() == 0);
+    tables[t]->prepare_weight((ds_weight){q, DS_Q8_0}, ROWS, IN);
+    EXPECT((ds_packed_weight_bytes() > 0) == (packs && t < 2));
+    ds_release_packed_weights();
+    free(q);
+  }
+}
+
 static void test_cuda_entry(void) {
   ds_error_clear();
   const ds_backend *cuda = ds_backend_cuda();
@@ -96,6 +130,7 @@ static void test_cuda_entry(void) {
 
 int main(void) {
   TEST_RUN(test_host_backends);
+  TEST_RUN(test_prepare_weight);
   TEST_RUN(test_cuda_entry);
   return TEST_RESULT();
 }

@@ -183,6 +183,9 @@ static void cuda_linear_w_backward(float *dx, const float *dy, ds_weight w, int6
 
 /* ---------------------------------------------------------------- the table */
 
+/* Frozen weights are read as stored (device memory, 16-bit or fp32), converted per product. */
+static void cuda_prepare_weight(ds_weight w, int64_t rows, int64_t in) { (void)w, (void)rows, (void)in; }
+
 /* Filled by assignment (C++17 has no designated initializers); every entry is set. */
 static ds_backend make_table() {
   ds_backend t = {};
@@ -199,6 +202,7 @@ static ds_backend make_table() {
   t.rmsnorm_heads = cuda_rmsnorm_heads;
   t.linear_w_backward = cuda_linear_w_backward;
   t.embedding_w = ds_cuda_embedding_w;
+  t.prepare_weight = cuda_prepare_weight;
   t.linear_backward = cuda_linear_backward;
   t.rmsnorm_backward = ds_cuda_rmsnorm_backward;
   t.rope_backward = ds_cuda_rope_backward;
