@@ -123,8 +123,9 @@ uint64_t st_metadata_hash(const st_meta *meta, size_t n, const char *skip_key) {
 
 /* An image of 2 MiB or more starts on a 2 MiB boundary with huge pages advised: a GGUF's F16 /
  * BF16 matrices are used where they lie in it, and a decode step streams all of them (SmolLM2's
- * F16 file decoded 1.07-1.09x faster from 2 MiB pages, docs/compute.md). The advice costs no
- * memory that is not touched at 4 KiB grain but the edges of a reserved, never-written tensor. */
+ * F16 file decoded 1.07-1.09x faster from 2 MiB pages, docs/compute.md). A tensor reserved and
+ * never written costs nothing while no page of it is touched; a small tensor written between
+ * such ones would fault their 2 MiB around it in, so an image's builder places them last. */
 enum { IMAGE_HUGE = 2 << 20 };
 
 unsigned char *st_image_alloc(size_t size, const char *label) {
