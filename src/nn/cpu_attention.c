@@ -45,6 +45,10 @@ enum { ATTN_QCHUNK = 64, ATTN_ROWWISE_MAX = 8 };
  * one row at a time, and libm's expf for every score made decoding after a 2048-token prompt
  * 3.2x slower than from an empty context). */
 enum { ATTN_KEY_BLOCK = 128, DS_LANES = 16, MIX_COLS = 32 }; /* 128 keys of 64 fp32 values: 32 KiB */
+/* f16 keys (values) widened to fp32 at a time, a multiple of 8 (group_scores' step): 4 KiB at
+ * hd 64, taken from L1; a block's 32 KiB of keys and 32 KiB of values widened whole left L1 for
+ * L2 before they were read (an f16 cache decoded 1.1x slower than an fp32 one from L3) */
+enum { WIDEN_KEYS = 16 };
 
 /* The DS_LANES partial sums added as a tree (halves onto halves: vector adds, where a left-to-right
  * sum was 15 dependent scalar adds a key). */
@@ -90,11 +94,13 @@ static inline __m128 dot4_avx2(const float *q, const float *k0, const float *k1,
   return sum4_avx2(s0, s1, s2, s3);
 }
 
-/* out[0 .. 8C) = sum_t score[t] v_t[0 .. 8C) (v rows hd apart), C accumulators in registers. */
+/* out[0 .. 8C) = sum_t score[t] v_t[0 .. 8C) (v rows hd apart), C accumulators in registers;
+ * with add, the sums continue from out's values (a block's keys taken in pieces: the same
+ * additions in the same order). */
 static inline __attribute__((always_inline)) void mix_avx2(float *out, const float *score, const float *v,
-                                                           int64_t nk, int64_t hd, int C) {
+                                                           int64_t nk, int64_t hd, int C, int add) {
   __m256 a[8];
-  for (int c = 0; c < C; c++) a[c] = _mm256_setzero_ps();
+  for (int c = 0; c < C; c++) a[c] = add ? _mm256_loadu_ps(out + 8 * c) : _mm256_setzero_ps();
   for (int64_t t = 0; t < nk; t++) {
     __m256 p = _mm256_broadcast_ss(score + t);
     for (int c = 0; c < C; c++) a[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + t * hd + 8 * c), a[c]);
@@ -108,10 +114,10 @@ static inline __attribute__((always_inline)) void mix_avx2(float *out, const flo
  * heads at once, each value row (16C values: whole rows, read in order) loaded once
  * for the H heads; every column sums over t in order, as mix_avx2 does, so the numbers are its. */
 static inline __attribute__((always_inline)) void mixg_avx512(float *const *out, const float *p, const float *v,
-                                                              int64_t nk, int64_t hd, int H, int C) {
+                                                              int64_t nk, int64_t hd, int H, int C, int add) {
   __m512 a[4][8];
   for (int h = 0; h < H; h++)
-    for (int c = 0; c < C; c++) a[h][c] = _mm512_setzero_ps();
+    for (int c = 0; c < C; c++) a[h][c] = add ? _mm512_loadu_ps(out[h] + 16 * c) : _mm512_setzero_ps();
   for (int64_t t = 0; t < nk; t++) {
     __m512 vv[8];
     for (int c = 0; c < C; c++) vv[c] = _mm512_loadu_ps(v + t * hd + 16 * c);
@@ -166,20 +172,21 @@ static void block_scores(float *score, const float *q, const float *kh, int64_t 
   for (int64_t j = 0; j < nk; j++) score[j] = scale * dot_lanes(q, kh + j * hd, hd);
 }
 
-/* acc[hd] = sum_t score[t] v_t over the nk value rows from vh. */
-static void block_mix(float *acc, const float *score, const float *vh, int64_t nk, int64_t hd) {
+/* acc[hd] = sum_t score[t] v_t over the nk value rows from vh (with add: acc += the same sums,
+ * continued from acc's values, the additions in mix order). */
+static void block_mix(float *acc, const float *score, const float *vh, int64_t nk, int64_t hd, int add) {
 #ifdef DECODE_AVX2
   if (hd % 8 == 0) {
     for (int64_t e0 = 0; e0 < hd; e0 += 64) /* 8 registers of columns at a time: constant counts */
       switch ((hd - e0) / 8 < 8 ? (int)((hd - e0) / 8) : 8) {
-        case 8: mix_avx2(acc + e0, score, vh + e0, nk, hd, 8); break;
-        case 7: mix_avx2(acc + e0, score, vh + e0, nk, hd, 7); break;
-        case 6: mix_avx2(acc + e0, score, vh + e0, nk, hd, 6); break;
-        case 5: mix_avx2(acc + e0, score, vh + e0, nk, hd, 5); break;
-        case 4: mix_avx2(acc + e0, score, vh + e0, nk, hd, 4); break;
-        case 3: mix_avx2(acc + e0, score, vh + e0, nk, hd, 3); break;
-        case 2: mix_avx2(acc + e0, score, vh + e0, nk, hd, 2); break;
-        default: mix_avx2(acc + e0, score, vh + e0, nk, hd, 1); break;
+        case 8: mix_avx2(acc + e0, score, vh + e0, nk, hd, 8, add); break;
+        case 7: mix_avx2(acc + e0, score, vh + e0, nk, hd, 7, add); break;
+        case 6: mix_avx2(acc + e0, score, vh + e0, nk, hd, 6, add); break;
+        case 5: mix_avx2(acc + e0, score, vh + e0, nk, hd, 5, add); break;
+        case 4: mix_avx2(acc + e0, score, vh + e0, nk, hd, 4, add); break;
+        case 3: mix_avx2(acc + e0, score, vh + e0, nk, hd, 3, add); break;
+        case 2: mix_avx2(acc + e0, score, vh + e0, nk, hd, 2, add); break;
+        default: mix_avx2(acc + e0, score, vh + e0, nk, hd, 1, add); break;
       }
     return;
   }
@@ -189,6 +196,7 @@ static void block_mix(float *acc, const float *score, const float *vh, int64_t n
   for (int64_t e0 = 0; e0 < hd; e0 += MIX_COLS) {
     int64_t ne = hd - e0 < MIX_COLS ? hd - e0 : MIX_COLS;
     float a[MIX_COLS] = {0};
+    if (add) memcpy(a, acc + e0, (size_t)ne * sizeof(float));
     for (int64_t t = 0; t < nk; t++)
       for (int64_t l = 0; l < ne; l++) a[l] += score[t] * vh[t * hd + e0 + l];
     memcpy(acc + e0, a, (size_t)ne * sizeof(float));
@@ -215,8 +223,10 @@ static void group_scores(float *score, const float *const *q, int64_t P, const f
 }
 
 /* acc[p][hd] = sum_t w_p[t] v_t for P weight rows w (ATTN_KEY_BLOCK apart) over the nk value rows
- * from vh: block_mix's numbers; with AVX-512 each value row is read once for up to 4 of them. */
-static void group_mix(float *const *acc, const float *w, int64_t P, const float *vh, int64_t nk, int64_t hd) {
+ * from vh: block_mix's numbers (add as there); with AVX-512 each value row is read once for up to
+ * 4 of them. */
+static void group_mix(float *const *acc, const float *w, int64_t P, const float *vh, int64_t nk, int64_t hd,
+                      int add) {
 #ifdef DECODE_AVX512
   if (hd == 64 || hd == 128) {
     int hmax = hd == 64 ? 4 : 2;
@@ -226,18 +236,18 @@ static void group_mix(float *const *acc, const float *w, int64_t P, const float 
       int H = P - p0 < hmax ? (int)(P - p0) : hmax;
       if (hd == 64) /* constant counts: registers */
         switch (H) {
-          case 4: mixg_avx512(o, wp, vh, nk, hd, 4, 4); break;
-          case 3: mixg_avx512(o, wp, vh, nk, hd, 3, 4); break;
-          case 2: mixg_avx512(o, wp, vh, nk, hd, 2, 4); break;
-          default: mixg_avx512(o, wp, vh, nk, hd, 1, 4); break;
+          case 4: mixg_avx512(o, wp, vh, nk, hd, 4, 4, add); break;
+          case 3: mixg_avx512(o, wp, vh, nk, hd, 3, 4, add); break;
+          case 2: mixg_avx512(o, wp, vh, nk, hd, 2, 4, add); break;
+          default: mixg_avx512(o, wp, vh, nk, hd, 1, 4, add); break;
         }
-      else if (H == 2) mixg_avx512(o, wp, vh, nk, hd, 2, 8);
-      else mixg_avx512(o, wp, vh, nk, hd, 1, 8);
+      else if (H == 2) mixg_avx512(o, wp, vh, nk, hd, 2, 8, add);
+      else mixg_avx512(o, wp, vh, nk, hd, 1, 8, add);
     }
     return;
   }
 #endif
-  for (int64_t p = 0; p < P; p++) block_mix(acc[p], w + p * ATTN_KEY_BLOCK, vh, nk, hd);
+  for (int64_t p = 0; p < P; p++) block_mix(acc[p], w + p * ATTN_KEY_BLOCK, vh, nk, hd, add);
 }
 
 /* p[nk] = exp(score - max) in place; returns the max, *sum the exps' sum: their maximum and sum
@@ -263,6 +273,10 @@ static float softmax_parts(float *score, int64_t nk, float *sum_out) {
 /* dst[0 .. n) = the f16 values src widened to fp32 (exact). */
 static void widen_f16(float *dst, const uint16_t *src, int64_t n) {
   int64_t i = 0;
+#ifdef __AVX512F__
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(src + i))));
+#endif
 #ifdef __F16C__
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
 #endif
@@ -297,8 +311,8 @@ typedef struct {
   float scale;
 } decode_tasks;
 
-/* a thread's scratch: scores [n * group, ATTN_KEY_BLOCK], the f16 block widened [2, ATTN_KEY_BLOCK,
- * hd], the (row, head) pairs' query and output pointers */
+/* a thread's scratch: scores [n * group, ATTN_KEY_BLOCK], f16 keys and values widened
+ * [2, WIDEN_KEYS, hd], the (row, head) pairs' query and output pointers */
 typedef struct {
   float *score, *kw, *vw;
   const float **qs;
@@ -307,12 +321,12 @@ typedef struct {
 
 /* one allocation a call and thread (30 a SmolLM2 token): the floats, then the 3 P pointers */
 static int decode_scratch_new(const decode_tasks *a, decode_scratch *w) {
-  int64_t P = a->n * (a->n_heads / a->n_kv), floats = ATTN_KEY_BLOCK * (P + (a->f16 ? 2 * a->hd : 0));
+  int64_t P = a->n * (a->n_heads / a->n_kv), floats = ATTN_KEY_BLOCK * P + (a->f16 ? 2 * WIDEN_KEYS * a->hd : 0);
   w->score = malloc((size_t)floats * sizeof(float) + (size_t)(3 * P) * sizeof(float *));
   if (!w->score) return 0;
   w->kw = a->f16 ? w->score + P * ATTN_KEY_BLOCK : NULL;
-  w->vw = w->kw ? w->kw + ATTN_KEY_BLOCK * a->hd : NULL;
-  w->qs = (const float **)(void *)(w->score + floats); /* floats is a multiple of 128: aligned */
+  w->vw = w->kw ? w->kw + WIDEN_KEYS * a->hd : NULL;
+  w->qs = (const float **)(void *)(w->score + floats); /* floats is a multiple of 16: aligned */
   w->parts = (float **)(void *)(w->qs + P);
   w->accs = w->parts + P;
   return 1;
@@ -326,14 +340,7 @@ static void decode_task(const decode_tasks *a, int64_t t, decode_scratch *w) {
   int64_t i0 = j0 - a->past > 0 ? j0 - a->past : 0; /* the first row that sees key j0 */
   if (i0 >= a->n) return;
   int64_t jmax = j0 + ATTN_KEY_BLOCK < a->past + a->n ? j0 + ATTN_KEY_BLOCK : a->past + a->n;
-  const float *kh, *vh; /* key j0's row */
-  if (a->f16) {
-    widen_f16(w->kw, (const uint16_t *)a->k + (g * a->cap + j0) * hd, (jmax - j0) * hd);
-    widen_f16(w->vw, (const uint16_t *)a->v + (g * a->cap + j0) * hd, (jmax - j0) * hd);
-    kh = w->kw, vh = w->vw;
-  } else {
-    kh = (const float *)a->k + (g * a->cap + j0) * hd, vh = (const float *)a->v + (g * a->cap + j0) * hd;
-  }
+  size_t at = (size_t)((g * a->cap + j0) * hd); /* key j0's row */
   /* rows in runs that see the same keys of the block (every row that sees all of it, then each
    * of the others alone) */
   for (int64_t i = i0, i1; i < a->n; i = i1) {
@@ -348,13 +355,31 @@ static void decode_task(const decode_tasks *a, int64_t t, decode_scratch *w) {
         w->accs[P] = w->parts[P] + 2;
       }
     /* each pair's partial softmax: [0] max, [1] sum of exps, [2 ..] the exps' weighted values */
-    group_scores(w->score, w->qs, P, kh, nk, hd, a->scale);
+    if (!a->f16) {
+      group_scores(w->score, w->qs, P, (const float *)a->k + at, nk, hd, a->scale);
+      for (int64_t p = 0; p < P; p++) w->parts[p][0] = softmax_parts(w->score + p * ATTN_KEY_BLOCK, nk, &w->parts[p][1]);
+      group_mix(w->accs, w->score, P, (const float *)a->v + at, nk, hd, 0);
+      continue;
+    }
+    /* f16: WIDEN_KEYS keys (then values) widened at a time into L1 and taken there; the same
+     * operations in the same order as on fp32 (the pieces are a multiple of 8 keys, the mix
+     * continues its sums), so the numbers are the fp32 path's on the widened values. */
+    const uint16_t *k16 = (const uint16_t *)a->k + at, *v16 = (const uint16_t *)a->v + at;
+    for (int64_t c0 = 0; c0 < nk; c0 += WIDEN_KEYS) {
+      int64_t cn = nk - c0 < WIDEN_KEYS ? nk - c0 : WIDEN_KEYS;
+      widen_f16(w->kw, k16 + c0 * hd, cn * hd);
+      group_scores(w->score + c0, w->qs, P, w->kw, cn, hd, a->scale);
+    }
     for (int64_t p = 0; p < P; p++) w->parts[p][0] = softmax_parts(w->score + p * ATTN_KEY_BLOCK, nk, &w->parts[p][1]);
-    group_mix(w->accs, w->score, P, vh, nk, hd);
+    for (int64_t c0 = 0; c0 < nk; c0 += WIDEN_KEYS) {
+      int64_t cn = nk - c0 < WIDEN_KEYS ? nk - c0 : WIDEN_KEYS;
+      widen_f16(w->vw, v16 + c0 * hd, cn * hd);
+      group_mix(w->accs, w->score + c0, P, w->vw, cn, hd, c0 > 0);
+    }
   }
 }
 
-/* k, v: fp32, or f16 bits when f16 (each task widens its block of keys and values first, into
+/* k, v: fp32, or f16 bits when f16 (each task widens its keys and values WIDEN_KEYS at a time into
  * its thread's scratch: a long context's cache is read at half the bytes). */
 static void attention_decode(float *out, const float *q, int64_t q_stride, const void *k, const void *v, int f16,
                              int64_t n, int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv, int64_t hd,

@@ -113,7 +113,9 @@ static void test_attention(void) {
 
 /* An f16 KV cache: the appends round as ds_f32_to_f16 does (ties to even, subnormals, overflow to
  * infinity), and attention over it (decode rows, a verification, a prefill) equals the reference
- * attention over the widened values, each decode row bit-equal to the query decoded alone. */
+ * attention over the widened values, each decode row bit-equal to the query decoded alone and
+ * to the cpu's fp32 attention over the widened values (the f16 path converts as it reads and
+ * must not change a decode's numbers). */
 static void test_attention_f16(void) {
   float specials[] = {0.0f, -0.0f, 1.0f, 65504.0f, 65520.0f, 1e6f, -1e6f, 6.0e-8f, 3.0e-5f, -2.9e-8f,
                       1.00048828125f, 1.000732421875f, 0.333333343f, -7.77e-3f, 2049.0f, 2051.0f, 1e-3f};
@@ -147,6 +149,9 @@ static void test_attention_f16(void) {
         alone &= memcmp(one, o1 + i * w, sizeof(float) * (size_t)w) == 0;
       }
       EXPECT(alone);
+      for (int64_t e = 0; e < cells; e++) kf[e] = ds_f16_to_f32(k[e]), vf[e] = ds_f16_to_f32(v[e]);
+      ds_backend_cpu()->attention_causal(o2, q, w, kf, vf, n, past, cap, hq, hkv, hd, scale);
+      EXPECT(memcmp(o1, o2, sizeof(float) * (size_t)(n * w)) == 0);
     }
     free(q); free(kf); free(vf); free(k); free(v); free(o1); free(o2); free(one);
   }
