@@ -15,7 +15,11 @@ from it by llama-quantize, which dequantizes the Q4_1 values first) and each thr
     within minutes; tokens accepted per token drafted); and `dspark speculate --policy scheduler` with this machine's
     `dspark profile` (and --calibration FILE when given), what a user of dspark runs;
   - peak RSS of each program (wait4): plain (llama-bench's process against `dspark generate`'s)
-    and speculative (target and draft in one process on both sides).
+    and speculative (target and draft in one process on both sides);
+  - with --depth D, plain decode tokens/s after D tokens of context as well (llama-bench -d D
+    against `dspark generate` of a D-token prompt, its decode timing; each step then reads the
+    context's keys and values beside the weights: llama.cpp caches them in f16, dspark as
+    --kv-cache says).
 Writes bench/out/llama_cpp_peer.json and prints the Markdown table.
 
     $VENV/bin/python bench/llama_cpp_peer.py --dspark build/release/dspark \\
@@ -98,6 +102,16 @@ def bench_dspark_plain(ds, model, threads, ids, n_decode, reps, kv):
     return best_pf, best_dc, rss
 
 
+def bench_dspark_depth(ds, model, threads, ids, n_decode, reps, kv):
+    """Decode tokens/s after the prompt ids (the context), the best of reps processes."""
+    best = 0.0
+    for _ in range(reps):
+        r = lcpp.run([ds, "generate", model, "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens",
+                      str(n_decode), "--ignore-eos", "--threads", str(threads)] + kv).must()
+        best = max(best, dspark_timing(r.err)[1] or 0)
+    return best
+
+
 def bench_spec(ds, bins, model, run, draft_gguf, prompts, threads, n_new, draft_len, tmp, weights, kv, reps, sched=None):
     """Both engines' speculative decoding over the prompts, one request at a time, each prompt's
     fastest of reps processes (greedy: every repetition decodes the same tokens); sched: the
@@ -152,6 +166,7 @@ def main():
     ap.add_argument("--kv-cache", default="f32", choices=["f32", "f16"],
                     help="dspark's KV cache (llama.cpp keeps f16 by default)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--depth", type=int, default=0, help="also decode after this many tokens of context (0: not)")
     ap.add_argument("--work", default=os.path.expanduser("~/.cache/dspark/bench-llama-cpp"),
                     help="where the other GGUF types and the draft GGUF are kept")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))
@@ -167,7 +182,9 @@ def main():
     draft_gguf = os.path.join(a.work, f"draft-{a.draft_dtype}.gguf")
     lcpp.run([a.dspark, "export", a.draft, "--gguf", draft_gguf, "--target", q41, "--dtype", a.draft_dtype]).must()
     prompts = render(a.dspark, q41, a.prompt_file, a.prompts, a.work)
-    long_ids = long_prompt_ids(a.dspark, q41, a.prefill, a.work)
+    long_ids = long_prompt_ids(a.dspark, q41, max(a.prefill, a.depth), a.work)
+    if a.depth and len(long_ids) < a.depth:
+        sys.exit(f"the context text gave {len(long_ids)} tokens, fewer than --depth {a.depth}")
     kernels = lcpp.run([a.dspark, "--help"]).out
     gemm = re.search(r"^matmuls: ([^\n]*)", kernels, re.M)
     rows = []
@@ -175,7 +192,7 @@ def main():
         for th in [int(x) for x in a.threads.split(",")]:
             lb, lbr = lcpp.bench(bins, model, th, a.prefill, a.decode, a.reps)
             kv = ["--kv-cache", a.kv_cache]
-            pf, dc, rss = bench_dspark_plain(a.dspark, model, th, long_ids, a.decode, a.reps, kv)
+            pf, dc, rss = bench_dspark_plain(a.dspark, model, th, long_ids[:a.prefill], a.decode, a.reps, kv)
             ll, ours = bench_spec(a.dspark, bins, model, a.draft, draft_gguf, prompts, th, a.spec_tokens,
                                   a.draft_len, a.work, a.draft_dtype, kv, a.reps)
             profile = os.path.join(a.work, f"profile-{t}-{th}.json")
@@ -194,12 +211,17 @@ def main():
                    "dspark_accept": ours["accepted"] / max(ours["drafted"], 1),
                    "llama_plain_rss": lbr.rss_mib, "dspark_plain_rss": rss,
                    "llama_spec_rss": ll["rss"], "dspark_spec_rss": ours["rss"], "llama_backend": lb["backend"]}
+            if a.depth:
+                row["llama_decode_depth"] = lcpp.bench_depth(bins, model, th, a.decode, a.depth, a.reps)
+                row["dspark_decode_depth"] = bench_dspark_depth(a.dspark, model, th, long_ids[:a.depth], a.decode,
+                                                                a.reps, kv)
             rows.append(row)
             print(json.dumps(row), flush=True)
     res = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "dspark_kernels": gemm.group(1) if gemm else "",
            "prefill_tokens": a.prefill, "decode_tokens": a.decode, "spec_tokens": a.spec_tokens,
            "prompts": a.prompts, "prompt_file": a.prompt_file, "draft": a.draft, "draft_len": a.draft_len,
-           "draft_dtype": a.draft_dtype, "calibration": a.calibration, "kv_cache": a.kv_cache, "rows": rows}
+           "draft_dtype": a.draft_dtype, "calibration": a.calibration, "kv_cache": a.kv_cache, "depth": a.depth,
+           "rows": rows}
     with open(os.path.join(a.out, "llama_cpp_peer.json"), "w") as f:
         json.dump(res, f, indent=1)
     print(f"\n{res['date']}, {res['cpu']}; dspark {res['dspark_kernels']}; llama.cpp {VERSION_NOTE}; "
@@ -215,6 +237,13 @@ def main():
               f"{r['llama_accept']:.3f} / {r['dspark_accept']:.3f} | {r['llama_plain_rss']:.0f} / {r['dspark_plain_rss']:.0f} | "
               f"{r['llama_spec_rss']:.0f} / {r['dspark_spec_rss']:.0f} |")
 
+    if a.depth:
+        print(f"\nDecode after {a.depth} tokens of context ({a.decode} tokens; llama.cpp's KV cache f16, dspark's {a.kv_cache})")
+        print("| GGUF | threads | decode tok/s llama.cpp / dspark | dspark / llama.cpp |")
+        print("|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['type']} | {r['threads']} | {r['llama_decode_depth']:.1f} / {r['dspark_decode_depth']:.1f} | "
+                  f"{r['dspark_decode_depth'] / r['llama_decode_depth']:.2f}x |")
 
 VERSION_NOTE = f"as vendored in llama-cpp-python {lcpp.VERSION}, CPU build"
 

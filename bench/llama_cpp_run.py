@@ -129,3 +129,13 @@ def bench(bins, model, threads, n_prompt, n_gen, reps=3):
     res["cpu"] = rows[0].get("cpu_info") if rows else None
     res["backend"] = rows[0].get("backends") if rows else None
     return res, r
+
+
+def bench_depth(bins, model, threads, n_gen, depth, reps=3):
+    """llama-bench's decode of n_gen tokens after depth tokens of context (-d: the prompt is
+    processed first and its keys and values read by every decode step): the best repetition's
+    tokens/s."""
+    r = run([os.path.join(bins, "llama-bench"), "-m", model, "-t", str(threads), "-p", "0", "-n", str(n_gen),
+             "-d", str(depth), "-r", str(reps), "-o", "json"]).must()
+    rows = [row for row in json.loads(r.out) if row.get("n_gen")]
+    return max(max(row.get("samples_ts") or [row["avg_ts"]]) for row in rows)
