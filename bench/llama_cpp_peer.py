@@ -163,8 +163,9 @@ def main():
     ap.add_argument("--draft-dtype", default="q8_0", choices=["q8_0", "f32", "bf16"],
                     help="the draft's matrices on both sides: the GGUF export's --dtype and speculate's --draft-weights")
     ap.add_argument("--calibration", help="`dspark calibrate`'s file for the draft, given to the scheduler run")
-    ap.add_argument("--kv-cache", default="f32", choices=["f32", "f16"],
-                    help="dspark's KV cache (llama.cpp keeps f16 by default)")
+    ap.add_argument("--kv-cache", default="default", choices=["default", "f32", "f16"],
+                    help="dspark's KV cache: its default (f16 for a quantized GGUF used as stored, as llama.cpp "
+                         "keeps it; fp32 for the F16 / BF16 files), or the one named")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--depth", type=int, default=0, help="also decode after this many tokens of context (0: not)")
     ap.add_argument("--work", default=os.path.expanduser("~/.cache/dspark/bench-llama-cpp"),
@@ -191,7 +192,7 @@ def main():
     for t, model in models.items():
         for th in [int(x) for x in a.threads.split(",")]:
             lb, lbr = lcpp.bench(bins, model, th, a.prefill, a.decode, a.reps)
-            kv = ["--kv-cache", a.kv_cache]
+            kv = [] if a.kv_cache == "default" else ["--kv-cache", a.kv_cache]
             pf, dc, rss = bench_dspark_plain(a.dspark, model, th, long_ids[:a.prefill], a.decode, a.reps, kv)
             ll, ours = bench_spec(a.dspark, bins, model, a.draft, draft_gguf, prompts, th, a.spec_tokens,
                                   a.draft_len, a.work, a.draft_dtype, kv, a.reps)

@@ -68,11 +68,15 @@ int ds_target_weights_as_before(const ds_target *m);
 int ds_target_head_is_embedding(const ds_target *m);
 
 /* The precision of the KV caches made from now on, for the whole process (dspark --kv-cache):
- * DS_F32 (the default) or DS_F16, half the bytes a cached token (keys and values rounded to
- * nearest even, as llama.cpp's default cache holds them; read back exactly), on a backend with
- * attention_causal_f16 (the cpu one). Anything else is refused naming the type. */
+ * DS_F32 or DS_F16, half the bytes a cached token (keys and values rounded to nearest even, as
+ * llama.cpp's default cache holds them; read back exactly), on a backend with
+ * attention_causal_f16 (the cpu one). Anything else is refused naming the type. Unset (the
+ * default, or after ds_unset_kv_cache_dtype), a target whose matrices are held quantized as
+ * stored gets f16 caches where its backend has them, every other target fp32 ones:
+ * ds_kv_cache_dtype(m) says which m's next cache holds. */
 ds_status ds_set_kv_cache_dtype(ds_dtype dt);
-ds_dtype ds_kv_cache_dtype(void);
+void ds_unset_kv_cache_dtype(void);
+ds_dtype ds_kv_cache_dtype(const ds_target *m);
 ds_status ds_kv_cache_new(const ds_target *m, int64_t capacity, ds_kv_cache **out);
 void ds_kv_cache_free(ds_kv_cache *c);
 int64_t ds_kv_cache_len(const ds_kv_cache *c);

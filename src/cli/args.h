@@ -48,8 +48,9 @@ int cli_max_line_option(int argc, char **argv, int *i, size_t *out);
 /* The --help line of --kv-cache, which main takes out of argv for the commands that decode with
  * a KV cache (ds_set_kv_cache_dtype, dspark/target.h). */
 #define CLI_KV_CACHE_HELP                                                                                 \
-  "  --kv-cache f32|f16    the keys and values of past tokens in fp32 (default) or f16, half the bytes\n" \
-  "                        a cached token (docs/compute.md, \"The KV cache\")\n"
+  "  --kv-cache f32|f16    the keys and values of past tokens in fp32 or f16, half the bytes a cached\n" \
+  "                        token; default f16 for a GGUF's quantized weights used as stored (as\n"       \
+  "                        llama.cpp), fp32 otherwise (docs/compute.md, \"The KV cache\")\n"
 
 /* ds_output_check for command cmd, before any work: 0 when the output may be written; else,
  * after the error (naming the option and the input), the command's exit status: 2 for an

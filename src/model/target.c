@@ -8,22 +8,36 @@
 
 /* ---------------------------------------------------------------- KV cache */
 
+/* Set by ds_set_kv_cache_dtype (--kv-cache); unset, each target picks (ds_kv_cache_dtype). */
 static ds_dtype g_kv_dtype = DS_F32;
+static int g_kv_set = 0;
 
 ds_status ds_set_kv_cache_dtype(ds_dtype dt) {
   if (dt != DS_F32 && dt != DS_F16)
     return DS_FAIL(DS_ERR_ARG, "a KV cache holds f32 or f16 values, not %s", ds_dtype_name(dt));
   g_kv_dtype = dt;
+  g_kv_set = 1;
   return DS_OK;
 }
 
-ds_dtype ds_kv_cache_dtype(void) { return g_kv_dtype; }
+void ds_unset_kv_cache_dtype(void) { g_kv_set = 0, g_kv_dtype = DS_F32; }
+
+static int backend_has_f16_cache(const ds_target *m) {
+  return m->be->attention_causal_f16 && m->be->copy_rows_f16;
+}
+
+ds_dtype ds_kv_cache_dtype(const ds_target *m) {
+  if (g_kv_set) return g_kv_dtype;
+  /* a GGUF's matrices held quantized as stored: their cache in f16, as llama.cpp holds it (the
+   * rounding, 8e-4 of SmolLM2's logits, is far below the weights' own 2-3e-2 from fp32) */
+  return m && m->n_quant_mapped > 0 && backend_has_f16_cache(m) ? DS_F16 : DS_F32;
+}
 
 ds_status ds_kv_cache_new(const ds_target *m, int64_t capacity, ds_kv_cache **out) {
   *out = NULL;
   if (capacity <= 0) return DS_FAIL(DS_ERR_ARG, "KV cache capacity must be positive (got %lld)", (long long)capacity);
-  int f16 = g_kv_dtype == DS_F16;
-  if (f16 && (!m->be->attention_causal_f16 || !m->be->copy_rows_f16))
+  int f16 = ds_kv_cache_dtype(m) == DS_F16;
+  if (f16 && !backend_has_f16_cache(m))
     return DS_FAIL(DS_ERR_UNSUPPORTED, "an f16 KV cache (--kv-cache f16) needs the cpu backend; the %s backend keeps "
                    "fp32 caches", m->be->name);
   ds_kv_cache *c = ds_calloc(1, sizeof *c, "KV cache");

@@ -280,7 +280,9 @@ def in_place_prefill(args, ck, arch, model, tokens, merges, pre, tmp):
     logits = {}
     for w in ("as-stored", "f32"):
         out = os.path.join(tmp, f"{arch}-in-place-{w}.safetensors")
-        common.run([args.dspark, "forward", g, "--ids", ids, "--out", out, "--weights", w, "--threads", "2"])
+        # an fp32 KV cache on both sides (as stored the default is f16): the weights' path alone
+        common.run([args.dspark, "forward", g, "--ids", ids, "--out", out, "--weights", w, "--threads", "2",
+                    "--kv-cache", "f32"])
         logits[w] = load_file(out)["logits.0"].astype(np.float64)
     err = np.linalg.norm(logits["as-stored"] - logits["f32"]) / np.linalg.norm(logits["f32"])
     ck.check(err <= 1e-4, f"{arch}: quantized matrices in place give logits {err:.2e} from the fp32 model's (<= 1e-4)")

@@ -15,7 +15,10 @@ head; DSPARK_SMOLLM2_GGUF or the cache folder; exit 77, skipped, when it is not 
   (DSPARK_SMOLLM2_DRAFT or ~/.cache/dspark/demo-smollm2/dspark, when there) prints `generate`'s
   greedy tokens;
 - `info` names the quantized dtypes and the bytes held in place; `--weights bf16` runs; a NaN
-  scale in a quantized matrix is refused at load, naming the tensor and the row.
+  scale in a quantized matrix is refused at load, naming the tensor and the row;
+- the default KV cache is f16 for the matrices held as stored (`--kv-cache f16`'s logits bit for
+  bit, within 3e-3 of an fp32 cache's) and fp32 with `--weights f32`; the comparisons above pass
+  `--kv-cache f32`, so that they measure the weights' path alone.
 The measured numbers are printed (docs/compute.md quotes them)."""
 import os
 import sys
@@ -31,9 +34,12 @@ SMOLLM2 = os.environ.get("DSPARK_SMOLLM2_GGUF") or os.path.expanduser(
 PROMPT = "504,1463,282,260,4469,7057"  # "The history of the Roman Empire"
 
 
-def forward(args, weights, ids, chunk, tag, extra=()):
+def forward(args, weights, ids, chunk, tag, extra=(), kv=("--kv-cache", "f32")):
+    """Logits of `forward`; an fp32 KV cache unless kv says otherwise (() for the default), so
+    that the regimes compared below differ by the weights' path alone."""
     out = os.path.join(args.tmp, f"fw-{tag}.safetensors")
-    cmd = [args.dspark, "forward", SMOLLM2, "--ids", ids, "--out", out, "--weights", weights, "--threads", "2", *extra]
+    cmd = [args.dspark, "forward", SMOLLM2, "--ids", ids, "--out", out, "--weights", weights, "--threads", "2", *kv,
+           *extra]
     if chunk:
         cmd += ["--chunk", str(chunk)]
     common.run(cmd, timeout=900)
@@ -110,6 +116,16 @@ def main():
           f"{e_dec:.2e}, max |dlogit| {np.max(np.abs(dec - ref)):.3f} of max |logit| {np.max(np.abs(ref)):.2f}, "
           f"greedy agreement {agree:.3f}")
     ck.check(e_pre <= 1e-4, f"prefill regime: {e_pre:.2e} from the fp32 model (summation order only: <= 1e-4)")
+    # the default KV cache: f16 for the matrices held as stored (as llama.cpp holds a GGUF's), fp32
+    # for the file dequantized to fp32 at load; each the explicit option's numbers bit for bit
+    d_q, f16 = forward(args, "as-stored", ids, 0, "q-default", kv=()), forward(args, "as-stored", ids, 0, "q-f16",
+                                                                              kv=("--kv-cache", "f16"))
+    d_f32 = forward(args, "f32", ids, 0, "f32-default", kv=())
+    e_f16 = common.normwise_rel_err(f16, pre)
+    print(f"default KV cache: as stored {e_f16:.2e} from the fp32 cache's prefill (the f16 rounding)")
+    ck.check(np.array_equal(d_q, f16), "as stored, the default KV cache is not the f16 one")
+    ck.check(np.array_equal(d_f32, ref), "with --weights f32, the default KV cache is not the fp32 one")
+    ck.check(0 < e_f16 <= 3e-3, f"the f16 cache's prefill: {e_f16:.2e} from the fp32 cache's (0 < err <= 3e-3)")
     ck.check(e_dec <= 6e-2, f"decode regime: {e_dec:.2e} from the fp32 model (<= 6e-2)")
     ck.check(agree >= 0.9, f"decode regime: greedy agreement {agree:.3f} (>= 0.9)")
     # --compute int8: all the rows at once on the integer path (not the fp32 prefill's exact
