@@ -77,7 +77,12 @@ int ds_target_head_is_embedding(const ds_target *m);
 ds_status ds_set_kv_cache_dtype(ds_dtype dt);
 void ds_unset_kv_cache_dtype(void);
 ds_dtype ds_kv_cache_dtype(const ds_target *m);
+/* A cache of m for capacity positions, in ds_kv_cache_dtype(m); _typed in the dtype given (DS_F32
+ * or DS_F16): the prefill-only stages (capture, training against the live target, a live
+ * teacher) keep fp32 caches whatever the process's default, their cache living for one
+ * sequence. */
 ds_status ds_kv_cache_new(const ds_target *m, int64_t capacity, ds_kv_cache **out);
+ds_status ds_kv_cache_new_typed(const ds_target *m, int64_t capacity, ds_dtype dtype, ds_kv_cache **out);
 void ds_kv_cache_free(ds_kv_cache *c);
 int64_t ds_kv_cache_len(const ds_kv_cache *c);
 int64_t ds_kv_cache_capacity(const ds_kv_cache *c);

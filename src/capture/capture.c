@@ -184,7 +184,7 @@ static ds_status load_inputs(capture *c, ds_model_source *src) {
 
 static ds_status alloc_buffers(capture *c) {
   int64_t S = c->S, n = c->o->shard_size;
-  DS_TRY(ds_kv_cache_new(c->target, S, &c->kv));
+  DS_TRY(ds_kv_cache_new_typed(c->target, S, DS_F32, &c->kv)); /* a prefill's cache: fp32 */
   c->ctx = ds_malloc_aligned((size_t)(S * c->md) * sizeof(float), "captured features");
   c->last = ds_malloc_aligned((size_t)(S * c->d) * sizeof(float), "captured features");
   if (!c->ctx || !c->last) return DS_ERR_NOMEM;

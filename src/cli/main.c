@@ -170,8 +170,6 @@ int main(int argc, char **argv) {
       if (k_commands[i].computes && !take_compute_option(argv[1], &argc, argv)) return finish(2);
       if (k_commands[i].weights && !take_weights_option(argv[1], &argc, argv)) return finish(2);
       if (k_commands[i].kv && !take_kv_cache_option(argv[1], &argc, argv)) return finish(2);
-      /* the others run prefills whose cache lives for one sequence: fp32, as always */
-      if (!k_commands[i].kv) (void)ds_set_kv_cache_dtype(DS_F32);
       const char *slow = k_commands[i].computes && ds_comm_rank(g_comm) == 0 ? ds_gemm_warning() : NULL;
       if (slow) fprintf(stderr, "dspark: %s\n", slow);
       slow = ds_matmul_compute() == DS_COMPUTE_BF16 && ds_comm_rank(g_comm) == 0 ? ds_gemm_bf16_warning() : NULL;

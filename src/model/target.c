@@ -34,9 +34,15 @@ ds_dtype ds_kv_cache_dtype(const ds_target *m) {
 }
 
 ds_status ds_kv_cache_new(const ds_target *m, int64_t capacity, ds_kv_cache **out) {
+  return ds_kv_cache_new_typed(m, capacity, ds_kv_cache_dtype(m), out);
+}
+
+ds_status ds_kv_cache_new_typed(const ds_target *m, int64_t capacity, ds_dtype dtype, ds_kv_cache **out) {
   *out = NULL;
   if (capacity <= 0) return DS_FAIL(DS_ERR_ARG, "KV cache capacity must be positive (got %lld)", (long long)capacity);
-  int f16 = ds_kv_cache_dtype(m) == DS_F16;
+  if (dtype != DS_F32 && dtype != DS_F16)
+    return DS_FAIL(DS_ERR_ARG, "a KV cache holds f32 or f16 values, not %s", ds_dtype_name(dtype));
+  int f16 = dtype == DS_F16;
   if (f16 && !backend_has_f16_cache(m))
     return DS_FAIL(DS_ERR_UNSUPPORTED, "an f16 KV cache (--kv-cache f16) needs the cpu backend; the %s backend keeps "
                    "fp32 caches", m->be->name);

@@ -296,7 +296,7 @@ static ds_status op_setup(void *self, ds_objective *obj) {
   if (t->vocab_ids) t->teacher_head = t->target ? ds_target_lm_head(t->target) : t->lm_head;
   int64_t S = o->seq_len, A = o->num_anchors, g = o->block_size, d = t->tc.hidden_size;
   if (t->target) {
-    DS_TRY(ds_kv_cache_new(t->target, S, &t->kv));
+    DS_TRY(ds_kv_cache_new_typed(t->target, S, DS_F32, &t->kv)); /* a prefill's cache: fp32 */
     t->ctx = ds_malloc_aligned((size_t)(S * t->dc.n_target_layers * d) * sizeof(float), "target features");
     t->last = ds_malloc_aligned((size_t)(S * d) * sizeof(float), "target features");
     if (!t->ctx || !t->last) return DS_ERR_NOMEM;

@@ -258,7 +258,7 @@ ds_status ds_lm_setup(lm_run *t) {
   if (sup == 0)
     return DS_FAIL(DS_ERR_ARG, "%s: the %lld training sequences have no supervised token", t->data_label,
                    (long long)t->n_train);
-  if (t->teacher) DS_TRY(ds_kv_cache_new(t->teacher, t->data.seq_len, &t->kv));
+  if (t->teacher) DS_TRY(ds_kv_cache_new_typed(t->teacher, t->data.seq_len, DS_F32, &t->kv)); /* prefills: fp32 */
   return config_texts(t, student_hash, teacher_hash, tw);
 }
 

@@ -272,6 +272,18 @@ static void test_export(void) {
       EXPECT(test_rel_err(ours, theirs, 7 * V) < 1e-5);
       EXPECT(ds_target_head_is_embedding(t) == ds_student_is_tied(s));
       ds_kv_cache_free(kv);
+      /* an fp32 model's default cache is fp32; one asked for in f16 gives nearly the same
+       * logits; a cache in another type is refused naming it */
+      EXPECT(ds_kv_cache_dtype(t) == DS_F32);
+      float half[7 * V];
+      kv = NULL;
+      EXPECT_OK(ds_kv_cache_new_typed(t, 16, DS_F16, &kv));
+      seq.cache = kv, out.logits = half;
+      if (kv) EXPECT_OK(ds_target_forward(t, &seq, 1, &out));
+      double e16 = test_rel_err(half, theirs, 7 * V);
+      EXPECT(e16 > 0 && e16 < 1e-2);
+      ds_kv_cache_free(kv);
+      EXPECT(ds_kv_cache_new_typed(t, 16, DS_BF16, &kv) == DS_ERR_ARG && strstr(ds_last_error(), "BF16"));
       ds_target_free(t);
     }
     ds_student *r = NULL;
