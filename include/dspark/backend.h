@@ -279,9 +279,21 @@ const char *ds_gemm_warning(void);
  *                    capture then uses decoding's integer products, as llama.cpp does for every
  *                    batch, and runs 1.3-1.4x faster on AVX2 (docs/compute.md). */
 typedef enum { DS_COMPUTE_F32 = 0, DS_COMPUTE_BF16 = 1, DS_COMPUTE_INT8 = 2 } ds_compute;
+/* Unset (the default, or after ds_unset_matmul_compute) the matmuls are DS_COMPUTE_F32's, except
+ * that block-quantized frozen weights take the integer path at any number of rows, as under
+ * DS_COMPUTE_INT8: a quantized GGUF computes as llama.cpp computes it (a 512-token prefill of
+ * SmolLM2 Q8_0 1.6-1.7x the dequantized tiles' on an AMD EPYC Zen 4; docs/compute.md). Set to
+ * DS_COMPUTE_F32 explicitly, their prompts multiply the dequantized tiles in fp32. */
 void ds_set_matmul_compute(ds_compute c);
-ds_compute ds_matmul_compute(void);
+void ds_unset_matmul_compute(void);
+ds_compute ds_matmul_compute(void); /* DS_COMPUTE_F32 when unset */
+/* 1 when block-quantized frozen weights take the integer path at any number of rows (set to
+ * DS_COMPUTE_INT8, or unset) */
+int ds_quant_int8_rows(void);
 const char *ds_compute_name(ds_compute c); /* "fp32" / "bf16" / "int8" */
+/* The process's setting as reports print it: ds_compute_name's when set, "fp32 (int8 quantized
+ * products)" when unset. */
+const char *ds_compute_label(void);
 /* "fp32" (or "f32") / "bf16" / "int8" -> *out; 0 on anything else. */
 int ds_compute_parse(const char *s, ds_compute *out);
 /* The bf16 GEMM: C = bf16(op(A)) @ bf16(op(B)) + beta * C, shapes, strides and flags as

@@ -46,7 +46,8 @@ static void usage(FILE *f) {
     "  --min-k M                ... but always at least M entries (1; at most K)\n"
     "  --temperature T          log-probs of softmax(x / T) (1)\n"
     "  --seed S                 recorded in the manifest (0)\n"
-    "  --threads N  --quiet  --compute fp32|bf16|int8 (matmul precision, default fp32)\n"
+    "  --threads N  --quiet  --compute fp32|bf16|int8 (matmul precision; default fp32,\n"
+    "                        a GGUF's quantized matrices in int8 as llama.cpp: docs/compute.md)\n"
     CLI_WEIGHTS_HELP
     "                        (the manifest records them: target_weights; a resume must hold them alike)\n"
     "  --estimate               print the cache's size for this data and these options (bytes per stored\n"

@@ -116,7 +116,7 @@ static int print_model(ds_model_source *src, double t0, int list_tensors) {
     printf(" F32 (converted at load)");
   printf("\n");
   printf("loaded in:          %.2f s (%s compute, GEMM %s, 16-bit weight kernels %s, quantized weight kernels %s, "
-         "%d threads)\n", load_s, ds_compute_name(ds_matmul_compute()), ds_gemm_name(), ds_weight16_kernel_name(),
+         "%d threads)\n", load_s, ds_compute_label(), ds_gemm_name(), ds_weight16_kernel_name(),
          ds_weight_quant_kernel_name(), ds_get_num_threads());
   printf("bf16 compute GEMM:  %s (--compute bf16)\n", ds_gemm_bf16_name());
   ds_target_free(m);

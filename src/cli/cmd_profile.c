@@ -96,7 +96,7 @@ int cmd_profile(int argc, char **argv) {
   cJSON_AddNumberToObject(j, "context", (double)context);
   cJSON_AddNumberToObject(j, "reps", (double)reps);
   cJSON_AddStringToObject(j, "gemm", ds_gemm_name());
-  cJSON_AddStringToObject(j, "compute", ds_compute_name(ds_matmul_compute()));
+  cJSON_AddStringToObject(j, "compute", ds_compute_label());
   if (ds_matmul_compute() == DS_COMPUTE_BF16) cJSON_AddStringToObject(j, "gemm_bf16", ds_gemm_bf16_name());
   cJSON_AddNumberToObject(j, "threads", ds_get_num_threads());
   cJSON_AddItemToObject(j, "verify_seconds", ds_json_number_array(verify, max_tokens));

@@ -55,7 +55,8 @@ static void usage(FILE *f) {
           "  --repeat N            decode the prompt N times with seeds S .. S+N-1 (one output line each;\n"
           "                        the report aggregates them)\n"
           "  --test-bias-acceptance  accept every draft token: NOT lossless; for the tests that must fail\n"
-          "  --threads N  --compute fp32|bf16|int8 (matmul precision, default fp32)\n"
+          "  --threads N  --compute fp32|bf16|int8 (matmul precision; default fp32,\n"
+          "                        a GGUF's quantized matrices in int8 as llama.cpp: docs/compute.md)\n"
           "Report convention: tau = tokens committed per target verification pass, the bonus or replacement\n"
           "token counted; acceptance per position conditional (accepted / proposed there) and unconditional\n"
           "(accepted / rounds); the report's \"convention\" field says so.\n");
@@ -168,7 +169,7 @@ static ds_status write_report(const char *path, const ds_spec_options *o, int64_
     cJSON_AddItemToObject(j, "scheduler", sc);
   }
   cJSON_AddStringToObject(j, "gemm", ds_gemm_name());
-  cJSON_AddStringToObject(j, "compute", ds_compute_name(ds_matmul_compute()));
+  cJSON_AddStringToObject(j, "compute", ds_compute_label());
   if (ds_matmul_compute() == DS_COMPUTE_BF16) cJSON_AddStringToObject(j, "gemm_bf16", ds_gemm_bf16_name());
   cJSON_AddNumberToObject(j, "threads", ds_get_num_threads());
   return ds_json_write_report("--report", path, j);

@@ -20,7 +20,8 @@ const char *const cli_loop_usage =
     "  --overwrite             replace an existing run in RUN_DIR (without it, or --resume, it is refused)\n"
     "  --stop-after N          stop after N steps in this process (as if killed; for tests)\n"
     "  --inject-nan-step N     poison the gradient of step N, counting from 1 (tests the non-finite handling)\n"
-    "  --threads N  --quiet  --compute fp32|bf16|int8 (matmul precision, default fp32)\n"
+    "  --threads N  --quiet  --compute fp32|bf16|int8 (matmul precision; default fp32,\n"
+    "                        a GGUF's quantized matrices in int8 as llama.cpp: docs/compute.md)\n"
     "  --profile               print the time and GFLOP/s of each kernel of the trained model at the end\n";
 
 int cli_loop_option(int argc, char **argv, int *i, ds_loop_options *l) {

@@ -37,11 +37,18 @@
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static ds_compute g_compute = DS_COMPUTE_F32;
+static int g_compute_set; /* ds_set_matmul_compute was called (include/dspark/backend.h) */
 
 void ds_set_matmul_compute(ds_compute c) {
   g_compute = c == DS_COMPUTE_BF16 || c == DS_COMPUTE_INT8 ? c : DS_COMPUTE_F32;
+  g_compute_set = 1;
 }
+void ds_unset_matmul_compute(void) { g_compute = DS_COMPUTE_F32, g_compute_set = 0; }
 ds_compute ds_matmul_compute(void) { return g_compute; }
+int ds_quant_int8_rows(void) { return g_compute == DS_COMPUTE_INT8 || !g_compute_set; }
+const char *ds_compute_label(void) {
+  return g_compute_set ? ds_compute_name(g_compute) : "fp32 (int8 quantized products)";
+}
 const char *ds_compute_name(ds_compute c) {
   return c == DS_COMPUTE_BF16 ? "bf16" : c == DS_COMPUTE_INT8 ? "int8" : "fp32";
 }

@@ -360,8 +360,8 @@ int ds_quant_chunked(float *y, int64_t ldy, const float *x, ds_weight w, const f
 /* ---------------------------------------------------------------- backend entries */
 
 /* n rows of x take the direct (integer) path: up to DS_QUANT_DIRECT_MAX_ROWS, or any number
- * under DS_COMPUTE_INT8 */
-static int direct_rows(int64_t n) { return n <= DS_QUANT_DIRECT_MAX_ROWS || ds_matmul_compute() == DS_COMPUTE_INT8; }
+ * under DS_COMPUTE_INT8 and by default (ds_quant_int8_rows) */
+static int direct_rows(int64_t n) { return n <= DS_QUANT_DIRECT_MAX_ROWS || ds_quant_int8_rows(); }
 
 void ds_cpu_linear_quant(float *y, int64_t ldy, const float *x, ds_weight w, const float *bias, int64_t n,
                          int64_t in, int64_t out) {

@@ -115,7 +115,7 @@ ds_status ds_trainer_write_run_json(ds_trainer *t) {
   }
   /* what ran (not part of the trajectory's definition) */
   cJSON_AddStringToObject(j, "gemm", ds_gemm_name());
-  cJSON_AddStringToObject(j, "compute", ds_compute_name(ds_matmul_compute()));
+  cJSON_AddStringToObject(j, "compute", ds_compute_label());
   if (ds_matmul_compute() == DS_COMPUTE_BF16) cJSON_AddStringToObject(j, "gemm_bf16", ds_gemm_bf16_name());
   cJSON_AddNumberToObject(j, "threads", ds_get_num_threads());
   cJSON_AddNumberToObject(j, "world_size", ds_comm_size(t->o.comm)); /* free to change on resume */

@@ -266,8 +266,10 @@ def refusals(args, ck, tmp, g, d):
 
 def in_place_prefill(args, ck, arch, model, tokens, merges, pre, tmp):
     """The model written again with every matrix in a type used in place (Q4_0, Q8_0, Q4_1), its
-    matrices used in place against the file dequantized to fp32 at load, in the prefill regime (40
-    rows: dequantized chunks into the fp32 GEMM): equal up to summation order. On llama the q / k
+    matrices used in place against the file dequantized to fp32 at load, in the prefill regime of
+    `--compute fp32` (40 rows: dequantized chunks into the fp32 GEMM): equal up to summation order;
+    the default compute (the integer path at every row count) gives `--compute int8`'s logits bit for
+    bit. On llama the q / k
     rows stay in the file's interleaved order and the product's columns are put back, so a wrong
     reordering shows here without the real model."""
     g = os.path.join(tmp, f"in-place-{arch}.gguf")
@@ -278,12 +280,14 @@ def in_place_prefill(args, ck, arch, model, tokens, merges, pre, tmp):
              f"{arch}: the in-place file's matrices are not all held quantized:\n{info}")
     ids = ",".join(str((5 + 37 * i) % len(tokens)) for i in range(40))
     logits = {}
-    for w in ("as-stored", "f32"):
-        out = os.path.join(tmp, f"{arch}-in-place-{w}.safetensors")
-        # an fp32 KV cache on both sides (as stored the default is f16): the weights' path alone
+    for tag, w, compute in (("as-stored", "as-stored", ["--compute", "fp32"]), ("f32", "f32", []),
+                            ("default", "as-stored", []), ("int8", "as-stored", ["--compute", "int8"])):
+        out = os.path.join(tmp, f"{arch}-in-place-{tag}.safetensors")
+        # an fp32 KV cache on every side (as stored the default is f16): the weights' path alone
         common.run([args.dspark, "forward", g, "--ids", ids, "--out", out, "--weights", w, "--threads", "2",
-                    "--kv-cache", "f32"])
-        logits[w] = load_file(out)["logits.0"].astype(np.float64)
+                    "--kv-cache", "f32"] + compute)
+        logits[tag] = load_file(out)["logits.0"].astype(np.float64)
+    ck.check(np.array_equal(logits["default"], logits["int8"]), f"{arch}: the default compute is not --compute int8")
     err = np.linalg.norm(logits["as-stored"] - logits["f32"]) / np.linalg.norm(logits["f32"])
     ck.check(err <= 1e-4, f"{arch}: quantized matrices in place give logits {err:.2e} from the fp32 model's (<= 1e-4)")
     return err

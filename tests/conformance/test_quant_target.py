@@ -3,8 +3,10 @@ the commands that run a frozen target) against the same file dequantized to fp32
 (`--weights f32`), on the real SmolLM2-135M-Instruct Q4_1 (Q4_1 layers, a Q8_0 tied embedding and
 head; DSPARK_SMOLLM2_GGUF or the cache folder; exit 77, skipped, when it is not fetched):
 
-- the prefill regime (many rows: dequantized chunks of the weights into the fp32 GEMM, x in
-  fp32): logits equal to the fp32 model's up to fp32 summation order (normwise <= 1e-4);
+- the prefill regime of `--compute fp32` (many rows: dequantized chunks of the weights into the
+  fp32 GEMM, x in fp32): logits equal to the fp32 model's up to fp32 summation order (normwise
+  <= 1e-4); the default compute (the integer path at every row count, as llama.cpp) gives
+  `--compute int8`'s logits bit for bit;
 - the decode regime (`forward --chunk 1`: one row per call, x rounded to int8 per block of 32 as
   llama.cpp does): logits within 6e-2 normwise (measured 2.9-4.0e-2 as kernels reorder fp32 operations) of the fp32 model's and the greedy (argmax) token
   the same at >= 90% of the positions of a greedy continuation (teacher-forced);
@@ -106,7 +108,7 @@ def main():
     cont = out.split()
     ids = PROMPT + "," + ",".join(cont)
     ref = forward(args, "f32", ids, 0, "f32")
-    pre = forward(args, "as-stored", ids, 0, "q-prefill")
+    pre = forward(args, "as-stored", ids, 0, "q-prefill", ["--compute", "fp32"])
     dec = forward(args, "as-stored", ids, 1, "q-decode")
     e_pre = common.normwise_rel_err(pre, ref)
     e_dec = common.normwise_rel_err(dec, ref)
@@ -121,7 +123,8 @@ def main():
     d_q, f16 = forward(args, "as-stored", ids, 0, "q-default", kv=()), forward(args, "as-stored", ids, 0, "q-f16",
                                                                               kv=("--kv-cache", "f16"))
     d_f32 = forward(args, "f32", ids, 0, "f32-default", kv=())
-    e_f16 = common.normwise_rel_err(f16, pre)
+    f16_fp32 = forward(args, "as-stored", ids, 0, "q-f16-fp32", ["--compute", "fp32"], kv=("--kv-cache", "f16"))
+    e_f16 = common.normwise_rel_err(f16_fp32, pre)
     print(f"default KV cache: as stored {e_f16:.2e} from the fp32 cache's prefill (the f16 rounding)")
     ck.check(np.array_equal(d_q, f16), "as stored, the default KV cache is not the f16 one")
     ck.check(np.array_equal(d_f32, ref), "with --weights f32, the default KV cache is not the fp32 one")
@@ -132,6 +135,8 @@ def main():
     # products), so as far from decoding as the direct path's own chunks of 9-32 rows are (the
     # attention's summation order, amplified through the int8 rounding of the next layer's x)
     i8 = forward(args, "as-stored", ids, 0, "q-int8", ["--compute", "int8"])
+    ck.check(np.array_equal(forward(args, "as-stored", ids, 0, "q-default-compute"), i8),
+             "the default compute's prefill is not --compute int8's")
     c16 = forward(args, "as-stored", ids, 16, "q-chunk16")
     e_i8, e_16, e_pre = (common.normwise_rel_err(a, b) for a, b in ((i8, dec), (c16, dec), (i8, pre)))
     agree_i8 = float(np.mean(np.argmax(i8, axis=1) == np.argmax(dec, axis=1)))

@@ -146,7 +146,8 @@ def log_softmax(x):
 
 def check_quant_capture(env, g):
     ck = env.ck
-    c_q, _ = env.capture(g, "cache-q", None)  # the default: as stored
+    c_q, _ = env.capture(g, "cache-q", None)  # the default: as stored, the integer path at every row count
+    c_q32, _ = env.capture(g, "cache-q32", ["--compute", "fp32"])  # as stored, many rows in fp32
     c_f, _ = env.capture(g, "cache-f", "f32")
     mq, mf = manifest(c_q), manifest(c_f)
     ck.check(mq.get("target_weights") == "as-stored" and mf.get("target_weights") == "f32",
@@ -162,18 +163,22 @@ def check_quant_capture(env, g):
     sq, sf = shards(c_q), shards(c_f)
     lengths = sf["lengths"]
     ck.check(np.array_equal(sq["input_ids"], sf["input_ids"]), "capture as-stored / f32: other sequences")
-    # features: a sample of more than 32 tokens runs the prefill regime (the exact dequantized
-    # weights into the fp32 GEMM: f32's numbers up to summation order), a shorter one the direct
-    # path (x rounded to int8 per block of 32)
+    # features: under --compute fp32 a sample of more than 32 tokens runs the prefill regime (the
+    # exact dequantized weights into the fp32 GEMM: f32's numbers up to summation order), a shorter
+    # one the direct path (x rounded to int8 per block of 32), which the default takes for all
+    s32 = shards(c_q32)
     long_ = lengths > 32
     ck.check(long_.sum() >= 4, f"the data gives {long_.sum()} samples of more than 32 tokens")
     errs = {}
     for k in ("target_hidden_states", "target_last_hidden_states"):
-        errs[k] = common.normwise_rel_err(sq[k][long_], sf[k][long_])
+        errs[k] = common.normwise_rel_err(s32[k][long_], sf[k][long_])
         ck.check(errs[k] <= 1e-4, f"capture {k}: as-stored {errs[k]:.2e} from f32 in the prefill regime (<= 1e-4)")
+        e = common.normwise_rel_err(sq[k], sf[k])
+        ck.check(0 < e <= 2 * DECODE_BOUND, f"capture {k}: as-stored by default {e:.2e} from f32 (0 < err <= "
+                 f"{2 * DECODE_BOUND})")
         if (~long_).any():
-            e = common.normwise_rel_err(sq[k][~long_], sf[k][~long_])
-            ck.check(e <= 2 * DECODE_BOUND, f"capture {k}: as-stored {e:.2e} from f32 on short samples")
+            ck.check(np.array_equal(s32[k][~long_], sq[k][~long_]),
+                     f"capture {k}: short samples differ between the default and --compute fp32")
     # KD: the head's product runs 32 rows a call (the direct path). The documented bound per output
     # (docs/compute.md): |y - y_ref| <= sum over x's blocks of 32 of step / 2 * sum |w| over the
     # block, step = max |x| / 127, y_ref the exact product of the dequantized head (the cache's

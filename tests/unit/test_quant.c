@@ -166,10 +166,15 @@ static void test_paths(void) {
           EXPECT(ds_quant_chunked(got, ldy, x, qw, NULL, n, in, out, chunks[c]));
           EXPECT(check_against("chunked", dt, got, ldy, want, wf, x, n, in, out, 0));
         }
-        /* the backend entry, with a bias (either regime by n) */
+        /* the backend entry, with a bias: by default the direct regime at every n; under an
+         * explicit fp32 compute either regime by n */
         ref_linear(want, w, dt, x, bias, n, in, out);
         ds_backend_cpu()->linear_w(got, ldy, x, qw, bias, n, in, out);
-        EXPECT(check_against("linear_w", dt, got, ldy, want, wf, x, n, in, out, n <= DS_QUANT_DIRECT_MAX_ROWS));
+        EXPECT(check_against("linear_w", dt, got, ldy, want, wf, x, n, in, out, 1));
+        ds_set_matmul_compute(DS_COMPUTE_F32);
+        ds_backend_cpu()->linear_w(got, ldy, x, qw, bias, n, in, out);
+        EXPECT(check_against("linear_w fp32", dt, got, ldy, want, wf, x, n, in, out, n <= DS_QUANT_DIRECT_MAX_ROWS));
+        ds_unset_matmul_compute();
         free(x), free(want), free(got);
       }
       ds_release_packed_weights(); /* before w's address can come back with other values */
@@ -294,16 +299,21 @@ static void test_cat(void) {
     int64_t n = k_rows[r];
     float *x = rand_x(n, in), *bias = rand_x(1, total);
     float *got = malloc((size_t)(n * ldy) * sizeof(float)), *want = malloc((size_t)(n * ldy) * sizeof(float));
-    ds_backend_cpu()->linear_w_cat(got, ldy, x, ws, out, 4, bias, n, in);
     ds_backend_reference()->linear_w_cat(want, ldy, x, ws, out, 4, bias, n, in);
-    int64_t col = 0;
-    for (int s = 0; s < 4; s++) {
-      float *wf = dequantized(dts[s], w[s], out[s], in), *ws_want = malloc((size_t)(n * out[s]) * sizeof(float));
-      for (int64_t i = 0; i < n; i++) memcpy(ws_want + i * out[s], want + i * ldy + col, (size_t)out[s] * sizeof(float));
-      EXPECT(check_against("linear_w_cat", dts[s], got + col, ldy, ws_want, wf, x, n, in, out[s],
-                           n <= DS_QUANT_DIRECT_MAX_ROWS));
-      col += out[s];
-      free(wf), free(ws_want);
+    for (int explicit_f32 = 0; explicit_f32 < 2; explicit_f32++) { /* the default: the direct path at any n */
+      if (explicit_f32) ds_set_matmul_compute(DS_COMPUTE_F32);
+      ds_backend_cpu()->linear_w_cat(got, ldy, x, ws, out, 4, bias, n, in);
+      int64_t col = 0;
+      for (int s = 0; s < 4; s++) {
+        float *wf = dequantized(dts[s], w[s], out[s], in), *ws_want = malloc((size_t)(n * out[s]) * sizeof(float));
+        for (int64_t i = 0; i < n; i++)
+          memcpy(ws_want + i * out[s], want + i * ldy + col, (size_t)out[s] * sizeof(float));
+        EXPECT(check_against("linear_w_cat", dts[s], got + col, ldy, ws_want, wf, x, n, in, out[s],
+                             !explicit_f32 || n <= DS_QUANT_DIRECT_MAX_ROWS));
+        col += out[s];
+        free(wf), free(ws_want);
+      }
+      ds_unset_matmul_compute();
     }
     free(x), free(bias), free(got), free(want);
   }
@@ -387,13 +397,13 @@ static void test_compute_bf16(void) {
     ds_release_packed_weights();
     free(w), free(wf), free(x), free(dy), free(y), free(dx);
   }
-  ds_set_matmul_compute(DS_COMPUTE_F32);
+  ds_unset_matmul_compute();
 }
 
 /* Under DS_COMPUTE_INT8, more rows than DS_QUANT_DIRECT_MAX_ROWS (a prefill, a capture) still
  * take the integer path: linear_w and linear_w_cat give each row, bit for bit, what one row a
- * call (decoding) gives; under fp32 the same call is the dequantized product (not those bits
- * for some row: the check can fail). */
+ * call (decoding) gives, and so does the default (unset); under an explicit fp32 the same call is
+ * the dequantized product (not those bits for some row: the check can fail). */
 static void test_compute_int8(void) {
   int64_t n = DS_QUANT_DIRECT_MAX_ROWS + 9;
   for (int t = 0; t < N_TYPES; t++) {
@@ -403,23 +413,31 @@ static void test_compute_int8(void) {
     ds_weight qw = {w, dt}, ws[2] = {qw, qw};
     float *x = rand_x(n, in), *all = malloc((size_t)(n * out) * sizeof(float)), one[37];
     float *cat = malloc((size_t)(n * 2 * out) * sizeof(float)), *f32 = malloc((size_t)(n * out) * sizeof(float));
+    float *dflt = malloc((size_t)(n * out) * sizeof(float));
+    ds_set_matmul_compute(DS_COMPUTE_F32);
     ds_backend_cpu()->linear_w(f32, out, x, qw, NULL, n, in, out);
     ds_set_matmul_compute(DS_COMPUTE_INT8);
     ds_backend_cpu()->linear_w(all, out, x, qw, NULL, n, in, out);
     ds_backend_cpu()->linear_w_cat(cat, 2 * out, x, ws, outs, 2, NULL, n, in);
-    ds_set_matmul_compute(DS_COMPUTE_F32);
+    ds_unset_matmul_compute(); /* the default: int8 products for quantized weights, as INT8 */
+    EXPECT(ds_matmul_compute() == DS_COMPUTE_F32 && ds_quant_int8_rows());
+    ds_backend_cpu()->linear_w(dflt, out, x, qw, NULL, n, in, out);
     int same = 1, same_cat = 1, differs_f32 = 0;
     for (int64_t i = 0; i < n; i++) {
       ds_backend_cpu()->linear_w(one, out, x + i * in, qw, NULL, 1, in, out);
-      same &= !memcmp(one, all + i * out, sizeof one);
+      same &= !memcmp(one, all + i * out, sizeof one) && !memcmp(one, dflt + i * out, sizeof one);
       same_cat &= !memcmp(one, cat + i * 2 * out, sizeof one) && !memcmp(one, cat + i * 2 * out + out, sizeof one);
       differs_f32 |= memcmp(one, f32 + i * out, sizeof one) != 0;
     }
     if (!same || !same_cat) fprintf(stderr, "int8 compute %s: rows differ from decoding's\n", ds_dtype_name(dt));
     EXPECT(same && same_cat && differs_f32);
     ds_release_packed_weights();
-    free(w), free(x), free(all), free(cat), free(f32);
+    free(w), free(x), free(all), free(cat), free(f32), free(dflt);
   }
+  ds_set_matmul_compute(DS_COMPUTE_F32);
+  EXPECT(!ds_quant_int8_rows() && !strcmp(ds_compute_label(), "fp32"));
+  ds_unset_matmul_compute();
+  EXPECT(!strcmp(ds_compute_label(), "fp32 (int8 quantized products)"));
   ds_compute c;
   EXPECT(ds_compute_parse("int8", &c) && c == DS_COMPUTE_INT8 && !strcmp(ds_compute_name(c), "int8"));
 }
