@@ -1,6 +1,6 @@
 /* CPU causal self-attention over whole packed sequences, for training (include/dspark/backend.h,
  * attention_causal_train and its backward), written like the draft's block attention in
- * cpu_attention.c.
+ * cpu_block_attention.c.
  *
  * Work is split into (sequence, kv head, query chunk) tiles: the query heads of the GQA group
  * are stacked into one [group * qn, head_dim] tile (row r = query i * group + head j), so every

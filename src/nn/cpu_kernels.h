@@ -1,6 +1,6 @@
 /* Internal to the CPU backend: the sgemm helper that every matmul goes through, the OpenMP
- * pragma macro, and the attention kernels (cpu_attention.c, cpu_causal_attention.c) that the
- * table in cpu_backend.c points at. Not a public header. */
+ * pragma macro, and the attention kernels (cpu_attention.c, cpu_block_attention.c,
+ * cpu_causal_attention.c) that the table in cpu_backend.c points at. Not a public header. */
 #ifndef DSPARK_NN_CPU_KERNELS_H
 #define DSPARK_NN_CPU_KERNELS_H
 
