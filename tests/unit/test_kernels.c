@@ -129,9 +129,14 @@ static void test_attention_f16(void) {
   EXPECT(same);
   free(x);
 
-  int64_t cases[][3] = {{0, 1, 64}, {300, 1, 72}, {260, 5, 36}, {1000, 3, 80}, {37, 150, 64}};
-  for (int c = 0; c < 5; c++) {
-    int64_t past = cases[c][0], n = cases[c][1], hd = cases[c][2], hq = 6, hkv = 2, cap = past + n + 2;
+  /* past, rows, head_dim, heads, kv heads: GQA groups of 3, 4 and 2 (the decode kernels take up
+   * to 3 query vectors per widened key and up to 4 (hd 64) or 2 (hd 128) per value row), head
+   * sizes those kernels take and others, key counts with tails */
+  int64_t cases[][5] = {{0, 1, 64, 6, 2},   {300, 1, 72, 6, 2},  {260, 5, 36, 6, 2}, {1000, 3, 80, 6, 2},
+                        {37, 150, 64, 6, 2}, {129, 2, 64, 8, 2}, {77, 1, 128, 4, 2}};
+  for (int c = 0; c < 7; c++) {
+    int64_t past = cases[c][0], n = cases[c][1], hd = cases[c][2], hq = cases[c][3], hkv = cases[c][4];
+    int64_t cap = past + n + 2;
     int64_t w = hq * hd, cells = hkv * cap * hd;
     float *q = rand_buf((size_t)(n * w), 2), *kf = rand_buf((size_t)cells, 2), *vf = rand_buf((size_t)cells, 2);
     uint16_t *k = malloc(sizeof(uint16_t) * (size_t)cells), *v = malloc(sizeof(uint16_t) * (size_t)cells);
