@@ -21,7 +21,7 @@
 # DEMO_EVAL_PROMPTS (per kind, 6), DEMO_ANSWER_TOKENS (per regenerated answer, 192),
 # DEMO_DRAFT_STEPS (200), DEMO_DRAFT_VOCAB (8192), DEMO_DRAFT_LR (5e-3), DEMO_DRAFT_WARMUP (0.25),
 # DEMO_NEW_TOKENS (per held-out prompt, 96),
-# DEMO_COMPUTE (fp32, or bf16 / int8: docs/compute.md). Reruns reuse what is done (delete the folder to
+# DEMO_COMPUTE (unset: the engine's default; fp32, bf16 or int8: docs/compute.md). Reruns reuse what is done (delete the folder to
 # start over).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,8 +30,8 @@ bash scripts/setup.sh --main-job # packages that build and plot, and the model: 
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build/release -j "$(nproc)" >/dev/null
 ds=build/release/dspark
-compute="${DEMO_COMPUTE:-fp32}"
-dsc() { local cmd=$1; shift; "$ds" "$cmd" --compute "$compute" "$@"; } # a model command at the chosen precision
+compute="${DEMO_COMPUTE:-}" # empty: the engine's default (fp32, a GGUF's quantized matrices in int8)
+dsc() { local cmd=$1; shift; "$ds" "$cmd" ${compute:+--compute "$compute"} "$@"; } # a model command at the chosen precision
 demo="${DSPARK_DEMO_DIR:-$HOME/.cache/dspark/demo-smollm2}"
 target="${DSPARK_MODELS:-$HOME/.cache/dspark/models}/SmolLM2-135M-Instruct.Q4_1.gguf"
 train_prompts="${DEMO_TRAIN_PROMPTS:-0}"
@@ -55,7 +55,7 @@ stamp() { # closes the running stage (its time to stages.jsonl) and opens the ne
   echo "== [$((now - t_start)) s] $1"
 }
 : > "$demo/stages.jsonl"
-echo "$($ds --help | grep '^matmuls'); --compute $compute; CPU: $(lscpu | sed -n 's/^Model name: *//p')"
+echo "$($ds --help | grep '^matmuls'); --compute ${compute:-default}; CPU: $(lscpu | sed -n 's/^Model name: *//p')"
 
 stamp "prompts"
 bash scripts/fetch_prompts.sh --out "$demo/prompts" --train "$train_prompts" --eval-per-kind "$eval_prompts" \

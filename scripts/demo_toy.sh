@@ -16,7 +16,7 @@
 #      against plain decoding of the same prompts in the same run, and the table is printed;
 #   9. `dspark plot` draws the training curves and the reports' figures.
 # Environment: DSPARK_DEMO_DIR (default ~/.cache/dspark/demo), DEMO_TARGET_STEPS (240),
-# DEMO_DRAFT_STEPS (300), DEMO_NEW_TOKENS (128 per held-out prompt), DEMO_COMPUTE (fp32, or
+# DEMO_DRAFT_STEPS (300), DEMO_NEW_TOKENS (128 per held-out prompt), DEMO_COMPUTE (unset: fp32 here, or
 # bf16: every model command with --compute bf16, docs/compute.md "bf16 compute"). Reruns reuse what is done
 # (delete the folder to start over).
 set -euo pipefail
@@ -27,15 +27,15 @@ venv="${DSPARK_VENV:-$HOME/.cache/dspark/venv}"
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build/release -j "$(nproc)" >/dev/null
 ds=build/release/dspark
-compute="${DEMO_COMPUTE:-fp32}"
-dsc() { local cmd=$1; shift; "$ds" "$cmd" --compute "$compute" "$@"; } # a model command at the chosen precision
+compute="${DEMO_COMPUTE:-}" # empty: the engine's default (fp32, a GGUF's quantized matrices in int8)
+dsc() { local cmd=$1; shift; "$ds" "$cmd" ${compute:+--compute "$compute"} "$@"; } # a model command at the chosen precision
 demo="${DSPARK_DEMO_DIR:-$HOME/.cache/dspark/demo}"
 tsteps="${DEMO_TARGET_STEPS:-240}"
 dsteps="${DEMO_DRAFT_STEPS:-300}"
 new_tokens="${DEMO_NEW_TOKENS:-128}"
 mkdir -p "$demo"
 stamp() { echo "== [$(($(date +%s) - t_start)) s] $*"; }
-echo "$($ds --help | grep '^matmuls'); --compute $compute; CPU: $(lscpu | sed -n 's/^Model name: *//p')"
+echo "$($ds --help | grep '^matmuls'); --compute ${compute:-default}; CPU: $(lscpu | sed -n 's/^Model name: *//p')"
 
 stamp "demo data"
 "$venv/bin/python" scripts/demo_data.py "$demo/data"

@@ -37,10 +37,9 @@ enum { ATTN_QCHUNK = 64, ATTN_ROWWISE_MAX = 8 };
  * one row at a time, and libm's expf for every score made decoding after a 2048-token prompt
  * 3.2x slower than from an empty context). */
 enum { ATTN_KEY_BLOCK = 128, DS_LANES = 16, MIX_COLS = 32 }; /* 128 keys of 64 fp32 values: 32 KiB */
-/* f16 keys (values) widened to fp32 at a time, a multiple of 8 (group_scores' step): 4 KiB at
- * hd 64, taken from L1; a block's 32 KiB of keys and 32 KiB of values widened whole went to L2
- * before they were read (SmolLM2 Q4_1 after a 1024-token prompt with an f16 cache decodes 1.25x
- * faster on 1 thread of an AMD EPYC Zen 4 this way) */
+/* Where the kernels cannot widen f16 keys (values) in registers (a head size not a multiple of 8,
+ * no F16C; values without AVX-512): widened this many at a time into an L1 scratch, a multiple of
+ * 8 (group_scores' step): 4 KiB at hd 64 (a block's 64 KiB widened whole went to L2 first) */
 enum { WIDEN_KEYS = 16 };
 
 /* The DS_LANES partial sums added as a tree (halves onto halves: vector adds, where a left-to-right
@@ -418,7 +417,8 @@ static void decode_task(const decode_tasks *a, int64_t t, decode_scratch *w) {
       group_mix(w->accs, w->score, P, (const float *)a->v + at, nk, hd, 0);
       continue;
     }
-    /* f16: WIDEN_KEYS keys (then values) widened at a time into L1 and taken there; the same
+    /* f16: keys widened in registers (group_scores_f16), values too with AVX-512 (the value mix
+     * reads f16 rows); otherwise WIDEN_KEYS at a time into L1 and taken there. Either way the same
      * operations in the same order as on fp32 (the pieces are a multiple of 8 keys, the mix
      * continues its sums), so the numbers are the fp32 path's on the widened values. */
     const uint16_t *k16 = (const uint16_t *)a->k + at, *v16 = (const uint16_t *)a->v + at;
