@@ -54,6 +54,17 @@ typedef struct ds_backend {
                                int64_t n, int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv_heads,
                                int64_t head_dim, float scale);
 
+  /* attention_causal (attention_causal_f16 when f16) of n_seqs sequences, each over its own
+   * cache, in one call (batched decoding: the backend spreads their work over its threads
+   * together): sequence s has n[s] rows of q and out (the sequences' rows one after another),
+   * its cache k[s], v[s] ([n_kv_heads, cap[s], head_dim], fp32 or f16 bits) with past[s] keys
+   * cached. Each sequence's numbers are those attention_causal(_f16) gives it alone, bit for
+   * bit. NULL: the caller makes a call a sequence. */
+  void (*attention_causal_seqs)(float *out, const float *q, int64_t q_stride, const void *const *k,
+                                const void *const *v, int f16, const int64_t *n, const int64_t *past,
+                                const int64_t *cap, int n_seqs, int64_t n_heads, int64_t n_kv_heads,
+                                int64_t head_dim, float scale);
+
   /* out[n, I] = silu(gu[n, 0:I]) * gu[n, I:2I]  (gate and up fused in one row). */
   void (*swiglu)(float *out, const float *gu, int64_t n, int64_t inter);
 

@@ -230,6 +230,32 @@ static void run_linear(const ds_target *m, float *y, const float *x, const targe
       columns_to_hf_order(y, out, rows, col, w->seg_pair_heads[s], w->seg_rows[s] / w->seg_pair_heads[s]);
 }
 
+/* The sequences' attention in one backend call (batched decoding: their work spread over the
+ * threads together, where a call a sequence made a parallel region each); 0 when the backend has
+ * no such entry or the caches differ in type. */
+static int attention_seqs(ds_target *m, int64_t layer, const ds_target_seq *seqs, int n_seqs, float scale) {
+  const ds_model_config *c = &m->cfg;
+  int f16 = seqs[0].cache->k16 != NULL;
+  if (!m->be->attention_causal_seqs) return 0;
+  for (int s = 1; s < n_seqs; s++)
+    if ((seqs[s].cache->k16 != NULL) != f16) return 0;
+  const void **kv = malloc((size_t)n_seqs * 2 * sizeof *kv);
+  int64_t *len = malloc((size_t)n_seqs * 3 * sizeof *len);
+  DS_CHECK(kv != NULL && len != NULL);
+  for (int s = 0; s < n_seqs; s++) {
+    const ds_kv_cache *kc = seqs[s].cache;
+    size_t off = (size_t)layer * (size_t)kc->n_kv_heads * (size_t)kc->cap * (size_t)c->head_dim;
+    kv[s] = f16 ? (const void *)(kc->k16 + off) : (const void *)(kc->k + off);
+    kv[n_seqs + s] = f16 ? (const void *)(kc->v16 + off) : (const void *)(kc->v + off);
+    len[s] = seqs[s].n, len[n_seqs + s] = kc->len, len[2 * n_seqs + s] = kc->cap;
+  }
+  m->be->attention_causal_seqs(m->ws.attn, m->ws.qkv, m->qkv_dim, kv, kv + n_seqs, f16, len, len + n_seqs,
+                               len + 2 * n_seqs, n_seqs, c->num_attention_heads, c->num_key_value_heads, c->head_dim,
+                               scale);
+  free(kv), free(len);
+  return 1;
+}
+
 static void attention_block(ds_target *m, int64_t layer, const ds_target_seq *seqs, int n_seqs, int64_t rows) {
   const ds_model_config *c = &m->cfg;
   const ds_backend *be = m->be;
@@ -249,6 +275,11 @@ static void attention_block(ds_target *m, int64_t layer, const ds_target_seq *se
   append_kv(m, layer, seqs, n_seqs, ws->qkv);
 
   float scale = 1.0f / sqrtf((float)hd);
+  if (n_seqs > 1 && attention_seqs(m, layer, seqs, n_seqs, scale)) {
+    run_linear(m, ws->tmp, ws->attn, &w->wo, w->bo, rows, m->q_dim);
+    be->add(ws->h, ws->tmp, rows * d);
+    return;
+  }
   int64_t row = 0;
   for (int s = 0; s < n_seqs; s++) {
     const ds_kv_cache *kc = seqs[s].cache;

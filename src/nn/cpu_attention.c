@@ -444,47 +444,84 @@ static void decode_task(const decode_tasks *a, int64_t t, decode_scratch *w) {
   }
 }
 
-/* k, v: fp32, or f16 bits when f16 (each task widens its keys and values WIDEN_KEYS at a time into
- * its thread's scratch: a long context's cache is read at half the bytes). */
-static void attention_decode(float *out, const float *q, int64_t q_stride, const void *k, const void *v, int f16,
-                             int64_t n, int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv, int64_t hd,
-                             float scale) {
-  int64_t nb_max = (past + n + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK, pstride = hd + 2, tasks = n_kv * nb_max;
-  float *part = malloc((size_t)(n * n_heads * nb_max * pstride) * sizeof(float));
+/* One sequence of attention_decode_seqs: its rows' queries and outputs, its cache. */
+typedef struct {
+  float *out;
+  const float *q;
+  const void *k, *v;
+  int64_t n, past, cap;
+} decode_seq;
+
+/* The sequences' tasks (a kv head and a key block of one sequence each) run in one parallel region:
+ * the batched decoding of many requests, a call per request, was a region a layer and request,
+ * each of a few tasks that two threads split unevenly. k, v: fp32, or f16 bits when f16. Each
+ * sequence gets the numbers it gets alone (its tasks and merge are the same). */
+static void attention_decode_seqs(const decode_seq *sq, int n_seqs, int64_t q_stride, int f16, int64_t n_heads,
+                                  int64_t n_kv, int64_t hd, float scale) {
+  int64_t pstride = hd + 2, tasks = 0, parts = 0, work = 0, n_max = 1;
+  decode_tasks *a = malloc((size_t)n_seqs * sizeof *a);
+  int64_t *first = malloc((size_t)(n_seqs + 1) * sizeof *first); /* each sequence's first task */
+  DS_CHECK(a != NULL && first != NULL);
+  for (int s = 0; s < n_seqs; s++) {
+    int64_t nb_max = (sq[s].past + sq[s].n + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK;
+    a[s] = (decode_tasks){NULL, sq[s].q, q_stride, sq[s].k, sq[s].v, f16, sq[s].n, sq[s].past, sq[s].cap,
+                          n_heads, n_kv, hd, nb_max, pstride, scale};
+    first[s] = tasks, tasks += n_kv * nb_max, parts += sq[s].n * n_heads * nb_max * pstride;
+    work += (sq[s].past + sq[s].n) * n_heads * hd;
+    n_max = sq[s].n > n_max ? sq[s].n : n_max;
+  }
+  first[n_seqs] = tasks;
+  float *part = malloc((size_t)parts * sizeof(float));
   DS_CHECK(part != NULL);
-  decode_tasks a = {part, q, q_stride, k, v, f16, n, past, cap, n_heads, n_kv, hd, nb_max, pstride, scale};
-  if (tasks <= 1 || (past + n) * n_heads * hd <= 32768) { /* no region (cpu_kernels.h) */
+  for (int s = 0, off = 0; s < n_seqs; off += (int)(sq[s].n * n_heads * a[s].nb_max * pstride), s++)
+    a[s].part = part + off;
+  decode_tasks most = a[0]; /* the scratch for the most rows */
+  most.n = n_max;
+  if (tasks <= 1 || work <= 32768) { /* no region (cpu_kernels.h) */
     decode_scratch w;
-    DS_CHECK(decode_scratch_new(&a, &w));
-    for (int64_t t = 0; t < tasks; t++) decode_task(&a, t, &w);
+    DS_CHECK(decode_scratch_new(&most, &w));
+    for (int s = 0; s < n_seqs; s++)
+      for (int64_t t = 0; t < first[s + 1] - first[s]; t++) decode_task(&a[s], t, &w);
     decode_scratch_free(&w);
   } else {
     DS_OMP(parallel)
     {
       decode_scratch w;
-      DS_CHECK(decode_scratch_new(&a, &w));
+      DS_CHECK(decode_scratch_new(&most, &w));
       DS_OMP(for schedule(dynamic))
-      for (int64_t t = 0; t < tasks; t++) decode_task(&a, t, &w);
+      for (int64_t t = 0; t < tasks; t++) {
+        int s = 0;
+        while (first[s + 1] <= t) s++;
+        decode_task(&a[s], t - first[s], &w);
+      }
       decode_scratch_free(&w);
     }
   }
   /* merge each (query, head)'s blocks in order: out = sum_b e^(m_b - M) acc_b / sum_b e^(m_b - M) l_b */
-  for (int64_t i = 0; i < n; i++)
-    for (int64_t h = 0; h < n_heads; h++) {
-      int64_t nb = (past + i + 1 + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK;
-      const float *pb = part + (i * n_heads + h) * nb_max * pstride;
-      float M = -INFINITY, L = 0.0f, *o = out + i * n_heads * hd + h * hd;
-      for (int64_t b = 0; b < nb; b++) M = pb[b * pstride] > M ? pb[b * pstride] : M;
-      for (int64_t e = 0; e < hd; e++) o[e] = 0.0f;
-      for (int64_t b = 0; b < nb; b++) {
-        float w = ds_fast_expf(pb[b * pstride] - M);
-        L += w * pb[b * pstride + 1];
-        for (int64_t e = 0; e < hd; e++) o[e] += w * pb[b * pstride + 2 + e];
+  for (int s = 0; s < n_seqs; s++)
+    for (int64_t i = 0; i < sq[s].n; i++)
+      for (int64_t h = 0; h < n_heads; h++) {
+        int64_t nb = (sq[s].past + i + 1 + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK;
+        const float *pb = a[s].part + (i * n_heads + h) * a[s].nb_max * pstride;
+        float M = -INFINITY, L = 0.0f, *o = sq[s].out + i * n_heads * hd + h * hd;
+        for (int64_t b = 0; b < nb; b++) M = pb[b * pstride] > M ? pb[b * pstride] : M;
+        for (int64_t e = 0; e < hd; e++) o[e] = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+          float w = ds_fast_expf(pb[b * pstride] - M);
+          L += w * pb[b * pstride + 1];
+          for (int64_t e = 0; e < hd; e++) o[e] += w * pb[b * pstride + 2 + e];
+        }
+        float inv = 1.0f / L;
+        for (int64_t e = 0; e < hd; e++) o[e] *= inv;
       }
-      float inv = 1.0f / L;
-      for (int64_t e = 0; e < hd; e++) o[e] *= inv;
-    }
-  free(part);
+  free(part), free(a), free(first);
+}
+
+static void attention_decode(float *out, const float *q, int64_t q_stride, const void *k, const void *v, int f16,
+                             int64_t n, int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv, int64_t hd,
+                             float scale) {
+  decode_seq one = {out, q, k, v, n, past, cap};
+  attention_decode_seqs(&one, 1, q_stride, f16, n_heads, n_kv, hd, scale);
 }
 
 /* out[n, n_heads*hd] = softmax(q k^T * scale, causal) v; k, v: [n_kv_heads, cap, hd]. */
@@ -554,4 +591,28 @@ void ds_cpu_attention_causal_f16(float *out, const float *q, int64_t q_stride, c
   }
   ds_cpu_attention_causal(out, q, q_stride, kf, vf, n, past, len, n_heads, n_kv_heads, head_dim, scale);
   free(kf);
+}
+
+void ds_cpu_attention_causal_seqs(float *out, const float *q, int64_t q_stride, const void *const *k,
+                                  const void *const *v, int f16, const int64_t *n, const int64_t *past,
+                                  const int64_t *cap, int n_seqs, int64_t n_heads, int64_t n_kv_heads,
+                                  int64_t head_dim, float scale) {
+  int rowwise = n_seqs > 0;
+  for (int s = 0; s < n_seqs; s++) rowwise &= n[s] <= ATTN_ROWWISE_MAX;
+  if (!rowwise) { /* a prefill among them: a call each */
+    for (int s = 0, row = 0; s < n_seqs; row += (int)n[s++])
+      if (f16)
+        ds_cpu_attention_causal_f16(out + row * n_heads * head_dim, q + row * q_stride, q_stride, k[s], v[s], n[s],
+                                    past[s], cap[s], n_heads, n_kv_heads, head_dim, scale);
+      else
+        ds_cpu_attention_causal(out + row * n_heads * head_dim, q + row * q_stride, q_stride, k[s], v[s], n[s],
+                                past[s], cap[s], n_heads, n_kv_heads, head_dim, scale);
+    return;
+  }
+  decode_seq *sq = malloc((size_t)n_seqs * sizeof *sq);
+  DS_CHECK(sq != NULL);
+  for (int s = 0, row = 0; s < n_seqs; row += (int)n[s++])
+    sq[s] = (decode_seq){out + row * n_heads * head_dim, q + row * q_stride, k[s], v[s], n[s], past[s], cap[s]};
+  attention_decode_seqs(sq, n_seqs, q_stride, f16, n_heads, n_kv_heads, head_dim, scale);
+  free(sq);
 }

@@ -383,6 +383,7 @@ static const ds_backend k_cpu = {
     .rope = cpu_rope,
     .attention_causal = ds_cpu_attention_causal,
     .attention_causal_f16 = ds_cpu_attention_causal_f16,
+    .attention_causal_seqs = ds_cpu_attention_causal_seqs,
     .swiglu = cpu_swiglu,
     .add = cpu_add,
     .linear_backward = cpu_linear_backward,

@@ -44,6 +44,11 @@ void ds_cpu_attention_causal_f16(float *out, const float *q, int64_t q_stride, c
                                  int64_t n, int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv_heads,
                                  int64_t head_dim, float scale);
 void ds_cpu_copy_rows_f16(uint16_t *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t cols);
+/* backend.h attention_causal_seqs: the sequences' decode tasks in one parallel region */
+void ds_cpu_attention_causal_seqs(float *out, const float *q, int64_t q_stride, const void *const *k,
+                                  const void *const *v, int f16, const int64_t *n, const int64_t *past,
+                                  const int64_t *cap, int n_seqs, int64_t n_heads, int64_t n_kv_heads,
+                                  int64_t head_dim, float scale);
 void ds_cpu_attention_causal(float *out, const float *q, int64_t q_stride, const float *k, const float *v, int64_t n,
                              int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                              float scale);

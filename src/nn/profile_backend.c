@@ -37,6 +37,16 @@ static void p_attention(float *out, const float *q, int64_t q_stride, const floa
   account(DS_KERNEL_ATTENTION, t0, 4.0 * pairs * (double)n_heads * (double)head_dim);
 }
 
+static void p_attention_seqs(float *out, const float *q, int64_t q_stride, const void *const *k, const void *const *v,
+                             int f16, const int64_t *n, const int64_t *past, const int64_t *cap, int n_seqs,
+                             int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale) {
+  double t0 = ds_time_sec(), pairs = 0;
+  g_inner->attention_causal_seqs(out, q, q_stride, k, v, f16, n, past, cap, n_seqs, n_heads, n_kv_heads, head_dim,
+                                 scale);
+  for (int s = 0; s < n_seqs; s++) pairs += (double)n[s] * (double)past[s] + (double)n[s] * (double)(n[s] + 1) / 2.0;
+  account(DS_KERNEL_ATTENTION, t0, 4.0 * pairs * (double)n_heads * (double)head_dim);
+}
+
 static void p_attention_f16(float *out, const float *q, int64_t q_stride, const uint16_t *k, const uint16_t *v,
                             int64_t n, int64_t past, int64_t cap, int64_t n_heads, int64_t n_kv_heads,
                             int64_t head_dim, float scale) {
@@ -257,6 +267,7 @@ const ds_backend *ds_backend_profiled(const ds_backend *inner, ds_profile *prof)
   g_profiled.device_memory = inner->device_memory;
   g_profiled.attention_causal_f16 = inner->attention_causal_f16 ? p_attention_f16 : NULL; /* f16 caches where the inner has them */
   g_profiled.copy_rows_f16 = inner->copy_rows_f16 ? p_copy_rows_f16 : NULL;
+  g_profiled.attention_causal_seqs = inner->attention_causal_seqs ? p_attention_seqs : NULL;
   g_profiled.prepare_weight = inner->prepare_weight; /* load time, not a kernel the profile times */
   return &g_profiled;
 }

@@ -468,6 +468,20 @@ static void ref_embedding_backward(float *dtable, const float *dout, const int32
     for (int64_t j = 0; ids[i] != skip_id && j < d; j++) dtable[(int64_t)ids[i] * d + j] += dout[i * d + j];
 }
 
+/* A call a sequence. */
+static void ref_attention_causal_seqs(float *out, const float *q, int64_t q_stride, const void *const *k,
+                                      const void *const *v, int f16, const int64_t *n, const int64_t *past,
+                                      const int64_t *cap, int n_seqs, int64_t n_heads, int64_t n_kv_heads,
+                                      int64_t head_dim, float scale) {
+  for (int s = 0, row = 0; s < n_seqs; row += (int)n[s++])
+    if (f16)
+      ref_attention_causal_f16(out + row * n_heads * head_dim, q + row * q_stride, q_stride, k[s], v[s], n[s], past[s],
+                               cap[s], n_heads, n_kv_heads, head_dim, scale);
+    else
+      ref_attention_causal(out + row * n_heads * head_dim, q + row * q_stride, q_stride, k[s], v[s], n[s], past[s],
+                           cap[s], n_heads, n_kv_heads, head_dim, scale);
+}
+
 static const ds_backend k_reference = {
     .name = "reference",
     .linear = ref_linear,
@@ -475,6 +489,7 @@ static const ds_backend k_reference = {
     .rope = ref_rope,
     .attention_causal = ref_attention_causal,
     .attention_causal_f16 = ref_attention_causal_f16,
+    .attention_causal_seqs = ref_attention_causal_seqs,
     .swiglu = ref_swiglu,
     .add = ref_add,
     .linear_backward = ref_linear_backward,

@@ -162,6 +162,48 @@ static void test_attention_f16(void) {
   }
 }
 
+/* attention_causal_seqs (batched decoding): each sequence's rows equal its own attention_causal(_f16)
+ * call bit for bit, with sequences of other lengths and row counts beside it (one with more rows
+ * than the decode kernels take, a call each), fp32 and f16 caches; the reference's too. */
+static void test_attention_seqs(void) {
+  enum { NS = 4 };
+  int64_t hq = 6, hkv = 2, hd = 64, w = hq * hd, qs = w + 8;
+  int64_t past_sets[2][NS] = {{300, 0, 129, 1000}, {40, 7, 260, 3}}, n_sets[2][NS] = {{1, 1, 3, 1}, {2, 1, 12, 1}};
+  for (int set = 0; set < 2; set++)
+    for (int f16 = 0; f16 < 2; f16++) {
+      const int64_t *past = past_sets[set], *n = n_sets[set];
+      int64_t cap[NS], rows = 0;
+      const void *k[NS], *v[NS];
+      float *kf[NS], *vf[NS];
+      uint16_t *kh[NS], *vh[NS];
+      for (int s = 0; s < NS; s++) {
+        cap[s] = past[s] + n[s] + 5, rows += n[s];
+        size_t cells = (size_t)(hkv * cap[s] * hd);
+        kf[s] = rand_buf(cells, 40 + s), vf[s] = rand_buf(cells, 50 + s);
+        kh[s] = malloc(cells * sizeof(uint16_t)), vh[s] = malloc(cells * sizeof(uint16_t));
+        ds_backend_cpu()->copy_rows_f16(kh[s], (int64_t)cells, kf[s], (int64_t)cells, 1, (int64_t)cells);
+        ds_backend_cpu()->copy_rows_f16(vh[s], (int64_t)cells, vf[s], (int64_t)cells, 1, (int64_t)cells);
+        k[s] = f16 ? (const void *)kh[s] : (const void *)kf[s], v[s] = f16 ? (const void *)vh[s] : (const void *)vf[s];
+      }
+      float *q = rand_buf((size_t)(rows * qs), 60), *all = malloc((size_t)(rows * w) * sizeof(float));
+      float *one = malloc((size_t)(rows * w) * sizeof(float)), *ref = malloc((size_t)(rows * w) * sizeof(float));
+      float scale = 0.125f;
+      ds_backend_cpu()->attention_causal_seqs(all, q, qs, k, v, f16, n, past, cap, NS, hq, hkv, hd, scale);
+      ds_backend_reference()->attention_causal_seqs(ref, q, qs, k, v, f16, n, past, cap, NS, hq, hkv, hd, scale);
+      for (int s = 0, row = 0; s < NS; row += (int)n[s++])
+        if (f16)
+          ds_backend_cpu()->attention_causal_f16(one + row * w, q + row * qs, qs, kh[s], vh[s], n[s], past[s], cap[s], hq,
+                                                 hkv, hd, scale);
+        else
+          ds_backend_cpu()->attention_causal(one + row * w, q + row * qs, qs, kf[s], vf[s], n[s], past[s], cap[s], hq,
+                                             hkv, hd, scale);
+      EXPECT(memcmp(all, one, (size_t)(rows * w) * sizeof(float)) == 0);
+      EXPECT(test_rel_err(all, ref, (size_t)(rows * w)) < 1e-5);
+      for (int s = 0; s < NS; s++) free(kf[s]), free(vf[s]), free(kh[s]), free(vh[s]);
+      free(q), free(all), free(one), free(ref);
+    }
+}
+
 static void test_swiglu_add(void) {
   int64_t n = 4, inter = 37;
   float *gu = rand_buf((size_t)(n * 2 * inter), 6);
@@ -255,6 +297,7 @@ int main(void) {
   TEST_RUN(test_rope);
   TEST_RUN(test_attention);
   TEST_RUN(test_attention_f16);
+  TEST_RUN(test_attention_seqs);
   TEST_RUN(test_swiglu_add);
   return TEST_RESULT();
 }

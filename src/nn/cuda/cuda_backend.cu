@@ -186,7 +186,8 @@ static void cuda_linear_w_backward(float *dx, const float *dy, ds_weight w, int6
 /* Frozen weights are read as stored (device memory, 16-bit or fp32), converted per product. */
 static void cuda_prepare_weight(ds_weight w, int64_t rows, int64_t in) { (void)w, (void)rows, (void)in; }
 
-/* Filled by assignment (C++17 has no designated initializers); every entry is set. */
+/* Filled by assignment (C++17 has no designated initializers); every entry is set but the f16
+ * caches' and the batched attention's (NULL: no f16 caches here, a call a sequence). */
 static ds_backend make_table() {
   ds_backend t = {};
   t.device_memory = 1;
