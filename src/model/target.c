@@ -275,13 +275,9 @@ static void attention_block(ds_target *m, int64_t layer, const ds_target_seq *se
   append_kv(m, layer, seqs, n_seqs, ws->qkv);
 
   float scale = 1.0f / sqrtf((float)hd);
-  if (n_seqs > 1 && attention_seqs(m, layer, seqs, n_seqs, scale)) {
-    run_linear(m, ws->tmp, ws->attn, &w->wo, w->bo, rows, m->q_dim);
-    be->add(ws->h, ws->tmp, rows * d);
-    return;
-  }
+  int together = n_seqs > 1 && attention_seqs(m, layer, seqs, n_seqs, scale); /* else a call a sequence */
   int64_t row = 0;
-  for (int s = 0; s < n_seqs; s++) {
+  for (int s = 0; s < n_seqs && !together; s++) {
     const ds_kv_cache *kc = seqs[s].cache;
     size_t layer_off = (size_t)layer * (size_t)kc->n_kv_heads * (size_t)kc->cap * (size_t)hd;
     if (kc->k16)

@@ -473,8 +473,8 @@ static void attention_decode_seqs(const decode_seq *sq, int n_seqs, int64_t q_st
   first[n_seqs] = tasks;
   float *part = malloc((size_t)parts * sizeof(float));
   DS_CHECK(part != NULL);
-  for (int s = 0, off = 0; s < n_seqs; off += (int)(sq[s].n * n_heads * a[s].nb_max * pstride), s++)
-    a[s].part = part + off;
+  int64_t off = 0;
+  for (int s = 0; s < n_seqs; off += sq[s].n * n_heads * a[s].nb_max * pstride, s++) a[s].part = part + off;
   decode_tasks most = a[0]; /* the scratch for the most rows */
   most.n = n_max;
   if (tasks <= 1 || work <= 32768) { /* no region (cpu_kernels.h) */
@@ -600,7 +600,8 @@ void ds_cpu_attention_causal_seqs(float *out, const float *q, int64_t q_stride, 
   int rowwise = n_seqs > 0;
   for (int s = 0; s < n_seqs; s++) rowwise &= n[s] <= ATTN_ROWWISE_MAX;
   if (!rowwise) { /* a prefill among them: a call each */
-    for (int s = 0, row = 0; s < n_seqs; row += (int)n[s++])
+    int64_t row = 0;
+    for (int s = 0; s < n_seqs; row += n[s++])
       if (f16)
         ds_cpu_attention_causal_f16(out + row * n_heads * head_dim, q + row * q_stride, q_stride, k[s], v[s], n[s],
                                     past[s], cap[s], n_heads, n_kv_heads, head_dim, scale);
@@ -611,7 +612,8 @@ void ds_cpu_attention_causal_seqs(float *out, const float *q, int64_t q_stride, 
   }
   decode_seq *sq = malloc((size_t)n_seqs * sizeof *sq);
   DS_CHECK(sq != NULL);
-  for (int s = 0, row = 0; s < n_seqs; row += (int)n[s++])
+  int64_t row = 0;
+  for (int s = 0; s < n_seqs; row += n[s++])
     sq[s] = (decode_seq){out + row * n_heads * head_dim, q + row * q_stride, k[s], v[s], n[s], past[s], cap[s]};
   attention_decode_seqs(sq, n_seqs, q_stride, f16, n_heads, n_kv_heads, head_dim, scale);
   free(sq);

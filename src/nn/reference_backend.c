@@ -473,7 +473,8 @@ static void ref_attention_causal_seqs(float *out, const float *q, int64_t q_stri
                                       const void *const *v, int f16, const int64_t *n, const int64_t *past,
                                       const int64_t *cap, int n_seqs, int64_t n_heads, int64_t n_kv_heads,
                                       int64_t head_dim, float scale) {
-  for (int s = 0, row = 0; s < n_seqs; row += (int)n[s++])
+  int64_t row = 0;
+  for (int s = 0; s < n_seqs; row += n[s++])
     if (f16)
       ref_attention_causal_f16(out + row * n_heads * head_dim, q + row * q_stride, q_stride, k[s], v[s], n[s], past[s],
                                cap[s], n_heads, n_kv_heads, head_dim, scale);
