@@ -475,8 +475,8 @@ static void attention_decode_seqs(const decode_seq *sq, int n_seqs, int64_t q_st
   DS_CHECK(part != NULL);
   int64_t off = 0;
   for (int s = 0; s < n_seqs; off += sq[s].n * n_heads * a[s].nb_max * pstride, s++) a[s].part = part + off;
-  decode_tasks most = a[0]; /* the scratch for the most rows */
-  most.n = n_max;
+  /* the scratch for the most rows (decode_scratch_new reads the shapes) */
+  decode_tasks most = {NULL, NULL, q_stride, NULL, NULL, f16, n_max, 0, 0, n_heads, n_kv, hd, 0, pstride, scale};
   if (tasks <= 1 || work <= 32768) { /* no region (cpu_kernels.h) */
     decode_scratch w;
     DS_CHECK(decode_scratch_new(&most, &w));
