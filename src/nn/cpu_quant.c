@@ -58,21 +58,20 @@ static void qx_quantize_rows(ds_qx *qx, const float *x, int64_t n, int64_t in) {
  * x while the others waited was 2.4% of a 1024-token SmolLM2 Q4_1 prefill's samples). */
 void ds_qx_quantize(ds_qx *qx, const float *x, int64_t n, int64_t in) {
   int nt = n >= 2 && n * in > 65536 ? ds_get_num_threads() : 1; /* a small one: no region (cpu_kernels.h) */
-  if (nt <= 1) {
-    qx_quantize_rows(qx, x, n, in);
+#ifdef DSPARK_USE_OPENMP
+  if (nt > 1) { /* each thread's contiguous share of the rows, as ds_quant_direct_cat shares blocks */
+#pragma omp parallel num_threads(nt)
+    {
+      int t = omp_get_thread_num(), T = omp_get_num_threads();
+      int64_t i0 = n * t / T, i1 = n * (t + 1) / T, nb = in / DS_QX_BLOCK;
+      ds_qx part = {qx->q + i0 * in, qx->d + i0 * nb, qx->s + i0 * (in / 16), qx->m + i0 * nb};
+      if (i1 > i0) qx_quantize_rows(&part, x + i0 * in, i1 - i0, in);
+    }
     return;
   }
-  DS_OMP(parallel num_threads(nt))
-  {
-#ifdef DSPARK_USE_OPENMP
-    int t = omp_get_thread_num(), T = omp_get_num_threads();
-#else
-    int t = 0, T = 1;
 #endif
-    int64_t i0 = n * t / T, i1 = n * (t + 1) / T, nb = in / DS_QX_BLOCK;
-    ds_qx part = {qx->q + i0 * in, qx->d + i0 * nb, qx->s + i0 * (in / 16), qx->m + i0 * nb};
-    if (i1 > i0) qx_quantize_rows(&part, x + i0 * in, i1 - i0, in);
-  }
+  (void)nt;
+  qx_quantize_rows(qx, x, n, in);
 }
 
 void ds_qx_quantize_portable(ds_qx *qx, const float *x, int64_t n, int64_t in) {
