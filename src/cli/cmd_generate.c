@@ -72,6 +72,7 @@ static ds_status generate_batch(ds_target *m, const ds_tokenizer *tok, const ds_
     printf("\n");
     generated += res[i].n;
   }
+  fflush(stdout); /* the text before the timings on stderr when both go to one terminal or pipe */
   if (st == DS_OK) {
     double t_decode = res[0].total_s - res[0].prefill_s;
     fprintf(stderr, "load: %.3f s; %d requests; prefill: %lld tokens, %.3f s (%.1f tokens/s); decode: %lld tokens, "
@@ -192,6 +193,7 @@ int cmd_generate(int argc, char **argv) {
   if (ds_generate(m, ids.ids, (int64_t)prompt_len, &so, &res) != DS_OK) goto report;
   if (!print_ids) cli_print_text(tok, res.ids, (size_t)res.n, &st_out.printed, 1);
   printf("\n");
+  fflush(stdout); /* the text before the timings on stderr */
   double t_decode = res.total_s - res.prefill_s;
   /* Decode rate counts the forwards after the first sampled token (generated - 1 of them). */
   fprintf(stderr, "load: %.3f s; ", t_load);
