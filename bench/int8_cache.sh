@@ -80,14 +80,14 @@ for seed in $seeds; do
     rep="$out/speculate-$dt-seed$seed"
     if [ ! -f "$rep.json" ]; then
       stamp "speculative decoding of the held-out prompts with the $dt-cache draft of seed $seed"
-      $ds speculate --target "$demo/target" --draft "$run" --data "$demo/data/prompts.txt" --one-at-a-time \
+      $ds speculate --target "$demo/target" --draft "$run" --data "$demo/data/prompts.txt" --one-at-a-time --policy fixed \
           --max-new-tokens "$new_tokens" --ignore-eos --report "$rep.json.tmp" > /dev/null 2> "$rep.log" ||
         { cat "$rep.log"; exit 1; }
       mv "$rep.json.tmp" "$rep.json"
     fi
     rep="$out/spec128-$dt-seed$seed"
     if [ ! -f "$rep.json" ]; then
-      $ds speculate --target "$demo/target" --draft "$run" --data "$out/heldout-128.txt" \
+      $ds speculate --target "$demo/target" --draft "$run" --data "$out/heldout-128.txt" --policy fixed \
           --max-new-tokens "$new_tokens" --ignore-eos --report "$rep.json.tmp" > /dev/null 2> "$rep.log" ||
         { cat "$rep.log"; exit 1; }
       mv "$rep.json.tmp" "$rep.json"

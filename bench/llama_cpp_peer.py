@@ -10,7 +10,7 @@ from it by llama-quantize, which dequantizes the Q4_1 values first) and each thr
     `dspark export --gguf --dtype D`, D = --draft-dtype, q8_0 by default, and decoded by dspark
     from the same type, `--draft-weights D`) over the first --prompts chat prompts of
     --prompt-file, the draft proposing --draft-len tokens a round: llama-speculative-simple
-    --spec-type draft-dspark against `dspark speculate` (decode tokens/s over all prompts, each
+    --spec-type draft-dspark against `dspark speculate --policy fixed` (decode tokens/s over all prompts, each
     prompt's best of --reps processes, as for plain decoding: the host's memory rate moves
     within minutes; tokens accepted per token drafted); and `dspark speculate --policy scheduler` with this machine's
     `dspark profile` (and --calibration FILE when given), what a user of dspark runs;
@@ -136,7 +136,7 @@ def bench_spec(ds, bins, model, run, draft_gguf, prompts, threads, n_new, draft_
         for _ in range(reps):
             r = lcpp.run([ds, "speculate", "--target", model, "--draft", run, "--prompt-ids", ",".join(map(str, ids)),
                           "--max-new-tokens", str(n_new), "--draft-len", str(draft_len), "--threads", str(threads),
-                          "--draft-weights", weights, "--report", report] + kv + (sched or [])).must()
+                          "--draft-weights", weights, "--report", report] + kv + (sched or ["--policy", "fixed"])).must()
             rep = json.load(open(report))
             if best is None or rep["decode_tokens_per_s"] > best["decode_tokens_per_s"]:
                 best = rep

@@ -61,7 +61,7 @@ for arm in corpus regenerated; do
   fi
   stamp "speculate with the $arm draft (held-out prompts, one at a time, greedy)"
   $ds speculate --target "$demo/target" --draft "$out/draft-$arm" --data "$demo/data/prompts.txt" --one-at-a-time \
-      --max-new-tokens 128 --ignore-eos --baseline --report "$out/speculate-$arm.json" > /dev/null 2> "$out/speculate-$arm.log" \
+      --policy fixed --max-new-tokens 128 --ignore-eos --baseline --report "$out/speculate-$arm.json" > /dev/null 2> "$out/speculate-$arm.log" \
       || { cat "$out/speculate-$arm.log"; exit 1; }
 done
 

@@ -98,8 +98,8 @@ spec() { # KIND NAME DRAFT extra options...
 }
 for kind in "${kinds[@]}"; do
   stamp "speculative decoding of the held-out $kind prompts, one request at a time (dspark speculate)"
-  spec "$kind" dflash dflash
-  spec "$kind" dspark dspark --baseline
+  spec "$kind" dflash dflash --policy fixed
+  spec "$kind" dspark dspark --policy fixed --baseline
   spec "$kind" dspark-scheduler dspark --policy scheduler --profile "$demo/profile.json" \
       --calibration "$demo/calibration.json"
 done

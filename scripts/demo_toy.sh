@@ -97,9 +97,9 @@ spec() { # NAME DRAFT extra options...
       --max-new-tokens "$new_tokens" --ignore-eos --baseline --report "$demo/speculate-$name.json" "$@" > /dev/null \
       2> "$demo/speculate-$name.log" || { cat "$demo/speculate-$name.log"; exit 1; }
 }
-spec untrained untrained
-spec dflash dflash
-spec dspark dspark
+spec untrained untrained --policy fixed
+spec dflash dflash --policy fixed
+spec dspark dspark --policy fixed
 spec dspark-scheduler dspark --policy scheduler --profile "$demo/profile.json" --calibration "$demo/calibration.json"
 "$venv/bin/python" - "$demo" <<'PY'
 import json, sys

@@ -38,17 +38,19 @@ static void usage(FILE *f) {
           "                        single-request serving case; --baseline likewise), into one report\n"
           "  --top-p P  --seed S  --ignore-eos  --print-ids  --chat-template FILE  --enable-thinking on|off\n"
           "                        as for `dspark generate`\n"
-          "  --policy fixed|threshold|scheduler  fixed: propose --draft-len tokens every round; threshold:\n"
-          "                        propose while the product of the confidence head's probabilities stays >=\n"
-          "                        --threshold; scheduler: the prefix scheduler picks each request's length to\n"
-          "                        maximize expected tokens per second from the (calibrated) confidences and\n"
-          "                        the profiled costs, and switches speculation off for a request (plain\n"
-          "                        decoding, same output) while it does not pay\n"
+          "  --policy scheduler|fixed|threshold  scheduler (the default): the prefix scheduler picks each\n"
+          "                        request's length, up to --draft-len, to maximize expected tokens per second\n"
+          "                        from the (calibrated) confidences and the profiled costs, and switches\n"
+          "                        speculation off for a request (plain decoding, same output) while it does\n"
+          "                        not pay; fixed: propose --draft-len tokens every round (the draft's own\n"
+          "                        acceptance at that length); threshold: propose while the product of the\n"
+          "                        confidence head's probabilities stays >= --threshold\n"
           "  --calibration FILE.json  temperatures `dspark calibrate` fitted for this draft, applied to the\n"
           "                        confidences (another draft's file is refused)\n"
           "  --profile FILE.json   costs from `dspark profile` for the scheduler (without it: the verification\n"
           "                        table is measured in-process before decoding, the draft cost during it)\n"
-          "  --draft-len L         tokens proposed per round (default: the draft's block size; at most it)\n"
+          "  --draft-len L         tokens proposed per round, the most with the scheduler (default: the\n"
+          "                        draft's block size; at most it)\n"
           "  --threshold C         for --policy threshold (0.5)\n"
           "  --baseline            also decode the prompt plainly in the same run and report the speedup\n"
           "  --report FILE.json    write the report (tau, acceptance per position, rounds, timings)\n"
@@ -180,6 +182,10 @@ int cmd_speculate(int argc, char **argv) {
   const char *calibration = NULL, *profile = NULL;
   ds_spec_options o;
   ds_spec_options_default(&o);
+  /* The command's default is the prefix scheduler, which decodes plainly wherever drafting does not
+   * pay: a fixed length is the library's default and a measurement (`--policy fixed`), but a weak
+   * draft at a fixed 7 proposals decodes at a third of plain speed (docs/speculative-decoding.md). */
+  o.policy = DS_SPEC_SCHEDULER;
   int chat = 0, print_ids = 0, baseline = 0, one_at_a_time = 0, thinking = -1, taken;
   const char *chat_template = NULL;
   size_t max_line = 0;
@@ -321,7 +327,8 @@ int cmd_speculate(int argc, char **argv) {
     } else {
       /* a quick table up to this batch's largest pass (at most 64 tokens: the scheduler extends
        * it linearly); `dspark profile` measures a steadier one */
-      n_verify = (int64_t)R * (drafted + 1) < 64 ? (int64_t)R * (drafted + 1) : 64;
+      int64_t together = one_at_a_time ? 1 : R; /* requests verified in one pass */
+      n_verify = together * (drafted + 1) < 64 ? together * (drafted + 1) : 64;
       verify = malloc((size_t)n_verify * sizeof *verify);
       head = malloc((size_t)n_verify * sizeof *head);
       n_head = n_verify - 1;

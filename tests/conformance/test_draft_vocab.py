@@ -237,13 +237,14 @@ def main():
     plain_lines = common.run(gen)[0].strip().split("\n")
     taus = []
     for d in (exp, run):
-        for policy in ([], ["--draft-len", "2"], ["--policy", "threshold", "--threshold", "0.3"], ["--one-at-a-time"]):
+        for policy in (["--policy", "fixed"], ["--policy", "fixed", "--draft-len", "2"],
+                       ["--policy", "threshold", "--threshold", "0.3"], ["--one-at-a-time"]):
             rep = os.path.join(tmp, "report.json")
             out, _, _ = common.run([dspark, "speculate", "--target", target, "--draft", d, "--data", batch,
                                     "--max-new-tokens", "32", "--print-ids", "--report", rep] + policy)
             got = out.strip().split("\n")
             ck.check(got == plain_lines, f"greedy {d} {policy}: speculate\n{got}\n!= generate\n{plain_lines}")
-            if not policy:
+            if policy == ["--policy", "fixed"]:
                 taus.append(json.load(open(rep))["tau"])
     print(f"greedy tau with the reduced draft: {taus}")
     # a tiny random target is hard to predict; some acceptances (and rejections) are what matters here
@@ -269,7 +270,7 @@ def main():
     probs = [float(x) for x in p1]
     out, _, _ = common.run([dspark, "speculate", "--target", target, "--draft", exp, "--prompt-ids",
                             ",".join(str(i) for i in ids), "--max-new-tokens", "3", "--print-ids", "--ignore-eos",
-                            "--temperature", "1", "--repeat", str(n), "--seed", "77"])
+                            "--temperature", "1", "--repeat", str(n), "--seed", "77", "--policy", "fixed"])
     rows = [l.split() for l in out.strip().split("\n")]
     counts = [0] * len(probs)
     for row in rows:

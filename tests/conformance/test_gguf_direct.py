@@ -193,10 +193,10 @@ def check_model(p, data, chat_data, mask_id, heavy=True, new_tokens=6):
 
     # speculate with the draft trained above
     a, b = p.both(lambda m, t: ["speculate", "--target", m, "--draft", run["g"], "--prompt-ids", "5,17,3,99",
-                                "--max-new-tokens", "8", "--print-ids", "--ignore-eos", "--threads", "2"])
+                                "--max-new-tokens", "8", "--print-ids", "--ignore-eos", "--threads", "2", "--policy", "fixed"])
     p.same(a.stdout, b.stdout, "speculate's ids")
     a, b = p.both(lambda m, t: ["speculate", "--target", m, "--draft", run["g"], "--prompt", "Hello there", "--chat",
-                                "--max-new-tokens", "6", "--threads", "2"])
+                                "--max-new-tokens", "6", "--threads", "2", "--policy", "fixed"])
     p.same(a.stdout, b.stdout, "speculate's chat text")
 
     # regenerate: 2 conversations answered by the target

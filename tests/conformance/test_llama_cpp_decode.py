@@ -101,7 +101,7 @@ def main():
         report = os.path.join(tmp, f"speculate{i}.json")
         out, _, _ = common.run([ds, "speculate", "--target", target, "--draft", run, "--draft-weights", "f32", "--prompt-ids",
                                 ",".join(map(str, ids)), "--max-new-tokens", str(N_NEW), "--draft-len",
-                                str(DRAFT_LEN), "--threads", "2", "--report", report])
+                                str(DRAFT_LEN), "--policy", "fixed", "--threads", "2", "--report", report])
         ck.check(out.rstrip("\n") == answers[i], f"prompt {i}: dspark speculate printed {out!r}, generate {answers[i]!r}")
         rep = json.load(open(report))
         accepted = round(sum(rep["accept_unconditional"]) * rep["rounds"])

@@ -164,7 +164,8 @@ def main():
     draft = os.environ.get("DSPARK_SMOLLM2_DRAFT") or os.path.expanduser("~/.cache/dspark/demo-smollm2/dspark")
     if os.path.exists(os.path.join(draft, "checkpoint.safetensors")):
         sp, _, _ = common.run([args.dspark, "speculate", "--target", SMOLLM2, "--draft", draft, "--prompt-ids", PROMPT,
-                               "--max-new-tokens", "48", "--print-ids", "--ignore-eos", "--threads", "2"], timeout=900)
+                               "--max-new-tokens", "48", "--print-ids", "--ignore-eos", "--threads", "2",
+                               "--policy", "fixed"], timeout=900)
         ge, _, _ = common.run([args.dspark, "generate", SMOLLM2, "--prompt-ids", PROMPT, "--max-new-tokens", "48",
                                "--print-ids", "--ignore-eos", "--threads", "2"], timeout=900)
         ck.check(sp.split() == ge.split(), f"speculate on the quantized weights: {sp.split()}\n generate: {ge.split()}")

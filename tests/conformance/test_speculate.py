@@ -14,7 +14,8 @@ target built here and DSpark drafts trained for it here:
 - confidence scheduling: `dspark calibrate` writes one temperature per position and its ECE
   on the fit rounds is no worse after than before (position 1 by construction, the mean as
   measured); `dspark profile` writes a sane cost table; the scheduler policy (with a profile,
-  with an in-process one, with a calibration) prints what `generate` prints, batched and not;
+  with an in-process one, with a calibration; the command's default) prints what `generate`
+  prints, batched and not;
   on synthetic profiles it proposes everything (verification free: tau equals the fixed
   policy's), nothing (verification steep: tau 1) or switches speculation off for every
   request (drafting dear), always with the same output; the report states its convention and
@@ -117,7 +118,7 @@ def confidence_scheduling(args, ck, tmp, target, drafts, batch_file):
         return out, json.load(open(rep))
     plain, _, _ = common.run([dspark, "generate", target, "--prompt", PROMPTS[0].replace("\n", " "),
                               "--max-new-tokens", "24", "--print-ids", "--ignore-eos"])
-    fixed_out, fixed = spec([])
+    fixed_out, fixed = spec(["--policy", "fixed"])
     ck.check(fixed_out.split("\n")[0].split() == plain.split(), "the batch's first line differs from generate")
     for name, path, check in (
             ("flat", flat, lambda r: abs(r["tau"] - fixed["tau"]) < 1e-12 and r["scheduler"]["switch_offs"] == 0),
@@ -177,8 +178,10 @@ def main():
     for head, run in drafts.items():
         # the calibration was fitted for the vanilla draft: speculate refuses it for the others
         own = ["--calibration", sched["calibration"]] if head == "vanilla" else []
-        for policy in (["--draft-len", "1"], ["--draft-len", "3"], [], ["--policy", "threshold", "--threshold", "0.3"],
-                       ["--policy", "scheduler", "--profile", sched["measured"]], ["--policy", "scheduler"],
+        # [] is the command's default, the scheduler with costs measured in-process
+        for policy in (["--policy", "fixed", "--draft-len", "1"], ["--policy", "fixed", "--draft-len", "3"],
+                       ["--policy", "fixed"], ["--policy", "threshold", "--threshold", "0.3"],
+                       ["--policy", "scheduler", "--profile", sched["measured"]], [],
                        ["--policy", "scheduler", "--profile", sched["flat"]] + own):
             for prompt in PROMPTS:
                 rep = os.path.join(tmp, "report.json")
@@ -188,9 +191,12 @@ def main():
                 got = out.split()
                 ck.check(got == plain[prompt], f"greedy {head} {policy} '{prompt}': speculate {got} != generate "
                                                f"{plain[prompt]}")
+                import json
+                r = json.load(open(rep))
+                if policy == ["--policy", "fixed"]:
+                    taus.setdefault(head, []).append(r["tau"])
                 if not policy:
-                    import json
-                    taus.setdefault(head, []).append(json.load(open(rep))["tau"])
+                    ck.check(r["policy"] == "scheduler", f"the default policy is {r['policy']}, not the scheduler")
     # batched: every request's output is its plain decoding (one verification pass per round for all)
     flat = {}
     for prompt in PROMPTS:
@@ -206,8 +212,9 @@ def main():
         ck.check(line.split() == flat[prompt], f"generate --data '{prompt}': {line.split()} != {flat[prompt]}")
     for head in ("vanilla", "rnn"):
         own = ["--calibration", sched["calibration"]] if head == "vanilla" else []
-        for policy in ([], ["--one-at-a-time", "--baseline"], ["--draft-len", "2"], ["--policy", "threshold", "--threshold", "0.3"],
-                       ["--policy", "scheduler", "--profile", sched["measured"]], ["--policy", "scheduler"],
+        for policy in (["--policy", "fixed"], ["--policy", "fixed", "--one-at-a-time", "--baseline"],
+                       ["--policy", "fixed", "--draft-len", "2"], ["--policy", "threshold", "--threshold", "0.3"],
+                       ["--policy", "scheduler", "--profile", sched["measured"]], [], ["--one-at-a-time"],
                        ["--policy", "scheduler"] + own):
             out, _, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", drafts[head], "--data",
                                     batch_file, "--max-new-tokens", "24", "--print-ids", "--ignore-eos"] + policy)
@@ -222,7 +229,7 @@ def main():
     for prompt in PROMPTS:
         out, _, _ = common.run([args.dspark, "generate", target, "--prompt", prompt, "--max-new-tokens", "24",
                                 "--print-ids", "--ignore-eos"] + f16)
-        for policy in ([], ["--draft-len", "2"]):
+        for policy in (["--policy", "fixed"], ["--policy", "fixed", "--draft-len", "2"]):
             got, _, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", drafts["vanilla"],
                                     "--prompt", prompt, "--max-new-tokens", "24", "--print-ids", "--ignore-eos"]
                                    + policy + f16)
@@ -231,7 +238,8 @@ def main():
     out, _, _ = common.run([args.dspark, "generate", target, "--data", batch_file, "--max-new-tokens", "24",
                             "--print-ids", "--ignore-eos"] + f16)
     got, _, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", drafts["vanilla"], "--data",
-                            batch_file, "--max-new-tokens", "24", "--print-ids", "--ignore-eos"] + f16)
+                            batch_file, "--max-new-tokens", "24", "--print-ids", "--ignore-eos", "--policy", "fixed"]
+                           + f16)
     ck.check(got.split() == out.split() and len(out.split()) == 24 * len(PROMPTS),
              "f16 cache, batched: speculate differs from generate")
     for head, t in taus.items():
@@ -255,8 +263,8 @@ def main():
             logits = model(batch).logits[:, -1]
             p1 = sum(float(p0[i]) * sampling_probs(logits[k], temperature, top_p) for k, i in enumerate(support))
         probs = [float(x) for x in p1]
-        for label, extra, want_pass in (("speculative", [], True), ("biased acceptance", ["--test-bias-acceptance"],
-                                                                     False),
+        for label, extra, want_pass in (("speculative", ["--policy", "fixed"], True),
+                                        ("biased acceptance", ["--policy", "fixed", "--test-bias-acceptance"], False),
                                         ("scheduler", ["--policy", "scheduler", "--profile", sched["linear"],
                                                        "--calibration", sched["calibration"]], True)):
             out, _, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", drafts["vanilla"],
