@@ -74,9 +74,16 @@ double ds_spec_expected_gain(int64_t n_cand, const double *a, const double *veri
  * runs it (the logits of the first row, the final hidden states of all, the draft's capture
  * layers when capture_layers is given) after `context` cached tokens, B = 1 .. max_tokens, and,
  * when head is not NULL, head[n-1] = the median time of the logits of n more rows
- * (ds_target_logits), n = 1 .. max_tokens - 1; reps timings each after one warm-up. */
-ds_status ds_spec_profile_verify(ds_target *t, int64_t context, int64_t max_tokens, int reps,
+ * (ds_target_logits), n = 1 .. max_tokens - 1; reps timings each after one warm-up. With
+ * step > 1 only the counts up to step, its multiples and the last are timed, the others
+ * interpolated linearly between them (a batch's table in a fraction of the time: past a few
+ * rows a pass's cost grows in a straight line); step 1 times every count. */
+ds_status ds_spec_profile_verify(ds_target *t, int64_t context, int64_t max_tokens, int64_t step, int reps,
                                  const int32_t *capture_layers, int n_capture, double *seconds, double *head);
+/* The counts such a table times (1 when count i of 1 .. last is: up to step, step's multiples, the
+ * last), and the others filled in v[0 .. n-1] on the line between their timed neighbours. */
+int ds_spec_table_timed(int64_t i, int64_t step, int64_t last);
+void ds_spec_table_fill(double *v, int64_t n, int64_t step);
 /* Measures seconds[L-1] = the median time of one draft block followed by L head steps (with
  * the confidence head), after `context` committed positions, L = 1 .. the block size. */
 ds_status ds_spec_profile_draft(ds_target *t, ds_draft *d, int64_t context, int reps, double *seconds);

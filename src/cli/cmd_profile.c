@@ -76,7 +76,7 @@ int cmd_profile(int argc, char **argv) {
   }
   const ds_draft_config *dc = d ? ds_draft_get_config(d) : NULL;
   /* with a draft, the pass also captures its layers, as a verification pass does */
-  if (ds_spec_profile_verify(t, context, max_tokens, (int)reps, dc ? dc->target_layer_ids : NULL,
+  if (ds_spec_profile_verify(t, context, max_tokens, 1, (int)reps, dc ? dc->target_layer_ids : NULL,
                              dc ? dc->n_target_layers : 0, verify, head) != DS_OK)
     goto report;
   if (d && ds_spec_profile_draft(t, d, context, (int)reps, draft) != DS_OK) goto report;

@@ -326,7 +326,8 @@ int cmd_speculate(int argc, char **argv) {
                     " (no draft cost for block length %lld: measured during decoding)", (long long)drafted);
     } else {
       /* a quick table up to this batch's largest pass (at most 64 tokens: the scheduler extends
-       * it linearly); `dspark profile` measures a steadier one */
+       * it linearly), timed at one request's counts and their multiples, interpolated between;
+       * `dspark profile` measures a steadier one */
       int64_t together = one_at_a_time ? 1 : R; /* requests verified in one pass */
       n_verify = together * (drafted + 1) < 64 ? together * (drafted + 1) : 64;
       verify = malloc((size_t)n_verify * sizeof *verify);
@@ -334,7 +335,7 @@ int cmd_speculate(int argc, char **argv) {
       n_head = n_verify - 1;
       double t0 = ds_time_sec();
       if (!verify || !head ||
-          ds_spec_profile_verify(t, 64, n_verify, 3, dc->target_layer_ids, dc->n_target_layers, verify, head) != DS_OK) {
+          ds_spec_profile_verify(t, 64, n_verify, drafted + 1, 3, dc->target_layer_ids, dc->n_target_layers, verify, head) != DS_OK) {
         free(pv), free(pn);
         goto report;
       }

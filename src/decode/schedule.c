@@ -146,3 +146,15 @@ double ds_spec_expected_gain(int64_t n_cand, const double *a, const double *veri
   if (best_len) *best_len = at;
   return best;
 }
+
+int ds_spec_table_timed(int64_t i, int64_t step, int64_t last) { return i <= step || i % step == 0 || i == last; }
+
+void ds_spec_table_fill(double *v, int64_t n, int64_t step) {
+  for (int64_t i = 1; i <= n; i++) {
+    if (ds_spec_table_timed(i, step, n)) continue;
+    int64_t a = i - 1, b = i + 1; /* the nearest timed counts below and above (1 and n are timed) */
+    while (!ds_spec_table_timed(a, step, n)) a--;
+    while (!ds_spec_table_timed(b, step, n)) b++;
+    v[i - 1] = v[a - 1] + (v[b - 1] - v[a - 1]) * (double)(i - a) / (double)(b - a);
+  }
+}

@@ -16,12 +16,13 @@ static void fill_ids(int32_t *ids, int64_t n, int64_t V) {
   for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)((i * 31 + 7) % V);
 }
 
-ds_status ds_spec_profile_verify(ds_target *t, int64_t context, int64_t max_tokens, int reps,
+ds_status ds_spec_profile_verify(ds_target *t, int64_t context, int64_t max_tokens, int64_t step, int reps,
                                  const int32_t *capture_layers, int n_capture, double *seconds, double *head) {
   const ds_model_config *c = ds_target_config(t);
-  if (context < 1 || max_tokens < 1 || reps < 1 || reps > PROFILE_MAX_REPS)
-    return DS_FAIL(DS_ERR_ARG, "profile: context %lld, tokens %lld and repetitions %d must be >= 1 (repetitions <= %d)",
-                   (long long)context, (long long)max_tokens, reps, PROFILE_MAX_REPS);
+  if (context < 1 || max_tokens < 1 || step < 1 || reps < 1 || reps > PROFILE_MAX_REPS)
+    return DS_FAIL(DS_ERR_ARG, "profile: context %lld, tokens %lld, step %lld and repetitions %d must be >= 1 "
+                   "(repetitions <= %d)", (long long)context, (long long)max_tokens, (long long)step, reps,
+                   PROFILE_MAX_REPS);
   int64_t V = c->vocab_size, n = context + max_tokens;
   int32_t *ids = ds_malloc((size_t)n * sizeof(int32_t), "profile ids");
   float *logits = ds_malloc_aligned((size_t)(max_tokens * V) * sizeof(float), "profile logits");
@@ -39,6 +40,7 @@ ds_status ds_spec_profile_verify(ds_target *t, int64_t context, int64_t max_toke
     st = ds_target_forward(t, &seq, 1, &out);
   }
   for (int64_t B = 1; B <= max_tokens && st == DS_OK; B++) {
+    if (!ds_spec_table_timed(B, step, max_tokens)) continue;
     double times[PROFILE_MAX_REPS];
     for (int rep = -1; rep < reps && st == DS_OK; rep++) { /* rep -1: the warm-up */
       ds_target_seq seq = {ids + context, B, kv};
@@ -52,6 +54,7 @@ ds_status ds_spec_profile_verify(ds_target *t, int64_t context, int64_t max_toke
     if (st == DS_OK) seconds[B - 1] = ds_median(times, reps);
   }
   for (int64_t n_rows = 1; head && n_rows < max_tokens && st == DS_OK; n_rows++) {
+    if (!ds_spec_table_timed(n_rows, step, max_tokens - 1)) continue;
     double times[PROFILE_MAX_REPS];
     for (int rep = -1; rep < reps && st == DS_OK; rep++) {
       double t0 = ds_time_sec();
@@ -59,6 +62,10 @@ ds_status ds_spec_profile_verify(ds_target *t, int64_t context, int64_t max_toke
       if (rep >= 0) times[rep] = ds_time_sec() - t0;
     }
     if (st == DS_OK) head[n_rows - 1] = ds_median(times, reps);
+  }
+  if (st == DS_OK) {
+    ds_spec_table_fill(seconds, max_tokens, step);
+    if (head) ds_spec_table_fill(head, max_tokens - 1, step);
   }
   ds_kv_cache_free(kv);
   free(ids);

@@ -140,7 +140,27 @@ static void test_sts_fit(void) {
   EXPECT(ds_sts_grid_value(DS_STS_GRID / 2) == 1.0);
 }
 
+/* A cost table timed at some counts and filled between them (the in-process table of a batch). */
+static void test_table_fill(void) {
+  /* step 3 over 1 .. 10: 1, 2, 3, 6, 9 and the last, 10, are timed */
+  const int want_timed[10] = {1, 1, 1, 0, 0, 1, 0, 0, 1, 1};
+  for (int64_t i = 1; i <= 10; i++) EXPECT(ds_spec_table_timed(i, 3, 10) == want_timed[i - 1]);
+  double v[10];
+  for (int i = 0; i < 10; i++) v[i] = want_timed[i] ? 1.0 + 0.5 * i * i : -1.0; /* untimed: garbage */
+  ds_spec_table_fill(v, 10, 3);
+  EXPECT(v[0] == 1.0 && v[2] == 3.0 && v[5] == 13.5 && v[8] == 33.0 && v[9] == 41.5); /* the timed ones kept */
+  EXPECT(fabs(v[3] - (3.0 + (13.5 - 3.0) / 3.0)) < 1e-12 && fabs(v[4] - (3.0 + 2.0 * (13.5 - 3.0) / 3.0)) < 1e-12);
+  EXPECT(fabs(v[6] - (13.5 + (33.0 - 13.5) / 3.0)) < 1e-12 && fabs(v[7] - (13.5 + 2.0 * (33.0 - 13.5) / 3.0)) < 1e-12);
+  /* step 1 (and any step past n) times everything and changes nothing */
+  double w[4] = {4, 3, 2, 1};
+  ds_spec_table_fill(w, 4, 1);
+  EXPECT(w[0] == 4 && w[1] == 3 && w[2] == 2 && w[3] == 1);
+  for (int64_t i = 1; i <= 4; i++) EXPECT(ds_spec_table_timed(i, 1, 4) && ds_spec_table_timed(i, 8, 4));
+  ds_spec_table_fill(w, 0, 3); /* an empty table (no head rows) */
+}
+
 int main(void) {
+  TEST_RUN(test_table_fill);
   TEST_RUN(test_prefix_schedule_hand_example);
   TEST_RUN(test_prefix_schedule_limits);
   TEST_RUN(test_expected_gain);
