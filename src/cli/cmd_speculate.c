@@ -51,7 +51,7 @@ static void usage(FILE *f) {
           "                        table is measured in-process before decoding, the draft cost during it)\n"
           "  --draft-len L         tokens proposed per round, the most with the scheduler (default: the\n"
           "                        draft's block size; at most it)\n"
-          "  --threshold C         for --policy threshold (0.5)\n"
+          "  --threshold C         for --policy threshold (0.5; refused with another policy)\n"
           "  --baseline            also decode the prompt plainly in the same run and report the speedup\n"
           "  --report FILE.json    write the report (tau, acceptance per position, rounds, timings)\n"
           "  --repeat N            decode the prompt N times with seeds S .. S+N-1 (one output line each;\n"
@@ -186,7 +186,7 @@ int cmd_speculate(int argc, char **argv) {
    * pay: a fixed length is the library's default and a measurement (`--policy fixed`), but a weak
    * draft at a fixed 7 proposals decodes at a third of plain speed (docs/speculative-decoding.md). */
   o.policy = DS_SPEC_SCHEDULER;
-  int chat = 0, print_ids = 0, baseline = 0, one_at_a_time = 0, thinking = -1, taken;
+  int chat = 0, print_ids = 0, baseline = 0, one_at_a_time = 0, thinking = -1, taken, threshold_given = 0;
   const char *chat_template = NULL;
   size_t max_line = 0;
   int64_t repeat = 1, threads = 0, n = 0;
@@ -221,7 +221,7 @@ int cmd_speculate(int argc, char **argv) {
     else if (!strcmp(a, "--temperature")) CLI_NUM(0, 100, o.temperature);
     else if (!strcmp(a, "--top-p")) CLI_NUM(1e-6, 1, o.top_p);
     else if (!strcmp(a, "--draft-len")) CLI_INT(0, DS_SPEC_MAX_LEN, o.draft_len);
-    else if (!strcmp(a, "--threshold")) CLI_NUM(0, 1, o.threshold);
+    else if (!strcmp(a, "--threshold")) { CLI_NUM(0, 1, o.threshold); threshold_given = 1; }
     else if (!strcmp(a, "--policy")) {
       CLI_VALUE();
       if (!strcmp(v, "fixed")) o.policy = DS_SPEC_FIXED;
@@ -238,6 +238,10 @@ int cmd_speculate(int argc, char **argv) {
   }
   if (!target_dir || !draft_dir || (!!prompt + !!prompt_ids + !!data) != 1) {
     fprintf(stderr, "dspark speculate: --target, --draft and exactly one of --prompt / --prompt-ids / --data are required (see --help)\n");
+    return 2;
+  }
+  if (threshold_given && o.policy != DS_SPEC_THRESHOLD) { /* not a silent no-op under another policy */
+    fprintf(stderr, "dspark speculate: --threshold is the threshold policy's: add --policy threshold\n");
     return 2;
   }
   if (one_at_a_time && !data) {
