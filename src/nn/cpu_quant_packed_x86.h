@@ -207,6 +207,14 @@ PI void group_dot(const unsigned char *g, ds_dtype dt, size_t bb8, int64_t nb, c
       __m256i e = q5 ? _mm256_loadu_si256((const __m256i *)(qs - 32)) : _mm256_setzero_si256();
       const __m256i m5 = _mm256_set1_epi8(0x10);
       __m256i s[4];
+#if PACKED_VNNI
+      /* With 4 rows of x, each row's low and high nibbles accumulate in dpbusd itself: 8 chains
+       * of 4 hide its latency, and the adds between the products go (the integer sums are exact,
+       * so the same numbers as the other row counts' order) */
+      __m256i t[4];
+      if (R == 4)
+        for (int r = 0; r < 4; r++) s[r] = t[r] = _mm256_setzero_si256();
+#endif
       for (int j = 0; j < 4; j++) { /* low nibbles: values 4j .. 4j+3, high: 16 + 4j .. */
         __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
         __m256i lo = _mm256_and_si256(w, m4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
@@ -216,10 +224,17 @@ PI void group_dot(const unsigned char *g, ds_dtype dt, size_t bb8, int64_t nb, c
         }
         for (int r = 0; r < R; r++) {
           const int8_t *xq = x->q + (i0 + r) * in + 32 * b + 4 * j;
-#if PACKED_VNNI /* int32 sums; each j's from zero, so s's chain is the adds (s as dpbusd's accumulator,
-                  * a chain of 8 dpbusd a block, decoded a quarter slower) */
-          __m256i p = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, bcast4(xq)), hi, bcast4(xq + 16));
-          s[r] = j ? _mm256_add_epi32(s[r], p) : p;
+#if PACKED_VNNI /* int32 sums; under 4 rows each j's from zero, so s's chain is the adds (s as dpbusd's
+                  * accumulator, a chain of 8 dpbusd a block, decoded a quarter slower) */
+          if (R == 4) {
+            s[r] = _mm256_dpbusd_epi32(s[r], lo, bcast4(xq));
+            t[r] = _mm256_dpbusd_epi32(t[r], hi, bcast4(xq + 16));
+            PIN(t[r]);
+          } else {
+            __m256i p = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, bcast4(xq)), hi,
+                                            bcast4(xq + 16));
+            s[r] = j ? _mm256_add_epi32(s[r], p) : p;
+          }
 #else /* Q4: int16 sums, each pair <= 2 * 15 * 127, eight of them <= 30480; Q5's pairs reach
        * 2 * 31 * 127, so its sums widen to int32 at each j */
           __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xq)), _mm256_maddubs_epi16(hi, bcast4(xq + 16)));
@@ -232,7 +247,7 @@ PI void group_dot(const unsigned char *g, ds_dtype dt, size_t bb8, int64_t nb, c
       for (int r = 0; r < R; r++) {
         int64_t k = (i0 + r) * xb + b;
 #if PACKED_VNNI
-        __m256 isum = _mm256_cvtepi32_ps(s[r]);
+        __m256 isum = _mm256_cvtepi32_ps(R == 4 ? _mm256_add_epi32(s[r], t[r]) : s[r]);
 #else
         __m256 isum = _mm256_cvtepi32_ps(q5 ? s[r] : _mm256_madd_epi16(s[r], ones));
 #endif
