@@ -191,7 +191,6 @@ def main():
                 got = out.split()
                 ck.check(got == plain[prompt], f"greedy {head} {policy} '{prompt}': speculate {got} != generate "
                                                f"{plain[prompt]}")
-                import json
                 r = json.load(open(rep))
                 if policy == ["--policy", "fixed"]:
                     taus.setdefault(head, []).append(r["tau"])
