@@ -49,7 +49,9 @@ static void usage(FILE *f) {
           "  --skip-bad-lines      a malformed line, or a conversation the chat template refuses, is skipped\n"
           "                        (named on stderr, counted in the summary) instead of ending the run\n"
           CLI_MAX_LINE_HELP
-          "  --draft DIR           decode speculatively with this DSpark draft (greedy: the same output)\n"
+          "  --draft DIR           decode speculatively with this DSpark draft (greedy: the same output, the\n"
+          "                        confidence scheduler choosing how many tokens it proposes; sampled: its\n"
+          "                        whole block every round, so that a resumed run writes the same bytes)\n"
           "  --batch N             turns decoded together (default 16): plain decoding refills a place as\n"
           "                        soon as its answer ends; with --draft, groups of N conversations\n"
           "  --summary FILE        the run's summary (JSON) there instead of stdout\n"

@@ -9,8 +9,10 @@
 #include <unistd.h>
 
 #include "decode/regen_internal.h"
+#include "dspark/draft.h"
 #include "dspark/progress.h"
 #include "dspark/rng.h"
+#include "dspark/spec_schedule.h"
 
 /* The test hook DSPARK_REGENERATE_KILL_AFTER=N: after N lines written by this process, half
  * of the next one is written and the process SIGKILLs itself (a kill mid-write, on cue). */
@@ -358,11 +360,31 @@ ds_status ds_regen_run(ds_regen *g, ds_target *target, ds_draft *draft) {
     st = run_stream(g, target, &so, &p);
   } else {
     int64_t B = g->o.batch, n = g->in.n;
+    /* Greedy, the prefix scheduler picks each round's lengths, as `speculate` does by default: a
+     * draft that is rarely right then costs next to nothing, and the bytes are the target's
+     * whatever it picks. Sampled, its picks (from measured times) would change the draws, and a
+     * resumed run must write an uninterrupted one's bytes: the fixed length stays. Its
+     * verification costs are this machine's, timed once here at one request's counts and their
+     * multiples; the draft's cost is measured as it runs. */
+    double *verify = NULL, *head = NULL;
+    if (!(so.temperature > 0)) {
+      const ds_draft_config *dc = ds_draft_get_config(draft);
+      int64_t per = dc->block_size + 1, nv = B * per < 64 ? B * per : 64;
+      verify = ds_malloc((size_t)nv * sizeof *verify, "verification costs");
+      head = ds_malloc((size_t)nv * sizeof *head, "verification costs");
+      st = verify && head ? DS_OK : DS_ERR_NOMEM;
+      if (st == DS_OK)
+        st = ds_spec_profile_verify(target, 64, nv, per, 3, dc->target_layer_ids, dc->n_target_layers, verify, head);
+      so.policy = DS_SPEC_SCHEDULER;
+      so.verify_s = verify, so.n_verify = nv, so.head_s = head, so.n_head = nv - 1;
+    }
     for (int64_t g0 = g->next / B * B; st == DS_OK && g0 < n; g0 += B) {
       int64_t g1 = g0 + B < n ? g0 + B : n;
       st = run_group(g, target, draft, &so, g0, g1);
       show(&p, g1 - g->next, g1 == n);
     }
+    free(verify);
+    free(head);
   }
   g->sum.seconds = ds_time_sec() - p.t0;
   if (st == DS_OK) {

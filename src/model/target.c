@@ -422,14 +422,19 @@ ds_status ds_target_forward(ds_target *m, const ds_target_seq *seqs, int n_seqs,
   int64_t *len0 = ds_malloc((size_t)n_seqs * sizeof *len0, "forward passes");
   ds_status st = part && len0 ? DS_OK : DS_ERR_NOMEM;
   for (int s = 0; st == DS_OK && s < n_seqs; s++) len0[s] = seqs[s].cache->len;
-  /* passes of up to `pass` rows in the sequences' order, a sequence split where a pass ends */
+  /* Passes of up to `pass` rows in the sequences' order. A sequence is cut only at multiples of
+   * `pass` from its own first new row, and a piece that would cross a pass's end opens the next
+   * pass: the rows after a cut attend to the earlier ones through the cache, which rounds
+   * differently from a pass's own rows, so cuts placed by the other sequences of a batch would
+   * give a request other numbers (and, at a near-tie, other tokens) than it gets alone. */
   int s = 0;
   int64_t t = 0;
   for (int64_t r0 = 0; st == DS_OK && r0 < rows;) {
     int n = 0;
     int64_t take = 0;
-    while (take < pass && s < n_seqs) {
-      int64_t k = seqs[s].n - t < pass - take ? seqs[s].n - t : pass - take;
+    while (s < n_seqs) {
+      int64_t k = seqs[s].n - t < pass ? seqs[s].n - t : pass; /* its next piece: rows t .. t + k */
+      if (take + k > pass) break;
       if (k > 0) part[n++] = (ds_target_seq){seqs[s].ids + t, k, seqs[s].cache};
       take += k, t += k;
       if (t == seqs[s].n) s++, t = 0;

@@ -8,7 +8,8 @@ with a ChatML tokenizer (<|im_end|> is its stop token):
   and {"text"} lines become a user turn;
 - batching: --batch 1 and --batch 4 write the same bytes, greedy and sampled; sampling with a
   seed repeats byte for byte, another seed changes the answers; speculative decoding with a
-  draft (--draft, greedy) writes the plain decoder's bytes;
+  draft (--draft, greedy, the confidence scheduler choosing the lengths) writes the plain
+  decoder's bytes, and sampled with a draft a killed and rerun run writes the uninterrupted bytes;
 - resume: a run killed mid-line (the DSPARK_REGENERATE_KILL_AFTER hook: SIGKILL after N lines
   and half of the next) and a run killed by SIGKILL from outside, each rerun, end byte for byte
   as an uninterrupted run; a torn last line is cut off and redone; an output from other data,
@@ -359,6 +360,22 @@ def main():
     so, _, _ = regen(args, data, p, ["--draft", run, "--batch", "4"])
     ck.check(read(p) == read(out) and json.loads(so)["decoder"] == "speculative",
              "--draft (greedy) wrote other bytes than plain decoding")
+    # sampled with a draft: a run killed mid-way and rerun (its group redone) writes the
+    # uninterrupted run's bytes. (Sampled, the draft proposes its whole block every round; on this
+    # tiny target the scheduler's timed picks happen to repeat too, so this does not tell them apart.)
+    sampled = ["--draft", run, "--batch", "4", "--temperature", "0.9", "--top-p", "0.95", "--seed", "8"]
+    full = os.path.join(tmp, "spec-sampled.jsonl")
+    if os.path.exists(full):
+        os.remove(full)
+    regen(args, data, full, sampled)
+    p = os.path.join(tmp, "spec-sampled-killed.jsonl")
+    if os.path.exists(p):
+        os.remove(p)
+    env = dict(os.environ, DSPARK_REGENERATE_KILL_AFTER="5")
+    _, _, rc = regen(args, data, p, sampled, expect_rc=None, env=env)
+    ck.check(rc == -signal.SIGKILL, f"--draft sampled: kill hook: rc {rc}")
+    regen(args, data, p, sampled)
+    ck.check(read(p) == read(full), "--draft sampled: killed after 5 lines, then rerun: not the uninterrupted bytes")
 
     # --thinking with Qwen3's template
     qwen3 = os.path.join(HERE, "chat_templates", "Qwen-Qwen3-0.6B.jinja")
