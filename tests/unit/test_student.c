@@ -246,6 +246,55 @@ static void test_packing(void) {
   ds_student_free(s);
 }
 
+/* A target's forward over a batch gives each sequence the numbers it gets alone, bit for bit,
+ * also where the batch passes the 512 rows of one pass: a sequence is cut only at multiples of
+ * 512 of its own rows (a cut placed by the other sequences changed its rows after it). An fp32
+ * and an f16 cache; a 600-row sequence after a 100-row one and among single decode rows. */
+static void test_target_batch_invariance(void) {
+  static const char *cfg =
+      "{\"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": 37, \"hidden_size\": 16, \"intermediate_size\": 24,"
+      " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 6,"
+      " \"max_position_embeddings\": 2048, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false,"
+      " \"initializer_range\": 0.3}";
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/test_student_batch_invariance", tmp_dir());
+  ds_student *st = make(cfg, 11, ds_backend_cpu());
+  EXPECT_OK(ds_student_export_hf(st, dir));
+  ds_student_free(st);
+  ds_target *t = NULL;
+  EXPECT_OK(ds_target_load(dir, ds_backend_cpu(), &t));
+  if (!t) return;
+  enum { NA = 600, NB = 100 };
+  int32_t a[NA], b[NB], one = 5;
+  for (int i = 0; i < NA; i++) a[i] = (int32_t)((i * 7 + 3) % V);
+  for (int i = 0; i < NB; i++) b[i] = (int32_t)((i * 11 + 1) % V);
+  float *alone = malloc((size_t)NA * V * sizeof(float)), *batch = malloc((size_t)(NA + NB + 1) * V * sizeof(float));
+  const ds_dtype types[2] = {DS_F32, DS_F16};
+  for (int ti = 0; ti < 2 && alone && batch; ti++) {
+    ds_kv_cache *ka = NULL, *kb = NULL, *ka2 = NULL, *kc = NULL;
+    EXPECT_OK(ds_kv_cache_new_typed(t, NA + 2, types[ti], &ka));
+    EXPECT_OK(ds_kv_cache_new_typed(t, NB + 2, types[ti], &kb));
+    EXPECT_OK(ds_kv_cache_new_typed(t, NA + 2, types[ti], &ka2));
+    EXPECT_OK(ds_kv_cache_new_typed(t, NB + 2, types[ti], &kc));
+    if (!ka || !kb || !ka2 || !kc) abort();
+    ds_target_seq alone_seq = {a, NA, ka};
+    ds_target_outputs out = {0};
+    out.logits = alone;
+    EXPECT_OK(ds_target_forward(t, &alone_seq, 1, &out));
+    /* c has its prompt in its cache already: in the batch it is one decode row */
+    ds_target_seq c_prompt = {b, NB, kc};
+    out.logits = batch;
+    EXPECT_OK(ds_target_forward(t, &c_prompt, 1, &out));
+    ds_target_seq seqs[3] = {{&one, 1, kc}, {b, NB, kb}, {a, NA, ka2}};
+    EXPECT_OK(ds_target_forward(t, seqs, 3, &out));
+    EXPECT(memcmp(alone, batch + (size_t)(1 + NB) * V, (size_t)NA * V * sizeof(float)) == 0);
+    ds_kv_cache_free(ka), ds_kv_cache_free(kb), ds_kv_cache_free(ka2), ds_kv_cache_free(kc);
+  }
+  free(alone);
+  free(batch);
+  ds_target_free(t);
+}
+
 /* Export: the target loader reads it and gives our logits; the student loader reads it back
  * bit for bit; the exported config says what the student is. */
 static void test_export(void) {
@@ -462,6 +511,7 @@ int main(void) {
   TEST_RUN(test_backends);
   TEST_RUN(test_packing);
   TEST_RUN(test_export);
+  TEST_RUN(test_target_batch_invariance);
   TEST_RUN(test_tying);
   TEST_RUN(test_init);
   TEST_RUN(test_padding_idx);
