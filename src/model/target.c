@@ -424,9 +424,10 @@ ds_status ds_target_forward(ds_target *m, const ds_target_seq *seqs, int n_seqs,
   for (int s = 0; st == DS_OK && s < n_seqs; s++) len0[s] = seqs[s].cache->len;
   /* Passes of up to `pass` rows in the sequences' order. A sequence is cut only at multiples of
    * `pass` from its own first new row, and a piece that would cross a pass's end opens the next
-   * pass: the rows after a cut attend to the earlier ones through the cache, which rounds
-   * differently from a pass's own rows, so cuts placed by the other sequences of a batch would
-   * give a request other numbers (and, at a near-tie, other tokens) than it gets alone. */
+   * pass: the rows after a cut attend to the earlier ones through the cache, summed in another
+   * order than a pass's own rows (f16 caches also round them), so cuts placed by the other
+   * sequences of a batch would give a request other numbers (and, at a near-tie, other tokens)
+   * than it gets alone. */
   int s = 0;
   int64_t t = 0;
   for (int64_t r0 = 0; st == DS_OK && r0 < rows;) {
