@@ -80,6 +80,13 @@ double ds_spec_expected_gain(int64_t n_cand, const double *a, const double *veri
  * rows a pass's cost grows in a straight line); step 1 times every count. */
 ds_status ds_spec_profile_verify(ds_target *t, int64_t context, int64_t max_tokens, int64_t step, int reps,
                                  const int32_t *capture_layers, int n_capture, double *seconds, double *head);
+/* The table a run measures for itself when no profile is given (`speculate`, `regenerate
+ * --draft`): B = 1 .. *n, *n = requests * (draft_len + 1) up to 64 (the scheduler extends it
+ * linearly past its end), after 64 cached tokens, with the draft's capture layers, timed at one
+ * request's counts and their multiples (step draft_len + 1), 3 repetitions each. *verify (*n
+ * entries) and *head (*n - 1) are malloc'd for the caller to free, NULL after a failure. */
+ds_status ds_spec_profile_quick(ds_target *t, const ds_draft *d, int64_t requests, int64_t draft_len, double **verify,
+                                double **head, int64_t *n);
 /* The counts such a table times (1 when count i of 1 .. last is: up to step, step's multiples, the
  * last), and the others filled in v[0 .. n-1] on the line between their timed neighbours. */
 int ds_spec_table_timed(int64_t i, int64_t step, int64_t last);

@@ -332,17 +332,13 @@ int cmd_speculate(int argc, char **argv) {
       /* a quick table up to this batch's largest pass (at most 64 tokens: the scheduler extends
        * it linearly), timed at one request's counts and their multiples, interpolated between;
        * `dspark profile` measures a steadier one */
-      int64_t together = one_at_a_time ? 1 : R; /* requests verified in one pass */
-      n_verify = together * (drafted + 1) < 64 ? together * (drafted + 1) : 64;
-      verify = malloc((size_t)n_verify * sizeof *verify);
-      head = malloc((size_t)n_verify * sizeof *head);
-      n_head = n_verify - 1;
       double t0 = ds_time_sec();
-      if (!verify || !head ||
-          ds_spec_profile_verify(t, 64, n_verify, drafted + 1, 3, dc->target_layer_ids, dc->n_target_layers, verify, head) != DS_OK) {
+      /* --one-at-a-time verifies one request a pass */
+      if (ds_spec_profile_quick(t, d, one_at_a_time ? 1 : R, drafted, &verify, &head, &n_verify) != DS_OK) {
         free(pv), free(pn);
         goto report;
       }
+      n_head = n_verify - 1;
       snprintf(profile_source, sizeof profile_source, "measured in-process before decoding (B = 1 .. %lld, %.2f s; "
                "the draft cost measured during decoding)", (long long)n_verify, ds_time_sec() - t0);
       fprintf(stderr, "speculate: no --profile: verification costs %s\n", profile_source);

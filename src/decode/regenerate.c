@@ -367,14 +367,9 @@ ds_status ds_regen_run(ds_regen *g, ds_target *target, ds_draft *draft) {
      * verification costs are this machine's, timed once here at one request's counts and their
      * multiples; the draft's cost is measured as it runs. */
     double *verify = NULL, *head = NULL;
+    int64_t nv = 0;
     if (!(so.temperature > 0)) {
-      const ds_draft_config *dc = ds_draft_get_config(draft);
-      int64_t per = dc->block_size + 1, nv = B * per < 64 ? B * per : 64;
-      verify = ds_malloc((size_t)nv * sizeof *verify, "verification costs");
-      head = ds_malloc((size_t)nv * sizeof *head, "verification costs");
-      st = verify && head ? DS_OK : DS_ERR_NOMEM;
-      if (st == DS_OK)
-        st = ds_spec_profile_verify(target, 64, nv, per, 3, dc->target_layer_ids, dc->n_target_layers, verify, head);
+      st = ds_spec_profile_quick(target, draft, B, ds_draft_get_config(draft)->block_size, &verify, &head, &nv);
       so.policy = DS_SPEC_SCHEDULER;
       so.verify_s = verify, so.n_verify = nv, so.head_s = head, so.n_head = nv - 1;
     }

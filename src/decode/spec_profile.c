@@ -75,6 +75,23 @@ ds_status ds_spec_profile_verify(ds_target *t, int64_t context, int64_t max_toke
   return st;
 }
 
+ds_status ds_spec_profile_quick(ds_target *t, const ds_draft *d, int64_t requests, int64_t draft_len, double **verify,
+                                double **head, int64_t *n) {
+  const ds_draft_config *dc = ds_draft_get_config(d);
+  int64_t per = draft_len + 1;
+  *n = requests * per < 64 ? requests * per : 64;
+  *verify = malloc((size_t)*n * sizeof **verify);
+  *head = malloc((size_t)*n * sizeof **head);
+  ds_status st = *verify && *head ? DS_OK : DS_FAIL(DS_ERR_NOMEM, "out of memory for the verification costs");
+  if (st == DS_OK)
+    st = ds_spec_profile_verify(t, 64, *n, per, 3, dc->target_layer_ids, dc->n_target_layers, *verify, *head);
+  if (st != DS_OK) {
+    free(*verify), free(*head);
+    *verify = *head = NULL;
+  }
+  return st;
+}
+
 ds_status ds_spec_profile_draft(ds_target *t, ds_draft *d, int64_t context, int reps, double *seconds) {
   const ds_draft_config *dc = ds_draft_get_config(d);
   if (context < 1 || reps < 1 || reps > PROFILE_MAX_REPS)
