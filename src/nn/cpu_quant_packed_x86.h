@@ -258,6 +258,84 @@ PI void group_dot(const unsigned char *g, ds_dtype dt, size_t bb8, int64_t nb, c
   }
 }
 
+#if PACKED_VNNI
+/* Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0: acc[r][h] (lanes: the 8 rows of group h, the second group at
+ * g + gb) += both groups' nb blocks dotted with 4 rows of x. Each x broadcast feeds both groups'
+ * dpbusd, where one group alone loads a broadcast for every dpbusd it issues. Per row and group
+ * the same exact integer sum of a block and the same float steps as group_dot: the same numbers. */
+PI void group_pair_dot4(const unsigned char *g, size_t gb, ds_dtype dt, size_t bb8, int64_t nb, const ds_qx *x,
+                        int64_t in, int64_t i0, __m256 acc[4][2]) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m5 = _mm256_set1_epi8(0x10), flip = _mm256_set1_epi8((char)0x80);
+  const int64_t xb = in / 32;
+  int q8 = dt == DS_Q8_0, has_m = dt == DS_Q4_1 || dt == DS_Q5_1, q5 = dt == DS_Q5_0 || dt == DS_Q5_1;
+  for (int64_t b = 0; b < nb; b++) {
+    const unsigned char *blk[2] = {g + (size_t)b * bb8, g + gb + (size_t)b * bb8};
+    /* the next pair's block b: two streams that jump every group defeat the hardware prefetcher
+     * (the model's head, read from memory, ran slower than one group at a time) */
+    for (size_t c = 0; c < bb8; c += 64) {
+      _mm_prefetch((const char *)blk[0] + 2 * gb + c, _MM_HINT_T0);
+      _mm_prefetch((const char *)blk[1] + 2 * gb + c, _MM_HINT_T0);
+    }
+    __m256i s[4][2], e[2];
+    const unsigned char *qs[2];
+    for (int h = 0; h < 2; h++) {
+      qs[h] = blk[h] + (q8 ? 16 : (has_m ? 32 : 16) + (q5 ? 32 : 0));
+      e[h] = q5 ? _mm256_loadu_si256((const __m256i *)(qs[h] - 32)) : _mm256_setzero_si256();
+      for (int r = 0; r < 4; r++) s[r][h] = _mm256_setzero_si256();
+    }
+    if (q8) { /* as group_dot: w + 128 (w XOR 0x80) against x, 128 times x's block sum taken back */
+      for (int j = 0; j < 8; j++) {
+        __m256i u0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qs[0] + 32 * j)), flip);
+        __m256i u1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qs[1] + 32 * j)), flip);
+        for (int r = 0; r < 4; r++) {
+          __m256i xv = bcast4(x->q + (i0 + r) * in + 32 * b + 4 * j);
+          s[r][0] = _mm256_dpbusd_epi32(s[r][0], u0, xv);
+          s[r][1] = _mm256_dpbusd_epi32(s[r][1], u1, xv);
+          PIN(s[r][0]);
+          PIN(s[r][1]);
+        }
+      }
+      for (int r = 0; r < 4; r++) {
+        const int16_t *xs = x->s + ((i0 + r) * xb + b) * 2;
+        __m256i back = _mm256_set1_epi32(128 * ((int32_t)xs[0] + xs[1]));
+        s[r][0] = _mm256_sub_epi32(s[r][0], back), s[r][1] = _mm256_sub_epi32(s[r][1], back);
+      }
+    } else {
+      for (int j = 0; j < 4; j++) { /* low nibbles: values 4j .. 4j+3, high: 16 + 4j .. */
+        __m256i lo[2], hi[2];
+        for (int h = 0; h < 2; h++) {
+          __m256i w = _mm256_loadu_si256((const __m256i *)(qs[h] + 32 * j));
+          lo[h] = _mm256_and_si256(w, m4), hi[h] = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+          if (q5) {
+            lo[h] = _mm256_or_si256(lo[h], _mm256_and_si256(_mm256_slli_epi32(e[h], 4 - j), m5));
+            hi[h] = _mm256_or_si256(hi[h], _mm256_and_si256(_mm256_srli_epi32(e[h], j), m5));
+          }
+        }
+        for (int r = 0; r < 4; r++) {
+          const int8_t *xq = x->q + (i0 + r) * in + 32 * b + 4 * j;
+          __m256i xl = bcast4(xq), xh = bcast4(xq + 16);
+          s[r][0] = _mm256_dpbusd_epi32(s[r][0], lo[0], xl);
+          s[r][1] = _mm256_dpbusd_epi32(s[r][1], lo[1], xl);
+          s[r][0] = _mm256_dpbusd_epi32(s[r][0], hi[0], xh);
+          s[r][1] = _mm256_dpbusd_epi32(s[r][1], hi[1], xh);
+          PIN(s[r][0]);
+          PIN(s[r][1]);
+        }
+      }
+    }
+    for (int h = 0; h < 2; h++) {
+      __m256 dw = f16x8(blk[h]);
+      __m256 mw = has_m ? f16x8(blk[h] + 16) : _mm256_mul_ps(dw, _mm256_set1_ps(q5 ? -16.0f : -8.0f));
+      for (int r = 0; r < 4; r++) {
+        int64_t k = (i0 + r) * xb + b;
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][h]), _mm256_mul_ps(dw, _mm256_set1_ps(x->d[k])), acc[r][h]);
+        if (!q8) acc[r][h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x->m[k]), acc[r][h]);
+      }
+    }
+  }
+}
+#endif
+
 PI void packed_rows(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *p, ds_dtype dt,
                     int64_t in, int64_t o0, int64_t o1, const float *bias) {
   /* the block size once per call (ds_quant_row_bytes per group was 1% of a speculative decode) */
@@ -266,7 +344,38 @@ PI void packed_rows(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsi
   for (int64_t o = o0; o < o1; o += 8) {
     const unsigned char *g = p + (size_t)(o / 8) * gb;
     __m256 bv = bias ? _mm256_loadu_ps(bias + o) : _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += 4) { /* 4 rows of x per pass over the group (read from L1) */
+    int64_t i = 0;
+    int pair = 0; /* the next group done too */
+#if PACKED_VNNI
+    if (o + 16 <= o1 && n >= 8 && dt != DS_Q4_K && dt != DS_Q6_K) {
+      /* two groups at once for every 4 rows of x, the rest of x's rows one group at a time below;
+       * from 8 rows: with fewer the weights' bytes bound the product, and the head at 4 rows read
+       * them slower two groups at once than one */
+      __m256 bv1 = bias ? _mm256_loadu_ps(bias + o + 8) : _mm256_setzero_ps();
+      for (; i + 4 <= n; i += 4) {
+        __m256 acc[4][2];
+        for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        group_pair_dot4(g, gb, dt, bb8, nb, x, in, i, acc);
+        for (int r = 0; r < 4; r++) {
+          _mm256_storeu_ps(y + (i + r) * ldy + o, _mm256_add_ps(acc[r][0], bv));
+          _mm256_storeu_ps(y + (i + r) * ldy + o + 8, _mm256_add_ps(acc[r][1], bv1));
+        }
+      }
+      for (int64_t i1 = i; i1 < n; i1 += 4) { /* the second group's last rows */
+        int R = n - i1 < 4 ? (int)(n - i1) : 4;
+        __m256 acc[4];
+        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+        switch (R) {
+          case 3: group_dot(g + gb, dt, bb8, nb, x, in, i1, 3, acc); break;
+          case 2: group_dot(g + gb, dt, bb8, nb, x, in, i1, 2, acc); break;
+          default: group_dot(g + gb, dt, bb8, nb, x, in, i1, 1, acc); break;
+        }
+        for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (i1 + r) * ldy + o + 8, _mm256_add_ps(acc[r], bv1));
+      }
+      pair = 1;
+    }
+#endif
+    for (; i < n; i += 4) { /* 4 rows of x per pass over the group (read from L1) */
       int R = n - i < 4 ? (int)(n - i) : 4;
       __m256 acc[4];
       for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
@@ -278,6 +387,7 @@ PI void packed_rows(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsi
       }
       for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (i + r) * ldy + o, _mm256_add_ps(acc[r], bv));
     }
+    o += 8 * pair;
   }
 }
 
