@@ -147,11 +147,38 @@ PI void q6k_superblock(const unsigned char *blk, const ds_qx *x, int64_t in, int
   }
 }
 
+/* Q4_0 / Q4_1 / Q5_0 / Q5_1 blocks of a group: where the nibbles start, the offset term's weight
+ * (Q4_1 / Q5_1 their min; Q4_0: w = d (q - 8), Q5_0: d (q - 16)), and chunk j's low and high
+ * nibbles (values 4j .. 4j+3 and 16 + 4j ..), Q5's fifth bits added: bit j of each byte of e for
+ * the low nibbles of chunk j, bit 4 + j for the high ones (layout in nn/cpu_quant.h), moved to
+ * bit 4 (0x10). */
+PI const unsigned char *q45_nibbles_at(const unsigned char *blk, int has_m, int q5) {
+  return blk + (has_m ? 32 : 16) + (q5 ? 32 : 0);
+}
+PI __m256 q45_offset(const unsigned char *blk, __m256 dw, int has_m, int q5) {
+  return has_m ? f16x8(blk + 16) : _mm256_mul_ps(dw, _mm256_set1_ps(q5 ? -16.0f : -8.0f));
+}
+PI void q45_chunk(const unsigned char *qs, __m256i e, int j, int q5, __m256i *lo, __m256i *hi) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m5 = _mm256_set1_epi8(0x10);
+  __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+  *lo = _mm256_and_si256(w, m4), *hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+  if (q5) {
+    *lo = _mm256_or_si256(*lo, _mm256_and_si256(_mm256_slli_epi32(e, 4 - j), m5));
+    *hi = _mm256_or_si256(*hi, _mm256_and_si256(_mm256_srli_epi32(e, j), m5));
+  }
+}
+
+/* acc += a block's integer sums isum (8 rows) scaled by the rows' scales dw and x's step, plus the
+ * offset term mw times x's block sum where the type has one: every packed pass's float steps. */
+PI __m256 scale_block(__m256 acc, __m256i isum, __m256 dw, __m256 mw, const ds_qx *x, int64_t k, int offset) {
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(x->d[k])), acc);
+  return offset ? _mm256_fmadd_ps(mw, _mm256_set1_ps(x->m[k]), acc) : acc;
+}
+
 /* acc[r] (lanes: the group's 8 weight rows) += the group's nb blocks (bb8 bytes each) dotted with R
  * rows of x. */
 PI void group_dot(const unsigned char *g, ds_dtype dt, size_t bb8, int64_t nb, const ds_qx *x, int64_t in, int64_t i0,
                   int R, __m256 *acc) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
 #if !PACKED_VNNI
   const __m256i ones = _mm256_set1_epi16(1);
 #endif
@@ -194,18 +221,12 @@ PI void group_dot(const unsigned char *g, ds_dtype dt, size_t bb8, int64_t nb, c
         }
       }
 #endif
-      for (int r = 0; r < R; r++)
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]), _mm256_mul_ps(dw, _mm256_set1_ps(x->d[(i0 + r) * xb + b])),
-                                 acc[r]);
+      for (int r = 0; r < R; r++) acc[r] = scale_block(acc[r], s[r], dw, dw, x, (i0 + r) * xb + b, 0);
     } else { /* Q4_0, Q4_1, Q5_0, Q5_1 */
       int has_m = dt == DS_Q4_1 || dt == DS_Q5_1, q5 = dt == DS_Q5_0 || dt == DS_Q5_1;
-      /* Q4_0: w = d (q - 8), Q5_0: d (q - 16) */
-      __m256 mw = has_m ? f16x8(blk + 16) : _mm256_mul_ps(dw, _mm256_set1_ps(q5 ? -16.0f : -8.0f));
-      const unsigned char *qs = blk + (has_m ? 32 : 16) + (q5 ? 32 : 0);
-      /* Q5's fifth bits (layout in nn/cpu_quant.h): bit j of each byte for the low nibbles of chunk
-       * j, bit 4 + j for the high ones, moved to bit 4 (0x10) */
-      __m256i e = q5 ? _mm256_loadu_si256((const __m256i *)(qs - 32)) : _mm256_setzero_si256();
-      const __m256i m5 = _mm256_set1_epi8(0x10);
+      __m256 mw = q45_offset(blk, dw, has_m, q5);
+      const unsigned char *qs = q45_nibbles_at(blk, has_m, q5);
+      __m256i e = q5 ? _mm256_loadu_si256((const __m256i *)(qs - 32)) : _mm256_setzero_si256(); /* fifth bits */
       __m256i s[4];
 #if PACKED_VNNI
       /* With 4 rows of x, each row's low and high nibbles accumulate in dpbusd itself: 8 chains
@@ -216,12 +237,8 @@ PI void group_dot(const unsigned char *g, ds_dtype dt, size_t bb8, int64_t nb, c
         for (int r = 0; r < 4; r++) s[r] = t[r] = _mm256_setzero_si256();
 #endif
       for (int j = 0; j < 4; j++) { /* low nibbles: values 4j .. 4j+3, high: 16 + 4j .. */
-        __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-        __m256i lo = _mm256_and_si256(w, m4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
-        if (q5) {
-          lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi32(e, 4 - j), m5));
-          hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi32(e, j), m5));
-        }
+        __m256i lo, hi;
+        q45_chunk(qs, e, j, q5, &lo, &hi);
         for (int r = 0; r < R; r++) {
           const int8_t *xq = x->q + (i0 + r) * in + 32 * b + 4 * j;
 #if PACKED_VNNI /* int32 sums; under 4 rows each j's from zero, so s's chain is the adds (s as dpbusd's
@@ -245,14 +262,12 @@ PI void group_dot(const unsigned char *g, ds_dtype dt, size_t bb8, int64_t nb, c
         }
       }
       for (int r = 0; r < R; r++) {
-        int64_t k = (i0 + r) * xb + b;
 #if PACKED_VNNI
-        __m256 isum = _mm256_cvtepi32_ps(R == 4 ? _mm256_add_epi32(s[r], t[r]) : s[r]);
+        __m256i isum = R == 4 ? _mm256_add_epi32(s[r], t[r]) : s[r];
 #else
-        __m256 isum = _mm256_cvtepi32_ps(q5 ? s[r] : _mm256_madd_epi16(s[r], ones));
+        __m256i isum = q5 ? s[r] : _mm256_madd_epi16(s[r], ones);
 #endif
-        acc[r] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(x->d[k])), acc[r]);
-        acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x->m[k]), acc[r]); /* the offset times x's block sum */
+        acc[r] = scale_block(acc[r], isum, dw, mw, x, (i0 + r) * xb + b, 1);
       }
     }
   }
@@ -265,7 +280,7 @@ PI void group_dot(const unsigned char *g, ds_dtype dt, size_t bb8, int64_t nb, c
  * the same exact integer sum of a block and the same float steps as group_dot: the same numbers. */
 PI void group_pair_dot4(const unsigned char *g, size_t gb, ds_dtype dt, size_t bb8, int64_t nb, const ds_qx *x,
                         int64_t in, int64_t i0, __m256 acc[4][2]) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m5 = _mm256_set1_epi8(0x10), flip = _mm256_set1_epi8((char)0x80);
+  const __m256i flip = _mm256_set1_epi8((char)0x80);
   const int64_t xb = in / 32;
   int q8 = dt == DS_Q8_0, has_m = dt == DS_Q4_1 || dt == DS_Q5_1, q5 = dt == DS_Q5_0 || dt == DS_Q5_1;
   for (int64_t b = 0; b < nb; b++) {
@@ -279,7 +294,7 @@ PI void group_pair_dot4(const unsigned char *g, size_t gb, ds_dtype dt, size_t b
     __m256i s[4][2], e[2];
     const unsigned char *qs[2];
     for (int h = 0; h < 2; h++) {
-      qs[h] = blk[h] + (q8 ? 16 : (has_m ? 32 : 16) + (q5 ? 32 : 0));
+      qs[h] = q8 ? blk[h] + 16 : q45_nibbles_at(blk[h], has_m, q5);
       e[h] = q5 ? _mm256_loadu_si256((const __m256i *)(qs[h] - 32)) : _mm256_setzero_si256();
       for (int r = 0; r < 4; r++) s[r][h] = _mm256_setzero_si256();
     }
@@ -303,14 +318,7 @@ PI void group_pair_dot4(const unsigned char *g, size_t gb, ds_dtype dt, size_t b
     } else {
       for (int j = 0; j < 4; j++) { /* low nibbles: values 4j .. 4j+3, high: 16 + 4j .. */
         __m256i lo[2], hi[2];
-        for (int h = 0; h < 2; h++) {
-          __m256i w = _mm256_loadu_si256((const __m256i *)(qs[h] + 32 * j));
-          lo[h] = _mm256_and_si256(w, m4), hi[h] = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
-          if (q5) {
-            lo[h] = _mm256_or_si256(lo[h], _mm256_and_si256(_mm256_slli_epi32(e[h], 4 - j), m5));
-            hi[h] = _mm256_or_si256(hi[h], _mm256_and_si256(_mm256_srli_epi32(e[h], j), m5));
-          }
-        }
+        for (int h = 0; h < 2; h++) q45_chunk(qs[h], e[h], j, q5, &lo[h], &hi[h]);
         for (int r = 0; r < 4; r++) {
           const int8_t *xq = x->q + (i0 + r) * in + 32 * b + 4 * j;
           __m256i xl = bcast4(xq), xh = bcast4(xq + 16);
@@ -324,9 +332,8 @@ PI void group_pair_dot4(const unsigned char *g, size_t gb, ds_dtype dt, size_t b
       }
     }
     for (int h = 0; h < 2; h++) {
-      __m256 dw = f16x8(blk[h]);
-      __m256 mw = has_m ? f16x8(blk[h] + 16) : _mm256_mul_ps(dw, _mm256_set1_ps(q5 ? -16.0f : -8.0f));
-      for (int r = 0; r < 4; r++) {
+      __m256 dw = f16x8(blk[h]), mw = q8 ? dw : q45_offset(blk[h], dw, has_m, q5);
+      for (int r = 0; r < 4; r++) { /* scale_block's steps written out: through it GCC ran Q8_0 7% slower at 32 rows */
         int64_t k = (i0 + r) * xb + b;
         acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][h]), _mm256_mul_ps(dw, _mm256_set1_ps(x->d[k])), acc[r][h]);
         if (!q8) acc[r][h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x->m[k]), acc[r][h]);
