@@ -11,7 +11,8 @@
  * sums, where the row kernel (cpu_quant_x86.h) spends a conversion, a scale and a multiply-add on
  * each output; each row of x is summed on its own, in the same order whatever the other rows, so
  * decode and verification give the same numbers. The two instruction sets form the same exact
- * integer sums of a block, so they give the same numbers too. */
+ * integer sums of a block, so they give the same numbers too. A pass takes up to 4 rows of x over
+ * one group, or with VNNI from 8 rows of x over two groups (group_pair_dot4). */
 #ifndef DSPARK_NN_CPU_QUANT_PACKED_X86_H
 #define DSPARK_NN_CPU_QUANT_PACKED_X86_H
 
