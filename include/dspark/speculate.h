@@ -38,6 +38,8 @@ extern "C" {
 typedef enum { DS_SPEC_FIXED = 0, DS_SPEC_THRESHOLD, DS_SPEC_SCHEDULER } ds_spec_policy;
 
 enum { DS_SPEC_MAX_LEN = 64 };
+/* The longest suffix prompt lookup matches (ds_spec_options.lookup). */
+enum { DS_SPEC_LOOKUP_MAX = 4 };
 
 typedef struct {
   int64_t max_new_tokens;  /* 64 */
@@ -68,6 +70,13 @@ typedef struct {
   const double *head_s; /* head_s[n-1] = the logits of n rows after a request's first (spec_schedule.h); may be NULL */
   int64_t n_head;
   double draft_block_s;
+  /* Prompt lookup: before the draft, the latest earlier occurrence in the request's prompt and
+   * output of its last m tokens (m from DS_SPEC_LOOKUP_MAX down to lookup) proposes the tokens
+   * that followed it, each a point mass, and the draft's block is not run that round; 0 = off.
+   * A small target repeats its prompt and itself, which costs nothing to look up. The scheduler
+   * prices such proposals by this run's acceptance of them and tries them while it has switched
+   * the draft off. */
+  int64_t lookup;
   /* Called after each request's round with the confidence logits of the slots drafted
    * (conf [n_conf], NAN without the confidence head), the tokens proposed and accepted; may
    * be NULL. Setting it makes every policy compute the confidences. */
@@ -93,6 +102,9 @@ typedef struct {
   int64_t steps;                         /* verification passes of the whole batch (the same in every result) */
   int64_t plain_rounds;                  /* rounds the scheduler decoded plainly (speculation switched off) */
   int64_t switched_off;                  /* times the scheduler switched speculation off for the request */
+  /* prompt lookup's rounds and tokens (ds_spec_options.lookup); the fields above from proposed
+   * to pos_accepted count the draft's proposals only */
+  int64_t lookup_rounds, lookup_proposed, lookup_accepted;
 } ds_spec_result;
 
 /* Plain decoding with the target alone (what `dspark generate` runs): prefill once, then one

@@ -52,6 +52,9 @@ static void usage(FILE *f) {
           "  --draft-len L         tokens proposed per round, the most with the scheduler (default: the\n"
           "                        draft's block size; at most it)\n"
           "  --threshold C         for --policy threshold (0.5; refused with another policy)\n"
+          "  --lookup M            prompt lookup: where the request's last M to 4 tokens occurred before in\n"
+          "                        its prompt or output, propose the tokens that followed (the longest match,\n"
+          "                        latest first) instead of running the draft that round; 0 = off (default)\n"
           "  --baseline            also decode the prompt plainly in the same run and report the speedup\n"
           "  --report FILE.json    write the report (tau, acceptance per position, rounds, timings)\n"
           "  --repeat N            decode the prompt N times with seeds S .. S+N-1 (one output line each;\n"
@@ -71,6 +74,8 @@ static void accumulate(ds_spec_result *acc, const ds_spec_result *r, int with_ti
   acc->plain_rounds += r->plain_rounds;
   acc->switched_off += r->switched_off;
   acc->proposed += r->proposed;
+  acc->lookup_rounds += r->lookup_rounds, acc->lookup_proposed += r->lookup_proposed;
+  acc->lookup_accepted += r->lookup_accepted;
   for (int k = 0; k < DS_SPEC_MAX_LEN; k++) acc->pos_proposed[k] += r->pos_proposed[k], acc->pos_accepted[k] += r->pos_accepted[k];
   for (int c = 0; c < DS_SPEC_MAX_LEN + 2; c++) acc->committed_hist[c] += r->committed_hist[c];
   if (with_time)
@@ -98,7 +103,8 @@ typedef struct {
 static const char k_convention[] =
     "tau = tokens committed per target verification pass (the bonus or replacement token counted); "
     "accept_conditional[k] = accepted / proposed at draft position k+1 (given the earlier ones were "
-    "accepted); accept_unconditional[k] = accepted at position k+1 / rounds; "
+    "accepted); accept_unconditional[k] = accepted at position k+1 / rounds; both count the draft's "
+    "proposals and rounds, not prompt lookup's (its own field lookup); "
     "tokens_per_round_histogram[i] = rounds that committed i+1 tokens; per_round times are per "
     "verification pass of the batch (bookkeeping = total - prefill - draft - verify); ECE = expected "
     "calibration error (10 equal-width bins) of the cumulative acceptance prediction prod_{i<=k} "
@@ -120,7 +126,8 @@ static ds_status write_report(const char *path, const ds_spec_options *o, int64_
   cJSON *cond = cJSON_CreateArray(), *uncond = cJSON_CreateArray(), *hist = cJSON_CreateArray();
   for (int64_t k = 0; k < g; k++) {
     cJSON_AddItemToArray(cond, cJSON_CreateNumber(s->pos_proposed[k] > 0 ? s->pos_accepted[k] / s->pos_proposed[k] : 0));
-    cJSON_AddItemToArray(uncond, cJSON_CreateNumber(s->rounds > 0 ? s->pos_accepted[k] / (double)s->rounds : 0));
+    double own = (double)(s->rounds - s->lookup_rounds); /* the rounds the draft proposed in or decoded plainly */
+    cJSON_AddItemToArray(uncond, cJSON_CreateNumber(own > 0 ? s->pos_accepted[k] / own : 0));
   }
   for (int64_t c = 1; c <= g + 1; c++) cJSON_AddItemToArray(hist, cJSON_CreateNumber((double)s->committed_hist[c]));
   cJSON_AddItemToObject(j, "accept_conditional", cond);
@@ -161,6 +168,16 @@ static ds_status write_report(const char *path, const ds_spec_options *o, int64_
     cJSON_AddItemToObject(j, "calibration", cal);
   } else {
     cJSON_AddNullToObject(j, "calibration"); /* no confidence head */
+  }
+  if (o->lookup > 0) {
+    cJSON *lk = cJSON_CreateObject();
+    cJSON_AddNumberToObject(lk, "suffix_min", (double)o->lookup);
+    cJSON_AddNumberToObject(lk, "rounds", (double)s->lookup_rounds);
+    cJSON_AddNumberToObject(lk, "proposed", (double)s->lookup_proposed);
+    cJSON_AddNumberToObject(lk, "accepted", (double)s->lookup_accepted);
+    cJSON_AddItemToObject(j, "lookup", lk);
+  } else {
+    cJSON_AddNullToObject(j, "lookup");
   }
   if (o->policy == DS_SPEC_SCHEDULER) {
     cJSON *sc = cJSON_CreateObject();
@@ -221,6 +238,7 @@ int cmd_speculate(int argc, char **argv) {
     else if (!strcmp(a, "--temperature")) CLI_NUM(0, 100, o.temperature);
     else if (!strcmp(a, "--top-p")) CLI_NUM(1e-6, 1, o.top_p);
     else if (!strcmp(a, "--draft-len")) CLI_INT(0, DS_SPEC_MAX_LEN, o.draft_len);
+    else if (!strcmp(a, "--lookup")) CLI_INT(0, DS_SPEC_LOOKUP_MAX, o.lookup);
     else if (!strcmp(a, "--threshold")) { CLI_NUM(0, 1, o.threshold); threshold_given = 1; }
     else if (!strcmp(a, "--policy")) {
       CLI_VALUE();
@@ -418,6 +436,9 @@ int cmd_speculate(int argc, char **argv) {
     fprintf(stderr, "\ncalibration: mean ECE of the cumulative acceptance %.4f", ds_ece_mean(&set, NULL));
     if (calibration) fprintf(stderr, " raw -> %.4f calibrated", ds_ece_mean(&set, T));
   }
+  if (o.lookup > 0)
+    fprintf(stderr, "\nprompt lookup: %lld rounds, %lld of %lld proposed tokens accepted", (long long)sum.lookup_rounds,
+            (long long)sum.lookup_accepted, (long long)sum.lookup_proposed);
   if (o.policy == DS_SPEC_SCHEDULER)
     fprintf(stderr, "\nscheduler: speculation switched off %lld times (%lld plain rounds, %lld of %lld requests)",
             (long long)sum.switched_off, (long long)sum.plain_rounds, (long long)requests_off, (long long)(R * repeat));

@@ -41,6 +41,9 @@ typedef struct {
   int32_t xs;             /* the last committed token, not yet run by the target */
   int done;
   int64_t n_prop;         /* tokens proposed this round */
+  int lookup;             /* ... by prompt lookup (point masses, no draft distributions in q) */
+  const int32_t *prompt;  /* [n_prompt] the prompt, the start of what lookup searches */
+  int64_t n_prompt;
   int32_t toks[DS_SPEC_MAX_LEN + 1]; /* [x_s, x_1 .. x_L] (target ids) */
   float *q;               /* [g, N] the draft's sampling distributions of the proposed tokens, over its
                              N columns (a reduced vocabulary's S; N = V without one) */
@@ -70,7 +73,7 @@ typedef struct {
   float *tlogits;        /* [rows, V] the target's logits of a pass: a request's first row from the
                             pass, the others (ds_target_logits) once its first proposal is accepted */
   float *fh, *first;     /* [rows, d] final-normed hidden states of a pass; [R, V] its first rows' logits */
-  int64_t *first_rows;   /* [R] */
+  int64_t *first_rows;   /* [R], with lookup [R * (g + 1)]: the rows whose logits a pass computes */
   double head_s;         /* this round's seconds in ds_target_logits (verification, done lazily) */
   float *h, *dlogits;    /* [g, d], [g, N] a draft block */
   float *p, *resid;      /* [V] */
@@ -79,6 +82,7 @@ typedef struct {
   double draft_sum_s;                /* scheduler: measured draft blocks, for their mean cost */
   int64_t draft_blocks;
   double seen_prop[DS_SPEC_MAX_LEN], seen_acc[DS_SPEC_MAX_LEN]; /* this run's acceptance per position */
+  double lk_prop[DS_SPEC_MAX_LEN], lk_acc[DS_SPEC_MAX_LEN];     /* ... of prompt lookup's proposals */
   /* scheduler: at each position reached by the verification, the (calibrated) confidence
    * predicted and the acceptance seen, this run's correction of a calibration fitted elsewhere */
   double pred_sum[DS_SPEC_MAX_LEN], pred_acc[DS_SPEC_MAX_LEN];
@@ -159,12 +163,41 @@ static ds_status context_rows(run *u, request *q, const float *rows, int64_t n, 
   return DS_OK;
 }
 
-/* The draft's proposal for request q's round: up to L tokens into q->toks[1..], their
- * distributions into q->q, their confidence logits into q->conf. */
-static ds_status propose(run *u, request *q, int64_t L) {
+/* Token i of request q's prompt followed by its output. */
+static int32_t token_at(const request *q, int64_t i) { return i < q->n_prompt ? q->prompt[i] : q->r->ids[i - q->n_prompt]; }
+
+/* Prompt lookup (ds_spec_options.lookup): the tokens that followed the latest earlier occurrence
+ * of q's last m tokens, the longest m that occurred, up to L of them into q->toks[1..]; their
+ * count, 0 when none occurred. An occurrence may overlap the suffix (a run of one token repeats). */
+static int64_t lookup(const run *u, request *q, int64_t L) {
+  int64_t n = q->n_prompt + q->r->n;
+  for (int64_t m = DS_SPEC_LOOKUP_MAX; m >= u->o->lookup; m--)
+    for (int64_t e = n - 1; e >= m; e--) { /* tokens e-m .. e-1 against n-m .. n-1, then from e on */
+      int64_t k = 0;
+      while (k < m && token_at(q, e - m + k) == token_at(q, n - m + k)) k++;
+      if (k < m) continue;
+      int64_t c = 0;
+      for (; c < L && e + c < n; c++) q->toks[1 + c] = token_at(q, e + c);
+      return c;
+    }
+  return 0;
+}
+
+/* Request q's proposal for this round, up to L tokens into q->toks[1..]: prompt lookup's when it
+ * finds one, else (when draft is set) the draft's, with their distributions into q->q and their
+ * confidence logits into q->conf. */
+static ds_status propose(run *u, request *q, int64_t L, int draft) {
   const ds_spec_options *o = u->o;
   q->n_prop = q->n_conf = 0;
+  q->lookup = 0;
   if (L <= 0) return DS_OK;
+  if (o->lookup > 0 && (q->n_prop = lookup(u, q, L)) > 0) {
+    q->lookup = 1;
+    for (int64_t k = 0; k < q->n_prop; k++) q->conf[k] = NAN;
+    q->n_conf = q->n_prop;
+    return DS_OK;
+  }
+  if (!draft) return DS_OK;
   DS_TRY(context_flush(u, q));
   DS_TRY(ds_draft_block(u->draft, q->st, q->xs, u->h, u->dlogits));
   int want_conf = o->policy != DS_SPEC_FIXED || o->on_round;
@@ -193,13 +226,15 @@ static double drift(const run *u, int64_t k) {
 }
 
 /* The scheduler's survival probabilities of q's drafted slots: the calibrated confidences
- * corrected by drift, their running product; or without the confidence head this run's
- * acceptance rates (add-one smoothed, so an unseen position is a coin flip). */
+ * corrected by drift, their running product; or without the confidence head (and for prompt
+ * lookup's proposals) this run's acceptance rates of such proposals (add-one smoothed, so an
+ * unseen position is a coin flip). */
 static void survival(run *u, request *q) {
   double cum = 1.0;
   for (int64_t k = 0; k < q->n_prop; k++) {
-    double c = u->dc->enable_confidence_head ? fmin(1.0, confidence(u->o, k, q->conf[k]) * drift(u, k))
-                                             : (u->seen_acc[k] + 1.0) / (u->seen_prop[k] + 2.0);
+    double c = q->lookup ? (u->lk_acc[k] + 1.0) / (u->lk_prop[k] + 2.0)
+               : u->dc->enable_confidence_head ? fmin(1.0, confidence(u->o, k, q->conf[k]) * drift(u, k))
+                                               : (u->seen_acc[k] + 1.0) / (u->seen_prop[k] + 2.0);
     q->survive[k] = cum *= c;
   }
 }
@@ -235,7 +270,7 @@ static ds_status schedule(run *u, int64_t drafting) {
     if (q->done) continue;
     int64_t drafted = q->n_prop;
     q->n_prop = len[n++];
-    if (drafted == 0) continue;
+    if (drafted == 0 || q->lookup) continue; /* a lookup costs no draft block: nothing to switch off */
     if (ds_spec_expected_gain(drafted, q->survive, o->verify_s, o->n_verify, o->head_s, o->n_head, draft_s, NULL) < 1.0) {
       q->off_until = u->step + 1 + q->backoff;
       q->backoff = q->backoff * 2 < SCHED_BACKOFF_MAX ? q->backoff * 2 : SCHED_BACKOFF_MAX;
@@ -273,17 +308,18 @@ static ds_status accept(run *u, request *q) {
     if (k > 1) DS_TRY(need_rest(u, q));
     const float *row = rows + (k - 1) * u->V;
     int32_t x = q->toks[k];
-    r->pos_proposed[k - 1] += 1;
+    if (!q->lookup) r->pos_proposed[k - 1] += 1;
     int ok;
     if (o->temperature > 0) {
       probs_of(u, row, u->p);
       const float *qk = q->q + (k - 1) * u->N;
-      double a = u->p[x], b = draft_prob(u, qk, x);
+      double a = u->p[x], b = q->lookup ? 1.0 : draft_prob(u, qk, x); /* a lookup proposes x surely */
       ok = o->test_bias || ds_rng_uniform_f64(&q->rng) * b < a; /* u < p/q */
       if (!ok) { /* the residual max(0, p - q), renormalized; q is 0 outside a reduced vocabulary */
         double mass = 0;
         for (int64_t v = 0; v < u->V; v++) {
-          float d = u->p[v] - (u->vocab_index ? draft_prob(u, qk, (int32_t)v) : qk[v]);
+          float d = u->p[v] - (q->lookup ? (v == x ? 1.0f : 0.0f)
+                               : u->vocab_index ? draft_prob(u, qk, (int32_t)v) : qk[v]);
           u->resid[v] = d > 0 ? d : 0.0f;
           mass += u->resid[v];
         }
@@ -296,23 +332,25 @@ static ds_status accept(run *u, request *q) {
     }
     if (ok) {
       j = k;
-      r->pos_accepted[k - 1] += 1;
+      if (!q->lookup) r->pos_accepted[k - 1] += 1;
     }
   }
-  for (int64_t k = 0; k < q->n_prop; k++) u->seen_prop[k] += 1, u->seen_acc[k] += k < j;
+  double *seen_prop = q->lookup ? u->lk_prop : u->seen_prop, *seen_acc = q->lookup ? u->lk_acc : u->seen_acc;
+  for (int64_t k = 0; k < q->n_prop; k++) seen_prop[k] += 1, seen_acc[k] += k < j;
   for (int64_t k = 0; k <= j && k < q->n_prop; k++) { /* the positions the verification reached */
     if (!isfinite(q->conf[k])) break;
     u->pred_sum[k] += confidence(o, k, q->conf[k]);
     u->pred_acc[k] += k < j;
   }
-  if (o->on_round) o->on_round(o->round_user, (int)(q - u->req), q->conf, q->n_conf, q->n_prop, j);
+  if (o->on_round && !q->lookup) o->on_round(o->round_user, (int)(q - u->req), q->conf, q->n_conf, q->n_prop, j);
   if (next < 0) { /* every proposal accepted: the bonus token from p_L */
     if (q->n_prop > 0) DS_TRY(need_rest(u, q));
     probs_of(u, rows + q->n_prop * u->V, u->p);
     next = draw(u, q, u->p);
   }
   r->rounds++;
-  r->proposed += q->n_prop;
+  if (q->lookup) r->lookup_rounds++, r->lookup_proposed += q->n_prop, r->lookup_accepted += j;
+  else r->proposed += q->n_prop;
   r->committed_hist[j + 1]++;
   /* commit x_1 .. x_j, then the replacement / bonus */
   for (int64_t k = 1; k <= j && !q->done; k++) q->done = commit(u, q, q->toks[k]);
@@ -330,7 +368,7 @@ static ds_status accept(run *u, request *q) {
 static ds_status round_all(run *u, int *active) {
   const ds_spec_options *o = u->o;
   int n = 0;
-  int64_t rows = 0, drafting = 0;
+  int64_t rows = 0, drafting = 0, n_out = 0; /* n_out: rows whose logits the pass computes */
   double t0 = ds_time_sec();
   for (int i = 0; i < u->R; i++) {
     request *q = &u->req[i];
@@ -339,13 +377,11 @@ static ds_status round_all(run *u, int *active) {
     int64_t L = o->draft_len > 0 ? o->draft_len : u->g;
     if (L > u->g) L = u->g;
     if (L > remaining - 1) L = remaining - 1; /* the round commits up to L + 1 tokens */
-    if (o->policy == DS_SPEC_SCHEDULER && u->step < q->off_until) {
-      L = 0; /* speculation switched off: a plain round */
-      q->r->plain_rounds++;
-    }
+    int off = o->policy == DS_SPEC_SCHEDULER && u->step < q->off_until; /* the draft switched off */
     double td = ds_time_sec();
-    DS_TRY(propose(u, q, L));
-    if (L > 0) u->draft_sum_s += ds_time_sec() - td, u->draft_blocks++, drafting++;
+    DS_TRY(propose(u, q, L, !off));
+    if (off && !q->lookup) q->r->plain_rounds++; /* a plain round */
+    if (L > 0 && !off && !q->lookup) u->draft_sum_s += ds_time_sec() - td, u->draft_blocks++, drafting++;
   }
   double t1 = ds_time_sec();
   if (o->policy == DS_SPEC_SCHEDULER) DS_TRY(schedule(u, drafting));
@@ -354,8 +390,10 @@ static ds_status round_all(run *u, int *active) {
     if (q->done) continue;
     q->toks[0] = q->xs;
     q->row0 = rows;
-    q->rest = q->n_prop == 0;
-    u->first_rows[n] = rows;
+    /* a lookup's proposals are mostly accepted (0.6-0.7 of them on SmolLM2): all its rows' logits
+     * in the pass's one vocabulary product, not a second one when its first is accepted */
+    q->rest = q->n_prop == 0 || q->lookup;
+    for (int64_t k = 0; k <= (q->lookup ? q->n_prop : 0); k++) u->first_rows[n_out++] = rows + k;
     rows += q->n_prop + 1;
     u->seqs[n++] = (ds_target_seq){q->toks, q->n_prop + 1, q->kv};
   }
@@ -365,9 +403,10 @@ static ds_status round_all(run *u, int *active) {
   double t1b = ds_time_sec();
   /* the pass gives every request's first row of logits (one product for the batch) and the
    * final hidden states the others are computed from when they are read (need_rest) */
-  ds_target_outputs out = {u->dc->target_layer_ids, u->dc->n_target_layers, u->ctx, u->fh, u->first_rows, n, u->first};
+  ds_target_outputs out = {u->dc->target_layer_ids, u->dc->n_target_layers, u->ctx, u->fh, u->first_rows, n_out, u->first};
   DS_TRY(ds_target_forward(u->target, u->seqs, n, &out));
-  for (int i = 0; i < n; i++) memcpy(u->tlogits + u->first_rows[i] * u->V, u->first + i * u->V, (size_t)u->V * sizeof(float));
+  for (int64_t i = 0; i < n_out; i++)
+    memcpy(u->tlogits + u->first_rows[i] * u->V, u->first + i * u->V, (size_t)u->V * sizeof(float));
   double t2 = ds_time_sec();
   u->head_s = 0;
   for (int i = 0; i < u->R; i++)
@@ -399,8 +438,9 @@ static ds_status speculate(run *u, const int32_t *const *prompts, const int64_t 
   u->ctx = ds_malloc_aligned((size_t)(rows * u->md) * sizeof(float), "captured rows");
   u->tlogits = ds_malloc_aligned((size_t)(u->R * (g + 1) * V) * sizeof(float), "target logits");
   u->fh = ds_malloc_aligned((size_t)(u->R * (g + 1) * u->tc->hidden_size) * sizeof(float), "final hidden states");
-  u->first = ds_malloc_aligned((size_t)(u->R * V) * sizeof(float), "target logits");
-  u->first_rows = ds_malloc((size_t)u->R * sizeof(int64_t), "batch");
+  int64_t out_rows = u->R * (u->o->lookup > 0 ? g + 1 : 1); /* with lookup, every row of a lookup's request */
+  u->first = ds_malloc_aligned((size_t)(out_rows * V) * sizeof(float), "target logits");
+  u->first_rows = ds_malloc((size_t)out_rows * sizeof(int64_t), "batch");
   u->h = ds_malloc_aligned((size_t)(g * u->dc->hidden_size) * sizeof(float), "draft block");
   u->dlogits = ds_malloc_aligned((size_t)(g * u->N) * sizeof(float), "draft logits");
   u->p = ds_malloc_aligned((size_t)V * sizeof(float), "target distribution");
@@ -423,6 +463,7 @@ static ds_status speculate(run *u, const int32_t *const *prompts, const int64_t 
     q->r->ids = ds_malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof(int32_t), "output ids");
     if (st == DS_OK && (!q->q || !q->r->ids)) st = DS_ERR_NOMEM;
     ds_rng_seed(&q->rng, u->o->seeds ? u->o->seeds[i] : u->o->seed + (uint64_t)i);
+    q->prompt = prompts[i], q->n_prompt = n_prompts[i];
     u->seqs[i] = (ds_target_seq){prompts[i], n_prompts[i], q->kv};
   }
   if (st != DS_OK || max_new <= 0) {
@@ -456,6 +497,9 @@ ds_status ds_speculate_batch(ds_target *target, ds_draft *draft, const int32_t *
                              int R, const ds_spec_options *o, ds_spec_result *results) {
   for (int i = 0; i < R; i++) memset(&results[i], 0, sizeof results[i]);
   if (R < 1) return DS_FAIL(DS_ERR_ARG, "speculate: no request");
+  if (o->lookup < 0 || o->lookup > DS_SPEC_LOOKUP_MAX)
+    return DS_FAIL(DS_ERR_ARG, "speculate: lookup %lld is not 0 (off) or a suffix length in 1 .. %d",
+                   (long long)o->lookup, DS_SPEC_LOOKUP_MAX);
   DS_TRY(check_pair(target, draft));
   run u;
   memset(&u, 0, sizeof u);

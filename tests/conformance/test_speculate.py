@@ -11,6 +11,10 @@ target built here and DSpark drafts trained for it here:
   (seeds are fixed, so the outcome is reproducible); and the same test rejects a
   deliberately biased acceptance rule (--test-bias-acceptance accepts every draft token), so
   it can fail; the scheduler policy with a calibration passes the same test;
+- prompt lookup (--lookup M: proposals copied from where the request's last tokens occurred
+  before, point masses): greedy output identical as above, one request and batched, fixed and
+  scheduler, with lookup rounds proposed and accepted; sampling passes the chi-square test on a
+  prompt where lookup proposes the second token in most requests (the report says how often);
 - confidence scheduling: `dspark calibrate` writes one temperature per position and its ECE
   on the fit rounds is no worse after than before (position 1 by construction, the mean as
   measured); `dspark profile` writes a sane cost table; the scheduler policy (with a profile,
@@ -175,6 +179,7 @@ def main():
                                 "--print-ids", "--ignore-eos"])
         plain[prompt] = out.split()
     taus = {}
+    lookup_seen = {}
     for head, run in drafts.items():
         # the calibration was fitted for the vanilla draft: speculate refuses it for the others
         own = ["--calibration", sched["calibration"]] if head == "vanilla" else []
@@ -182,7 +187,8 @@ def main():
         for policy in (["--policy", "fixed", "--draft-len", "1"], ["--policy", "fixed", "--draft-len", "3"],
                        ["--policy", "fixed"], ["--policy", "threshold", "--threshold", "0.3"],
                        ["--policy", "scheduler", "--profile", sched["measured"]], [],
-                       ["--policy", "scheduler", "--profile", sched["flat"]] + own):
+                       ["--policy", "scheduler", "--profile", sched["flat"]] + own,
+                       ["--policy", "fixed", "--lookup", "1"], ["--lookup", "2"]):
             for prompt in PROMPTS:
                 rep = os.path.join(tmp, "report.json")
                 out, err, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", run, "--prompt",
@@ -196,6 +202,13 @@ def main():
                     taus.setdefault(head, []).append(r["tau"])
                 if not policy:
                     ck.check(r["policy"] == "scheduler", f"the default policy is {r['policy']}, not the scheduler")
+                if "--lookup" in policy:
+                    for key in ("rounds", "accepted"):
+                        lookup_seen[key] = lookup_seen.get(key, 0) + r["lookup"][key]
+                else:
+                    ck.check(r["lookup"] is None, f"{policy}: a lookup report without --lookup")
+    ck.check(lookup_seen.get("rounds", 0) > 0 and lookup_seen.get("accepted", 0) > 0,
+             f"prompt lookup proposed or was accepted nowhere ({lookup_seen}): its paths are not exercised")
     # batched: every request's output is its plain decoding (one verification pass per round for all)
     flat = {}
     for prompt in PROMPTS:
@@ -214,7 +227,8 @@ def main():
         for policy in (["--policy", "fixed"], ["--policy", "fixed", "--one-at-a-time", "--baseline"],
                        ["--policy", "fixed", "--draft-len", "2"], ["--policy", "threshold", "--threshold", "0.3"],
                        ["--policy", "scheduler", "--profile", sched["measured"]], [], ["--one-at-a-time"],
-                       ["--policy", "scheduler"] + own):
+                       ["--policy", "scheduler"] + own, ["--lookup", "1"],
+                       ["--policy", "fixed", "--draft-len", "2", "--lookup", "1"]):
             out, _, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", drafts[head], "--data",
                                     batch_file, "--max-new-tokens", "24", "--print-ids", "--ignore-eos"] + policy)
             lines = out.strip().split("\n")
@@ -283,6 +297,42 @@ def main():
             else:
                 ck.check(pval < 1e-3, f"T={temperature} top_p={top_p}: the test does not detect a biased acceptance "
                                       f"rule (p = {pval:.3g})")
+    # prompt lookup under sampling: a prompt in which most tokens occur, each followed by the same
+    # token, so that whatever the first sampled token, lookup proposes the second; then the
+    # target's likeliest first and second tokens, so that at a low temperature lookup proposes
+    # the second token the target likes best after its likeliest first (accepted about half the
+    # time: the acceptance rule, not only the residual, decides the distribution)
+    c = 306
+    ids = [t for v in range(2, 200) if v != c for t in (v, c)]
+    with torch.no_grad():
+        t1 = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+        ids += [t1, int(model(torch.tensor([ids + [t1]])).logits[0, -1].argmax())]
+    for temperature, top_p in ((1.0, 1.0), (0.1, 1.0)):
+        with torch.no_grad():
+            p0 = sampling_probs(model(torch.tensor([ids])).logits[0, -1], temperature, top_p)
+            support = [i for i in range(len(p0)) if p0[i] > 0]
+            logits = model(torch.tensor([ids + [i] for i in support])).logits[:, -1]
+            p1 = sum(float(p0[i]) * sampling_probs(logits[k], temperature, top_p) for k, i in enumerate(support))
+        probs = [float(x) for x in p1]
+        rep = os.path.join(tmp, "report-lookup.json")
+        out, _, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", drafts["vanilla"],
+                                "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", "3", "--print-ids",
+                                "--ignore-eos", "--temperature", str(temperature), "--top-p", str(top_p), "--repeat",
+                                str(n), "--seed", "1000", "--policy", "fixed", "--lookup", "1", "--report", rep])
+        rows = ids_of(out)
+        counts = [0] * len(probs)
+        for r in rows:
+            counts[int(r[1])] += 1
+        pval, stat, df = chi_square_p(counts, probs, len(rows))
+        lk = json.load(open(rep))["lookup"]
+        print(f"T={temperature} top_p={top_p} prompt lookup: chi-square {stat:.1f} on {df} df, p = {pval:.3g} "
+              f"({len(rows)} samples; lookup proposed {lk['proposed']}, accepted {lk['accepted']})")
+        ck.check(lk["rounds"] >= n // 2, f"T={temperature}: prompt lookup proposed in {lk['rounds']} of {n} requests")
+        if temperature < 1:
+            ck.check(lk["accepted"] >= n // 10, f"T={temperature}: prompt lookup accepted {lk['accepted']} of "
+                                                f"{lk['proposed']}: its acceptance rule is not exercised")
+        ck.check(len(rows) == n and pval > 1e-3,
+                 f"T={temperature} top_p={top_p}: sampling with prompt lookup differs from the target (p = {pval:.3g})")
     ck.finish("test_speculate")
 
 
