@@ -7,10 +7,11 @@
  * (q|k|v, o, gate|up, down in --type, default Q4_1) and its Q8_0 head in order, 97 MB that no
  * cache holds: the direct path's rate from memory against the stream read of 256 MiB in 2 MiB
  * pages (bench/stream_read.h), the two alternated, R rounds (the host's rate moves between
- * runs: the round's ratio is the figure).
+ * runs: the round's ratio is the figure). --rows N: N rows of x through every product, as a
+ * verification of N tokens reads the weights once for all of them.
  *   bench_quant [--threads N] [--reps R] [--chunk-kb K: chunks of K KiB of fp32 rows]
  *               [--isa portable|avx2|avx2-packed|vnni: the direct path's kernel, capped at the CPU's]
- *               [--decode [--type Q4_1|Q4_0|Q8_0|...]] */
+ *               [--decode [--type Q4_1|Q4_0|Q8_0|...] [--rows N]] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +38,7 @@ static unsigned char *make_weight(ds_dtype dt, int64_t rows, int64_t cols) {
 /* A decode's matrix-vector products in a model's order, each round's best of 3 passes beside a
  * stream read of 256 MiB (after a pass that packs the copies and warms): SmolLM2-135M's shapes,
  * its layers' matrices in dt, the head in Q8_0. Medians over the rounds. */
-static int decode_pass(ds_qisa isa, ds_dtype dt, int rounds) {
+static int decode_pass(ds_qisa isa, ds_dtype dt, int rounds, int64_t n) {
   enum { LAYERS = 30, D = 576, V = 49152, ROUNDS_MAX = 1000 };
   const int64_t outs[5] = {960, 576, 3072, 576, V}, ins[5] = {D, D, D, 1536, D}, stream_floats = (int64_t)64 << 20;
   if (rounds > ROUNDS_MAX) rounds = ROUNDS_MAX;
@@ -49,11 +50,11 @@ static int decode_pass(ds_qisa isa, ds_dtype dt, int rounds) {
     w[i] = (ds_weight){make_weight(t, outs[s], ins[s]), t};
     bytes += (double)ds_quant_row_bytes(t, ins[s]) * (double)outs[s];
   }
-  float *x = calloc(1536, sizeof(float)), *y = calloc(V, sizeof(float));
+  float *x = calloc((size_t)(n * 1536), sizeof(float)), *y = calloc((size_t)(n * V), sizeof(float));
   float *stream = ds_malloc_huge((size_t)stream_floats * sizeof(float), "stream read");
   if (!stream) return 1;
   for (int64_t k = 0; k < stream_floats; k++) stream[k] = (float)(k % 3);
-  for (int k = 0; k < 1536; k++) x[k] = (float)(k % 7) - 3.0f;
+  for (int64_t k = 0; k < n * 1536; k++) x[k] = (float)(k % 7) - 3.0f;
   static double dec[ROUNDS_MAX], str[ROUNDS_MAX], ratio[ROUNDS_MAX];
   for (int r = -1; r < rounds; r++) {
     double best = 1e30;
@@ -61,7 +62,7 @@ static int decode_pass(ds_qisa isa, ds_dtype dt, int rounds) {
       double t0 = ds_time_sec();
       for (int i = 0; i < LAYERS * 4 + 1; i++) {
         int s = i < LAYERS * 4 ? i % 4 : 4;
-        ds_quant_direct_cat(isa, y, outs[s], x, &w[i], &outs[s], 1, NULL, 1, ins[s]);
+        ds_quant_direct_cat(isa, y, outs[s], x, &w[i], &outs[s], 1, NULL, n, ins[s]);
       }
       double t = ds_time_sec() - t0;
       if (t < best) best = t;
@@ -71,8 +72,9 @@ static int decode_pass(ds_qisa isa, ds_dtype dt, int rounds) {
     dec[r] = bytes / best / 1e9, str[r] = (double)stream_floats * 4 / ts / 1e9, ratio[r] = dec[r] / str[r];
   }
   double rm = ds_median(ratio, rounds), dm = ds_median(dec, rounds), sm = ds_median(str, rounds);
-  printf("decode pass (SmolLM2-135M, layers %s, head Q8_0: %.1f MB), %s, %d rounds: %.2f GB/s (%.3f ms), stream "
-         "read %.2f GB/s, share %.0f%% (medians)\n", ds_dtype_name(dt), bytes / 1e6, ds_qisa_name(isa), rounds, dm,
+  printf("decode pass (SmolLM2-135M, layers %s, head Q8_0: %.1f MB), %lld row(s) of x, %s, %d rounds: %.2f GB/s "
+         "(%.3f ms), stream read %.2f GB/s, share %.0f%% (medians)\n", ds_dtype_name(dt), bytes / 1e6, (long long)n,
+         ds_qisa_name(isa), rounds, dm,
          1e3 * bytes / dm / 1e9, sm, 100 * rm);
   for (int i = 0; i < LAYERS * 4 + 1; i++) free((void *)w[i].data);
   free(x);
@@ -82,7 +84,7 @@ static int decode_pass(ds_qisa isa, ds_dtype dt, int rounds) {
 }
 
 int main(int argc, char **argv) {
-  int threads = 0, reps = 5, chunk_kb = 0, decode = 0;
+  int threads = 0, reps = 5, chunk_kb = 0, decode = 0, decode_rows = 1;
   ds_dtype decode_type = DS_Q4_1;
   ds_qisa isa = ds_qisa_best();
   for (int i = 1; i < argc; i++) {
@@ -100,6 +102,13 @@ int main(int argc, char **argv) {
     }
     else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--rows")) {
+      decode_rows = atoi(argv[++i]);
+      if (decode_rows < 1 || decode_rows > 128) {
+        fprintf(stderr, "bench_quant: --rows %s is not in 1 .. 128\n", argv[i]);
+        return 2;
+      }
+    }
     else if (!strcmp(argv[i], "--chunk-kb")) chunk_kb = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--isa")) {
       const char *v = argv[++i];
@@ -110,7 +119,7 @@ int main(int argc, char **argv) {
   }
   if (threads) ds_set_num_threads(threads);
   printf("quantized kernels: %s, GEMM: %s, threads %d\n", ds_qisa_name(isa), ds_gemm_name(), ds_get_num_threads());
-  if (decode) return decode_pass(isa, decode_type, reps);
+  if (decode) return decode_pass(isa, decode_type, reps, decode_rows);
   const ds_dtype types[] = {DS_Q4_1, DS_Q8_0, DS_Q4_0, DS_Q4_K, DS_Q6_K, DS_Q5_0, DS_Q5_1};
   const int64_t shapes[3][2] = {{3072, 576}, {576, 1536}, {49152, 576}};
   const int64_t rows[] = {1, 2, 4, 8, 12, 16, 24, 32, 64, 128};
