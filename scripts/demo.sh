@@ -12,7 +12,8 @@
 #   5. `dspark profile` and `dspark calibrate` measure this machine's verification costs and fit
 #      the DSpark draft's confidence for the prefix scheduler;
 #   6. `dspark speculate` decodes each kind's held-out prompts one request at a time with each
-#      draft, against plain decoding of the same prompts, and the table is printed per kind;
+#      draft (the DSpark one also under the scheduler, and with prompt lookup beside it),
+#      against plain decoding of the same prompts, and the table is printed per kind;
 #   7. `dspark plot` draws the training curves and the reports' figures.
 # The target is read from the .gguf file itself by every command (its quantized weights used as
 # stored, docs/compute.md; nothing converted on disk). Stage times go to $demo/stages.jsonl. The quick option on a toy target the
@@ -102,6 +103,8 @@ for kind in "${kinds[@]}"; do
   spec "$kind" dspark dspark --policy fixed --baseline
   spec "$kind" dspark-scheduler dspark --policy scheduler --profile "$demo/profile.json" \
       --calibration "$demo/calibration.json"
+  spec "$kind" dspark-lookup dspark --policy scheduler --profile "$demo/profile.json" \
+      --calibration "$demo/calibration.json" --lookup 2
 done
 stamp "plots (dspark plot): training curves of every run, acceptance and calibration of every report"
 $ds plot "$demo" > /dev/null 2> "$demo/plot.log" || { cat "$demo/plot.log"; exit 1; }
@@ -113,7 +116,7 @@ print(f"{'kind':<10} {'draft':<18} {'tau':>6} {'tokens/s':>9} {'speedup':>8}   (
 for kind in kinds:
     plain = json.load(open(f"{demo}/speculate-{kind}-dspark.json"))["plain_decode_tokens_per_s"]
     print(f"{kind:<10} {'plain decoding':<18} {'':>6} {plain:9.1f} {1:7.2f}x")
-    for name in ("dflash", "dspark", "dspark-scheduler"):
+    for name in ("dflash", "dspark", "dspark-scheduler", "dspark-lookup"):
         r = json.load(open(f"{demo}/speculate-{kind}-{name}.json"))
         print(f"{kind:<10} {name:<18} {r['tau']:6.3f} {r['decode_tokens_per_s']:9.1f} "
               f"{r['decode_tokens_per_s'] / plain:7.2f}x")
