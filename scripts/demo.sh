@@ -12,7 +12,7 @@
 #   5. `dspark profile` and `dspark calibrate` measure this machine's verification costs and fit
 #      the DSpark draft's confidence for the prefix scheduler;
 #   6. `dspark speculate` decodes each kind's held-out prompts one request at a time with each
-#      draft (the DSpark one also under the scheduler, and with prompt lookup beside it),
+#      draft (the DSpark one also under the scheduler, alone and with prompt lookup, its default),
 #      against plain decoding of the same prompts, and the table is printed per kind;
 #   7. `dspark plot` draws the training curves and the reports' figures.
 # The target is read from the .gguf file itself by every command (its quantized weights used as
@@ -102,9 +102,9 @@ for kind in "${kinds[@]}"; do
   spec "$kind" dflash dflash --policy fixed
   spec "$kind" dspark dspark --policy fixed --baseline
   spec "$kind" dspark-scheduler dspark --policy scheduler --profile "$demo/profile.json" \
-      --calibration "$demo/calibration.json"
+      --calibration "$demo/calibration.json" --lookup 0
   spec "$kind" dspark-lookup dspark --policy scheduler --profile "$demo/profile.json" \
-      --calibration "$demo/calibration.json" --lookup 2
+      --calibration "$demo/calibration.json"
 done
 stamp "plots (dspark plot): training curves of every run, acceptance and calibration of every report"
 $ds plot "$demo" > /dev/null 2> "$demo/plot.log" || { cat "$demo/plot.log"; exit 1; }

@@ -54,7 +54,9 @@ static void usage(FILE *f) {
           "  --threshold C         for --policy threshold (0.5; refused with another policy)\n"
           "  --lookup M            prompt lookup: where the request's last M to 4 tokens occurred before in\n"
           "                        its prompt or output, propose the tokens that followed (the longest match,\n"
-          "                        latest first) instead of running the draft that round; 0 = off (default)\n"
+          "                        latest first) instead of running the draft that round, while such proposals\n"
+          "                        are accepted at least as often as the draft's; 0 = off; default 2 with the\n"
+          "                        scheduler, 0 with the fixed and threshold policies (they measure the draft)\n"
           "  --baseline            also decode the prompt plainly in the same run and report the speedup\n"
           "  --report FILE.json    write the report (tau, acceptance per position, rounds, timings)\n"
           "  --repeat N            decode the prompt N times with seeds S .. S+N-1 (one output line each;\n"
@@ -203,6 +205,7 @@ int cmd_speculate(int argc, char **argv) {
    * pay: a fixed length is the library's default and a measurement (`--policy fixed`), but a weak
    * draft at a fixed 7 proposals decodes at a third of plain speed (docs/speculative-decoding.md). */
   o.policy = DS_SPEC_SCHEDULER;
+  o.lookup = -1; /* not given: 2 under the scheduler, off under the policies that measure the draft */
   int chat = 0, print_ids = 0, baseline = 0, one_at_a_time = 0, thinking = -1, taken, threshold_given = 0;
   const char *chat_template = NULL;
   size_t max_line = 0;
@@ -258,6 +261,7 @@ int cmd_speculate(int argc, char **argv) {
     fprintf(stderr, "dspark speculate: --target, --draft and exactly one of --prompt / --prompt-ids / --data are required (see --help)\n");
     return 2;
   }
+  if (o.lookup < 0) o.lookup = o.policy == DS_SPEC_SCHEDULER ? 2 : 0;
   if (threshold_given && o.policy != DS_SPEC_THRESHOLD) { /* not a silent no-op under another policy */
     fprintf(stderr, "dspark speculate: --threshold is the threshold policy's: add --policy threshold\n");
     return 2;

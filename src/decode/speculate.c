@@ -183,15 +183,23 @@ static int64_t lookup(const run *u, request *q, int64_t L) {
   return 0;
 }
 
+/* Whether a lookup goes before the draft: while the draft is switched off, or while this run's
+ * lookups are accepted at their first position at least as often as the draft's proposals
+ * (add-one smoothed: both start at a coin flip, and the draft's count grows in the rounds
+ * without an occurrence), so a draft that accepts well keeps its rounds. */
+static int lookup_first(const run *u, int draft) {
+  return !draft || (u->lk_acc[0] + 1.0) / (u->lk_prop[0] + 2.0) >= (u->seen_acc[0] + 1.0) / (u->seen_prop[0] + 2.0);
+}
+
 /* Request q's proposal for this round, up to L tokens into q->toks[1..]: prompt lookup's when it
- * finds one, else (when draft is set) the draft's, with their distributions into q->q and their
- * confidence logits into q->conf. */
+ * finds one and goes first (lookup_first), else (when draft is set) the draft's, with their
+ * distributions into q->q and their confidence logits into q->conf. */
 static ds_status propose(run *u, request *q, int64_t L, int draft) {
   const ds_spec_options *o = u->o;
   q->n_prop = q->n_conf = 0;
   q->lookup = 0;
   if (L <= 0) return DS_OK;
-  if (o->lookup > 0 && (q->n_prop = lookup(u, q, L)) > 0) {
+  if (o->lookup > 0 && lookup_first(u, draft) && (q->n_prop = lookup(u, q, L)) > 0) {
     q->lookup = 1;
     for (int64_t k = 0; k < q->n_prop; k++) q->conf[k] = NAN;
     q->n_conf = q->n_prop;

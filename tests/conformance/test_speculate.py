@@ -12,8 +12,8 @@ target built here and DSpark drafts trained for it here:
   deliberately biased acceptance rule (--test-bias-acceptance accepts every draft token), so
   it can fail; the scheduler policy with a calibration passes the same test;
 - prompt lookup (--lookup M: proposals copied from where the request's last tokens occurred
-  before, point masses): greedy output identical as above, one request and batched, fixed and
-  scheduler, with lookup rounds proposed and accepted; sampling passes the chi-square test on a
+  before, point masses; 2 by default under the scheduler): greedy output identical as above, one
+  request and batched, fixed and scheduler, with lookup rounds proposed and accepted; sampling passes the chi-square test on a
   prompt where lookup proposes the second token in most requests (the report says how often);
 - confidence scheduling: `dspark calibrate` writes one temperature per position and its ECE
   on the fit rounds is no worse after than before (position 1 by construction, the mean as
@@ -129,11 +129,13 @@ def confidence_scheduling(args, ck, tmp, target, drafts, batch_file):
             ("steep", steep, lambda r: r["tau"] == 1.0 and r["accept_conditional"] == [0, 0, 0, 0]),
             ("dear", dear, lambda r: r["scheduler"]["requests_switched_off"] == len(PROMPTS)
              and r["scheduler"]["rounds_switched_off"] > 0)):
-        out, r = spec(["--policy", "scheduler", "--profile", path])
+        # the draft's scheduling alone (--lookup 0), but for the steep table, which must cut prompt
+        # lookup's proposals too (the scheduler prices them)
+        out, r = spec(["--policy", "scheduler", "--profile", path] + ([] if name == "steep" else ["--lookup", "0"]))
         ck.check(out == fixed_out, f"scheduler on the {name} profile: output differs from the fixed policy's")
         ck.check(check(r), f"scheduler on the {name} profile: tau {r['tau']} (fixed {fixed['tau']}), "
                            f"scheduler {r['scheduler']}, acceptance {r['accept_conditional']}")
-    out, r = spec(["--policy", "scheduler", "--profile", flat, "--calibration", cal, "--baseline"])
+    out, r = spec(["--policy", "scheduler", "--profile", flat, "--calibration", cal, "--baseline", "--lookup", "0"])
     ck.check(out == fixed_out, "scheduler with a calibration: output differs from the fixed policy's")
     ck.check("bonus" in r["convention"] and set(r["per_round"]) == {"draft_s", "verify_s", "bookkeeping_s"}
              and len(r["tokens_per_round_histogram"]) == 5 and len(r["accept_unconditional"]) == 4
@@ -188,7 +190,7 @@ def main():
                        ["--policy", "fixed"], ["--policy", "threshold", "--threshold", "0.3"],
                        ["--policy", "scheduler", "--profile", sched["measured"]], [],
                        ["--policy", "scheduler", "--profile", sched["flat"]] + own,
-                       ["--policy", "fixed", "--lookup", "1"], ["--lookup", "2"]):
+                       ["--policy", "fixed", "--lookup", "1"], ["--lookup", "1"], ["--lookup", "0"]):
             for prompt in PROMPTS:
                 rep = os.path.join(tmp, "report.json")
                 out, err, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", run, "--prompt",
@@ -202,11 +204,14 @@ def main():
                     taus.setdefault(head, []).append(r["tau"])
                 if not policy:
                     ck.check(r["policy"] == "scheduler", f"the default policy is {r['policy']}, not the scheduler")
-                if "--lookup" in policy:
+                # lookup: as given, else 2 under the scheduler (the default policy) and off otherwise
+                given = policy[policy.index("--lookup") + 1] if "--lookup" in policy else None
+                on = given != "0" if given else "fixed" not in policy and "threshold" not in policy
+                if on and r["lookup"] is not None:
                     for key in ("rounds", "accepted"):
                         lookup_seen[key] = lookup_seen.get(key, 0) + r["lookup"][key]
-                else:
-                    ck.check(r["lookup"] is None, f"{policy}: a lookup report without --lookup")
+                ck.check((r["lookup"] is not None) == on, f"{policy}: lookup report {r['lookup']}, expected "
+                                                          f"{'one' if on else 'none'}")
     ck.check(lookup_seen.get("rounds", 0) > 0 and lookup_seen.get("accepted", 0) > 0,
              f"prompt lookup proposed or was accepted nowhere ({lookup_seen}): its paths are not exercised")
     # batched: every request's output is its plain decoding (one verification pass per round for all)
