@@ -357,8 +357,8 @@ static ds_status accept(run *u, request *q) {
     next = draw(u, q, u->p);
   }
   r->rounds++;
-  if (q->lookup) r->lookup_rounds++, r->lookup_proposed += q->n_prop, r->lookup_accepted += j;
-  else r->proposed += q->n_prop;
+  if (q->lookup && q->n_prop > 0) r->lookup_rounds++, r->lookup_proposed += q->n_prop, r->lookup_accepted += j;
+  else r->proposed += q->n_prop; /* a lookup the scheduler cut to nothing is a plain round */
   r->committed_hist[j + 1]++;
   /* commit x_1 .. x_j, then the replacement / bonus */
   for (int64_t k = 1; k <= j && !q->done; k++) q->done = commit(u, q, q->toks[k]);
