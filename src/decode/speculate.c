@@ -183,12 +183,15 @@ static int64_t lookup(const run *u, request *q, int64_t L) {
   return 0;
 }
 
+/* accepted / proposed, add-one smoothed: an unseen position is a coin flip. */
+static double smoothed_rate(double accepted, double proposed) { return (accepted + 1.0) / (proposed + 2.0); }
+
 /* Whether a lookup goes before the draft: while the draft is switched off, or while this run's
  * lookups are accepted at their first position at least as often as the draft's proposals
  * (add-one smoothed: both start at a coin flip, and the draft's count grows in the rounds
  * without an occurrence), so a draft that accepts well keeps its rounds. */
 static int lookup_first(const run *u, int draft) {
-  return !draft || (u->lk_acc[0] + 1.0) / (u->lk_prop[0] + 2.0) >= (u->seen_acc[0] + 1.0) / (u->seen_prop[0] + 2.0);
+  return !draft || smoothed_rate(u->lk_acc[0], u->lk_prop[0]) >= smoothed_rate(u->seen_acc[0], u->seen_prop[0]);
 }
 
 /* Request q's proposal for this round, up to L tokens into q->toks[1..]: prompt lookup's when it
@@ -240,9 +243,9 @@ static double drift(const run *u, int64_t k) {
 static void survival(run *u, request *q) {
   double cum = 1.0;
   for (int64_t k = 0; k < q->n_prop; k++) {
-    double c = q->lookup ? (u->lk_acc[k] + 1.0) / (u->lk_prop[k] + 2.0)
+    double c = q->lookup ? smoothed_rate(u->lk_acc[k], u->lk_prop[k])
                : u->dc->enable_confidence_head ? fmin(1.0, confidence(u->o, k, q->conf[k]) * drift(u, k))
-                                               : (u->seen_acc[k] + 1.0) / (u->seen_prop[k] + 2.0);
+                                               : smoothed_rate(u->seen_acc[k], u->seen_prop[k]);
     q->survive[k] = cum *= c;
   }
 }
