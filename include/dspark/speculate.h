@@ -77,6 +77,12 @@ typedef struct {
    * prices such proposals by this run's acceptance of them and tries them while it has switched
    * the draft off. */
   int64_t lookup;
+  /* Corpus lookup (include/dspark/ngram.h; NULL = off): after prompt lookup finds nothing, the
+   * table's continuation of the request, each token a point mass, while the product of its
+   * estimates stays above 0.1. The scheduler prices them by those estimates, corrected by this
+   * run's acceptance of them as the confidences are; while the draft runs, they go first only
+   * where the first token's chance is at least the draft's first-position acceptance so far. */
+  const struct ds_ngram *corpus;
   /* Called after each request's round with the confidence logits of the slots drafted
    * (conf [n_conf], NAN without the confidence head), the tokens proposed and accepted; may
    * be NULL. Setting it makes every policy compute the confidences. */
@@ -105,6 +111,7 @@ typedef struct {
   /* prompt lookup's rounds and tokens (ds_spec_options.lookup); the fields above from proposed
    * to pos_accepted count the draft's proposals only */
   int64_t lookup_rounds, lookup_proposed, lookup_accepted;
+  int64_t corpus_rounds, corpus_proposed, corpus_accepted; /* corpus lookup's (ds_spec_options.corpus) */
 } ds_spec_result;
 
 /* Plain decoding with the target alone (what `dspark generate` runs): prefill once, then one

@@ -13,6 +13,7 @@
 #include "dspark/backend.h"
 #include "dspark/checkpoint.h"
 #include "dspark/fileio.h"
+#include "dspark/ngram.h"
 #include "dspark/prompts.h"
 #include "dspark/spec_files.h"
 #include "dspark/speculate.h"
@@ -57,6 +58,11 @@ static void usage(FILE *f) {
           "                        latest first) instead of running the draft that round, while such proposals\n"
           "                        are accepted at least as often as the draft's; 0 = off; default 2 with the\n"
           "                        scheduler, 0 with the fixed and threshold policies (they measure the draft)\n"
+          "  --lookup-corpus DATA  corpus lookup: from the answers in DATA (what `train` reads, e.g. the\n"
+          "                        regenerated answers, rendered with the chat template; conversations cut at\n"
+          "                        4096 tokens), the token that most often followed the request's last 1 to 4\n"
+          "                        tokens (the longest context seen), chained, proposed where prompt lookup\n"
+          "                        finds nothing and the draft's first token is accepted less often\n"
           "  --baseline            also decode the prompt plainly in the same run and report the speedup\n"
           "  --report FILE.json    write the report (tau, acceptance per position, rounds, timings)\n"
           "  --repeat N            decode the prompt N times with seeds S .. S+N-1 (one output line each;\n"
@@ -78,6 +84,8 @@ static void accumulate(ds_spec_result *acc, const ds_spec_result *r, int with_ti
   acc->proposed += r->proposed;
   acc->lookup_rounds += r->lookup_rounds, acc->lookup_proposed += r->lookup_proposed;
   acc->lookup_accepted += r->lookup_accepted;
+  acc->corpus_rounds += r->corpus_rounds, acc->corpus_proposed += r->corpus_proposed;
+  acc->corpus_accepted += r->corpus_accepted;
   for (int k = 0; k < DS_SPEC_MAX_LEN; k++) acc->pos_proposed[k] += r->pos_proposed[k], acc->pos_accepted[k] += r->pos_accepted[k];
   for (int c = 0; c < DS_SPEC_MAX_LEN + 2; c++) acc->committed_hist[c] += r->committed_hist[c];
   if (with_time)
@@ -100,6 +108,7 @@ typedef struct {
   const ds_spec_rounds *rounds; /* NULL without the confidence head */
   const char *profile_source;   /* scheduler only */
   int64_t requests_switched_off;
+  const char *corpus;           /* --lookup-corpus, NULL: none */
 } report_extras;
 
 static const char k_convention[] =
@@ -181,6 +190,18 @@ static ds_status write_report(const char *path, const ds_spec_options *o, int64_
   } else {
     cJSON_AddNullToObject(j, "lookup");
   }
+  if (x->corpus) {
+    cJSON *cp = cJSON_CreateObject();
+    cJSON_AddStringToObject(cp, "data", x->corpus);
+    cJSON_AddNumberToObject(cp, "tokens", (double)ds_ngram_tokens(o->corpus));
+    cJSON_AddNumberToObject(cp, "contexts", (double)ds_ngram_contexts(o->corpus));
+    cJSON_AddNumberToObject(cp, "rounds", (double)s->corpus_rounds);
+    cJSON_AddNumberToObject(cp, "proposed", (double)s->corpus_proposed);
+    cJSON_AddNumberToObject(cp, "accepted", (double)s->corpus_accepted);
+    cJSON_AddItemToObject(j, "corpus_lookup", cp);
+  } else {
+    cJSON_AddNullToObject(j, "corpus_lookup");
+  }
   if (o->policy == DS_SPEC_SCHEDULER) {
     cJSON *sc = cJSON_CreateObject();
     cJSON_AddStringToObject(sc, "profile", x->profile_source);
@@ -198,7 +219,7 @@ static ds_status write_report(const char *path, const ds_spec_options *o, int64_
 
 int cmd_speculate(int argc, char **argv) {
   const char *target_dir = NULL, *draft_dir = NULL, *prompt = NULL, *prompt_ids = NULL, *report = NULL, *data = NULL;
-  const char *calibration = NULL, *profile = NULL;
+  const char *calibration = NULL, *profile = NULL, *corpus_data = NULL;
   ds_spec_options o;
   ds_spec_options_default(&o);
   /* The command's default is the prefix scheduler, which decodes plainly wherever drafting does not
@@ -242,6 +263,7 @@ int cmd_speculate(int argc, char **argv) {
     else if (!strcmp(a, "--top-p")) CLI_NUM(1e-6, 1, o.top_p);
     else if (!strcmp(a, "--draft-len")) CLI_INT(0, DS_SPEC_MAX_LEN, o.draft_len);
     else if (!strcmp(a, "--lookup")) CLI_INT(0, DS_SPEC_LOOKUP_MAX, o.lookup);
+    else if (!strcmp(a, "--lookup-corpus")) { CLI_VALUE(); corpus_data = v; }
     else if (!strcmp(a, "--threshold")) { CLI_NUM(0, 1, o.threshold); threshold_given = 1; }
     else if (!strcmp(a, "--policy")) {
       CLI_VALUE();
@@ -272,7 +294,7 @@ int cmd_speculate(int argc, char **argv) {
   }
   const ds_input_path inputs[] = {{"--target", target_dir}, {"--draft", draft_dir}, {"--data", data},
                                   {"--calibration", calibration}, {"--profile", profile},
-                                  {"--chat-template", chat_template}};
+                                  {"--chat-template", chat_template}, {"--lookup-corpus", corpus_data}};
   int refused =
       report ? cli_output_refused("speculate", "--report", report, DS_OUTPUT_FILE, inputs, CLI_N_INPUTS(inputs)) : 0;
   if (refused) return refused;
@@ -291,6 +313,7 @@ int cmd_speculate(int argc, char **argv) {
   ds_prompt_chat cc = {NULL, thinking};
   ds_ids ids = {0};
   ds_prompt_batch batch = {0};
+  ds_ngram *corpus = NULL;
   ds_spec_result sum, plain_sum, *res = NULL;
   double *temps = NULL, *T = NULL, *verify = NULL, *head = NULL, *draft_cost = NULL;
   int64_t n_temps = 0, n_verify = 0, n_head = 0, n_draft_cost = 0, requests_off = 0;
@@ -302,7 +325,18 @@ int cmd_speculate(int argc, char **argv) {
   ds_model_source *src = NULL;
   if (ds_model_source_open(target_dir, &src) != DS_OK) goto report;
   if ((prompt || data || !print_ids) && ds_model_source_tokenizer(src, &tok) != DS_OK) goto report;
-  if ((chat || data) && tok && ds_prompt_chat_load(src, chat_template, &cc) != DS_OK) goto report;
+  if ((chat || data || corpus_data) && tok && ds_prompt_chat_load(src, chat_template, &cc) != DS_OK) goto report;
+  if (corpus_data) {
+    ds_model_config mc;
+    ds_data_options dopt = {.max_line_bytes = max_line};
+    if (ds_model_source_config(src, &mc) != DS_OK ||
+        ds_ngram_load(corpus_data, &dopt, tok, cc.tmpl, cc.enable_thinking, mc.n_eos ? (int32_t)mc.eos_token_ids[0] : -1,
+                      &corpus) != DS_OK)
+      goto report;
+    fprintf(stderr, "speculate: corpus lookup from %s: %lld answer tokens, %lld contexts\n", corpus_data,
+            (long long)ds_ngram_tokens(corpus), (long long)ds_ngram_contexts(corpus));
+  }
+  o.corpus = corpus;
   if (data) {
     if (ds_prompt_batch_read(tok, &cc, data, chat, max_line, &batch) != DS_OK) goto report;
   } else {
@@ -443,13 +477,16 @@ int cmd_speculate(int argc, char **argv) {
   if (o.lookup > 0)
     fprintf(stderr, "\nprompt lookup: %lld rounds, %lld of %lld proposed tokens accepted", (long long)sum.lookup_rounds,
             (long long)sum.lookup_accepted, (long long)sum.lookup_proposed);
+  if (corpus)
+    fprintf(stderr, "\ncorpus lookup: %lld rounds, %lld of %lld proposed tokens accepted", (long long)sum.corpus_rounds,
+            (long long)sum.corpus_accepted, (long long)sum.corpus_proposed);
   if (o.policy == DS_SPEC_SCHEDULER)
     fprintf(stderr, "\nscheduler: speculation switched off %lld times (%lld plain rounds, %lld of %lld requests)",
             (long long)sum.switched_off, (long long)sum.plain_rounds, (long long)requests_off, (long long)(R * repeat));
   fprintf(stderr, "\n");
   report_extras extras = {o.policy == DS_SPEC_SCHEDULER ? "scheduler" : o.policy == DS_SPEC_THRESHOLD ? "threshold" : "fixed",
                           calibration, calibration ? T : NULL, rounds.n > 0 && !rounds.failed ? &rounds : NULL,
-                          profile_source, requests_off};
+                          profile_source, requests_off, corpus_data};
   if (report && write_report(report, &o, g, R * repeat, &sum, baseline ? &plain_sum : NULL, &extras) != DS_OK) goto report;
   rc = 0;
   goto done;
@@ -462,6 +499,7 @@ done:
   free(head);
   free(draft_cost);
   ds_spec_rounds_free(&rounds);
+  ds_ngram_free(corpus);
   free(given);
   ds_model_source_close(src);
   ds_ids_free(&ids);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dspark/ngram.h"
 #include "dspark/rng.h"
 #include "dspark/sampling.h"
 #include "dspark/spec_schedule.h"
@@ -41,7 +42,7 @@ typedef struct {
   int32_t xs;             /* the last committed token, not yet run by the target */
   int done;
   int64_t n_prop;         /* tokens proposed this round */
-  int lookup;             /* ... by prompt lookup (point masses, no draft distributions in q) */
+  int lookup;             /* ... by a lookup (point masses, no draft distributions in q): LOOKUP_* */
   const int32_t *prompt;  /* [n_prompt] the prompt, the start of what lookup searches */
   int64_t n_prompt;
   int32_t toks[DS_SPEC_MAX_LEN + 1]; /* [x_s, x_1 .. x_L] (target ids) */
@@ -50,6 +51,7 @@ typedef struct {
   int64_t row0;           /* its first row in the batch's target pass */
   int rest;               /* the logits of its rows after the first are in tlogits */
   float conf[DS_SPEC_MAX_LEN];      /* confidence logits of the slots drafted this round (NAN: none) */
+  double share[DS_SPEC_MAX_LEN];    /* a corpus lookup's estimates (ds_ngram_propose) */
   int64_t n_conf;                   /* slots drafted (the scheduler drafts more than it proposes) */
   double survive[DS_SPEC_MAX_LEN];  /* scheduler: P(slots 0..k all accepted) */
   int64_t off_until;                /* scheduler: plain rounds until this batch step */
@@ -83,12 +85,20 @@ typedef struct {
   int64_t draft_blocks;
   double seen_prop[DS_SPEC_MAX_LEN], seen_acc[DS_SPEC_MAX_LEN]; /* this run's acceptance per position */
   double lk_prop[DS_SPEC_MAX_LEN], lk_acc[DS_SPEC_MAX_LEN];     /* ... of prompt lookup's proposals */
+  /* at each position reached, a corpus lookup's estimates summed and its acceptance seen: their
+   * correction (corpus_drift), as pred_sum / pred_acc are the confidences' */
+  double corpus_pred[DS_SPEC_MAX_LEN], corpus_acc[DS_SPEC_MAX_LEN];
   /* scheduler: at each position reached by the verification, the (calibrated) confidence
    * predicted and the acceptance seen, this run's correction of a calibration fitted elsewhere */
   double pred_sum[DS_SPEC_MAX_LEN], pred_acc[DS_SPEC_MAX_LEN];
 } run;
 
 enum { SCHED_BACKOFF_FIRST = 4, SCHED_BACKOFF_MAX = 64 };
+/* Where a round's proposal comes from: the draft, prompt lookup, the corpus table. */
+enum { LOOKUP_NONE = 0, LOOKUP_PROMPT, LOOKUP_CORPUS };
+/* A corpus lookup stops where the product of its estimates falls below this: under the fixed
+ * policy nothing else cuts it, and every row of a lookup costs its logits. */
+#define CORPUS_MIN_CHAIN 0.1
 /* The scheduler trusts the calibration as much as this many rounds of its own outcomes. */
 enum { SCHED_PRIOR_ROUNDS = 4 };
 
@@ -194,16 +204,40 @@ static int lookup_first(const run *u, int draft) {
   return !draft || smoothed_rate(u->lk_acc[0], u->lk_prop[0]) >= smoothed_rate(u->seen_acc[0], u->seen_prop[0]);
 }
 
+/* A calibration's correction at position k: the acceptance seen over what was predicted there,
+ * the prediction counted as SCHED_PRIOR_ROUNDS rounds of agreement. */
+static double drift_of(const double *predicted, const double *accepted, int64_t k) {
+  return (accepted[k] + SCHED_PRIOR_ROUNDS) / (predicted[k] + SCHED_PRIOR_ROUNDS);
+}
+
+/* A corpus lookup's chance that its token k is accepted given the earlier ones were. */
+static double corpus_chance(const run *u, const request *q, int64_t k) {
+  return fmin(1.0, q->share[k] * drift_of(u->corpus_pred, u->corpus_acc, k));
+}
+
+/* The corpus table's continuation of q (ds_spec_options.corpus), up to L tokens into
+ * q->toks[1..] and their estimates into q->share; 0 when it has none, or while the draft runs
+ * (draft set) and its first position is accepted more often than this first token would be. */
+static int64_t corpus_lookup(const run *u, request *q, int64_t L, int draft) {
+  int32_t ctx[DS_NGRAM_MAX_CONTEXT];
+  int64_t n = q->n_prompt + q->r->n, m = n < DS_NGRAM_MAX_CONTEXT ? n : DS_NGRAM_MAX_CONTEXT;
+  for (int64_t i = 0; i < m; i++) ctx[i] = token_at(q, n - m + i);
+  int64_t got = ds_ngram_propose(u->o->corpus, ctx, m, L, CORPUS_MIN_CHAIN, q->toks + 1, q->share);
+  if (got > 0 && draft && corpus_chance(u, q, 0) < smoothed_rate(u->seen_acc[0], u->seen_prop[0])) return 0;
+  return got;
+}
+
 /* Request q's proposal for this round, up to L tokens into q->toks[1..]: prompt lookup's when it
- * finds one and goes first (lookup_first), else (when draft is set) the draft's, with their
- * distributions into q->q and their confidence logits into q->conf. */
+ * finds one and goes first (lookup_first), else the corpus table's (corpus_lookup), else (when
+ * draft is set) the draft's, with their distributions into q->q and their confidence logits
+ * into q->conf. */
 static ds_status propose(run *u, request *q, int64_t L, int draft) {
   const ds_spec_options *o = u->o;
   q->n_prop = q->n_conf = 0;
   q->lookup = 0;
   if (L <= 0) return DS_OK;
-  if (o->lookup > 0 && lookup_first(u, draft) && (q->n_prop = lookup(u, q, L)) > 0) {
-    q->lookup = 1;
+  if ((o->lookup > 0 && lookup_first(u, draft) && (q->n_prop = lookup(u, q, L)) > 0 && (q->lookup = LOOKUP_PROMPT)) ||
+      (o->corpus && (q->n_prop = corpus_lookup(u, q, L, draft)) > 0 && (q->lookup = LOOKUP_CORPUS))) {
     for (int64_t k = 0; k < q->n_prop; k++) q->conf[k] = NAN;
     q->n_conf = q->n_prop;
     return DS_OK;
@@ -230,21 +264,17 @@ static ds_status propose(run *u, request *q, int64_t L, int draft) {
   return DS_OK;
 }
 
-/* This run's acceptance at position k over what the (calibrated) confidences predicted there,
- * the calibration counted as SCHED_PRIOR_ROUNDS rounds of agreement. */
-static double drift(const run *u, int64_t k) {
-  return (u->pred_acc[k] + SCHED_PRIOR_ROUNDS) / (u->pred_sum[k] + SCHED_PRIOR_ROUNDS);
-}
-
 /* The scheduler's survival probabilities of q's drafted slots: the calibrated confidences
- * corrected by drift, their running product; or without the confidence head (and for prompt
- * lookup's proposals) this run's acceptance rates of such proposals (add-one smoothed, so an
- * unseen position is a coin flip). */
+ * corrected by this run's acceptance over what they predicted (drift_of), their running product;
+ * or without the confidence head (and for prompt lookup's proposals) this run's acceptance rates
+ * of such proposals (add-one smoothed, so an unseen position is a coin flip); a corpus lookup's
+ * estimates, corrected the same way as the confidences (corpus_chance). */
 static void survival(run *u, request *q) {
   double cum = 1.0;
   for (int64_t k = 0; k < q->n_prop; k++) {
-    double c = q->lookup ? smoothed_rate(u->lk_acc[k], u->lk_prop[k])
-               : u->dc->enable_confidence_head ? fmin(1.0, confidence(u->o, k, q->conf[k]) * drift(u, k))
+    double c = q->lookup == LOOKUP_PROMPT ? smoothed_rate(u->lk_acc[k], u->lk_prop[k])
+               : q->lookup == LOOKUP_CORPUS ? corpus_chance(u, q, k)
+               : u->dc->enable_confidence_head ? fmin(1.0, confidence(u->o, k, q->conf[k]) * drift_of(u->pred_sum, u->pred_acc, k))
                                                : smoothed_rate(u->seen_acc[k], u->seen_prop[k]);
     q->survive[k] = cum *= c;
   }
@@ -346,9 +376,15 @@ static ds_status accept(run *u, request *q) {
       if (!q->lookup) r->pos_accepted[k - 1] += 1;
     }
   }
-  double *seen_prop = q->lookup ? u->lk_prop : u->seen_prop, *seen_acc = q->lookup ? u->lk_acc : u->seen_acc;
-  for (int64_t k = 0; k < q->n_prop; k++) seen_prop[k] += 1, seen_acc[k] += k < j;
+  if (q->lookup != LOOKUP_CORPUS) {
+    double *seen_prop = q->lookup ? u->lk_prop : u->seen_prop, *seen_acc = q->lookup ? u->lk_acc : u->seen_acc;
+    for (int64_t k = 0; k < q->n_prop; k++) seen_prop[k] += 1, seen_acc[k] += k < j;
+  }
   for (int64_t k = 0; k <= j && k < q->n_prop; k++) { /* the positions the verification reached */
+    if (q->lookup == LOOKUP_CORPUS) {
+      u->corpus_pred[k] += q->share[k], u->corpus_acc[k] += k < j;
+      continue;
+    }
     if (!isfinite(q->conf[k])) break;
     u->pred_sum[k] += confidence(o, k, q->conf[k]);
     u->pred_acc[k] += k < j;
@@ -360,7 +396,8 @@ static ds_status accept(run *u, request *q) {
     next = draw(u, q, u->p);
   }
   r->rounds++;
-  if (q->lookup && q->n_prop > 0) r->lookup_rounds++, r->lookup_proposed += q->n_prop, r->lookup_accepted += j;
+  if (q->lookup == LOOKUP_PROMPT && q->n_prop > 0) r->lookup_rounds++, r->lookup_proposed += q->n_prop, r->lookup_accepted += j;
+  else if (q->lookup == LOOKUP_CORPUS && q->n_prop > 0) r->corpus_rounds++, r->corpus_proposed += q->n_prop, r->corpus_accepted += j;
   else r->proposed += q->n_prop; /* a lookup the scheduler cut to nothing is a plain round */
   r->committed_hist[j + 1]++;
   /* commit x_1 .. x_j, then the replacement / bonus */
@@ -401,10 +438,12 @@ static ds_status round_all(run *u, int *active) {
     if (q->done) continue;
     q->toks[0] = q->xs;
     q->row0 = rows;
-    /* a lookup's proposals are mostly accepted (0.6-0.7 of them on SmolLM2): all its rows' logits
-     * in the pass's one vocabulary product, not a second one when its first is accepted */
-    q->rest = q->n_prop == 0 || q->lookup;
-    for (int64_t k = 0; k <= (q->lookup ? q->n_prop : 0); k++) u->first_rows[n_out++] = rows + k;
+    /* prompt lookup's proposals are mostly accepted (0.6-0.7 of them on SmolLM2): all its rows'
+     * logits in the pass's one vocabulary product, not a second one when its first is accepted;
+     * the corpus table's, less sure, as the draft's (need_rest) */
+    int eager = q->lookup == LOOKUP_PROMPT;
+    q->rest = q->n_prop == 0 || eager;
+    for (int64_t k = 0; k <= (eager ? q->n_prop : 0); k++) u->first_rows[n_out++] = rows + k;
     rows += q->n_prop + 1;
     u->seqs[n++] = (ds_target_seq){q->toks, q->n_prop + 1, q->kv};
   }

@@ -15,6 +15,10 @@ target built here and DSpark drafts trained for it here:
   before, point masses; 2 by default under the scheduler): greedy output identical as above, one
   request and batched, fixed and scheduler, with lookup rounds proposed and accepted; sampling passes the chi-square test on a
   prompt where lookup proposes the second token in most requests (the report says how often);
+- corpus lookup (--lookup-corpus DATA: the most frequent continuation of the request's last tokens
+  in the training data, point masses): greedy output identical, one request and batched, alone
+  (fixed policy) and after prompt lookup (scheduler), with corpus rounds proposed and accepted;
+  sampling passes the chi-square test at T = 1 and T = 0.1 with its proposals accepted;
 - confidence scheduling: `dspark calibrate` writes one temperature per position and its ECE
   on the fit rounds is no worse after than before (position 1 by construction, the mean as
   measured); `dspark profile` writes a sane cost table; the scheduler policy (with a profile,
@@ -181,16 +185,27 @@ def main():
                                 "--print-ids", "--ignore-eos"])
         plain[prompt] = out.split()
     taus = {}
-    lookup_seen = {}
+    lookup_seen, corpus_seen = {}, {}
+    # corpus lookup from the target's own answers, as regenerated answers are (its training text
+    # would propose nothing it accepts: this tiny target writes little Python), for one draft:
+    # alone under the fixed policy, after prompt lookup under the scheduler
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(os.path.join(target, "tokenizer.json"))
+    corpus_file = os.path.join(tmp, "corpus.jsonl")
+    with open(corpus_file, "w") as f:
+        for prompt in PROMPTS:
+            f.write(json.dumps({"text": tok.decode(tok.encode(prompt).ids + [int(i) for i in plain[prompt]])}) + "\n")
+    corpus = [["--policy", "fixed", "--lookup-corpus", corpus_file], ["--lookup-corpus", corpus_file]]
     for head, run in drafts.items():
         # the calibration was fitted for the vanilla draft: speculate refuses it for the others
         own = ["--calibration", sched["calibration"]] if head == "vanilla" else []
         # [] is the command's default, the scheduler with costs measured in-process
-        for policy in (["--policy", "fixed", "--draft-len", "1"], ["--policy", "fixed", "--draft-len", "3"],
+        for policy in [["--policy", "fixed", "--draft-len", "1"], ["--policy", "fixed", "--draft-len", "3"],
                        ["--policy", "fixed"], ["--policy", "threshold", "--threshold", "0.3"],
                        ["--policy", "scheduler", "--profile", sched["measured"]], [],
                        ["--policy", "scheduler", "--profile", sched["flat"]] + own,
-                       ["--policy", "fixed", "--lookup", "1"], ["--lookup", "1"], ["--lookup", "0"]):
+                       ["--policy", "fixed", "--lookup", "1"], ["--lookup", "1"], ["--lookup", "0"]] \
+                + (corpus if head == "vanilla" else []):
             for prompt in PROMPTS:
                 rep = os.path.join(tmp, "report.json")
                 out, err, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", run, "--prompt",
@@ -212,8 +227,16 @@ def main():
                         lookup_seen[key] = lookup_seen.get(key, 0) + r["lookup"][key]
                 ck.check((r["lookup"] is not None) == on, f"{policy}: lookup report {r['lookup']}, expected "
                                                           f"{'one' if on else 'none'}")
+                ck.check((r["corpus_lookup"] is not None) == ("--lookup-corpus" in policy),
+                         f"{policy}: corpus lookup report {r['corpus_lookup']}")
+                if r["corpus_lookup"] is not None:
+                    for key in ("rounds", "accepted", "proposed"):
+                        corpus_seen[key] = corpus_seen.get(key, 0) + r["corpus_lookup"][key]
     ck.check(lookup_seen.get("rounds", 0) > 0 and lookup_seen.get("accepted", 0) > 0,
              f"prompt lookup proposed or was accepted nowhere ({lookup_seen}): its paths are not exercised")
+    print(f"greedy corpus lookup: {corpus_seen}")
+    ck.check(corpus_seen.get("rounds", 0) > 0 and 0 < corpus_seen.get("accepted", 0) < corpus_seen.get("proposed", 0),
+             f"corpus lookup proposed, was accepted or rejected nowhere ({corpus_seen}): its paths are not exercised")
     # batched: every request's output is its plain decoding (one verification pass per round for all)
     flat = {}
     for prompt in PROMPTS:
@@ -233,7 +256,7 @@ def main():
                        ["--policy", "fixed", "--draft-len", "2"], ["--policy", "threshold", "--threshold", "0.3"],
                        ["--policy", "scheduler", "--profile", sched["measured"]], [], ["--one-at-a-time"],
                        ["--policy", "scheduler"] + own, ["--lookup", "1"],
-                       ["--policy", "fixed", "--draft-len", "2", "--lookup", "1"]):
+                       ["--policy", "fixed", "--draft-len", "2", "--lookup", "1"], ["--lookup-corpus", corpus_file]):
             out, _, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", drafts[head], "--data",
                                     batch_file, "--max-new-tokens", "24", "--print-ids", "--ignore-eos"] + policy)
             lines = out.strip().split("\n")
@@ -267,9 +290,7 @@ def main():
 
     # sampling: the second token's distribution, exactly, against many seeds
     from transformers import AutoModelForCausalLM
-    from tokenizers import Tokenizer
     model = AutoModelForCausalLM.from_pretrained(target, torch_dtype=torch.float32).eval()
-    tok = Tokenizer.from_file(os.path.join(target, "tokenizer.json"))
     prompt = "def main("
     ids = tok.encode(prompt).ids
     n = 3000
@@ -338,6 +359,38 @@ def main():
                                                 f"{lk['proposed']}: its acceptance rule is not exercised")
         ck.check(len(rows) == n and pval > 1e-3,
                  f"T={temperature} top_p={top_p}: sampling with prompt lookup differs from the target (p = {pval:.3g})")
+    # corpus lookup under sampling, on its own (fixed policy, no prompt lookup): the table of the
+    # target's greedy answers proposes after whatever first token was drawn where it saw it; at
+    # T = 0.1 mostly after the target's likeliest one, where the acceptance rule decides (a prompt
+    # whose answer's text gives back its tokens)
+    prompt = "return self."
+    ids = tok.encode(prompt).ids
+    for temperature, top_p in ((1.0, 1.0), (0.1, 1.0)):
+        with torch.no_grad():
+            p0 = sampling_probs(model(torch.tensor([ids])).logits[0, -1], temperature, top_p)
+            support = [i for i in range(len(p0)) if p0[i] > 0]
+            logits = model(torch.tensor([ids + [i] for i in support])).logits[:, -1]
+            p1 = sum(float(p0[i]) * sampling_probs(logits[k], temperature, top_p) for k, i in enumerate(support))
+        probs = [float(x) for x in p1]
+        rep = os.path.join(tmp, "report-corpus.json")
+        out, _, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", drafts["vanilla"],
+                                "--prompt", prompt, "--max-new-tokens", "3", "--print-ids", "--ignore-eos",
+                                "--temperature", str(temperature), "--top-p", str(top_p), "--repeat", str(n),
+                                "--seed", "1000", "--policy", "fixed", "--lookup-corpus", corpus_file, "--report", rep])
+        rows = ids_of(out)
+        counts = [0] * len(probs)
+        for r in rows:
+            counts[int(r[1])] += 1
+        pval, stat, df = chi_square_p(counts, probs, len(rows))
+        cl = json.load(open(rep))["corpus_lookup"]
+        print(f"T={temperature} top_p={top_p} corpus lookup: chi-square {stat:.1f} on {df} df, p = {pval:.3g} "
+              f"({len(rows)} samples; corpus rounds {cl['rounds']}, proposed {cl['proposed']}, "
+              f"accepted {cl['accepted']})")
+        ck.check(cl["rounds"] >= n // (20 if temperature == 1 else 2) and (temperature == 1 or cl["accepted"] >= n // 10),
+                 f"T={temperature}: corpus lookup proposed in {cl['rounds']} rounds of {n} requests, accepted "
+                 f"{cl['accepted']}: its paths are not exercised")
+        ck.check(len(rows) == n and pval > 1e-3,
+                 f"T={temperature} top_p={top_p}: sampling with corpus lookup differs from the target (p = {pval:.3g})")
     ck.finish("test_speculate")
 
 

@@ -35,7 +35,7 @@ HEADER_LAYER = {
     "kd_intermediate.h": "loss",
     "trainer.h": "train", "draft_trainer.h": "train", "lm_trainer.h": "train", "anchors.h": "train", "optim.h": "train", "checkpoint.h": "train",
     "capture.h": "capture",
-    "speculate.h": "decode", "spec_schedule.h": "decode", "regenerate.h": "decode", "prompts.h": "decode",
+    "speculate.h": "decode", "ngram.h": "decode", "spec_schedule.h": "decode", "regenerate.h": "decode", "prompts.h": "decode",
     "spec_files.h": "decode",
 }
 
