@@ -8,10 +8,14 @@
  * cache holds: the direct path's rate from memory against the stream read of 256 MiB in 2 MiB
  * pages (bench/stream_read.h), the two alternated, R rounds (the host's rate moves between
  * runs: the round's ratio is the figure). --rows N: N rows of x through every product, as a
- * verification of N tokens reads the weights once for all of them.
+ * verification of N tokens reads the weights once for all of them; with its multiply-adds per
+ * second, which bound a verification's cost per row once the weights' bytes no longer do.
+ * --peak: this core's rate of AVX-512 VNNI dpbusd alone (12 independent chains, 256 and 512 bits,
+ * one thread), the ceiling of the int8 products' multiply-adds.
  *   bench_quant [--threads N] [--reps R] [--chunk-kb K: chunks of K KiB of fp32 rows]
  *               [--isa portable|avx2|avx2-packed|vnni: the direct path's kernel, capped at the CPU's]
- *               [--decode [--type Q4_1|Q4_0|Q8_0|...] [--rows N]] */
+ *               [--decode [--type Q4_1|Q4_0|Q8_0|...] [--rows N]] [--peak] */
+#include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,12 +47,13 @@ static int decode_pass(ds_qisa isa, ds_dtype dt, int rounds, int64_t n) {
   const int64_t outs[5] = {960, 576, 3072, 576, V}, ins[5] = {D, D, D, 1536, D}, stream_floats = (int64_t)64 << 20;
   if (rounds > ROUNDS_MAX) rounds = ROUNDS_MAX;
   ds_weight w[LAYERS * 4 + 1];
-  double bytes = 0;
+  double bytes = 0, macs = 0;
   for (int i = 0; i < LAYERS * 4 + 1; i++) {
     int s = i < LAYERS * 4 ? i % 4 : 4;
     ds_dtype t = s == 4 ? DS_Q8_0 : dt;
     w[i] = (ds_weight){make_weight(t, outs[s], ins[s]), t};
     bytes += (double)ds_quant_row_bytes(t, ins[s]) * (double)outs[s];
+    macs += (double)outs[s] * (double)ins[s] * (double)n;
   }
   float *x = calloc((size_t)(n * 1536), sizeof(float)), *y = calloc((size_t)(n * V), sizeof(float));
   float *stream = ds_malloc_huge((size_t)stream_floats * sizeof(float), "stream read");
@@ -73,9 +78,9 @@ static int decode_pass(ds_qisa isa, ds_dtype dt, int rounds, int64_t n) {
   }
   double rm = ds_median(ratio, rounds), dm = ds_median(dec, rounds), sm = ds_median(str, rounds);
   printf("decode pass (SmolLM2-135M, layers %s, head Q8_0: %.1f MB), %lld row(s) of x, %s, %d rounds: %.2f GB/s "
-         "(%.3f ms), stream read %.2f GB/s, share %.0f%% (medians)\n", ds_dtype_name(dt), bytes / 1e6, (long long)n,
-         ds_qisa_name(isa), rounds, dm,
-         1e3 * bytes / dm / 1e9, sm, 100 * rm);
+         "(%.3f ms), stream read %.2f GB/s, share %.0f%%; %.1f GMAC/s, %.1f a thread (medians)\n", ds_dtype_name(dt),
+         bytes / 1e6, (long long)n, ds_qisa_name(isa), rounds, dm, 1e3 * bytes / dm / 1e9, sm, 100 * rm,
+         macs / (bytes / dm), macs / (bytes / dm) / ds_get_num_threads());
   for (int i = 0; i < LAYERS * 4 + 1; i++) free((void *)w[i].data);
   free(x);
   free(y);
@@ -83,12 +88,52 @@ static int decode_pass(ds_qisa isa, ds_dtype dt, int rounds, int64_t n) {
   return 0;
 }
 
+#if defined(__x86_64__)
+/* dpbusd's rate on one thread: 12 chains hide its latency, nothing else in the loop. */
+#define VNNI_T __attribute__((target("avx2,avx512f,avx512bw,avx512vl,avx512vnni")))
+VNNI_T static void peak_dpbusd(void) {
+  enum { CHAINS = 12 };
+  const long n = 50 * 1000 * 1000;
+  __m256i a[CHAINS], w = _mm256_set1_epi8(3), x = _mm256_set1_epi8(5);
+  __m512i b[CHAINS], w5 = _mm512_set1_epi8(3), x5 = _mm512_set1_epi8(5);
+  for (int c = 0; c < CHAINS; c++) a[c] = _mm256_set1_epi32(c), b[c] = _mm512_set1_epi32(c);
+  double t0 = ds_time_sec();
+  for (long i = 0; i < n; i++)
+    for (int c = 0; c < CHAINS; c++) {
+      a[c] = _mm256_dpbusd_epi32(a[c], w, x);
+      __asm__("" : "+x"(a[c]));
+    }
+  double t1 = ds_time_sec();
+  for (long i = 0; i < n; i++)
+    for (int c = 0; c < CHAINS; c++) {
+      b[c] = _mm512_dpbusd_epi32(b[c], w5, x5);
+      __asm__("" : "+v"(b[c]));
+    }
+  double t2 = ds_time_sec();
+  int32_t sink = 0;
+  for (int c = 0; c < CHAINS; c++) sink += _mm256_extract_epi32(a[c], 0) + _mm512_reduce_add_epi32(b[c]);
+  printf("dpbusd alone, one thread: 256-bit %.2f G/s = %.1f GMAC/s, 512-bit %.2f G/s = %.1f GMAC/s (%d)\n",
+         CHAINS * n / (t1 - t0) / 1e9, 32.0 * CHAINS * n / (t1 - t0) / 1e9, CHAINS * n / (t2 - t1) / 1e9,
+         64.0 * CHAINS * n / (t2 - t1) / 1e9, sink & 1);
+}
+#endif
+
 int main(int argc, char **argv) {
   int threads = 0, reps = 5, chunk_kb = 0, decode = 0, decode_rows = 1;
   ds_dtype decode_type = DS_Q4_1;
   ds_qisa isa = ds_qisa_best();
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--decode")) decode = 1;
+    else if (!strcmp(argv[i], "--peak")) {
+#if defined(__x86_64__)
+      if (ds_qisa_best() == DS_QISA_VNNI) {
+        peak_dpbusd();
+        return 0;
+      }
+#endif
+      fprintf(stderr, "bench_quant: --peak measures AVX-512 VNNI, which this CPU does not have\n");
+      return 2;
+    }
     else if (i + 1 == argc) break;
     else if (!strcmp(argv[i], "--type")) {
       const char *v = argv[++i];
