@@ -117,7 +117,14 @@ ds_status plot_report(const char *json_path, const char *out_dir, const plot_inp
               "plot datafile using 1:2 with boxes lc rgb '#1f77b4' notitle", n_png);
   }
   const cJSON *cal = field(j, "calibration");
-  if (st == DS_OK && cJSON_IsObject(cal)) {
+  /* a report whose rounds never drafted a position (the scheduler decoded plainly or by lookup
+   * throughout) has no calibration to draw: every bar would be empty, which gnuplot refuses */
+  const cJSON *counts = cJSON_IsObject(cal) ? field(cal, "count") : NULL, *c;
+  int drafted = !cJSON_IsArray(counts);
+  cJSON_ArrayForEach(c, counts) drafted |= cJSON_IsNumber(c) && c->valuedouble > 0;
+  if (st == DS_OK && cJSON_IsObject(cal) && !drafted)
+    fprintf(stderr, "plot: %s: no round drafted a position with a confidence: no calibration figure\n", x.stem);
+  if (st == DS_OK && cJSON_IsObject(cal) && drafted) {
     /* With the rounds per position (a scheduler may never draft the later ones, whose ECE of 0
      * is no measurement), the tics say how many rounds each bar stands on and empty positions
      * get no bar. */

@@ -87,6 +87,16 @@ grep -q "(\$4 > 0 ? \$2 : NaN):xtic(sprintf('%d (%d)', \$1, \$4))" "$tmp/sched/p
   no "calibration figure with counts: $(grep plot "$tmp/sched/plots/spec-calibration.gp")"
 [ -f "$tmp/sched/plots/spec-calibration.png" ] || no "spec-calibration.png with counts missing"
 grep -q "using 2:xtic(1)" "$tmp/runs/plots/spec-calibration.gp" || no "a report without counts: its plain tics"
+# no position ever drafted (the scheduler decoded plainly or by prompt lookup throughout): the
+# other figures, and no calibration figure, which gnuplot would refuse with every bar empty
+mkdir -p "$tmp/undrafted"
+sed 's/"ece_calibrated": \[0.05, 0.04, 0.02\]}/"ece_calibrated": [0, 0, 0], "count": [0, 0, 0]}/' \
+    "$tmp/runs/spec.json" > "$tmp/undrafted/spec.json"
+grep -q '"count": \[0, 0, 0\]' "$tmp/undrafted/spec.json" || no "test set-up: the report with no drafted position"
+"$dspark" plot "$tmp/undrafted/spec.json" 2> "$tmp/err" || no "a report with no drafted position failed: $(cat "$tmp/err")"
+[ -f "$tmp/undrafted/plots/spec-acceptance.png" ] && [ ! -f "$tmp/undrafted/plots/spec-calibration.png" ] ||
+  no "a report with no drafted position: $(ls "$tmp/undrafted/plots")"
+grep -q "no calibration figure" "$tmp/err" || no "a report with no drafted position: no note ($(cat "$tmp/err"))"
 
 cp "$tmp/runs/a/metrics.jsonl" "$tmp/runs/b/metrics.jsonl" # b was broken above
 "$dspark" plot "$tmp/runs" --out "$tmp/all2" 2> "$tmp/err" || no "a folder with a report and another JSON failed: $(cat "$tmp/err")"
