@@ -42,6 +42,15 @@ fi
 
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DDSPARK_WERROR=ON -DDSPARK_PYTHON="$py" >/dev/null
 cmake --build build/release -j "$jobs"
+# The README's main command at toy scale (16 training prompts answered in 16 tokens, 4 draft steps,
+# one held-out prompt a kind, 8 tokens; 40-60 s): every stage of scripts/demo.sh, run by its path,
+# works from this checkout.
+smoke="$(mktemp -d)"
+DSPARK_DEMO_DIR="$smoke" DEMO_TRAIN_PROMPTS=16 DEMO_EVAL_PROMPTS=1 DEMO_ANSWER_TOKENS=16 DEMO_DRAFT_STEPS=4 \
+  DEMO_NEW_TOKENS=8 scripts/demo.sh > "$smoke/demo.log" 2>&1 ||
+  { cat "$smoke/demo.log"; echo "test.sh: the main job (scripts/demo.sh) failed at toy scale"; exit 1; }
+echo "test.sh: the main job ran at toy scale: $(grep -c . "$smoke/stages.jsonl") stages"
+rm -rf "$smoke"
 # conformance.test_gguf_draft ran above under the sanitizers: its 4-5 minutes are llama.cpp's
 # Python converter, the same in both builds, and a second run kept CI near 30 minutes on a Zen 3.
 (cd build/release && ctest --output-on-failure -j "$jobs" -E '^conformance\.test_gguf_draft$' "$@")
