@@ -41,6 +41,21 @@ enum { DS_SPEC_MAX_LEN = 64 };
 /* The longest suffix prompt lookup matches (ds_spec_options.lookup). */
 enum { DS_SPEC_LOOKUP_MAX = 4 };
 
+/* What a run learns as it decodes, for the scheduler and the lookups: per position, how often
+ * each source's proposals were accepted, and what the confidences predicted there against what
+ * was accepted. A caller that passes the same object to every call (ds_spec_options.learned;
+ * zeroed before the first) carries it from request to request, as a server would over its
+ * lifetime, so that a request does not start from coin flips: the draft's and the lookups'
+ * rates are the pair's and the data's, not one request's. */
+typedef struct {
+  double seen_prop[DS_SPEC_MAX_LEN], seen_acc[DS_SPEC_MAX_LEN];     /* the draft's proposals */
+  double lk_prop[DS_SPEC_MAX_LEN], lk_acc[DS_SPEC_MAX_LEN];         /* prompt lookup's */
+  double pred_sum[DS_SPEC_MAX_LEN], pred_acc[DS_SPEC_MAX_LEN];      /* the confidences', where reached */
+  double corpus_pred[DS_SPEC_MAX_LEN], corpus_acc[DS_SPEC_MAX_LEN]; /* corpus lookup's estimates, where reached */
+  double draft_sum_s;                                               /* measured draft blocks: their mean cost */
+  int64_t draft_blocks;
+} ds_spec_learned;
+
 typedef struct {
   int64_t max_new_tokens;  /* 64 */
   double temperature;      /* 0 = greedy */
@@ -74,15 +89,19 @@ typedef struct {
    * output of its last m tokens (m from DS_SPEC_LOOKUP_MAX down to lookup) proposes the tokens
    * that followed it, each a point mass, and the draft's block is not run that round; 0 = off.
    * A small target repeats its prompt and itself, which costs nothing to look up. The scheduler
-   * prices such proposals by this run's acceptance of them and tries them while it has switched
-   * the draft off. */
+   * prices such proposals by this run's acceptance of them, tries them while it has switched
+   * the draft off, and otherwise lets them go first while their first position is accepted at
+   * least as often as the draft's; the other policies propose them wherever they occur. */
   int64_t lookup;
   /* Corpus lookup (include/dspark/ngram.h; NULL = off): after prompt lookup finds nothing, the
    * table's continuation of the request, each token a point mass, while the product of its
    * estimates stays above 0.1. The scheduler prices them by those estimates, corrected by this
-   * run's acceptance of them as the confidences are; while the draft runs, they go first only
-   * where the first token's chance is at least the draft's first-position acceptance so far. */
+   * run's acceptance of them as the confidences are, and while the draft runs lets them go first
+   * only where the first token's chance is at least the draft's first-position acceptance so far. */
   const struct ds_ngram *corpus;
+  /* Carried statistics (ds_spec_learned), read and updated by the call; NULL: the call starts
+   * from none. The output does not depend on them, only the proposals' lengths and sources. */
+  ds_spec_learned *learned;
   /* Called after each request's round with the confidence logits of the slots drafted
    * (conf [n_conf], NAN without the confidence head), the tokens proposed and accepted; may
    * be NULL. Setting it makes every policy compute the confidences. */

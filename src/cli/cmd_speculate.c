@@ -120,7 +120,9 @@ static const char k_convention[] =
     "verification pass of the batch (bookkeeping = total - prefill - draft - verify); ECE = expected "
     "calibration error (10 equal-width bins) of the cumulative acceptance prediction prod_{i<=k} "
     "confidence_i against whether positions 1..k+1 were all accepted, over the rounds that proposed "
-    "position k+1";
+    "position k+1; learned = what the run learned over all its requests, per position: proposals and "
+    "acceptances of the draft and of prompt lookup, and where the verification reached a position, the "
+    "confidences' and corpus lookup's predicted acceptance summed against the acceptances";
 
 static ds_status write_report(const char *path, const ds_spec_options *o, int64_t g, int64_t requests,
                               const ds_spec_result *s, const ds_spec_result *plain, const report_extras *x) {
@@ -190,6 +192,20 @@ static ds_status write_report(const char *path, const ds_spec_options *o, int64_
   } else {
     cJSON_AddNullToObject(j, "lookup");
   }
+  cJSON *lj = cJSON_CreateObject();
+  const ds_spec_learned *l = o->learned;
+  struct { const char *name, *a_name, *b_name; const double *a, *b; } sets[] = {
+      {"draft", "proposed", "accepted", l->seen_prop, l->seen_acc},
+      {"lookup", "proposed", "accepted", l->lk_prop, l->lk_acc},
+      {"confidence", "predicted", "accepted", l->pred_sum, l->pred_acc},
+      {"corpus_lookup", "predicted", "accepted", l->corpus_pred, l->corpus_acc}};
+  for (size_t i = 0; i < sizeof sets / sizeof *sets; i++) {
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddItemToObject(e, sets[i].a_name, cJSON_CreateDoubleArray(sets[i].a, (int)g));
+    cJSON_AddItemToObject(e, sets[i].b_name, cJSON_CreateDoubleArray(sets[i].b, (int)g));
+    cJSON_AddItemToObject(lj, sets[i].name, e);
+  }
+  cJSON_AddItemToObject(j, "learned", lj);
   if (x->corpus) {
     cJSON *cp = cJSON_CreateObject();
     cJSON_AddStringToObject(cp, "data", x->corpus);
@@ -319,6 +335,11 @@ int cmd_speculate(int argc, char **argv) {
   int64_t n_temps = 0, n_verify = 0, n_head = 0, n_draft_cost = 0, requests_off = 0;
   char profile_source[512] = "";
   ds_spec_rounds rounds;
+  /* one process, one set of learned rates: every request (and --repeat) starts from what the
+   * ones before it taught the scheduler, as a server's would */
+  ds_spec_learned learned;
+  memset(&learned, 0, sizeof learned);
+  o.learned = &learned;
   ds_spec_rounds_init(&rounds, 0);
   memset(&sum, 0, sizeof sum);
   memset(&plain_sum, 0, sizeof plain_sum);

@@ -81,16 +81,8 @@ typedef struct {
   float *p, *resid;      /* [V] */
   void *scratch;
   int64_t step;                      /* batch rounds so far */
-  double draft_sum_s;                /* scheduler: measured draft blocks, for their mean cost */
-  int64_t draft_blocks;
-  double seen_prop[DS_SPEC_MAX_LEN], seen_acc[DS_SPEC_MAX_LEN]; /* this run's acceptance per position */
-  double lk_prop[DS_SPEC_MAX_LEN], lk_acc[DS_SPEC_MAX_LEN];     /* ... of prompt lookup's proposals */
-  /* at each position reached, a corpus lookup's estimates summed and its acceptance seen: their
-   * correction (corpus_drift), as pred_sum / pred_acc are the confidences' */
-  double corpus_pred[DS_SPEC_MAX_LEN], corpus_acc[DS_SPEC_MAX_LEN];
-  /* scheduler: at each position reached by the verification, the (calibrated) confidence
-   * predicted and the acceptance seen, this run's correction of a calibration fitted elsewhere */
-  double pred_sum[DS_SPEC_MAX_LEN], pred_acc[DS_SPEC_MAX_LEN];
+  /* what the run learns (ds_spec_learned): the caller's object, carried across calls, or own */
+  ds_spec_learned *learn, own;
 } run;
 
 enum { SCHED_BACKOFF_FIRST = 4, SCHED_BACKOFF_MAX = 64 };
@@ -196,12 +188,19 @@ static int64_t lookup(const run *u, request *q, int64_t L) {
 /* accepted / proposed, add-one smoothed: an unseen position is a coin flip. */
 static double smoothed_rate(double accepted, double proposed) { return (accepted + 1.0) / (proposed + 2.0); }
 
-/* Whether a lookup goes before the draft: while the draft is switched off, or while this run's
- * lookups are accepted at their first position at least as often as the draft's proposals
- * (add-one smoothed: both start at a coin flip, and the draft's count grows in the rounds
- * without an occurrence), so a draft that accepts well keeps its rounds. */
+/* The learned rate at which the draft's first proposal is accepted (add-one smoothed: a coin
+ * flip before any), what a lookup must match to go before the draft under the scheduler. */
+static double draft_first_rate(const run *u) { return smoothed_rate(u->learn->seen_acc[0], u->learn->seen_prop[0]); }
+
+/* Whether a lookup goes before the draft: always under the fixed and threshold policies (asked
+ * for, it is proposed wherever it finds an occurrence); under the scheduler while the draft is
+ * switched off, or while lookups are accepted at their first position at least as often as the
+ * draft's proposals, as learned so far (ds_spec_learned; add-one smoothed: both start at a coin
+ * flip, and the draft's count grows in the rounds without an occurrence), so a draft that
+ * accepts well keeps its rounds. */
 static int lookup_first(const run *u, int draft) {
-  return !draft || smoothed_rate(u->lk_acc[0], u->lk_prop[0]) >= smoothed_rate(u->seen_acc[0], u->seen_prop[0]);
+  return !draft || u->o->policy != DS_SPEC_SCHEDULER ||
+         smoothed_rate(u->learn->lk_acc[0], u->learn->lk_prop[0]) >= draft_first_rate(u);
 }
 
 /* A calibration's correction at position k: the acceptance seen over what was predicted there,
@@ -212,18 +211,19 @@ static double drift_of(const double *predicted, const double *accepted, int64_t 
 
 /* A corpus lookup's chance that its token k is accepted given the earlier ones were. */
 static double corpus_chance(const run *u, const request *q, int64_t k) {
-  return fmin(1.0, q->share[k] * drift_of(u->corpus_pred, u->corpus_acc, k));
+  return fmin(1.0, q->share[k] * drift_of(u->learn->corpus_pred, u->learn->corpus_acc, k));
 }
 
 /* The corpus table's continuation of q (ds_spec_options.corpus), up to L tokens into
- * q->toks[1..] and their estimates into q->share; 0 when it has none, or while the draft runs
- * (draft set) and its first position is accepted more often than this first token would be. */
+ * q->toks[1..] and their estimates into q->share; 0 when it has none, or under the scheduler
+ * while the draft runs (draft set) and its first position is accepted more often than this first
+ * token would be (as lookup_first). */
 static int64_t corpus_lookup(const run *u, request *q, int64_t L, int draft) {
   int32_t ctx[DS_NGRAM_MAX_CONTEXT];
   int64_t n = q->n_prompt + q->r->n, m = n < DS_NGRAM_MAX_CONTEXT ? n : DS_NGRAM_MAX_CONTEXT;
   for (int64_t i = 0; i < m; i++) ctx[i] = token_at(q, n - m + i);
   int64_t got = ds_ngram_propose(u->o->corpus, ctx, m, L, CORPUS_MIN_CHAIN, q->toks + 1, q->share);
-  if (got > 0 && draft && corpus_chance(u, q, 0) < smoothed_rate(u->seen_acc[0], u->seen_prop[0])) return 0;
+  if (got > 0 && draft && u->o->policy == DS_SPEC_SCHEDULER && corpus_chance(u, q, 0) < draft_first_rate(u)) return 0;
   return got;
 }
 
@@ -272,10 +272,11 @@ static ds_status propose(run *u, request *q, int64_t L, int draft) {
 static void survival(run *u, request *q) {
   double cum = 1.0;
   for (int64_t k = 0; k < q->n_prop; k++) {
-    double c = q->lookup == LOOKUP_PROMPT ? smoothed_rate(u->lk_acc[k], u->lk_prop[k])
+    double c = q->lookup == LOOKUP_PROMPT ? smoothed_rate(u->learn->lk_acc[k], u->learn->lk_prop[k])
                : q->lookup == LOOKUP_CORPUS ? corpus_chance(u, q, k)
-               : u->dc->enable_confidence_head ? fmin(1.0, confidence(u->o, k, q->conf[k]) * drift_of(u->pred_sum, u->pred_acc, k))
-                                               : smoothed_rate(u->seen_acc[k], u->seen_prop[k]);
+               : u->dc->enable_confidence_head
+                   ? fmin(1.0, confidence(u->o, k, q->conf[k]) * drift_of(u->learn->pred_sum, u->learn->pred_acc, k))
+                                               : smoothed_rate(u->learn->seen_acc[k], u->learn->seen_prop[k]);
     q->survive[k] = cum *= c;
   }
 }
@@ -288,7 +289,7 @@ static ds_status schedule(run *u, int64_t drafting) {
   if (!o->verify_s || o->n_verify < 1)
     return DS_FAIL(DS_ERR_ARG, "speculate: the scheduler policy needs the verification cost table (a profile)");
   double draft_s = o->draft_block_s > 0 ? o->draft_block_s
-                   : u->draft_blocks > 0 ? u->draft_sum_s / (double)u->draft_blocks : 0.0;
+                   : u->learn->draft_blocks > 0 ? u->learn->draft_sum_s / (double)u->learn->draft_blocks : 0.0;
   int64_t *len = ds_malloc((size_t)u->R * sizeof(int64_t), "schedule");
   int64_t *n_cand = ds_malloc((size_t)u->R * sizeof(int64_t), "schedule");
   const double **a = ds_malloc((size_t)u->R * sizeof(*a), "schedule");
@@ -377,17 +378,18 @@ static ds_status accept(run *u, request *q) {
     }
   }
   if (q->lookup != LOOKUP_CORPUS) {
-    double *seen_prop = q->lookup ? u->lk_prop : u->seen_prop, *seen_acc = q->lookup ? u->lk_acc : u->seen_acc;
+    ds_spec_learned *l = u->learn;
+    double *seen_prop = q->lookup ? l->lk_prop : l->seen_prop, *seen_acc = q->lookup ? l->lk_acc : l->seen_acc;
     for (int64_t k = 0; k < q->n_prop; k++) seen_prop[k] += 1, seen_acc[k] += k < j;
   }
   for (int64_t k = 0; k <= j && k < q->n_prop; k++) { /* the positions the verification reached */
     if (q->lookup == LOOKUP_CORPUS) {
-      u->corpus_pred[k] += q->share[k], u->corpus_acc[k] += k < j;
+      u->learn->corpus_pred[k] += q->share[k], u->learn->corpus_acc[k] += k < j;
       continue;
     }
     if (!isfinite(q->conf[k])) break;
-    u->pred_sum[k] += confidence(o, k, q->conf[k]);
-    u->pred_acc[k] += k < j;
+    u->learn->pred_sum[k] += confidence(o, k, q->conf[k]);
+    u->learn->pred_acc[k] += k < j;
   }
   if (o->on_round && !q->lookup) o->on_round(o->round_user, (int)(q - u->req), q->conf, q->n_conf, q->n_prop, j);
   if (next < 0) { /* every proposal accepted: the bonus token from p_L */
@@ -429,7 +431,7 @@ static ds_status round_all(run *u, int *active) {
     double td = ds_time_sec();
     DS_TRY(propose(u, q, L, !off));
     if (off && !q->lookup) q->r->plain_rounds++; /* a plain round */
-    if (L > 0 && !off && !q->lookup) u->draft_sum_s += ds_time_sec() - td, u->draft_blocks++, drafting++;
+    if (L > 0 && !off && !q->lookup) u->learn->draft_sum_s += ds_time_sec() - td, u->learn->draft_blocks++, drafting++;
   }
   double t1 = ds_time_sec();
   if (o->policy == DS_SPEC_SCHEDULER) DS_TRY(schedule(u, drafting));
@@ -565,6 +567,7 @@ ds_status ds_speculate_batch(ds_target *target, ds_draft *draft, const int32_t *
   u.vocab_index = ds_draft_vocab_index(draft);
   u.g = u.dc->block_size;
   u.md = u.dc->n_target_layers * u.dc->hidden_size;
+  u.learn = o->learned ? o->learned : &u.own;
   for (int i = 0; i < R; i++) {
     if (n_prompts[i] < 1) return DS_FAIL(DS_ERR_ARG, "speculate: request %d: the prompt has no tokens", i);
     for (int64_t t = 0; t < n_prompts[i]; t++)

@@ -19,6 +19,8 @@ target built here and DSpark drafts trained for it here:
   in the training data, point masses): greedy output identical, one request and batched, alone
   (fixed policy) and after prompt lookup (scheduler), with corpus rounds proposed and accepted;
   sampling passes the chi-square test at T = 1 and T = 0.1 with its proposals accepted;
+- learned rates (ds_spec_learned): carried from request to request of one process (--one-at-a-time),
+  the output unchanged;
 - confidence scheduling: `dspark calibrate` writes one temperature per position and its ECE
   on the fit rounds is no worse after than before (position 1 by construction, the mean as
   measured); `dspark profile` writes a sane cost table; the scheduler policy (with a profile,
@@ -264,6 +266,20 @@ def main():
             for prompt, line in zip(PROMPTS, lines):
                 ck.check(line.split() == flat[prompt], f"batched greedy {head} {policy} '{prompt}': {line.split()} != "
                                                        f"{flat[prompt]}")
+    # what the scheduler learns carries from request to request (--one-at-a-time: each request its
+    # own call): the report's learned lookup counts cover every request's lookups, not the last one's
+    rep = os.path.join(tmp, "report-learned.json")
+    out, _, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", drafts["vanilla"], "--data",
+                            batch_file, "--max-new-tokens", "24", "--print-ids", "--ignore-eos", "--one-at-a-time",
+                            "--policy", "fixed", "--lookup", "1", "--report", rep])
+    ck.check([line.split() for line in out.strip().split("\n")] == [flat[p] for p in PROMPTS],
+             "--one-at-a-time with learned rates: output differs from generate")
+    r = json.load(open(rep))
+    learned = r["learned"]["lookup"]["proposed"][0]
+    print(f"learned over {len(PROMPTS)} requests: lookup proposed first tokens {learned}, lookup rounds "
+          f"{r['lookup']['rounds']}")
+    ck.check(learned == r["lookup"]["rounds"] > 0 and sum(r["learned"]["draft"]["proposed"]) > 0,
+             f"learned rates not carried across requests: {r['learned']} against lookup {r['lookup']}")
     # an f16 KV cache (--kv-cache f16): speculation stays lossless with respect to the model as it
     # runs, one request at a time and batched
     f16 = ["--kv-cache", "f16"]
