@@ -78,6 +78,27 @@ def sampling_probs(logits, temperature, top_p):
     return p
 
 
+def second_token_probs(model, ids, temperature, top_p):
+    """The target's exact distribution of the second token it generates after ids, under the
+    engine's sampling rule: sum over the first token t of p(t) p(. | ids, t)."""
+    with torch.no_grad():
+        p0 = sampling_probs(model(torch.tensor([ids])).logits[0, -1], temperature, top_p)
+        support = [i for i in range(len(p0)) if p0[i] > 0]
+        logits = model(torch.tensor([ids + [i] for i in support])).logits[:, -1]
+        p1 = sum(float(p0[i]) * sampling_probs(logits[k], temperature, top_p) for k, i in enumerate(support))
+    return [float(x) for x in p1]
+
+
+def second_token_fit(out, probs):
+    """(samples, p-value, statistic, df) of the second ids of --print-ids lines against probs."""
+    rows = [line.split() for line in out.strip().split("\n")]
+    counts = [0] * len(probs)
+    for r in rows:
+        counts[int(r[1])] += 1
+    pval, stat, df = chi_square_p(counts, probs, len(rows))
+    return len(rows), pval, stat, df
+
+
 def confidence_scheduling(args, ck, tmp, target, drafts, batch_file):
     """calibrate, profile, and the scheduler's choices on synthetic cost tables (greedy, batched,
     against `generate` and the fixed policy). Returns the paths the other checks reuse."""
@@ -171,9 +192,6 @@ def main():
                         "--lr", "1e-2", "--eval-every", "0", "--eval-seqs", "2", "--save-every", "200", "--quiet",
                         "--threads", "2"])
         drafts[head] = run
-
-    def ids_of(out):
-        return [line.split() for line in out.strip().split("\n")]
 
     batch_file = os.path.join(tmp, "prompts.txt")
     with open(batch_file, "w") as f:
@@ -311,13 +329,7 @@ def main():
     ids = tok.encode(prompt).ids
     n = 3000
     for temperature, top_p in ((1.0, 1.0), (0.8, 0.9)):
-        with torch.no_grad():
-            p0 = sampling_probs(model(torch.tensor([ids])).logits[0, -1], temperature, top_p)
-            support = [i for i in range(len(p0)) if p0[i] > 0]
-            batch = torch.tensor([ids + [i] for i in support])
-            logits = model(batch).logits[:, -1]
-            p1 = sum(float(p0[i]) * sampling_probs(logits[k], temperature, top_p) for k, i in enumerate(support))
-        probs = [float(x) for x in p1]
+        probs = second_token_probs(model, ids, temperature, top_p)
         for label, extra, want_pass in (("speculative", ["--policy", "fixed"], True),
                                         ("biased acceptance", ["--policy", "fixed", "--test-bias-acceptance"], False),
                                         ("scheduler", ["--policy", "scheduler", "--profile", sched["linear"],
@@ -326,15 +338,11 @@ def main():
                                     "--prompt", prompt, "--max-new-tokens", "3", "--print-ids", "--ignore-eos",
                                     "--temperature", str(temperature), "--top-p", str(top_p), "--repeat", str(n),
                                     "--seed", "1000"] + extra)
-            rows = ids_of(out)
-            counts = [0] * len(probs)
-            for r in rows:
-                counts[int(r[1])] += 1
-            pval, stat, df = chi_square_p(counts, probs, len(rows))
+            samples, pval, stat, df = second_token_fit(out, probs)
             print(f"T={temperature} top_p={top_p} {label}: chi-square {stat:.1f} on {df} df, p = {pval:.3g} "
-                  f"({len(rows)} samples)")
+                  f"({samples} samples)")
             if want_pass:
-                ck.check(len(rows) == n and pval > 1e-3,
+                ck.check(samples == n and pval > 1e-3,
                          f"T={temperature} top_p={top_p}: speculative sampling differs from the target (p = {pval:.3g})")
             else:
                 ck.check(pval < 1e-3, f"T={temperature} top_p={top_p}: the test does not detect a biased acceptance "
@@ -350,30 +358,21 @@ def main():
         t1 = int(model(torch.tensor([ids])).logits[0, -1].argmax())
         ids += [t1, int(model(torch.tensor([ids + [t1]])).logits[0, -1].argmax())]
     for temperature, top_p in ((1.0, 1.0), (0.1, 1.0)):
-        with torch.no_grad():
-            p0 = sampling_probs(model(torch.tensor([ids])).logits[0, -1], temperature, top_p)
-            support = [i for i in range(len(p0)) if p0[i] > 0]
-            logits = model(torch.tensor([ids + [i] for i in support])).logits[:, -1]
-            p1 = sum(float(p0[i]) * sampling_probs(logits[k], temperature, top_p) for k, i in enumerate(support))
-        probs = [float(x) for x in p1]
+        probs = second_token_probs(model, ids, temperature, top_p)
         rep = os.path.join(tmp, "report-lookup.json")
         out, _, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", drafts["vanilla"],
                                 "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", "3", "--print-ids",
                                 "--ignore-eos", "--temperature", str(temperature), "--top-p", str(top_p), "--repeat",
                                 str(n), "--seed", "1000", "--policy", "fixed", "--lookup", "1", "--report", rep])
-        rows = ids_of(out)
-        counts = [0] * len(probs)
-        for r in rows:
-            counts[int(r[1])] += 1
-        pval, stat, df = chi_square_p(counts, probs, len(rows))
+        samples, pval, stat, df = second_token_fit(out, probs)
         lk = json.load(open(rep))["lookup"]
         print(f"T={temperature} top_p={top_p} prompt lookup: chi-square {stat:.1f} on {df} df, p = {pval:.3g} "
-              f"({len(rows)} samples; lookup proposed {lk['proposed']}, accepted {lk['accepted']})")
+              f"({samples} samples; lookup proposed {lk['proposed']}, accepted {lk['accepted']})")
         ck.check(lk["rounds"] >= n // 2, f"T={temperature}: prompt lookup proposed in {lk['rounds']} of {n} requests")
         if temperature < 1:
             ck.check(lk["accepted"] >= n // 10, f"T={temperature}: prompt lookup accepted {lk['accepted']} of "
                                                 f"{lk['proposed']}: its acceptance rule is not exercised")
-        ck.check(len(rows) == n and pval > 1e-3,
+        ck.check(samples == n and pval > 1e-3,
                  f"T={temperature} top_p={top_p}: sampling with prompt lookup differs from the target (p = {pval:.3g})")
     # corpus lookup under sampling, on its own (fixed policy, no prompt lookup): the table of the
     # target's greedy answers proposes after whatever first token was drawn where it saw it; at
@@ -382,30 +381,21 @@ def main():
     prompt = "return self."
     ids = tok.encode(prompt).ids
     for temperature, top_p in ((1.0, 1.0), (0.1, 1.0)):
-        with torch.no_grad():
-            p0 = sampling_probs(model(torch.tensor([ids])).logits[0, -1], temperature, top_p)
-            support = [i for i in range(len(p0)) if p0[i] > 0]
-            logits = model(torch.tensor([ids + [i] for i in support])).logits[:, -1]
-            p1 = sum(float(p0[i]) * sampling_probs(logits[k], temperature, top_p) for k, i in enumerate(support))
-        probs = [float(x) for x in p1]
+        probs = second_token_probs(model, ids, temperature, top_p)
         rep = os.path.join(tmp, "report-corpus.json")
         out, _, _ = common.run([args.dspark, "speculate", "--target", target, "--draft", drafts["vanilla"],
                                 "--prompt", prompt, "--max-new-tokens", "3", "--print-ids", "--ignore-eos",
                                 "--temperature", str(temperature), "--top-p", str(top_p), "--repeat", str(n),
                                 "--seed", "1000", "--policy", "fixed", "--lookup-corpus", corpus_file, "--report", rep])
-        rows = ids_of(out)
-        counts = [0] * len(probs)
-        for r in rows:
-            counts[int(r[1])] += 1
-        pval, stat, df = chi_square_p(counts, probs, len(rows))
+        samples, pval, stat, df = second_token_fit(out, probs)
         cl = json.load(open(rep))["corpus_lookup"]
         print(f"T={temperature} top_p={top_p} corpus lookup: chi-square {stat:.1f} on {df} df, p = {pval:.3g} "
-              f"({len(rows)} samples; corpus rounds {cl['rounds']}, proposed {cl['proposed']}, "
+              f"({samples} samples; corpus rounds {cl['rounds']}, proposed {cl['proposed']}, "
               f"accepted {cl['accepted']})")
         ck.check(cl["rounds"] >= n // (20 if temperature == 1 else 2) and (temperature == 1 or cl["accepted"] >= n // 10),
                  f"T={temperature}: corpus lookup proposed in {cl['rounds']} rounds of {n} requests, accepted "
                  f"{cl['accepted']}: its paths are not exercised")
-        ck.check(len(rows) == n and pval > 1e-3,
+        ck.check(samples == n and pval > 1e-3,
                  f"T={temperature} top_p={top_p}: sampling with corpus lookup differs from the target (p = {pval:.3g})")
     ck.finish("test_speculate")
 
