@@ -100,7 +100,10 @@ typedef struct {
    * only where the first token's chance is at least the draft's first-position acceptance so far. */
   const struct ds_ngram *corpus;
   /* Carried statistics (ds_spec_learned), read and updated by the call; NULL: the call starts
-   * from none. The output does not depend on them, only the proposals' lengths and sources. */
+   * from none. They decide the proposals' lengths and sources, never the output's distribution:
+   * greedy output is the same either way; sampled output is drawn from the same distribution, but
+   * its tokens follow the acceptance draws, so a request sampled after others may differ from
+   * the same request sampled first. */
   ds_spec_learned *learned;
   /* Called after each request's round with the confidence logits of the slots drafted
    * (conf [n_conf], NAN without the confidence head), the tokens proposed and accepted; may

@@ -272,11 +272,12 @@ static ds_status propose(run *u, request *q, int64_t L, int draft) {
 static void survival(run *u, request *q) {
   double cum = 1.0;
   for (int64_t k = 0; k < q->n_prop; k++) {
-    double c = q->lookup == LOOKUP_PROMPT ? smoothed_rate(u->learn->lk_acc[k], u->learn->lk_prop[k])
+    const ds_spec_learned *l = u->learn;
+    double c = q->lookup == LOOKUP_PROMPT   ? smoothed_rate(l->lk_acc[k], l->lk_prop[k])
                : q->lookup == LOOKUP_CORPUS ? corpus_chance(u, q, k)
                : u->dc->enable_confidence_head
-                   ? fmin(1.0, confidence(u->o, k, q->conf[k]) * drift_of(u->learn->pred_sum, u->learn->pred_acc, k))
-                                               : smoothed_rate(u->learn->seen_acc[k], u->learn->seen_prop[k]);
+                   ? fmin(1.0, confidence(u->o, k, q->conf[k]) * drift_of(l->pred_sum, l->pred_acc, k))
+                   : smoothed_rate(l->seen_acc[k], l->seen_prop[k]);
     q->survive[k] = cum *= c;
   }
 }
