@@ -124,6 +124,13 @@ static const char k_convention[] =
     "acceptances of the draft and of prompt lookup, and where the verification reached a position, the "
     "confidences' and corpus lookup's predicted acceptance summed against the acceptances";
 
+/* {"rounds", "proposed", "accepted"} of a lookup's proposals, into obj. */
+static void add_round_counts(cJSON *obj, int64_t rounds, int64_t proposed, int64_t accepted) {
+  cJSON_AddNumberToObject(obj, "rounds", (double)rounds);
+  cJSON_AddNumberToObject(obj, "proposed", (double)proposed);
+  cJSON_AddNumberToObject(obj, "accepted", (double)accepted);
+}
+
 static ds_status write_report(const char *path, const ds_spec_options *o, int64_t g, int64_t requests,
                               const ds_spec_result *s, const ds_spec_result *plain, const report_extras *x) {
   cJSON *j = cJSON_CreateObject();
@@ -185,9 +192,7 @@ static ds_status write_report(const char *path, const ds_spec_options *o, int64_
   if (o->lookup > 0) {
     cJSON *lk = cJSON_CreateObject();
     cJSON_AddNumberToObject(lk, "suffix_min", (double)o->lookup);
-    cJSON_AddNumberToObject(lk, "rounds", (double)s->lookup_rounds);
-    cJSON_AddNumberToObject(lk, "proposed", (double)s->lookup_proposed);
-    cJSON_AddNumberToObject(lk, "accepted", (double)s->lookup_accepted);
+    add_round_counts(lk, s->lookup_rounds, s->lookup_proposed, s->lookup_accepted);
     cJSON_AddItemToObject(j, "lookup", lk);
   } else {
     cJSON_AddNullToObject(j, "lookup");
@@ -211,9 +216,7 @@ static ds_status write_report(const char *path, const ds_spec_options *o, int64_
     cJSON_AddStringToObject(cp, "data", x->corpus);
     cJSON_AddNumberToObject(cp, "tokens", (double)ds_ngram_tokens(o->corpus));
     cJSON_AddNumberToObject(cp, "contexts", (double)ds_ngram_contexts(o->corpus));
-    cJSON_AddNumberToObject(cp, "rounds", (double)s->corpus_rounds);
-    cJSON_AddNumberToObject(cp, "proposed", (double)s->corpus_proposed);
-    cJSON_AddNumberToObject(cp, "accepted", (double)s->corpus_accepted);
+    add_round_counts(cp, s->corpus_rounds, s->corpus_proposed, s->corpus_accepted);
     cJSON_AddItemToObject(j, "corpus_lookup", cp);
   } else {
     cJSON_AddNullToObject(j, "corpus_lookup");

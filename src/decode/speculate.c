@@ -378,20 +378,17 @@ static ds_status accept(run *u, request *q) {
       if (!q->lookup) r->pos_accepted[k - 1] += 1;
     }
   }
-  if (q->lookup != LOOKUP_CORPUS) {
-    ds_spec_learned *l = u->learn;
+  ds_spec_learned *l = u->learn;
+  if (q->lookup != LOOKUP_CORPUS) { /* rates: the draft's and prompt lookup's */
     double *seen_prop = q->lookup ? l->lk_prop : l->seen_prop, *seen_acc = q->lookup ? l->lk_acc : l->seen_acc;
     for (int64_t k = 0; k < q->n_prop; k++) seen_prop[k] += 1, seen_acc[k] += k < j;
   }
-  for (int64_t k = 0; k <= j && k < q->n_prop; k++) { /* the positions the verification reached */
-    if (q->lookup == LOOKUP_CORPUS) {
-      u->learn->corpus_pred[k] += q->share[k], u->learn->corpus_acc[k] += k < j;
-      continue;
-    }
-    if (!isfinite(q->conf[k])) break;
-    u->learn->pred_sum[k] += confidence(o, k, q->conf[k]);
-    u->learn->pred_acc[k] += k < j;
-  }
+  /* estimates against outcomes at the positions the verification reached: the corpus table's
+   * shares, or the draft's (calibrated) confidences where it has them */
+  int corpus = q->lookup == LOOKUP_CORPUS;
+  double *predicted = corpus ? l->corpus_pred : l->pred_sum, *accepted = corpus ? l->corpus_acc : l->pred_acc;
+  for (int64_t k = 0; k <= j && k < q->n_prop && (corpus || isfinite(q->conf[k])); k++)
+    predicted[k] += corpus ? q->share[k] : confidence(o, k, q->conf[k]), accepted[k] += k < j;
   if (o->on_round && !q->lookup) o->on_round(o->round_user, (int)(q - u->req), q->conf, q->n_conf, q->n_prop, j);
   if (next < 0) { /* every proposal accepted: the bonus token from p_L */
     if (q->n_prop > 0) DS_TRY(need_rest(u, q));
