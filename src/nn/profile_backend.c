@@ -1,4 +1,5 @@
 #include "dspark/profile.h"
+#include "nn/cpu_quant.h"
 
 static const ds_backend *g_inner;
 static ds_profile *g_prof;
@@ -288,6 +289,9 @@ void ds_profile_print(const ds_profile *p, double total_seconds, FILE *f) {
   }
   fprintf(f, "%-14s %8s %10.4f %6.1f%%\n", "other", "", total_seconds - accounted,
           100.0 * (total_seconds - accounted) / total);
-  size_t packed = ds_packed_weight_bytes();
-  if (packed) fprintf(f, "packed bf16 weight copies: %.1f MiB (DSPARK_BF16_PACK_MB caps them)\n", packed / 1048576.0);
+  /* two kinds of copies: the quantized weights' 8-row groups, and --compute bf16's (capped) */
+  size_t packed = ds_packed_weight_bytes(), quant = ds_quant_packed_bytes();
+  if (quant) fprintf(f, "packed copies of quantized weights (8-row groups): %.1f MiB\n", quant / 1048576.0);
+  if (packed > quant)
+    fprintf(f, "packed bf16 weight copies: %.1f MiB (DSPARK_BF16_PACK_MB caps them)\n", (packed - quant) / 1048576.0);
 }
