@@ -132,6 +132,17 @@ ds_status ds_dataset_read(const char *inputs, const ds_data_options *opt, const 
                           const ds_chat_template *tmpl, int enable_thinking, int64_t seq_len, int32_t eos_id,
                           int64_t min_len, ds_dataset *out);
 
+/* ds_dataset_read's sequences one at a time, none kept: fn gets each (ids [n] and mask [n], 1
+ * where supervised; valid during the call) in ds_dataset_read's order, and an error it returns
+ * ends the read with that error. The same checks, warnings and summary as ds_dataset_read; for a
+ * consumer that needs one pass over the tokens (the corpus n-gram table), where ds_dataset's
+ * arrays hold seq_len slots a sequence. source_hash, bad_lines: set as ds_dataset's, or NULL. */
+typedef ds_status (*ds_sequence_fn)(void *user, const int32_t *ids, const uint8_t *mask, int64_t n);
+ds_status ds_dataset_stream(const char *inputs, const ds_data_options *opt, const ds_tokenizer *tok,
+                            const ds_chat_template *tmpl, int enable_thinking, int64_t seq_len, int32_t eos_id,
+                            int64_t min_len, ds_sequence_fn fn, void *user, uint64_t *source_hash,
+                            int64_t *bad_lines);
+
 #ifdef __cplusplus
 }
 #endif

@@ -73,49 +73,62 @@ void ds_ngram_free(ds_ngram *g) {
   free(g);
 }
 
-ds_status ds_ngram_build(const ds_dataset *data, ds_ngram **out) {
-  *out = NULL;
-  ds_ngram *g = calloc(1, sizeof *g);
-  table pairs = {0};
-  if (!g) return DS_ERR_NOMEM;
-  ds_status st = DS_OK;
-  for (int64_t i = 0; i < data->n_seqs && st == DS_OK; i++) {
-    const int32_t *ids = data->ids + i * data->seq_len;
-    const uint8_t *mask = data->loss_mask + i * data->seq_len;
-    for (int64_t t = 1; t < data->lengths[i] && st == DS_OK; t++) {
-      if (!mask[t]) continue;
-      g->tokens++;
-      uint64_t h = EMPTY_CONTEXT;
-      for (int64_t n = 1; n <= DS_NGRAM_MAX_CONTEXT && n <= t; n++) {
-        h = extend(h, ids[t - n], n);
-        slot *c = upsert(&g->ctx, h), *p = c ? upsert(&pairs, pair_key(h, ids[t])) : NULL;
-        if (!p) {
-          st = DS_FAIL(DS_ERR_NOMEM, "n-gram table: out of memory at %lld contexts", (long long)g->ctx.used);
-          break;
-        }
-        c->seen++, p->best++;
-        if (p->best > c->best) c->best = p->best, c->tok = ids[t]; /* ties keep the token seen first */
-      }
+/* The table as sequences arrive (ds_sequence_fn): the contexts, and the (context, next token)
+ * pairs' counts that decide each context's most frequent follower. */
+typedef struct {
+  ds_ngram *g;
+  table pairs;
+} builder;
+
+static ds_status add_sequence(void *user, const int32_t *ids, const uint8_t *mask, int64_t n) {
+  builder *b = user;
+  ds_ngram *g = b->g;
+  for (int64_t t = 1; t < n; t++) {
+    if (!mask[t]) continue;
+    g->tokens++;
+    uint64_t h = EMPTY_CONTEXT;
+    for (int64_t m = 1; m <= DS_NGRAM_MAX_CONTEXT && m <= t; m++) {
+      h = extend(h, ids[t - m], m);
+      slot *c = upsert(&g->ctx, h), *p = c ? upsert(&b->pairs, pair_key(h, ids[t])) : NULL;
+      if (!p) return DS_FAIL(DS_ERR_NOMEM, "n-gram table: out of memory at %lld contexts", (long long)g->ctx.used);
+      c->seen++, p->best++;
+      if (p->best > c->best) c->best = p->best, c->tok = ids[t]; /* ties keep the token seen first */
     }
   }
-  free(pairs.s);
-  if (st == DS_OK && g->tokens == 0) st = DS_FAIL(DS_ERR_FORMAT, "n-gram table: the data has no supervised token");
-  if (st != DS_OK) {
-    ds_ngram_free(g);
-    return st;
-  }
-  *out = g;
   return DS_OK;
 }
 
+/* Ends a build: the table on success, everything freed otherwise. */
+static ds_status finish(builder *b, ds_status st, ds_ngram **out) {
+  free(b->pairs.s);
+  if (st == DS_OK && b->g->tokens == 0) st = DS_FAIL(DS_ERR_FORMAT, "n-gram table: the data has no supervised token");
+  if (st != DS_OK) {
+    ds_ngram_free(b->g);
+    return st;
+  }
+  *out = b->g;
+  return DS_OK;
+}
+
+ds_status ds_ngram_build(const ds_dataset *data, ds_ngram **out) {
+  *out = NULL;
+  builder b = {calloc(1, sizeof(ds_ngram)), {0}};
+  if (!b.g) return DS_ERR_NOMEM;
+  ds_status st = DS_OK;
+  for (int64_t i = 0; i < data->n_seqs && st == DS_OK; i++)
+    st = add_sequence(&b, data->ids + i * data->seq_len, data->loss_mask + i * data->seq_len, data->lengths[i]);
+  return finish(&b, st, out);
+}
+
+/* One pass over the data's sequences (ds_dataset_stream), none of them kept. */
 ds_status ds_ngram_load(const char *inputs, const ds_data_options *opt, const ds_tokenizer *tok,
                         const ds_chat_template *tmpl, int enable_thinking, int32_t eos_id, ds_ngram **out) {
   *out = NULL;
-  ds_dataset data;
-  DS_TRY(ds_dataset_read(inputs, opt, tok, tmpl, enable_thinking, DS_NGRAM_SEQ_LEN, eos_id, 2, &data));
-  ds_status st = ds_ngram_build(&data, out);
-  ds_dataset_free(&data);
-  return st;
+  builder b = {calloc(1, sizeof(ds_ngram)), {0}};
+  if (!b.g) return DS_ERR_NOMEM;
+  ds_status st = ds_dataset_stream(inputs, opt, tok, tmpl, enable_thinking, DS_NGRAM_SEQ_LEN, eos_id, 2, add_sequence,
+                                   &b, NULL, NULL);
+  return finish(&b, st, out);
 }
 
 int64_t ds_ngram_contexts(const ds_ngram *g) { return g->ctx.used; }

@@ -12,8 +12,18 @@ typedef struct {
   ds_ids mask; /* 0/1 per token, stored as int32 for reuse of ds_ids */
 } token_stream;
 
+/* Where sequences go: fn gets each one of at least min_len tokens, its mask as 0/1 bytes. */
 typedef struct {
-  int64_t S, min_len, n, cap;
+  int64_t S, min_len;
+  ds_sequence_fn fn;
+  void *user;
+  uint8_t *m8;                 /* [S] the mask of the sequence being passed */
+  int64_t n_seqs, supervised;  /* sequences passed, supervised tokens in them */
+} seq_sink;
+
+/* ds_dataset_read's arrays, [n, S] each, grown as sequences arrive. */
+typedef struct {
+  int64_t S, n, cap;
   int32_t *ids;
   uint8_t *mask;
   int64_t *len;
@@ -41,8 +51,16 @@ typedef struct {
 
 static const char *const k_known_roles[] = {"system", "user", "assistant"};
 
-static ds_status push_seq(seq_builder *b, const int32_t *ids, const int32_t *mask, int64_t n) {
-  if (n < b->min_len) return DS_OK;
+static ds_status push_seq(seq_sink *k, const int32_t *ids, const int32_t *mask, int64_t n) {
+  if (n < k->min_len) return DS_OK;
+  for (int64_t t = 0; t < n; t++) k->m8[t] = (uint8_t)(mask[t] != 0), k->supervised += k->m8[t];
+  k->n_seqs++;
+  return k->fn(k->user, ids, k->m8, n);
+}
+
+/* ds_dataset_read's sink: each sequence padded to S with zeros. */
+static ds_status keep_seq(void *user, const int32_t *ids, const uint8_t *mask, int64_t n) {
+  seq_builder *b = user;
   if (b->n == b->cap) {
     int64_t cap = b->cap ? 2 * b->cap : 64;
     int32_t *ni = realloc(b->ids, (size_t)(cap * b->S) * sizeof(int32_t));
@@ -56,10 +74,10 @@ static ds_status push_seq(seq_builder *b, const int32_t *ids, const int32_t *mas
   }
   int32_t *di = b->ids + b->n * b->S;
   uint8_t *dm = b->mask + b->n * b->S;
-  for (int64_t t = 0; t < b->S; t++) {
-    di[t] = t < n ? ids[t] : 0;
-    dm[t] = t < n ? (uint8_t)(mask[t] != 0) : 0;
-  }
+  memcpy(di, ids, (size_t)n * sizeof(int32_t));
+  memcpy(dm, mask, (size_t)n);
+  memset(di + n, 0, (size_t)(b->S - n) * sizeof(int32_t));
+  memset(dm + n, 0, (size_t)(b->S - n));
   b->len[b->n++] = n;
   return DS_OK;
 }
@@ -91,7 +109,7 @@ static void note_role(load_ctx *c, const char *role, const char *file, size_t li
   r->count = 1;
 }
 
-static ds_status add_chat(seq_builder *b, load_ctx *c, const ds_tokenizer *tok, const ds_data_record *rec) {
+static ds_status add_chat(seq_sink *b, load_ctx *c, const ds_tokenizer *tok, const ds_data_record *rec) {
   if (!c->tmpl) /* the template decides what a role means; ChatML only knows three */
     for (size_t i = 0; i < rec->n_messages; i++) note_role(c, rec->messages[i].role, rec->file, rec->line);
   ds_ids ids = {0}, mask = {0};
@@ -157,7 +175,7 @@ ds_status ds_dataset_load_chat(const char *path, ds_data_format format, const ds
 }
 
 /* Reads every record of the inputs: conversations become sequences, documents the stream. */
-static ds_status read_records(load_ctx *c, seq_builder *b, token_stream *s, const ds_tokenizer *tok, int32_t eos_id) {
+static ds_status read_records(load_ctx *c, seq_sink *b, token_stream *s, const ds_tokenizer *tok, int32_t eos_id) {
   ds_data_record rec;
   int got;
   for (;;) {
@@ -176,30 +194,36 @@ static ds_status read_records(load_ctx *c, seq_builder *b, token_stream *s, cons
   }
 }
 
-ds_status ds_dataset_read(const char *path, const ds_data_options *opt, const ds_tokenizer *tok,
-                          const ds_chat_template *tmpl, int enable_thinking, int64_t seq_len, int32_t eos_id,
-                          int64_t min_len, ds_dataset *out) {
-  memset(out, 0, sizeof *out);
+ds_status ds_dataset_stream(const char *path, const ds_data_options *opt, const ds_tokenizer *tok,
+                            const ds_chat_template *tmpl, int enable_thinking, int64_t seq_len, int32_t eos_id,
+                            int64_t min_len, ds_sequence_fn fn, void *user, uint64_t *source_hash,
+                            int64_t *bad_lines) {
   if (seq_len < 2) return DS_FAIL(DS_ERR_ARG, "dataset: sequence length %lld must be at least 2", (long long)seq_len);
-  seq_builder b = {seq_len, min_len < 2 ? 2 : min_len, 0, 0, NULL, NULL, NULL};
+  seq_sink b = {seq_len, min_len < 2 ? 2 : min_len, fn, user, malloc((size_t)seq_len), 0, 0};
+  if (!b.m8) return DS_FAIL(DS_ERR_NOMEM, "dataset: a mask of %lld tokens", (long long)seq_len);
   token_stream s = {{0}, {0}};
   load_ctx c;
   memset(&c, 0, sizeof c);
   c.path = path;
   c.tmpl = tmpl;
   c.enable_thinking = enable_thinking;
-  DS_TRY(ds_data_reader_open(path, opt, &c.reader));
-  ds_status st = read_records(&c, &b, &s, tok, eos_id);
+  ds_status st = ds_data_reader_open(path, opt, &c.reader);
+  if (st != DS_OK) {
+    free(b.m8);
+    return st;
+  }
+  st = read_records(&c, &b, &s, tok, eos_id);
   /* The plain-text stream becomes consecutive windows. */
   for (size_t at = 0; st == DS_OK && at < s.ids.len; at += (size_t)seq_len) {
     size_t n = s.ids.len - at < (size_t)seq_len ? s.ids.len - at : (size_t)seq_len;
     st = push_seq(&b, s.ids.ids + at, s.mask.ids + at, (int64_t)n);
   }
+  free(b.m8);
   ds_data_stats ds;
   ds_data_reader_stats(c.reader, &ds);
   ds_data_reader_close(c.reader);
-  out->source_hash = ds.hash;
-  out->bad_lines = ds.bad_lines;
+  if (source_hash) *source_hash = ds.hash;
+  if (bad_lines) *bad_lines = ds.bad_lines;
   ds_ids_free(&s.ids);
   ds_ids_free(&s.mask);
   int skipping = opt && opt->skip_bad_lines;
@@ -216,24 +240,33 @@ ds_status ds_dataset_read(const char *path, const ds_data_options *opt, const ds
     fprintf(stderr, "dspark: note: %s: %zu conversations rendered with ChatML (the tokenizer has no chat template: "
                     "chat_template.jinja or tokenizer_config.json's chat_template)\n",
             path, c.chats);
-  int64_t supervised = 0;
-  for (int64_t i = 0; st == DS_OK && i < b.n * b.S; i++) supervised += b.mask[i];
-  if (st == DS_OK && b.n == 0) {
+  if (st == DS_OK && b.n_seqs == 0) {
     st = DS_FAIL(DS_ERR_FORMAT, "%s: no sequence of at least %lld tokens", path, (long long)b.min_len);
-  } else if (st == DS_OK && supervised == 0) {
+  } else if (st == DS_OK && b.supervised == 0) {
     st = DS_FAIL(DS_ERR_FORMAT,
                  "%s: no supervised token in any of its %lld sequences: chat lines are supervised on their "
                  "'assistant' turns only (roles are case-sensitive), and none has one within %lld tokens",
-                 path, (long long)b.n, (long long)seq_len);
+                 path, (long long)b.n_seqs, (long long)seq_len);
   } else if (st == DS_OK && c.chats_unsupervised) {
     fprintf(stderr, "dspark: warning: %s: %zu of %zu conversations have no supervised token (no 'assistant' turn "
                     "within %lld tokens) and train nothing\n",
             path, c.chats_unsupervised, c.chats, (long long)seq_len);
   }
+  return st;
+}
+
+ds_status ds_dataset_read(const char *path, const ds_data_options *opt, const ds_tokenizer *tok,
+                          const ds_chat_template *tmpl, int enable_thinking, int64_t seq_len, int32_t eos_id,
+                          int64_t min_len, ds_dataset *out) {
+  memset(out, 0, sizeof *out);
+  seq_builder b = {seq_len, 0, 0, NULL, NULL, NULL};
+  ds_status st = ds_dataset_stream(path, opt, tok, tmpl, enable_thinking, seq_len, eos_id, min_len, keep_seq, &b,
+                                   &out->source_hash, &out->bad_lines);
   if (st != DS_OK) {
     free(b.ids);
     free(b.mask);
     free(b.len);
+    memset(out, 0, sizeof *out);
     return st;
   }
   out->n_seqs = b.n;

@@ -560,6 +560,50 @@ static void test_dataset(void) {
   ds_tokenizer_free(tok);
 }
 
+/* ds_dataset_stream passes exactly ds_dataset_read's rows (conversations, skipped lines, a text
+ * stream cut into windows, a short sequence dropped), and an error of its callback ends the read. */
+typedef struct {
+  const ds_dataset *want;
+  int64_t seen, wrong, stop_at;
+} stream_check;
+
+static ds_status check_row(void *user, const int32_t *ids, const uint8_t *mask, int64_t n) {
+  stream_check *c = user;
+  if (c->seen == c->stop_at) return DS_FAIL(DS_ERR_ARG, "stopped at sequence %lld", (long long)c->seen);
+  const ds_dataset *d = c->want;
+  int64_t i = c->seen++, S = d->seq_len;
+  c->wrong += i >= d->n_seqs || d->lengths[i] != n || memcmp(d->ids + i * S, ids, (size_t)n * sizeof(int32_t)) ||
+              memcmp(d->loss_mask + i * S, mask, (size_t)n);
+  return DS_OK;
+}
+
+static void test_stream(void) {
+  ds_tokenizer *tok = byte_tokenizer();
+  if (!tok) return;
+  write_text("st.jsonl",
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}\n"
+             "{\"messages\": [{\"role\": \"user\", \"content\": 1}]}\n"
+             "{\"text\": \"a plain document, long enough for three windows of sixteen tokens\"}\n"
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"a question that runs past the window\"},"
+             " {\"role\": \"assistant\", \"content\": \"cut\"}]}\n"
+             "{\"text\": \"x\"}\n");
+  ds_data_options opt = {.format = DS_DATA_AUTO, .skip_bad_lines = 1};
+  ds_dataset d;
+  EXPECT_OK(ds_dataset_read(path_of("st.jsonl"), &opt, tok, NULL, -1, 16, 258, 4, &d));
+  EXPECT(d.n_seqs >= 5 && d.bad_lines == 1);
+  stream_check c = {&d, 0, 0, -1};
+  uint64_t hash = 0;
+  int64_t bad = -1;
+  EXPECT_OK(ds_dataset_stream(path_of("st.jsonl"), &opt, tok, NULL, -1, 16, 258, 4, check_row, &c, &hash, &bad));
+  EXPECT(c.seen == d.n_seqs && c.wrong == 0 && hash == d.source_hash && bad == 1);
+  c = (stream_check){&d, 0, 0, 2};
+  EXPECT(ds_dataset_stream(path_of("st.jsonl"), &opt, tok, NULL, -1, 16, 258, 4, check_row, &c, NULL, NULL) ==
+         DS_ERR_ARG);
+  EXPECT(strstr(ds_last_error(), "stopped at sequence 2") != NULL && c.seen == 2);
+  ds_dataset_free(&d);
+  ds_tokenizer_free(tok);
+}
+
 int main(void) {
   const char *tmp = getenv("DSPARK_TEST_TMP");
   snprintf(g_dir, sizeof g_dir, "%.500s/data_formats", tmp && *tmp ? tmp : "/tmp");
@@ -573,6 +617,7 @@ int main(void) {
   TEST_RUN(test_long_lines);
   TEST_RUN(test_line_bound);
   TEST_RUN(test_dirs_and_globs);
+  TEST_RUN(test_stream);
   TEST_RUN(test_dataset);
   return TEST_RESULT();
 }
