@@ -93,6 +93,16 @@ static void accumulate(ds_spec_result *acc, const ds_spec_result *r, int with_ti
     acc->steps += r->steps;
 }
 
+/* One request decoded plainly (--baseline with --one-at-a-time), summed into plain. */
+static ds_status plain_one(ds_target *t, const int32_t **p, const int64_t *n, const ds_spec_options *o,
+                           ds_spec_result *plain) {
+  ds_spec_result r;
+  DS_TRY(ds_generate_batch(t, p, n, 1, o, &r));
+  accumulate(plain, &r, 1);
+  ds_spec_result_free(&r);
+  return DS_OK;
+}
+
 /* Tokens per second after the prefill over `requests` requests: each request's first token
  * comes from the prefill, the rest from the rounds (as `generate` reports its decode rate). */
 static double decode_rate(const ds_spec_result *r, int64_t requests) {
@@ -167,6 +177,7 @@ static ds_status write_report(const char *path, const ds_spec_options *o, int64_
   cJSON_AddItemToObject(j, "per_round", per);
   cJSON_AddNumberToObject(j, "decode_tokens_per_s", decode_rate(s, requests));
   if (plain) {
+    cJSON_AddNumberToObject(j, "plain_generated_tokens", (double)plain->n);
     cJSON_AddNumberToObject(j, "plain_decode_tokens_per_s", decode_rate(plain, requests));
     cJSON_AddNumberToObject(j, "speedup", decode_rate(plain, requests) > 0 ? decode_rate(s, requests) / decode_rate(plain, requests) : 0);
   }
@@ -441,14 +452,20 @@ int cmd_speculate(int argc, char **argv) {
     o.on_token = R == 1 ? cli_stream_token : NULL; /* stream a single request as generate does */
     o.user = &out;
     rounds.request_base = (int)(rep * R);
+    ds_spec_options po = o; /* the plain decoding of --baseline */
+    po.on_token = NULL;
     if (!one_at_a_time) {
       st = ds_speculate_batch(t, d, pv, pn, R, &o, res);
-    } else { /* request i alone, with the seed and index it has in the batch */
+    } else { /* request i alone, with the seed and index it has in the batch; with --baseline its
+              * plain decoding beside it, first for every other request: both see the shared host
+              * of the same moment (all plain runs after all speculative ones moved with its load) */
       for (int i = 0; st == DS_OK && i < R; i++) {
-        ds_spec_options oi = o;
-        oi.seed = o.seed + (uint64_t)i;
+        ds_spec_options oi = o, pi = po;
+        oi.seed = pi.seed = o.seed + (uint64_t)i;
         rounds.request_base = (int)(rep * R + i);
-        st = ds_speculate_batch(t, d, &pv[i], &pn[i], 1, &oi, &res[i]);
+        if (baseline && i % 2) st = plain_one(t, &pv[i], &pn[i], &pi, &plain_sum);
+        if (st == DS_OK) st = ds_speculate_batch(t, d, &pv[i], &pn[i], 1, &oi, &res[i]);
+        if (st == DS_OK && baseline && i % 2 == 0) st = plain_one(t, &pv[i], &pn[i], &pi, &plain_sum);
       }
     }
     for (int i = 0; st == DS_OK && i < R; i++) {
@@ -460,20 +477,10 @@ int cmd_speculate(int argc, char **argv) {
       ds_spec_result_free(&res[i]);
     }
     fflush(stdout);
-    if (st == DS_OK && baseline) {
-      ds_spec_options po = o;
-      po.on_token = NULL;
-      if (!one_at_a_time) {
-        st = ds_generate_batch(t, pv, pn, R, &po, res);
-      } else {
-        for (int i = 0; st == DS_OK && i < R; i++) {
-          ds_spec_options oi = po;
-          oi.seed = po.seed + (uint64_t)i;
-          st = ds_generate_batch(t, &pv[i], &pn[i], 1, &oi, &res[i]);
-        }
-      }
+    if (st == DS_OK && baseline && !one_at_a_time) {
+      st = ds_generate_batch(t, pv, pn, R, &po, res);
       for (int i = 0; st == DS_OK && i < R; i++) {
-        accumulate(&plain_sum, &res[i], i == 0 || one_at_a_time);
+        accumulate(&plain_sum, &res[i], i == 0); /* a batch's results share its timings */
         ds_spec_result_free(&res[i]);
       }
     }

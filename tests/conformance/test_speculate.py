@@ -284,6 +284,14 @@ def main():
             for prompt, line in zip(PROMPTS, lines):
                 ck.check(line.split() == flat[prompt], f"batched greedy {head} {policy} '{prompt}': {line.split()} != "
                                                        f"{flat[prompt]}")
+    # --one-at-a-time --baseline: each request's plain decoding beside its speculative one, all of them
+    rep = os.path.join(tmp, "report-baseline.json")
+    common.run([args.dspark, "speculate", "--target", target, "--draft", drafts["vanilla"], "--data", batch_file,
+                "--max-new-tokens", "24", "--ignore-eos", "--one-at-a-time", "--baseline", "--report", rep])
+    r = json.load(open(rep))
+    ck.check(r["plain_generated_tokens"] == r["generated_tokens"] == 24 * len(PROMPTS) and r["speedup"] > 0,
+             f"--one-at-a-time --baseline: plain {r.get('plain_generated_tokens')} tokens against "
+             f"{r['generated_tokens']}, speedup {r.get('speedup')}")
     # what the scheduler learns carries from request to request (--one-at-a-time: each request its
     # own call): the report's learned lookup counts cover every request's lookups, not the last one's
     rep = os.path.join(tmp, "report-learned.json")
