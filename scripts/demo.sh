@@ -19,9 +19,9 @@
 # stored, docs/compute.md; nothing converted on disk). Stage times go to $demo/stages.jsonl. The quick option on a toy target the
 # engine pretrains itself: scripts/demo_toy.sh.
 # Environment: DSPARK_DEMO_DIR (default ~/.cache/dspark/demo-smollm2), DEMO_TRAIN_PROMPTS (all),
-# DEMO_EVAL_PROMPTS (per kind, 6), DEMO_ANSWER_TOKENS (per regenerated answer, 192),
+# DEMO_EVAL_PROMPTS (per kind, 12), DEMO_ANSWER_TOKENS (per regenerated answer, 192),
 # DEMO_DRAFT_STEPS (200), DEMO_DRAFT_VOCAB (8192), DEMO_DRAFT_LR (5e-3), DEMO_DRAFT_WARMUP (0.25),
-# DEMO_NEW_TOKENS (per held-out prompt, 96),
+# DEMO_NEW_TOKENS (per held-out prompt, 256),
 # DEMO_COMPUTE (unset: the engine's default; fp32, bf16 or int8: docs/compute.md). Reruns reuse what is done (delete the folder to
 # start over).
 set -euo pipefail
@@ -36,7 +36,7 @@ dsc() { local cmd=$1; shift; "$ds" "$cmd" ${compute:+--compute "$compute"} "$@";
 demo="${DSPARK_DEMO_DIR:-$HOME/.cache/dspark/demo-smollm2}"
 target="${DSPARK_MODELS:-$HOME/.cache/dspark/models}/SmolLM2-135M-Instruct.Q4_1.gguf"
 train_prompts="${DEMO_TRAIN_PROMPTS:-0}"
-eval_prompts="${DEMO_EVAL_PROMPTS:-6}"
+eval_prompts="${DEMO_EVAL_PROMPTS:-12}"
 answer_tokens="${DEMO_ANSWER_TOKENS:-192}"
 dsteps="${DEMO_DRAFT_STEPS:-200}"
 dvocab="${DEMO_DRAFT_VOCAB:-8192}"
@@ -45,7 +45,7 @@ dvocab="${DEMO_DRAFT_VOCAB:-8192}"
 # DFlash-style backbone to a unigram model (docs/training.md, "Learning rate and warmup").
 draft_lr="${DEMO_DRAFT_LR:-5e-3}"
 draft_warmup="${DEMO_DRAFT_WARMUP:-0.25}"
-new_tokens="${DEMO_NEW_TOKENS:-96}"
+new_tokens="${DEMO_NEW_TOKENS:-256}"
 mkdir -p "$demo"
 stage_t=$t_start stage_name="set-up and build"
 stamp() { # closes the running stage (its time to stages.jsonl) and opens the next
@@ -90,17 +90,18 @@ dsc calibrate --target "$target" --draft "$demo/dspark" --data "$demo/prompts/ca
     --max-new-tokens 64 --out "$demo/calibration.json" 2>&1 | tail -n 4
 
 # One request at a time: the serving case where speculation pays (a verification pass of a few
-# tokens costs little more than one decoding step); plain decoding is measured in the dspark run.
+# tokens costs little more than one decoding step). Every run decodes each request plainly too,
+# right beside it (--baseline): its speedup is against the host of that moment.
 spec() { # KIND NAME DRAFT extra options...
   local kind=$1 name=$2 draft=$3; shift 3
   dsc speculate --target "$target" --draft "$demo/$draft" --data "$demo/prompts/eval-$kind.jsonl" --one-at-a-time \
-      --max-new-tokens "$new_tokens" --report "$demo/speculate-$kind-$name.json" "$@" > /dev/null \
+      --max-new-tokens "$new_tokens" --baseline --report "$demo/speculate-$kind-$name.json" "$@" > /dev/null \
       2> "$demo/speculate-$kind-$name.log" || { cat "$demo/speculate-$kind-$name.log"; exit 1; }
 }
 for kind in "${kinds[@]}"; do
   stamp "speculative decoding of the held-out $kind prompts, one request at a time (dspark speculate)"
   spec "$kind" dflash dflash --policy fixed
-  spec "$kind" dspark dspark --policy fixed --baseline
+  spec "$kind" dspark dspark --policy fixed
   spec "$kind" dspark-scheduler dspark --policy scheduler --profile "$demo/profile.json" \
       --calibration "$demo/calibration.json" --lookup 0
   spec "$kind" dspark-lookup dspark --policy scheduler --profile "$demo/profile.json" \
@@ -110,16 +111,18 @@ stamp "plots (dspark plot): training curves of every run, acceptance and calibra
 $ds plot "$demo" > /dev/null 2> "$demo/plot.log" || { cat "$demo/plot.log"; exit 1; }
 stamp "done"
 python3 - "$demo" "${kinds[@]}" <<'PY'
-import json, sys
+import json, statistics, sys
 demo, kinds = sys.argv[1], sys.argv[2:]
-print(f"{'kind':<10} {'draft':<18} {'tau':>6} {'tokens/s':>9} {'speedup':>8}   (greedy, held-out prompts one at a time)")
+names = ("dflash", "dspark", "dspark-scheduler", "dspark-lookup")
+print(f"{'kind':<10} {'draft':<18} {'tau':>6} {'tokens/s':>9} {'speedup':>8}   (greedy, held-out prompts one at a time; "
+      "each speedup against the plain decoding beside it)")
 for kind in kinds:
-    plain = json.load(open(f"{demo}/speculate-{kind}-dspark.json"))["plain_decode_tokens_per_s"]
-    print(f"{kind:<10} {'plain decoding':<18} {'':>6} {plain:9.1f} {1:7.2f}x")
-    for name in ("dflash", "dspark", "dspark-scheduler", "dspark-lookup"):
-        r = json.load(open(f"{demo}/speculate-{kind}-{name}.json"))
-        print(f"{kind:<10} {name:<18} {r['tau']:6.3f} {r['decode_tokens_per_s']:9.1f} "
-              f"{r['decode_tokens_per_s'] / plain:7.2f}x")
+    reports = {name: json.load(open(f"{demo}/speculate-{kind}-{name}.json")) for name in names}
+    plain = [r["plain_decode_tokens_per_s"] for r in reports.values()]
+    print(f"{kind:<10} {'plain decoding':<18} {'':>6} {statistics.median(plain):9.1f} {1:7.2f}x   "
+          f"(median of the {len(plain)} runs beside them: {min(plain):.1f} to {max(plain):.1f})")
+    for name, r in reports.items():
+        print(f"{kind:<10} {name:<18} {r['tau']:6.3f} {r['decode_tokens_per_s']:9.1f} {r['speedup']:7.2f}x")
 cal = json.load(open(f"{demo}/calibration.json"))
 e = cal["ece"]
 print(f"DSpark confidence, mean ECE of the cumulative acceptance over positions: fit rounds {e['fit']['before_mean']:.4f} -> "
