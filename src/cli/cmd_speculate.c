@@ -64,6 +64,7 @@ static void usage(FILE *f) {
           "                        tokens (the longest context seen), chained, proposed where prompt lookup\n"
           "                        finds nothing and the draft's first token is accepted less often\n"
           "  --baseline            also decode the prompt plainly in the same run and report the speedup\n"
+          "                        (with --one-at-a-time each request's plain decoding runs beside it)\n"
           "  --report FILE.json    write the report (tau, acceptance per position, rounds, timings)\n"
           "  --repeat N            decode the prompt N times with seeds S .. S+N-1 (one output line each;\n"
           "                        the report aggregates them)\n"
