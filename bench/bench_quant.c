@@ -99,38 +99,27 @@ static int decode_pass(ds_qisa isa, ds_dtype dt, int rounds, int64_t n) {
 #define PIN12(c)                                                                                                  \
   __asm__("" : "+" c(a0), "+" c(a1), "+" c(a2), "+" c(a3), "+" c(a4), "+" c(a5), "+" c(a6), "+" c(a7), "+" c(a8), \
           "+" c(a9), "+" c(a10), "+" c(a11))
-VNNI_T static double peak_256(long n, int32_t *sink) {
-  __m256i w = _mm256_set1_epi8(3), x = _mm256_set1_epi8(5);
-  __m256i a0 = _mm256_set1_epi32(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,
-          a9 = a0, a10 = a0, a11 = a0;
-  double t0 = ds_time_sec();
-  for (long i = 0; i < n; i++) {
-    DOT12(_mm256_dpbusd_epi32, w, x);
-    PIN12("x");
+/* peak_256 / peak_512: seconds for n rounds of the 12 chains at one register width */
+#define PEAK_FN(name, V, pre, con, reduce)                                                                        \
+  VNNI_T static double name(long n, int32_t *sink) {                                                            \
+    V w = pre##_set1_epi8(3), x = pre##_set1_epi8(5);                                                           \
+    V a0 = pre##_set1_epi32(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0, \
+      a10 = a0, a11 = a0;                                                                                       \
+    double t0 = ds_time_sec();                                                                                  \
+    for (long i = 0; i < n; i++) {                                                                              \
+      DOT12(pre##_dpbusd_epi32, w, x);                                                                          \
+      PIN12(con);                                                                                               \
+    }                                                                                                           \
+    double t = ds_time_sec() - t0;                                                                              \
+    V s = pre##_add_epi32(pre##_add_epi32(pre##_add_epi32(a0, a1), pre##_add_epi32(a2, a3)),                    \
+                          pre##_add_epi32(pre##_add_epi32(a4, a5), pre##_add_epi32(a6, a7)));                   \
+    s = pre##_add_epi32(s, pre##_add_epi32(pre##_add_epi32(a8, a9), pre##_add_epi32(a10, a11)));                \
+    *sink += reduce(s);                                                                                         \
+    return t;                                                                                                   \
   }
-  double t = ds_time_sec() - t0;
-  __m256i s = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3)),
-                               _mm256_add_epi32(_mm256_add_epi32(a4, a5), _mm256_add_epi32(a6, a7)));
-  s = _mm256_add_epi32(s, _mm256_add_epi32(_mm256_add_epi32(a8, a9), _mm256_add_epi32(a10, a11)));
-  *sink += _mm256_extract_epi32(s, 0);
-  return t;
-}
-VNNI_T static double peak_512(long n, int32_t *sink) {
-  __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(5);
-  __m512i a0 = _mm512_set1_epi32(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,
-          a9 = a0, a10 = a0, a11 = a0;
-  double t0 = ds_time_sec();
-  for (long i = 0; i < n; i++) {
-    DOT12(_mm512_dpbusd_epi32, w, x);
-    PIN12("v");
-  }
-  double t = ds_time_sec() - t0;
-  __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
-                               _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7)));
-  s = _mm512_add_epi32(s, _mm512_add_epi32(_mm512_add_epi32(a8, a9), _mm512_add_epi32(a10, a11)));
-  *sink += _mm512_reduce_add_epi32(s);
-  return t;
-}
+VNNI_T static int32_t first_lane(__m256i s) { return _mm256_extract_epi32(s, 0); }
+PEAK_FN(peak_256, __m256i, _mm256, "x", first_lane)
+PEAK_FN(peak_512, __m512i, _mm512, "v", _mm512_reduce_add_epi32)
 VNNI_T static void peak_dpbusd(void) {
   enum { CHAINS = 12 };
   const long n = 50 * 1000 * 1000;
