@@ -149,14 +149,22 @@ static inline void dot8_avx2(float *score, const float *q, const float *k, int64
 
 #ifdef __F16C__
 #define DECODE_F16_SCORES 1
-/* score_p[0..4) (rows ATTN_KEY_BLOCK apart) = scale * q_p . k_0..k_3 for P <= 3 query vectors and
+/* The query vectors dot4_f16 takes at once: with AVX-512's 32 registers 6 (24 sums, 4 keys, a
+ * query), each key widened once for more of them (5% of a 4-row verification's attention on AMD
+ * Zen 4); AVX2's 16 hold 3. */
+#if defined(__AVX512F__)
+enum { F16_SCORE_VECTORS = 6 };
+#else
+enum { F16_SCORE_VECTORS = 3 };
+#endif
+/* score_p[0..4) (rows ATTN_KEY_BLOCK apart) = scale * q_p . k_0..k_3 for P <= F16_SCORE_VECTORS query vectors and
  * four f16 keys (k[u] rows; a tail repeats a key), each key widened in registers once for the P
  * vectors: per key and vector the lane sums and the hadd tree of dot8_avx2 / dot4_avx2, so the
  * numbers are the fp32 path's on the widened keys, without widening them through memory (a block's
  * keys stored to L1 and read back for each vector took half of an f16 cache's decode attention). */
 static inline __attribute__((always_inline)) void dot4_f16(float *score, const float *const *q, int P,
                                                            const uint16_t *const *k, int64_t hd, __m128 sc) {
-  __m256 s[3][4];
+  __m256 s[F16_SCORE_VECTORS][4];
   for (int p = 0; p < P; p++)
     for (int u = 0; u < 4; u++) s[p][u] = _mm256_setzero_ps();
   for (int64_t e = 0; e < hd; e += 8) {
@@ -165,6 +173,12 @@ static inline __attribute__((always_inline)) void dot4_f16(float *score, const f
       kv[u] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(k[u] + e)));
     for (int p = 0; p < P; p++) {
       __m256 qv = _mm256_loadu_ps(q[p] + e);
+#if defined(__AVX512F__)
+      /* in a register: GCC folded the load into each of the 4 multiply-adds, and AMD Zen 4's two
+       * vector loads a cycle, not its multiply-adds, bound the scores (24% of a decode's
+       * attention, the same numbers); AVX2's 16 registers have no room for it */
+      __asm__("" : "+x"(qv));
+#endif
       for (int u = 0; u < 4; u++) s[p][u] = _mm256_fmadd_ps(qv, kv[u], s[p][u]);
     }
   }
@@ -172,19 +186,24 @@ static inline __attribute__((always_inline)) void dot4_f16(float *score, const f
     _mm_storeu_ps(score + p * ATTN_KEY_BLOCK, _mm_mul_ps(sc, sum4_avx2(s[p][0], s[p][1], s[p][2], s[p][3])));
 }
 
-/* group_scores' numbers for f16 keys (hd a multiple of 8): the vectors three at a time, the keys
- * four at a time (a key's score does not depend on the others of its call). */
+/* group_scores' numbers for f16 keys (hd a multiple of 8): the vectors F16_SCORE_VECTORS at a time,
+ * the keys four at a time (a key's score does not depend on the others of its call). */
 static void group_scores_f16(float *score, const float *const *q, int64_t P, const uint16_t *kh, int64_t nk,
                              int64_t hd, float scale) {
   __m128 sc = _mm_set1_ps(scale);
-  for (int64_t p0 = 0; p0 < P; p0 += 3) {
-    int np = P - p0 < 3 ? (int)(P - p0) : 3;
+  for (int64_t p0 = 0; p0 < P; p0 += F16_SCORE_VECTORS) {
+    int np = P - p0 < F16_SCORE_VECTORS ? (int)(P - p0) : F16_SCORE_VECTORS;
     for (int64_t j = 0; j < nk; j += 4) {
       const uint16_t *k[4];
       for (int u = 0; u < 4; u++) k[u] = kh + (j + u < nk ? j + u : j) * hd;
-      float *out = score + p0 * ATTN_KEY_BLOCK + j, tail[3 * ATTN_KEY_BLOCK];
+      float *out = score + p0 * ATTN_KEY_BLOCK + j, tail[F16_SCORE_VECTORS * ATTN_KEY_BLOCK];
       float *dst = j + 4 <= nk ? out : tail; /* a tail's 4 stores would pass the row's end */
       switch (np) { /* constant counts: registers */
+#if defined(__AVX512F__)
+        case 6: dot4_f16(dst, q + p0, 6, k, hd, sc); break;
+        case 5: dot4_f16(dst, q + p0, 5, k, hd, sc); break;
+        case 4: dot4_f16(dst, q + p0, 4, k, hd, sc); break;
+#endif
         case 3: dot4_f16(dst, q + p0, 3, k, hd, sc); break;
         case 2: dot4_f16(dst, q + p0, 2, k, hd, sc); break;
         default: dot4_f16(dst, q + p0, 1, k, hd, sc); break;
@@ -309,6 +328,32 @@ static void group_mix(float *const *acc, const float *w, int64_t P, const float 
 /* p[nk] = exp(score - max) in place; returns the max, *sum the exps' sum: their maximum and sum
  * in lanes (a running maximum made every key wait for the previous one's dot product). */
 static float softmax_parts(float *score, int64_t nk, float *sum_out) {
+#if defined(DECODE_AVX512) && defined(DS_HAVE_FAST_EXP_AVX512)
+  /* The same lanes in one AVX-512 register, the last keys under a mask (-inf for the max, left
+   * out of the sums): the same numbers. GCC left the max's ternary scalar and the last keys'
+   * exps too (a 128-key block's softmax took 97-123 ns, now 67-82, on AMD Zen 4). */
+  _Static_assert(DS_LANES == 16, "one 16-lane register");
+  float mxl[DS_LANES], suml[DS_LANES];
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  __m512 m = ninf;
+  int64_t j = 0;
+  for (; j + DS_LANES <= nk; j += DS_LANES) m = _mm512_max_ps(_mm512_loadu_ps(score + j), m); /* score > m ? score : m */
+  __mmask16 tail = (__mmask16)((1u << (nk - j)) - 1);
+  _mm512_storeu_ps(mxl, _mm512_max_ps(_mm512_mask_loadu_ps(ninf, tail, score + j), m));
+  float mx = mxl[0];
+  for (int l = 1; l < DS_LANES; l++) mx = mxl[l] > mx ? mxl[l] : mx;
+  __m512 vmx = _mm512_set1_ps(mx), sum = _mm512_setzero_ps();
+  for (j = 0; j + DS_LANES <= nk; j += DS_LANES) {
+    __m512 e = ds_fast_exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(score + j), vmx));
+    _mm512_storeu_ps(score + j, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  __m512 e = ds_fast_exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, score + j), vmx));
+  _mm512_mask_storeu_ps(score + j, tail, e);
+  _mm512_storeu_ps(suml, _mm512_mask_add_ps(sum, tail, sum, e));
+  *sum_out = lanes_sum(suml);
+  return mx;
+#else
   float mxl[DS_LANES];
   for (int l = 0; l < DS_LANES; l++) mxl[l] = -INFINITY;
   int64_t j = 0;
@@ -324,6 +369,7 @@ static float softmax_parts(float *score, int64_t nk, float *sum_out) {
   for (int l = 0; j + l < nk; l++) sum[l] += score[j + l] = ds_fast_expf(score[j + l] - mx);
   *sum_out = lanes_sum(sum);
   return mx;
+#endif
 }
 
 /* dst[0 .. n) = the f16 values src widened to fp32 (exact). */
