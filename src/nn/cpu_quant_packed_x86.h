@@ -77,15 +77,29 @@ PI void q4k_superblock(const unsigned char *blk, const ds_qx *x, int64_t in, int
     __m256 s0 = _mm256_mul_ps(d, q4k_six_bits(sc, 2 * g, 0)), s1 = _mm256_mul_ps(d, q4k_six_bits(sc, 2 * g + 1, 0));
     __m256 n0 = _mm256_mul_ps(dmin, q4k_six_bits(sc, 2 * g, 1)), n1 = _mm256_mul_ps(dmin, q4k_six_bits(sc, 2 * g + 1, 1));
     __m256i t0[4], t1[4];
+#if PACKED_VNNI
+    /* with 4 rows the sums run in dpbusd itself, t0 / t1 the even chunks', u0 / u1 the odd ones':
+     * 16 chains of 4 (4 rows of Q4_K 20% faster in cache on AMD Zen 4, the same sums) */
+    __m256i u0[4], u1[4];
+    if (R == 4)
+      for (int r = 0; r < 4; r++) t0[r] = t1[r] = u0[r] = u1[r] = _mm256_setzero_si256();
+#endif
     for (int c = 0; c < 8; c++) { /* values 4c .. 4c+3 of both sub-blocks */
       __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 32 * (8 * g + c)));
       __m256i lo = _mm256_and_si256(w, m4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
       for (int r = 0; r < R; r++) {
         const int8_t *xq = x->q + (i0 + r) * in + 32 * (kx + 2 * g) + 4 * c;
 #if PACKED_VNNI
-        __m256i p0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, bcast4(xq));
-        __m256i p1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), hi, bcast4(xq + 32));
-        t0[r] = c ? _mm256_add_epi32(t0[r], p0) : p0, t1[r] = c ? _mm256_add_epi32(t1[r], p1) : p1;
+        if (R == 4) {
+          if (c & 1) u0[r] = dpbusd_bcast(u0[r], lo, xq), u1[r] = dpbusd_bcast(u1[r], hi, xq + 32);
+          else t0[r] = dpbusd_bcast(t0[r], lo, xq), t1[r] = dpbusd_bcast(t1[r], hi, xq + 32);
+          PIN(u0[r]);
+          PIN(u1[r]);
+        } else {
+          __m256i p0 = dpbusd_bcast(_mm256_setzero_si256(), lo, xq);
+          __m256i p1 = dpbusd_bcast(_mm256_setzero_si256(), hi, xq + 32);
+          t0[r] = c ? _mm256_add_epi32(t0[r], p0) : p0, t1[r] = c ? _mm256_add_epi32(t1[r], p1) : p1;
+        }
 #else /* int16 sums: 8 pairs of at most 2 * 15 * 127 */
         __m256i p0 = _mm256_maddubs_epi16(lo, bcast4(xq)), p1 = _mm256_maddubs_epi16(hi, bcast4(xq + 32));
         t0[r] = c ? _mm256_add_epi16(t0[r], p0) : p0, t1[r] = c ? _mm256_add_epi16(t1[r], p1) : p1;
@@ -97,6 +111,7 @@ PI void q4k_superblock(const unsigned char *blk, const ds_qx *x, int64_t in, int
     for (int r = 0; r < R; r++) {
       int64_t k = (i0 + r) * xb + kx + 2 * g;
 #if PACKED_VNNI
+      if (R == 4) t0[r] = _mm256_add_epi32(t0[r], u0[r]), t1[r] = _mm256_add_epi32(t1[r], u1[r]);
       __m256 i0f = _mm256_cvtepi32_ps(t0[r]), i1f = _mm256_cvtepi32_ps(t1[r]);
 #else
       __m256 i0f = _mm256_cvtepi32_ps(_mm256_madd_epi16(t0[r], ones));
@@ -128,6 +143,10 @@ PI void q6k_superblock(const unsigned char *blk, const ds_qx *x, int64_t in, int
     __m256 sa = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * (2 * c))))));
     __m256 sb = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * (2 * c + 1))))));
     __m256i ta[4], tb[4];
+#if PACKED_VNNI
+    if (R == 4) /* with 4 rows the sums run in dpbusd itself, 8 chains of 4 (27% faster, Zen 4) */
+      for (int r = 0; r < 4; r++) ta[r] = tb[r] = _mm256_setzero_si256();
+#endif
     for (int t = 0; t < 8; t++) { /* values 4t .. 4t+3 of the group */
       __m256i lo = _mm256_and_si256(
           _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(ql + 32 * (16 * h + 8 * (c % 2) + t))), _mm_cvtsi32_si128(shift_lo)),
@@ -138,7 +157,14 @@ PI void q6k_superblock(const unsigned char *blk, const ds_qx *x, int64_t in, int
       for (int r = 0; r < R; r++) {
         const int8_t *xq = x->q + (i0 + r) * in + 32 * (kx + c) + 4 * t;
 #if PACKED_VNNI
-        __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, bcast4(xq));
+        if (R == 4) {
+          if (t < 4) ta[r] = dpbusd_bcast(ta[r], q, xq);
+          else tb[r] = dpbusd_bcast(tb[r], q, xq);
+          PIN(ta[r]);
+          PIN(tb[r]);
+          continue;
+        }
+        __m256i p = dpbusd_bcast(_mm256_setzero_si256(), q, xq);
 #else /* pairs reach 2 * 63 * 127: int32 at each step */
         __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, bcast4(xq)), ones);
 #endif
