@@ -189,8 +189,8 @@ PI void q6k_superblock(const unsigned char *blk, const ds_qx *x, int64_t in, int
  * (Q4_1 / Q5_1 their min; Q4_0: w = d (q - 8), Q5_0: d (q - 16)), and chunk j's low and high
  * nibbles (values 4j .. 4j+3 and 16 + 4j ..), Q5's fifth bits added: bit j of each byte of e for
  * the low nibbles of chunk j, bit 4 + j for the high ones (layout in nn/cpu_quant.h), moved to
- * bit 4 (0x10). once: the chunk loaded into a register once, where GCC folds the load into both
- * masks (two loads; cheaper where loads are not what binds: one row, and the two-group pass). */
+ * bit 4 (0x10). once: the chunk is loaded into a register once, where GCC otherwise folds its load
+ * into both masks (two loads, the cheaper form where loads do not bind: one row, the pair pass). */
 PI const unsigned char *q45_nibbles_at(const unsigned char *blk, int has_m, int q5) {
   return blk + (has_m ? 32 : 16) + (q5 ? 32 : 0);
 }
