@@ -70,6 +70,13 @@ double ds_prefix_schedule(int R, const int64_t *n_cand, const double *const *a, 
 double ds_spec_expected_gain(int64_t n_cand, const double *a, const double *verify_s, int64_t max_B,
                              const double *head_s, int64_t max_head, double draft_s, int64_t *best_len);
 
+/* survive[k] (k < n) = the chance a source's proposal survives through its position k, from this
+ * run's counts: proposed[k] rounds proposed position k and accepted[k] of them accepted it with
+ * every position before it, so accepted[k] / proposed[k] is already that chance (cumulative, not
+ * the conditional rate a product of positions takes), add-one smoothed (an unseen position: a
+ * coin flip) and kept non-increasing (a later position never survives more often). */
+void ds_spec_rate_survival(const double *proposed, const double *accepted, int64_t n, double *survive);
+
 /* Measures seconds[B-1] = the median time of a target pass over B new tokens as speculation
  * runs it (the logits of the first row, the final hidden states of all, the draft's capture
  * layers when capture_layers is given) after `context` cached tokens, B = 1 .. max_tokens, and,

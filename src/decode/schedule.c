@@ -147,6 +147,14 @@ double ds_spec_expected_gain(int64_t n_cand, const double *a, const double *veri
   return best;
 }
 
+void ds_spec_rate_survival(const double *proposed, const double *accepted, int64_t n, double *survive) {
+  double prev = 1.0;
+  for (int64_t k = 0; k < n; k++) {
+    double rate = (accepted[k] + 1.0) / (proposed[k] + 2.0);
+    survive[k] = prev = rate < prev ? rate : prev;
+  }
+}
+
 int ds_spec_table_timed(int64_t i, int64_t step, int64_t last) { return i <= step || i % step == 0 || i == last; }
 
 void ds_spec_table_fill(double *v, int64_t n, int64_t step) {

@@ -266,18 +266,22 @@ static ds_status propose(run *u, request *q, int64_t L, int draft) {
 
 /* The scheduler's survival probabilities of q's drafted slots: the calibrated confidences
  * corrected by this run's acceptance over what they predicted (drift_of), their running product;
- * or without the confidence head (and for prompt lookup's proposals) this run's acceptance rates
- * of such proposals (add-one smoothed, so an unseen position is a coin flip); a corpus lookup's
- * estimates, corrected the same way as the confidences (corpus_chance). */
+ * a corpus lookup's estimates, corrected the same way (corpus_chance); or without the confidence
+ * head (and for prompt lookup's proposals) this run's rates of such proposals surviving to each
+ * position (ds_spec_rate_survival: already cumulative, so not multiplied again; their product
+ * priced a prompt lookup's third token on the main job's code prompts at 0.10 where 0.39 of them
+ * were accepted, and the scheduler cut its lookups short). */
 static void survival(run *u, request *q) {
+  const ds_spec_learned *l = u->learn;
+  if (q->lookup == LOOKUP_PROMPT || (!q->lookup && !u->dc->enable_confidence_head)) {
+    int prompt = q->lookup == LOOKUP_PROMPT;
+    ds_spec_rate_survival(prompt ? l->lk_prop : l->seen_prop, prompt ? l->lk_acc : l->seen_acc, q->n_prop, q->survive);
+    return;
+  }
   double cum = 1.0;
   for (int64_t k = 0; k < q->n_prop; k++) {
-    const ds_spec_learned *l = u->learn;
-    double c = q->lookup == LOOKUP_PROMPT   ? smoothed_rate(l->lk_acc[k], l->lk_prop[k])
-               : q->lookup == LOOKUP_CORPUS ? corpus_chance(u, q, k)
-               : u->dc->enable_confidence_head
-                   ? fmin(1.0, confidence(u->o, k, q->conf[k]) * drift_of(l->pred_sum, l->pred_acc, k))
-                   : smoothed_rate(l->seen_acc[k], l->seen_prop[k]);
+    double c = q->lookup == LOOKUP_CORPUS ? corpus_chance(u, q, k)
+                                          : fmin(1.0, confidence(u->o, k, q->conf[k]) * drift_of(l->pred_sum, l->pred_acc, k));
     q->survive[k] = cum *= c;
   }
 }

@@ -159,7 +159,36 @@ static void test_table_fill(void) {
   ds_spec_table_fill(w, 0, 3); /* an empty table (no head rows) */
 }
 
+/* Survival from a source's per-position counts, which are cumulative (accepted[k]: position k
+ * accepted with every earlier one): used as they are, not multiplied again, smoothed, and never
+ * rising with the position. */
+static void test_rate_survival(void) {
+  /* the main job's code prompts, prompt lookup (2026-12-07): 0.59, 0.45, 0.39 of the rounds that
+   * proposed a position got through it (a product would have said 0.59, 0.27, 0.10) */
+  const double proposed[3] = {477, 475, 473}, accepted[3] = {282, 215, 186};
+  double a[3];
+  ds_spec_rate_survival(proposed, accepted, 3, a);
+  EXPECT_CLOSE(a[0], 283.0 / 479.0, 1e-15, 0);
+  EXPECT_CLOSE(a[1], 216.0 / 477.0, 1e-15, 0);
+  EXPECT_CLOSE(a[2], 187.0 / 475.0, 1e-15, 0);
+  /* an unseen position is a coin flip, capped by the position before it */
+  const double p2[3] = {10, 0, 0}, c2[3] = {2, 0, 0};
+  ds_spec_rate_survival(p2, c2, 3, a);
+  EXPECT(a[0] == 0.25 && a[1] == 0.25 && a[2] == 0.25);
+  const double p3[3] = {0, 0, 0};
+  ds_spec_rate_survival(p3, p3, 3, a);
+  EXPECT(a[0] == 0.5 && a[1] == 0.5 && a[2] == 0.5);
+  /* a later position's smaller sample that looks better does not rise above the earlier one */
+  const double p4[2] = {10, 10}, c4[2] = {2, 8};
+  ds_spec_rate_survival(p4, c4, 2, a);
+  EXPECT(a[0] == 0.25 && a[1] == 0.25);
+  a[0] = -1.0;
+  ds_spec_rate_survival(p4, c4, 0, a); /* none: nothing written */
+  EXPECT(a[0] == -1.0);
+}
+
 int main(void) {
+  TEST_RUN(test_rate_survival);
   TEST_RUN(test_table_fill);
   TEST_RUN(test_prefix_schedule_hand_example);
   TEST_RUN(test_prefix_schedule_limits);
