@@ -39,30 +39,36 @@ ds_status ds_spec_profile_verify(ds_target *t, int64_t context, int64_t max_toke
     ds_target_outputs out = {capture_layers, n_capture, captured, NULL, &last, 1, logits};
     st = ds_target_forward(t, &seq, 1, &out);
   }
-  for (int64_t B = 1; B <= max_tokens && st == DS_OK; B++) {
-    if (!ds_spec_table_timed(B, step, max_tokens)) continue;
-    double times[PROFILE_MAX_REPS];
-    for (int rep = -1; rep < reps && st == DS_OK; rep++) { /* rep -1: the warm-up */
+  /* Rounds over every timed count, repeated, rather than each count's timings back to back: a
+   * host whose speed moves by 20-40% from minute to minute (a shared one) bent the table where a
+   * slow stretch fell on a few consecutive counts (3 rows at 1.34x the cost of 2 one run, 1.13x
+   * the next), and the scheduler's proposals followed the bend. Round -1 is the warm-up. */
+  double *times = ds_malloc((size_t)(2 * max_tokens * PROFILE_MAX_REPS) * sizeof(double), "profile timings");
+  if (!times && st == DS_OK) st = DS_ERR_NOMEM;
+  double *vt = times, *ht = times ? times + max_tokens * PROFILE_MAX_REPS : NULL; /* [count][rep] */
+  for (int rep = -1; rep < reps && st == DS_OK; rep++) {
+    for (int64_t B = 1; B <= max_tokens && st == DS_OK; B++) {
+      if (!ds_spec_table_timed(B, step, max_tokens)) continue;
       ds_target_seq seq = {ids + context, B, kv};
       int64_t first = 0; /* speculation's pass: the first row's logits, the others' hidden states */
       ds_target_outputs out = {capture_layers, n_capture, captured, hidden, &first, 1, logits};
       double t0 = ds_time_sec();
       st = ds_target_forward(t, &seq, 1, &out);
-      if (rep >= 0) times[rep] = ds_time_sec() - t0;
+      if (rep >= 0) vt[(B - 1) * PROFILE_MAX_REPS + rep] = ds_time_sec() - t0;
       if (st == DS_OK) st = ds_kv_cache_crop(kv, context);
     }
-    if (st == DS_OK) seconds[B - 1] = ds_median(times, reps);
-  }
-  for (int64_t n_rows = 1; head && n_rows < max_tokens && st == DS_OK; n_rows++) {
-    if (!ds_spec_table_timed(n_rows, step, max_tokens - 1)) continue;
-    double times[PROFILE_MAX_REPS];
-    for (int rep = -1; rep < reps && st == DS_OK; rep++) {
+    for (int64_t n_rows = 1; head && n_rows < max_tokens && st == DS_OK; n_rows++) {
+      if (!ds_spec_table_timed(n_rows, step, max_tokens - 1)) continue;
       double t0 = ds_time_sec();
       st = ds_target_logits(t, hidden, n_rows, logits);
-      if (rep >= 0) times[rep] = ds_time_sec() - t0;
+      if (rep >= 0) ht[(n_rows - 1) * PROFILE_MAX_REPS + rep] = ds_time_sec() - t0;
     }
-    if (st == DS_OK) head[n_rows - 1] = ds_median(times, reps);
   }
+  for (int64_t B = 1; B <= max_tokens && st == DS_OK; B++)
+    if (ds_spec_table_timed(B, step, max_tokens)) seconds[B - 1] = ds_median(vt + (B - 1) * PROFILE_MAX_REPS, reps);
+  for (int64_t n_rows = 1; head && n_rows < max_tokens && st == DS_OK; n_rows++)
+    if (ds_spec_table_timed(n_rows, step, max_tokens - 1)) head[n_rows - 1] = ds_median(ht + (n_rows - 1) * PROFILE_MAX_REPS, reps);
+  free(times);
   if (st == DS_OK) {
     ds_spec_table_fill(seconds, max_tokens, step);
     if (head) ds_spec_table_fill(head, max_tokens - 1, step);
