@@ -41,8 +41,8 @@ ds_status ds_spec_profile_verify(ds_target *t, int64_t context, int64_t max_toke
   }
   /* Rounds over every timed count, repeated, rather than each count's timings back to back: a
    * host whose speed moves by 20-40% from minute to minute (a shared one) bent the table where a
-   * slow stretch fell on a few consecutive counts (3 rows at 1.34x the cost of 2 one run, 1.13x
-   * the next), and the scheduler's proposals followed the bend. Round -1 is the warm-up. */
+   * slow stretch fell on a few consecutive counts (3 rows at 1.30x the cost of one in a run, 1.06x
+   * in the next), and the scheduler's proposals followed the bend. Round -1 is the warm-up. */
   double *times = ds_malloc((size_t)(2 * max_tokens * PROFILE_MAX_REPS) * sizeof(double), "profile timings");
   if (!times && st == DS_OK) st = DS_ERR_NOMEM;
   double *vt = times, *ht = times ? times + max_tokens * PROFILE_MAX_REPS : NULL; /* [count][rep] */
