@@ -73,8 +73,10 @@ double ds_spec_expected_gain(int64_t n_cand, const double *a, const double *veri
 /* survive[k] (k < n) = the chance a source's proposal survives through its position k, from this
  * run's counts: proposed[k] rounds proposed position k and accepted[k] of them accepted it with
  * every position before it, so accepted[k] / proposed[k] is already that chance (cumulative, not
- * the conditional rate a product of positions takes), add-one smoothed (an unseen position: a
- * coin flip) and kept non-increasing (a later position never survives more often). */
+ * the conditional rate a product of positions takes). Smoothed toward a prior: position 0 toward
+ * a coin flip (add-one), a later one toward survive[k-1] * survive[0] (passing it as often as the
+ * first) with the weight of 16 rounds; kept non-increasing (a later position never survives more
+ * often). */
 void ds_spec_rate_survival(const double *proposed, const double *accepted, int64_t n, double *survive);
 
 /* Measures seconds[B-1] = the median time of a target pass over B new tokens as speculation

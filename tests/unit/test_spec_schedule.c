@@ -160,25 +160,30 @@ static void test_table_fill(void) {
 }
 
 /* Survival from a source's per-position counts, which are cumulative (accepted[k]: position k
- * accepted with every earlier one): used as they are, not multiplied again, smoothed, and never
- * rising with the position. */
+ * accepted with every earlier one): used as they are, not multiplied again; smoothed toward a
+ * coin flip at position 0 and toward the position before it times the first's rate after (16
+ * rounds of evidence); never rising with the position. */
 static void test_rate_survival(void) {
   /* the main job's code prompts, prompt lookup (2026-12-07): 0.59, 0.45, 0.39 of the rounds that
    * proposed a position got through it (a product would have said 0.59, 0.27, 0.10) */
   const double proposed[3] = {477, 475, 473}, accepted[3] = {282, 215, 186};
   double a[3];
   ds_spec_rate_survival(proposed, accepted, 3, a);
-  EXPECT_CLOSE(a[0], 283.0 / 479.0, 1e-15, 0);
-  EXPECT_CLOSE(a[1], 216.0 / 477.0, 1e-15, 0);
-  EXPECT_CLOSE(a[2], 187.0 / 475.0, 1e-15, 0);
-  /* an unseen position is a coin flip, capped by the position before it */
-  const double p2[3] = {10, 0, 0}, c2[3] = {2, 0, 0};
-  ds_spec_rate_survival(p2, c2, 3, a);
-  EXPECT(a[0] == 0.25 && a[1] == 0.25 && a[2] == 0.25);
+  double s0 = 283.0 / 479.0, s1 = (215.0 + 16.0 * s0 * s0) / (475.0 + 16.0), s2 = (186.0 + 16.0 * s1 * s0) / (473.0 + 16.0);
+  EXPECT_CLOSE(a[0], s0, 1e-15, 0);
+  EXPECT_CLOSE(a[1], s1, 1e-15, 0);
+  EXPECT_CLOSE(a[2], s2, 1e-15, 0);
+  EXPECT(fabs(a[1] - 0.449) < 1e-3 && fabs(a[2] - 0.389) < 1e-3); /* near the counts: the prior weighs 16 rounds */
+  /* a few early failures at a later position do not price it at nothing: 0 of 6 after 467 of 695 */
+  const double p1[2] = {695, 6}, c1[2] = {467, 0};
+  ds_spec_rate_survival(p1, c1, 2, a);
+  EXPECT_CLOSE(a[1], 16.0 * a[0] * a[0] / 22.0, 1e-15, 0);
+  EXPECT(a[1] > 0.3);
+  /* unseen positions: a coin flip, then the first's rate again at each (0.5, 0.25, 0.125) */
   const double p3[3] = {0, 0, 0};
   ds_spec_rate_survival(p3, p3, 3, a);
-  EXPECT(a[0] == 0.5 && a[1] == 0.5 && a[2] == 0.5);
-  /* a later position's smaller sample that looks better does not rise above the earlier one */
+  EXPECT(a[0] == 0.5 && a[1] == 0.25 && a[2] == 0.125);
+  /* a later position's sample that looks better does not rise above the earlier one */
   const double p4[2] = {10, 10}, c4[2] = {2, 8};
   ds_spec_rate_survival(p4, c4, 2, a);
   EXPECT(a[0] == 0.25 && a[1] == 0.25);
