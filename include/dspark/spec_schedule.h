@@ -70,6 +70,8 @@ double ds_prefix_schedule(int R, const int64_t *n_cand, const double *const *a, 
 double ds_spec_expected_gain(int64_t n_cand, const double *a, const double *verify_s, int64_t max_B,
                              const double *head_s, int64_t max_head, double draft_s, int64_t *best_len);
 
+/* accepted / proposed, add-one smoothed: an unseen position is a coin flip. */
+double ds_spec_smoothed_rate(double accepted, double proposed);
 /* survive[k] (k < n) = the chance a source's proposal survives through its position k, from this
  * run's counts: proposed[k] rounds proposed position k and accepted[k] of them accepted it with
  * every position before it, so accepted[k] / proposed[k] is already that chance (cumulative, not

@@ -153,12 +153,14 @@ double ds_spec_expected_gain(int64_t n_cand, const double *a, const double *veri
  * code prompts (0 of 6 accepted, where 49% of 542 got through once tried: tau 1.25 -> 1.35). */
 enum { SURVIVAL_PRIOR_ROUNDS = 16 };
 
+double ds_spec_smoothed_rate(double accepted, double proposed) { return (accepted + 1.0) / (proposed + 2.0); }
+
 void ds_spec_rate_survival(const double *proposed, const double *accepted, int64_t n, double *survive) {
   double prev = 1.0;
   for (int64_t k = 0; k < n; k++) {
     /* position 0 from a coin flip; a later one from the position before it times the first's
      * rate (as likely to pass as the first was), SURVIVAL_PRIOR_ROUNDS rounds of evidence */
-    double rate = k == 0 ? (accepted[0] + 1.0) / (proposed[0] + 2.0)
+    double rate = k == 0 ? ds_spec_smoothed_rate(accepted[0], proposed[0])
                          : (accepted[k] + SURVIVAL_PRIOR_ROUNDS * prev * survive[0]) / (proposed[k] + SURVIVAL_PRIOR_ROUNDS);
     survive[k] = prev = rate < prev ? rate : prev;
   }

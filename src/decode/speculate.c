@@ -185,12 +185,9 @@ static int64_t lookup(const run *u, request *q, int64_t L) {
   return 0;
 }
 
-/* accepted / proposed, add-one smoothed: an unseen position is a coin flip. */
-static double smoothed_rate(double accepted, double proposed) { return (accepted + 1.0) / (proposed + 2.0); }
-
 /* The learned rate at which the draft's first proposal is accepted (add-one smoothed: a coin
  * flip before any), what a lookup must match to go before the draft under the scheduler. */
-static double draft_first_rate(const run *u) { return smoothed_rate(u->learn->seen_acc[0], u->learn->seen_prop[0]); }
+static double draft_first_rate(const run *u) { return ds_spec_smoothed_rate(u->learn->seen_acc[0], u->learn->seen_prop[0]); }
 
 /* Whether a lookup goes before the draft: always under the fixed and threshold policies (asked
  * for, it is proposed wherever it finds an occurrence); under the scheduler while the draft is
@@ -200,7 +197,7 @@ static double draft_first_rate(const run *u) { return smoothed_rate(u->learn->se
  * accepts well keeps its rounds. */
 static int lookup_first(const run *u, int draft) {
   return !draft || u->o->policy != DS_SPEC_SCHEDULER ||
-         smoothed_rate(u->learn->lk_acc[0], u->learn->lk_prop[0]) >= draft_first_rate(u);
+         ds_spec_smoothed_rate(u->learn->lk_acc[0], u->learn->lk_prop[0]) >= draft_first_rate(u);
 }
 
 /* A calibration's correction at position k: the acceptance seen over what was predicted there,
