@@ -46,7 +46,10 @@ void ds_sts_fit(const ds_round_set *s, double *T);
  * logits of n more rows, which speculation computes for a request only when its first proposal is
  * accepted (so they cost a_{r,0} * head_s[len_r - 1] in expectation; past the end the line through
  * the last two entries). head_s NULL (a profile made before the lazy rows): verify_s includes
- * every row's logits and no head term is added.
+ * every row's logits and no head term is added. A request whose rows are eager (eager[r] set:
+ * their logits in the pass's product with the first rows', as for lookups, mostly accepted)
+ * pays for its n rows after the first what n + 1 rows of logits read together cost over one,
+ * head_s[n] - head_s[0], whether or not its first proposal is accepted.
  *
  * The prefix scheduler (paper Algorithm 1). R requests; request r offers n_cand[r] candidate
  * tokens with survival probabilities a[r][0..n_cand[r]-1] (non-increasing: a_{r,j} =
@@ -61,8 +64,8 @@ void ds_sts_fit(const ds_round_set *s, double *T);
  * kept (ties: the shorter) -- not the paper's early stop at the first admission that does not
  * improve Theta (docs/speculative-decoding.md). len[r] = the admitted prefix length of request
  * r. Returns the best Theta. Allocates nothing (the requests' lists are merged head by head). */
-double ds_prefix_schedule(int R, const int64_t *n_cand, const double *const *a, const double *verify_s, int64_t max_B,
-                          const double *head_s, int64_t max_head, double fixed_s, int64_t *len);
+double ds_prefix_schedule(int R, const int64_t *n_cand, const double *const *a, const int *eager, const double *verify_s,
+                          int64_t max_B, const double *head_s, int64_t max_head, double fixed_s, int64_t *len);
 /* The expected speedup of speculating one request alone over plain decoding, at its best
  * length (the table priced as above): max over L = 1 .. n_cand of
  * (1 + sum_{j<L} a_j) * verify_s[0] / (draft_s + verify_s[L] + a_0 * head_s[L-1]); 0 when no L qualifies. Below 1,

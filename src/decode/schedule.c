@@ -92,12 +92,22 @@ static double head_cost(const double *head_s, int64_t max_head, int64_t n) {
   return n < 1 || !head_s || max_head < 1 ? 0.0 : verify_cost(head_s, max_head, n);
 }
 
+/* What admitting a request's next candidate (its len-th, from 0) adds to the expected logits
+ * cost: lazy rows are a separate product of the rows after the first, paid when the first
+ * proposal is accepted (a0); eager rows join the pass's product of the first row, where they
+ * cost what n + 1 rows read together cost over the first alone (the head table's entries for 1
+ * row and n + 1: about nothing while its weights' bytes bind it, as SmolLM2's 30 MB head's do). */
+static double rows_cost(const double *head_s, int64_t max_head, int eager, double a0, int64_t len) {
+  if (eager) return head_cost(head_s, max_head, len + 2) - head_cost(head_s, max_head, len + 1);
+  return a0 * (head_cost(head_s, max_head, len + 1) - head_cost(head_s, max_head, len));
+}
+
 /* The admission scan: candidates in descending survival (each request's list is non-increasing,
  * so the next is one of the R heads; ties: the lower request), at most `limit` of them (-1: all);
  * len[] gets the admitted prefixes. Returns the number admitted at the best Theta, *best_out
  * that Theta. */
-static int64_t admit(int R, const int64_t *n_cand, const double *const *a, const double *verify_s, int64_t max_B,
-                     const double *head_s, int64_t max_head, double fixed_s, int64_t limit, int64_t *len,
+static int64_t admit(int R, const int64_t *n_cand, const double *const *a, const int *eager, const double *verify_s,
+                     int64_t max_B, const double *head_s, int64_t max_head, double fixed_s, int64_t limit, int64_t *len,
                      double *best_out) {
   for (int r = 0; r < R; r++) len[r] = 0;
   int64_t B = R, count = 0, at = 0;
@@ -107,8 +117,7 @@ static int64_t admit(int R, const int64_t *n_cand, const double *const *a, const
     for (int r = 0; r < R; r++)
       if (len[r] < n_cand[r] && (pick < 0 || a[r][len[r]] > a[pick][len[pick]])) pick = r;
     if (pick < 0) break;
-    /* the rest of the request's rows are computed when its first proposal is accepted */
-    rest += a[pick][0] * (head_cost(head_s, max_head, len[pick] + 1) - head_cost(head_s, max_head, len[pick]));
+    rest += rows_cost(head_s, max_head, eager && eager[pick], a[pick][0], len[pick]);
     tau += a[pick][len[pick]];
     B++;
     len[pick]++;
@@ -120,16 +129,16 @@ static int64_t admit(int R, const int64_t *n_cand, const double *const *a, const
   return at;
 }
 
-double ds_prefix_schedule(int R, const int64_t *n_cand, const double *const *a, const double *verify_s, int64_t max_B,
-                          const double *head_s, int64_t max_head, double fixed_s, int64_t *len) {
+double ds_prefix_schedule(int R, const int64_t *n_cand, const double *const *a, const int *eager, const double *verify_s,
+                          int64_t max_B, const double *head_s, int64_t max_head, double fixed_s, int64_t *len) {
   for (int r = 0; r < R; r++) len[r] = 0;
   if (R < 1 || max_B < 1) return 0.0;
   /* the whole scan, then its best prefix again: the paper's early stop (the first admission that
    * does not pay ends the scan) stopped at a step of the cost table, 4 rows on an fp32 target,
    * where 7 proposals, accepted at 0.81-0.95 each, decoded 1.5x faster (docs/speculative-decoding.md) */
   double best;
-  int64_t at = admit(R, n_cand, a, verify_s, max_B, head_s, max_head, fixed_s, -1, len, &best);
-  admit(R, n_cand, a, verify_s, max_B, head_s, max_head, fixed_s, at, len, &best);
+  int64_t at = admit(R, n_cand, a, eager, verify_s, max_B, head_s, max_head, fixed_s, -1, len, &best);
+  admit(R, n_cand, a, eager, verify_s, max_B, head_s, max_head, fixed_s, at, len, &best);
   return best;
 }
 

@@ -18,13 +18,13 @@ static void test_prefix_schedule_hand_example(void) {
   const int64_t n_cand[] = {3, 2};
   const double verify[] = {1.0, 1.0, 1.1, 1.2, 1.3, 1.6, 1.45, 3.0};
   int64_t len[2] = {-1, -1};
-  double theta = ds_prefix_schedule(2, n_cand, a, verify, 8, NULL, 0, 0.0, len);
+  double theta = ds_prefix_schedule(2, n_cand, a, NULL, verify, 8, NULL, 0, 0.0, len);
   EXPECT(len[0] == 2 && len[1] == 1);
   EXPECT_CLOSE(theta, 4.42 / 1.3, 1e-12, 0);
   /* the round's fixed cost enters the denominator: 2/2, 2.9/2.1, 3.7/2.2, 4.42/2.3 = 1.922,
    * 4.82/2.6 = 1.854, then 5.18/2.6 = 1.992: the whole scan takes every candidate (the paper's
    * early stop would have ended at 1.854 with [2, 1]) */
-  theta = ds_prefix_schedule(2, n_cand, a, verify, 8, NULL, 0, 1.0, len);
+  theta = ds_prefix_schedule(2, n_cand, a, NULL, verify, 8, NULL, 0, 1.0, len);
   EXPECT(len[0] == 3 && len[1] == 2);
   EXPECT_CLOSE(theta, 5.18 / 2.6, 1e-12, 0);
   /* a step in the cost (4 tokens, as an fp32 target's verification has it): one request,
@@ -33,7 +33,7 @@ static void test_prefix_schedule_hand_example(void) {
   const double s0[] = {0.9, 0.81, 0.729, 0.6561}, *s[] = {s0};
   const int64_t four[] = {4};
   const double step[] = {1.0, 1.0, 1.1, 1.5, 1.5};
-  theta = ds_prefix_schedule(1, four, s, step, 5, NULL, 0, 0.0, len);
+  theta = ds_prefix_schedule(1, four, s, NULL, step, 5, NULL, 0, 0.0, len);
   EXPECT(len[0] == 4);
   EXPECT_CLOSE(theta, 4.0951 / 1.5, 1e-12, 0);
 }
@@ -45,26 +45,26 @@ static void test_prefix_schedule_limits(void) {
   const double flat[] = {1, 1, 1, 1, 1, 1, 1, 1};
   int64_t len[2];
   /* verification costs nothing more per token: every candidate pays */
-  ds_prefix_schedule(2, n_cand, a, flat, 8, NULL, 0, 0.0, len);
+  ds_prefix_schedule(2, n_cand, a, NULL, flat, 8, NULL, 0, 0.0, len);
   EXPECT(len[0] == 3 && len[1] == 2);
   /* past the table's end (B = 3) the line through its last two entries, 0.2 s per token:
    * 2/1, 2.9/1.2 = 2.417, 3.7/1.4 = 2.643, 4.42/1.6 = 2.7625, then 4.82/1.8 = 2.678 stops */
   const double short_table[] = {1, 1, 1.2};
-  EXPECT_CLOSE(ds_prefix_schedule(2, n_cand, a, short_table, 3, NULL, 0, 0.0, len), 4.42 / 1.6, 1e-12, 0);
+  EXPECT_CLOSE(ds_prefix_schedule(2, n_cand, a, NULL, short_table, 3, NULL, 0, 0.0, len), 4.42 / 1.6, 1e-12, 0);
   EXPECT(len[0] == 2 && len[1] == 1);
   /* a one-entry table prices tokens proportionally: 2/2 = 1, then 2.9/3 does not pay */
-  ds_prefix_schedule(2, n_cand, a, flat, 1, NULL, 0, 0.0, len);
+  ds_prefix_schedule(2, n_cand, a, NULL, flat, 1, NULL, 0, 0.0, len);
   EXPECT(len[0] == 0 && len[1] == 0);
   /* equal survivals: the lower request first (2/1, 2.5/1, then 3/2 stops) */
   const double b0[] = {0.5}, b1[] = {0.5}, dear4[] = {1, 1, 1, 2};
   const double *b[] = {b0, b1};
   const int64_t one[] = {1, 1};
-  ds_prefix_schedule(2, one, b, dear4, 4, NULL, 0, 0.0, len);
+  ds_prefix_schedule(2, one, b, NULL, dear4, 4, NULL, 0, 0.0, len);
   EXPECT(len[0] == 1 && len[1] == 0);
   /* a verification cost that doubles with one more token never pays for a survival of 0.9 */
   const double steep[] = {1, 2, 4};
   const double *c[] = {a0};
-  ds_prefix_schedule(1, n_cand, c, steep, 3, NULL, 0, 0.0, len);
+  ds_prefix_schedule(1, n_cand, c, NULL, steep, 3, NULL, 0, 0.0, len);
   EXPECT(len[0] == 0);
 }
 
@@ -100,10 +100,22 @@ static void test_head_costs(void) {
   const double a0[] = {0.9, 0.72, 0.36}, *aa[] = {a0}, table[] = {1.0, 1.0, 1.1, 1.2};
   const int64_t n_cand[] = {3};
   int64_t len[1] = {-1};
-  EXPECT_CLOSE(ds_prefix_schedule(1, n_cand, aa, table, 4, head, 2, 0.0, len), 2.98 / 1.83, 1e-12, 0);
+  EXPECT_CLOSE(ds_prefix_schedule(1, n_cand, aa, NULL, table, 4, head, 2, 0.0, len), 2.98 / 1.83, 1e-12, 0);
   EXPECT(len[0] == 3);
   /* without a head table the rows are in the table: the hand example's prices */
-  EXPECT_CLOSE(ds_prefix_schedule(1, n_cand, aa, table, 4, NULL, 0, 0.0, len), 2.98 / 1.2, 1e-12, 0);
+  EXPECT_CLOSE(ds_prefix_schedule(1, n_cand, aa, NULL, table, 4, NULL, 0, 0.0, len), 2.98 / 1.2, 1e-12, 0);
+  /* eager rows (a lookup's) pay head[n] - head[0] whether or not the first is accepted: 0.9
+   * adds 0.1, 1.9 / 1.1; 0.72 0.1 more, 2.62 / 1.3 = 2.015; 0.36 0.1 more (past the table's end),
+   * 2.98 / 1.5 = 1.987: two kept, where lazily all three were */
+  const int eager[] = {1}, lazy[] = {0};
+  EXPECT_CLOSE(ds_prefix_schedule(1, n_cand, aa, eager, table, 4, head, 2, 0.0, len), 2.62 / 1.3, 1e-12, 0);
+  EXPECT(len[0] == 2);
+  EXPECT_CLOSE(ds_prefix_schedule(1, n_cand, aa, lazy, table, 4, head, 2, 0.0, len), 2.98 / 1.83, 1e-12, 0);
+  EXPECT(len[0] == 3);
+  /* a head its weights' bytes bind (as many rows cost as one): eager rows are free */
+  const double flat_head[] = {0.5, 0.5};
+  EXPECT_CLOSE(ds_prefix_schedule(1, n_cand, aa, eager, table, 4, flat_head, 2, 0.0, len), 2.98 / 1.2, 1e-12, 0);
+  EXPECT(len[0] == 3);
 }
 
 /* Two rounds predicting 0.9 (accepted once) and two predicting 0.1 (never accepted): bin 9
