@@ -134,6 +134,10 @@ typedef struct {
    * to pos_accepted count the draft's proposals only */
   int64_t lookup_rounds, lookup_proposed, lookup_accepted;
   int64_t corpus_rounds, corpus_proposed, corpus_accepted; /* corpus lookup's (ds_spec_options.corpus) */
+  /* the verification passes by the rows this request had in them, B = 1 .. L + 1 at index B - 1,
+   * and their seconds (the batch's pass, with its lazy logits): what a pass costs in the loop */
+  int64_t passes_by_rows[DS_SPEC_MAX_LEN + 1];
+  double pass_s_by_rows[DS_SPEC_MAX_LEN + 1];
 } ds_spec_result;
 
 /* Plain decoding with the target alone (what `dspark generate` runs): prefill once, then one

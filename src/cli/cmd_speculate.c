@@ -89,6 +89,8 @@ static void accumulate(ds_spec_result *acc, const ds_spec_result *r, int with_ti
   acc->corpus_accepted += r->corpus_accepted;
   for (int k = 0; k < DS_SPEC_MAX_LEN; k++) acc->pos_proposed[k] += r->pos_proposed[k], acc->pos_accepted[k] += r->pos_accepted[k];
   for (int c = 0; c < DS_SPEC_MAX_LEN + 2; c++) acc->committed_hist[c] += r->committed_hist[c];
+  for (int b = 0; b < DS_SPEC_MAX_LEN + 1 && with_time; b++)
+    acc->passes_by_rows[b] += r->passes_by_rows[b], acc->pass_s_by_rows[b] += r->pass_s_by_rows[b];
   if (with_time)
     acc->prefill_s += r->prefill_s, acc->draft_s += r->draft_s, acc->verify_s += r->verify_s, acc->total_s += r->total_s,
     acc->steps += r->steps;
@@ -176,6 +178,17 @@ static ds_status write_report(const char *path, const ds_spec_options *o, int64_
   cJSON_AddNumberToObject(per, "verify_s", s->verify_s / steps);
   cJSON_AddNumberToObject(per, "bookkeeping_s", (book > 0 ? book : 0) / steps);
   cJSON_AddItemToObject(j, "per_round", per);
+  cJSON *by_rows = cJSON_CreateArray(); /* what a pass of B rows cost in the loop, against a plain step */
+  for (int64_t b = 0; b <= g; b++) {
+    if (!s->passes_by_rows[b]) continue;
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e, "rows", (double)(b + 1));
+    cJSON_AddNumberToObject(e, "passes", (double)s->passes_by_rows[b]);
+    cJSON_AddNumberToObject(e, "mean_s", s->pass_s_by_rows[b] / (double)s->passes_by_rows[b]);
+    cJSON_AddItemToArray(by_rows, e);
+  }
+  cJSON_AddItemToObject(j, "passes_by_rows", by_rows);
+  if (plain && plain->rounds > 0) cJSON_AddNumberToObject(j, "plain_step_s", plain->verify_s / (double)plain->rounds);
   cJSON_AddNumberToObject(j, "decode_tokens_per_s", decode_rate(s, requests));
   if (plain) {
     cJSON_AddNumberToObject(j, "plain_generated_tokens", (double)plain->n);

@@ -49,6 +49,7 @@ typedef struct {
   float *q;               /* [g, N] the draft's sampling distributions of the proposed tokens, over its
                              N columns (a reduced vocabulary's S; N = V without one) */
   int64_t row0;           /* its first row in the batch's target pass */
+  int64_t rows;           /* its rows in this round's pass (0: it had finished) */
   int rest;               /* the logits of its rows after the first are in tlogits */
   float conf[DS_SPEC_MAX_LEN];      /* confidence logits of the slots drafted this round (NAN: none) */
   double share[DS_SPEC_MAX_LEN];    /* a corpus lookup's estimates (ds_ngram_propose) */
@@ -469,12 +470,17 @@ static ds_status round_all(run *u, int *active) {
     memcpy(u->tlogits + u->first_rows[i] * u->V, u->first + i * u->V, (size_t)u->V * sizeof(float));
   double t2 = ds_time_sec();
   u->head_s = 0;
-  for (int i = 0; i < u->R; i++)
-    if (!u->req[i].done) DS_TRY(accept(u, &u->req[i]));
   for (int i = 0; i < u->R; i++) {
-    u->req[i].r->draft_s += t1 - t0;
-    u->req[i].r->verify_s += t2 - t1b + u->head_s;
-    u->req[i].r->steps++;
+    request *q = &u->req[i];
+    q->rows = q->done ? 0 : q->n_prop + 1;
+    if (!q->done) DS_TRY(accept(u, q));
+  }
+  for (int i = 0; i < u->R; i++) {
+    request *q = &u->req[i];
+    q->r->draft_s += t1 - t0;
+    q->r->verify_s += t2 - t1b + u->head_s;
+    q->r->steps++;
+    if (q->rows) q->r->passes_by_rows[q->rows - 1]++, q->r->pass_s_by_rows[q->rows - 1] += t2 - t1b + u->head_s;
   }
   return DS_OK;
 }

@@ -169,6 +169,12 @@ def confidence_scheduling(args, ck, tmp, target, drafts, batch_file):
              and r["calibration"]["file"] == cal and len(r["calibration"]["ece_calibrated"]) == 4
              and len(r["calibration"]["ece_raw"]) == 4 and r["plain_decode_tokens_per_s"] > 0
              and r["scheduler"]["profile"] == f"file {flat}", f"report fields: {r}")
+    # every pass counted once by its rows (1 .. L + 1), and the plain step beside them
+    by_rows = r["passes_by_rows"]
+    ck.check(sum(e["passes"] for e in by_rows) == r["verification_passes"]
+             and all(1 <= e["rows"] <= 5 and e["mean_s"] > 0 for e in by_rows)
+             and abs(sum(e["passes"] * e["mean_s"] for e in by_rows) - r["verify_s"]) < 1e-6 * r["verify_s"] + 1e-9
+             and r["plain_step_s"] > 0, f"passes by rows: {by_rows}, passes {r['verification_passes']}")
     return {"calibration": cal, "measured": prof, "flat": flat, "linear": linear}
 
 
