@@ -84,6 +84,20 @@ double ds_spec_smoothed_rate(double accepted, double proposed);
  * often). */
 void ds_spec_rate_survival(const double *proposed, const double *accepted, int64_t n, double *survive);
 
+/* The verification table as the decoding loop pays it: out[B-1] = verify_s[0] times the cost of
+ * B rows over one, the profile's ratio verify(B) / verify_s[0] (priced as ds_prefix_schedule
+ * does) times a correction: the loop's mean pass of B rows over its mean pass of one, over the
+ * profile's ratio, blended toward 1 with min(passes[B-1], passes[0]) passes of evidence against
+ * 16; a count the loop has not seen takes the correction of the nearest seen below it (1 for
+ * none), so that a count past the loop's is not priced as free beside a dearer one it has seen.
+ * B = 1 .. n, the loop's counts pass_s / passes known for B <= n_seen. The
+ * profile times a pass after 128 cached tokens on a quiet machine; the loop's passes run at the
+ * requests' lengths, each a context of its own, and on the main job's AMD Zen 4 host a 2-row
+ * pass cost 1.17x a plain step and a 4-row one 1.68x where the profile said 1.03x and 1.20x. On
+ * the profile's clock (verify_s[0]): the draft's and the head's costs stay comparable. */
+void ds_spec_loop_costs(const double *verify_s, int64_t n, const double *passes, const double *pass_s, int64_t n_seen,
+                        double *out);
+
 /* Measures seconds[B-1] = the median time of a target pass over B new tokens as speculation
  * runs it (the logits of the first row, the final hidden states of all, the draft's capture
  * layers when capture_layers is given) after `context` cached tokens, B = 1 .. max_tokens, and,

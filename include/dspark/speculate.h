@@ -40,6 +40,8 @@ typedef enum { DS_SPEC_FIXED = 0, DS_SPEC_THRESHOLD, DS_SPEC_SCHEDULER } ds_spec
 enum { DS_SPEC_MAX_LEN = 64 };
 /* The longest suffix prompt lookup matches (ds_spec_options.lookup). */
 enum { DS_SPEC_LOOKUP_MAX = 4 };
+/* The largest pass (rows of a batch's verification) whose cost a run learns. */
+enum { DS_SPEC_LEARN_ROWS = 64 };
 
 /* What a run learns as it decodes, for the scheduler and the lookups: per position, how often
  * each source's proposals were accepted, and what the confidences predicted there against what
@@ -54,6 +56,10 @@ typedef struct {
   double corpus_pred[DS_SPEC_MAX_LEN], corpus_acc[DS_SPEC_MAX_LEN]; /* corpus lookup's estimates, where reached */
   double draft_sum_s;                                               /* measured draft blocks: their mean cost */
   int64_t draft_blocks;
+  /* the verification passes of B rows (B = 1 .. DS_SPEC_LEARN_ROWS, index B - 1; the batch's
+   * rows) and their seconds (the pass with its eager logits): the scheduler's costs as the loop
+   * sees them (ds_spec_loop_costs) */
+  double passes[DS_SPEC_LEARN_ROWS], pass_s[DS_SPEC_LEARN_ROWS];
 } ds_spec_learned;
 
 typedef struct {

@@ -78,6 +78,7 @@ typedef struct {
   float *fh, *first;     /* [rows, d] final-normed hidden states of a pass; [R, V] its first rows' logits */
   int64_t *first_rows;   /* [R], with lookup [R * (g + 1)]: the rows whose logits a pass computes */
   double head_s;         /* this round's seconds in ds_target_logits (verification, done lazily) */
+  double *verify;        /* [n_verify] the scheduler's verification costs (ds_spec_loop_costs) */
   float *h, *dlogits;    /* [g, d], [g, N] a draft block */
   float *p, *resid;      /* [V] */
   void *scratch;
@@ -320,7 +321,9 @@ static ds_status schedule(run *u, int64_t drafting) {
     eager[n] = rows_eager(q);
     a[n++] = q->survive;
   }
-  ds_prefix_schedule(n, n_cand, a, eager, o->verify_s, o->n_verify, o->head_s, o->n_head, (double)drafting * draft_s, len);
+  /* the passes' costs as this loop has paid them, the profile's where it has not seen enough */
+  ds_spec_loop_costs(o->verify_s, o->n_verify, u->learn->passes, u->learn->pass_s, DS_SPEC_LEARN_ROWS, u->verify);
+  ds_prefix_schedule(n, n_cand, a, eager, u->verify, o->n_verify, o->head_s, o->n_head, (double)drafting * draft_s, len);
   n = 0;
   for (int i = 0; i < u->R; i++) {
     request *q = &u->req[i];
@@ -328,7 +331,7 @@ static ds_status schedule(run *u, int64_t drafting) {
     int64_t drafted = q->n_prop;
     q->n_prop = len[n++];
     if (drafted == 0 || q->lookup) continue; /* a lookup costs no draft block: nothing to switch off */
-    if (ds_spec_expected_gain(drafted, q->survive, o->verify_s, o->n_verify, o->head_s, o->n_head, draft_s, NULL) < 1.0) {
+    if (ds_spec_expected_gain(drafted, q->survive, u->verify, o->n_verify, o->head_s, o->n_head, draft_s, NULL) < 1.0) {
       q->off_until = u->step + 1 + q->backoff;
       q->backoff = q->backoff * 2 < SCHED_BACKOFF_MAX ? q->backoff * 2 : SCHED_BACKOFF_MAX;
       q->r->switched_off++;
@@ -469,6 +472,7 @@ static ds_status round_all(run *u, int *active) {
   for (int64_t i = 0; i < n_out; i++)
     memcpy(u->tlogits + u->first_rows[i] * u->V, u->first + i * u->V, (size_t)u->V * sizeof(float));
   double t2 = ds_time_sec();
+  if (rows <= DS_SPEC_LEARN_ROWS) u->learn->passes[rows - 1] += 1, u->learn->pass_s[rows - 1] += t2 - t1b;
   u->head_s = 0;
   for (int i = 0; i < u->R; i++) {
     request *q = &u->req[i];
@@ -512,10 +516,12 @@ static ds_status speculate(run *u, const int32_t *const *prompts, const int64_t 
   u->p = ds_malloc_aligned((size_t)V * sizeof(float), "target distribution");
   u->resid = ds_malloc_aligned((size_t)V * sizeof(float), "residual distribution");
   u->scratch = ds_malloc(ds_sampler_scratch_bytes(V), "sampler scratch");
+  if (u->o->policy == DS_SPEC_SCHEDULER && u->o->n_verify > 0)
+    u->verify = ds_malloc((size_t)u->o->n_verify * sizeof(double), "verification costs");
   u->seqs = ds_calloc((size_t)u->R, sizeof *u->seqs, "batch");
   int64_t *last = ds_malloc((size_t)u->R * sizeof(int64_t), "batch");
   if (!u->ctx || !u->tlogits || !u->fh || !u->first || !u->first_rows || !u->h || !u->dlogits || !u->p || !u->resid ||
-      !u->scratch || !u->seqs || !last) {
+      !u->scratch || !u->seqs || !last || (u->o->policy == DS_SPEC_SCHEDULER && u->o->n_verify > 0 && !u->verify)) {
     free(last);
     return DS_ERR_NOMEM;
   }
@@ -607,6 +613,7 @@ ds_status ds_speculate_batch(ds_target *target, ds_draft *draft, const int32_t *
   free(u.req);
   free(u.seqs);
   free(u.first_rows);
+  free(u.verify);
   float *bufs[] = {u.ctx, u.tlogits, u.fh, u.first, u.h, u.dlogits, u.p, u.resid};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ds_free_aligned(bufs[i]);
   free(u.scratch);

@@ -204,7 +204,35 @@ static void test_rate_survival(void) {
   EXPECT(a[0] == -1.0);
 }
 
+/* The loop's costs by hand: profile [1, 1.1, 1.2, 1.3, 1.4]; the loop's 1-row passes 2.0 s each
+ * (10), 3-row 2.8 (30 passes: 1.4x), 4-row 3.0 (5: 1.5x), no 2-row or 5-row pass. B = 1: 1; B =
+ * 2: the profile's 1.1 (B = 1's correction, none); B = 3: 10 passes of evidence (the fewer of its
+ * 30 and the 10 of one row) against 16, 1.2 * (10 * 1.4 / 1.2 + 16) / 26 = (10 * 1.4 + 16 * 1.2) /
+ * 26; B = 4: (5 * 1.5 + 16 * 1.3) / 21; B = 5: 1.4 times B = 4's correction, not the profile's 1.4
+ * (cheaper than the 4 rows seen: a free row). Nothing seen, or no 1-row pass to compare with: the
+ * profile. */
+static void test_loop_costs(void) {
+  const double verify[] = {1.0, 1.1, 1.2, 1.3, 1.4}, passes[] = {10, 0, 30, 5, 0}, pass_s[] = {20, 0, 84, 15, 0};
+  double out[5];
+  ds_spec_loop_costs(verify, 5, passes, pass_s, 5, out);
+  EXPECT_CLOSE(out[0], 1.0, 1e-12, 0);
+  EXPECT_CLOSE(out[1], 1.1, 1e-12, 0);
+  EXPECT_CLOSE(out[2], (10 * 1.4 + 16 * 1.2) / 26, 1e-12, 0);
+  EXPECT_CLOSE(out[3], (5 * 1.5 + 16 * 1.3) / 21, 1e-12, 0);
+  EXPECT_CLOSE(out[4], 1.4 * (5 * 1.5 / 1.3 + 16) / 21, 1e-12, 0);
+  ds_spec_loop_costs(verify, 5, passes, pass_s, 0, out);
+  for (int b = 0; b < 5; b++) EXPECT_CLOSE(out[b], verify[b], 1e-12, 0);
+  const double none[] = {0, 0, 30, 5, 0};
+  ds_spec_loop_costs(verify, 5, none, pass_s, 5, out);
+  for (int b = 0; b < 5; b++) EXPECT_CLOSE(out[b], verify[b], 1e-12, 0);
+  /* on the profile's clock: a host twice as slow in the loop changes no ratio */
+  const double slow[] = {40, 0, 168, 30, 0};
+  ds_spec_loop_costs(verify, 5, passes, slow, 5, out);
+  EXPECT_CLOSE(out[2], (10 * 1.4 + 16 * 1.2) / 26, 1e-12, 0);
+}
+
 int main(void) {
+  TEST_RUN(test_loop_costs);
   TEST_RUN(test_rate_survival);
   TEST_RUN(test_table_fill);
   TEST_RUN(test_prefix_schedule_hand_example);
