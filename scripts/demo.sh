@@ -12,9 +12,8 @@
 #   5. `dspark profile` and `dspark calibrate` measure this machine's verification costs and fit
 #      the DSpark draft's confidence for the prefix scheduler;
 #   6. `dspark speculate` decodes each kind's held-out prompts one request at a time with each
-#      draft (the DSpark one also under the scheduler, alone, with prompt lookup, its default, and
-#      with a lookup table of the regenerated answers too, --lookup-corpus), against plain decoding
-#      of the same prompts, and the table is printed per kind;
+#      draft (the DSpark one also under the scheduler, alone and with prompt lookup, its default),
+#      against plain decoding of the same prompts, and the table is printed per kind;
 #   7. `dspark plot` draws the training curves and the reports' figures.
 # The target is read from the .gguf file itself by every command (its quantized weights used as
 # stored, docs/compute.md; nothing converted on disk). Stage times go to $demo/stages.jsonl. The quick option on a toy target the
@@ -107,8 +106,6 @@ for kind in "${kinds[@]}"; do
       --calibration "$demo/calibration.json" --lookup 0
   spec "$kind" dspark-lookup dspark --policy scheduler --profile "$demo/profile.json" \
       --calibration "$demo/calibration.json"
-  spec "$kind" dspark-corpus dspark --policy scheduler --profile "$demo/profile.json" \
-      --calibration "$demo/calibration.json" --lookup-corpus "$demo/answers.jsonl"
 done
 stamp "plots (dspark plot): training curves of every run, acceptance and calibration of every report"
 $ds plot "$demo" > /dev/null 2> "$demo/plot.log" || { cat "$demo/plot.log"; exit 1; }
@@ -116,7 +113,7 @@ stamp "done"
 python3 - "$demo" "${kinds[@]}" <<'PY'
 import json, statistics, sys
 demo, kinds = sys.argv[1], sys.argv[2:]
-names = ("dflash", "dspark", "dspark-scheduler", "dspark-lookup", "dspark-corpus")
+names = ("dflash", "dspark", "dspark-scheduler", "dspark-lookup")
 print(f"{'kind':<10} {'draft':<18} {'tau':>6} {'tokens/s':>9} {'speedup':>8}   (greedy, held-out prompts one at a time; "
       "each speedup against the plain decoding beside it)")
 for kind in kinds:
