@@ -181,9 +181,13 @@ enum { LOOP_COST_PRIOR_PASSES = 16 };
 void ds_spec_loop_costs(const double *verify_s, int64_t n, const double *passes, const double *pass_s, int64_t n_seen,
                         double *out) {
   double one = n_seen > 0 && passes[0] > 0 ? pass_s[0] / passes[0] : 0.0, corr = 1.0;
+  if (!(one > 0) || !(verify_s[0] > 0)) { /* no 1-row pass to compare with, or no time at 1: as given */
+    for (int64_t B = 1; B <= n; B++) out[B - 1] = verify_s[B - 1];
+    return;
+  }
   for (int64_t B = 1; B <= n; B++) {
     double prof = verify_cost(verify_s, n, B) / verify_s[0];
-    double seen = B <= n_seen && one > 0 ? (passes[B - 1] < passes[0] ? passes[B - 1] : passes[0]) : 0.0;
+    double seen = B <= n_seen ? (passes[B - 1] < passes[0] ? passes[B - 1] : passes[0]) : 0.0;
     if (seen > 0) /* the loop's ratio over the profile's, blended toward none */
       corr = (seen * (pass_s[B - 1] / passes[B - 1] / one) / prof + LOOP_COST_PRIOR_PASSES) / (seen + LOOP_COST_PRIOR_PASSES);
     out[B - 1] = verify_s[0] * prof * corr; /* an unseen count: the correction of the nearest seen below */

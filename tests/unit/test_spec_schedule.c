@@ -222,6 +222,9 @@ static void test_loop_costs(void) {
   EXPECT_CLOSE(out[4], 1.4 * (5 * 1.5 / 1.3 + 16) / 21, 1e-12, 0);
   ds_spec_loop_costs(verify, 5, passes, pass_s, 0, out);
   for (int b = 0; b < 5; b++) EXPECT_CLOSE(out[b], verify[b], 1e-12, 0);
+  const double zero_first[] = {0.0, 1.1, 1.2, 1.3, 1.4}; /* a caller's table without a time at 1: as given */
+  ds_spec_loop_costs(zero_first, 5, passes, pass_s, 5, out);
+  for (int b = 0; b < 5; b++) EXPECT(out[b] == zero_first[b]);
   const double none[] = {0, 0, 30, 5, 0};
   ds_spec_loop_costs(verify, 5, none, pass_s, 5, out);
   for (int b = 0; b < 5; b++) EXPECT_CLOSE(out[b], verify[b], 1e-12, 0);
