@@ -79,6 +79,9 @@ typedef struct {
   int64_t *first_rows;   /* [R], with lookup [R * (g + 1)]: the rows whose logits a pass computes */
   double head_s;         /* this round's seconds in ds_target_logits (verification, done lazily) */
   double *verify;        /* [n_verify] the scheduler's verification costs (ds_spec_loop_costs) */
+  int64_t *len, *n_cand; /* [R] the scheduler's: each request's admitted length and candidates, */
+  const double **a;      /* their survivals, */
+  int *eager;            /* whether their rows are eager (rows_eager); made once, not a round */
   float *h, *dlogits;    /* [g, d], [g, N] a draft block */
   float *p, *resid;      /* [V] */
   void *scratch;
@@ -304,14 +307,9 @@ static ds_status schedule(run *u, int64_t drafting) {
     return DS_FAIL(DS_ERR_ARG, "speculate: the scheduler policy needs the verification cost table (a profile)");
   double draft_s = o->draft_block_s > 0 ? o->draft_block_s
                    : u->learn->draft_blocks > 0 ? u->learn->draft_sum_s / (double)u->learn->draft_blocks : 0.0;
-  int64_t *len = ds_malloc((size_t)u->R * sizeof(int64_t), "schedule");
-  int64_t *n_cand = ds_malloc((size_t)u->R * sizeof(int64_t), "schedule");
-  const double **a = ds_malloc((size_t)u->R * sizeof(*a), "schedule");
-  int *eager = ds_malloc((size_t)u->R * sizeof(int), "schedule");
-  if (!len || !n_cand || !a || !eager) {
-    free(len), free(n_cand), free(a), free(eager);
-    return DS_ERR_NOMEM;
-  }
+  int64_t *len = u->len, *n_cand = u->n_cand;
+  const double **a = u->a;
+  int *eager = u->eager;
   int n = 0;
   for (int i = 0; i < u->R; i++) {
     request *q = &u->req[i];
@@ -339,7 +337,6 @@ static ds_status schedule(run *u, int64_t drafting) {
       q->backoff = SCHED_BACKOFF_FIRST;
     }
   }
-  free(len), free(n_cand), free(a), free(eager);
   return DS_OK;
 }
 
@@ -516,12 +513,18 @@ static ds_status speculate(run *u, const int32_t *const *prompts, const int64_t 
   u->p = ds_malloc_aligned((size_t)V * sizeof(float), "target distribution");
   u->resid = ds_malloc_aligned((size_t)V * sizeof(float), "residual distribution");
   u->scratch = ds_malloc(ds_sampler_scratch_bytes(V), "sampler scratch");
-  if (u->o->policy == DS_SPEC_SCHEDULER && u->o->n_verify > 0)
-    u->verify = ds_malloc((size_t)u->o->n_verify * sizeof(double), "verification costs");
+  int sched = u->o->policy == DS_SPEC_SCHEDULER;
+  if (sched) {
+    u->verify = ds_malloc((size_t)(u->o->n_verify > 0 ? u->o->n_verify : 1) * sizeof(double), "verification costs");
+    u->len = ds_malloc((size_t)u->R * sizeof(int64_t), "schedule");
+    u->n_cand = ds_malloc((size_t)u->R * sizeof(int64_t), "schedule");
+    u->a = ds_malloc((size_t)u->R * sizeof(*u->a), "schedule");
+    u->eager = ds_malloc((size_t)u->R * sizeof(int), "schedule");
+  }
   u->seqs = ds_calloc((size_t)u->R, sizeof *u->seqs, "batch");
   int64_t *last = ds_malloc((size_t)u->R * sizeof(int64_t), "batch");
   if (!u->ctx || !u->tlogits || !u->fh || !u->first || !u->first_rows || !u->h || !u->dlogits || !u->p || !u->resid ||
-      !u->scratch || !u->seqs || !last || (u->o->policy == DS_SPEC_SCHEDULER && u->o->n_verify > 0 && !u->verify)) {
+      !u->scratch || !u->seqs || !last || (sched && (!u->verify || !u->len || !u->n_cand || !u->a || !u->eager))) {
     free(last);
     return DS_ERR_NOMEM;
   }
@@ -613,7 +616,7 @@ ds_status ds_speculate_batch(ds_target *target, ds_draft *draft, const int32_t *
   free(u.req);
   free(u.seqs);
   free(u.first_rows);
-  free(u.verify);
+  free(u.verify), free(u.len), free(u.n_cand), free(u.a), free(u.eager);
   float *bufs[] = {u.ctx, u.tlogits, u.fh, u.first, u.h, u.dlogits, u.p, u.resid};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ds_free_aligned(bufs[i]);
   free(u.scratch);
