@@ -91,6 +91,9 @@ typedef struct {
   const double *head_s; /* head_s[n-1] = the logits of n rows after a request's first (spec_schedule.h); may be NULL */
   int64_t n_head;
   double draft_block_s;
+  /* 1: the scheduler prices with verify_s as given; 0 (default): corrected by the passes the
+   * loop has timed (ds_spec_loop_costs), so its picks follow this host's moment */
+  int profile_costs;
   /* Prompt lookup: before the draft, the latest earlier occurrence in the request's prompt and
    * output of its last m tokens (m from DS_SPEC_LOOKUP_MAX down to lookup) proposes the tokens
    * that followed it, each a point mass, and the draft's block is not run that round; 0 = off.

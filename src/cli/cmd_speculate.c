@@ -50,6 +50,8 @@ static void usage(FILE *f) {
           "                        confidences (another draft's file is refused)\n"
           "  --profile FILE.json   costs from `dspark profile` for the scheduler (without it: the verification\n"
           "                        table is measured in-process before decoding, the draft cost during it)\n"
+          "  --profile-costs       the scheduler prices verification by the profile's table as it is, not\n"
+          "                        corrected by the passes the loop times (reproducible picks)\n"
           "  --draft-len L         tokens proposed per round, the most with the scheduler (default: the\n"
           "                        draft's block size; at most it)\n"
           "  --threshold C         for --policy threshold (0.5; refused with another policy)\n"
@@ -299,6 +301,7 @@ int cmd_speculate(int argc, char **argv) {
     else if (!strcmp(a, "--report")) { CLI_VALUE(); report = v; }
     else if (!strcmp(a, "--calibration")) { CLI_VALUE(); calibration = v; }
     else if (!strcmp(a, "--profile")) { CLI_VALUE(); profile = v; }
+    else if (!strcmp(a, "--profile-costs")) o.profile_costs = 1;
     else if (!strcmp(a, "--max-new-tokens")) CLI_INT(0, 1 << 24, o.max_new_tokens);
     else if (!strcmp(a, "--seed")) { CLI_INT(0, INT64_MAX, n); o.seed = (uint64_t)n; }
     else if (!strcmp(a, "--repeat")) CLI_INT(1, 1 << 24, repeat);

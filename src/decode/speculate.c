@@ -320,7 +320,8 @@ static ds_status schedule(run *u, int64_t drafting) {
     a[n++] = q->survive;
   }
   /* the passes' costs as this loop has paid them, the profile's where it has not seen enough */
-  ds_spec_loop_costs(o->verify_s, o->n_verify, u->learn->passes, u->learn->pass_s, DS_SPEC_LEARN_ROWS, u->verify);
+  ds_spec_loop_costs(o->verify_s, o->n_verify, u->learn->passes, u->learn->pass_s,
+                     o->profile_costs ? 0 : DS_SPEC_LEARN_ROWS, u->verify);
   ds_prefix_schedule(n, n_cand, a, eager, u->verify, o->n_verify, o->head_s, o->n_head, (double)drafting * draft_s, len);
   n = 0;
   for (int i = 0; i < u->R; i++) {

@@ -158,11 +158,14 @@ def confidence_scheduling(args, ck, tmp, target, drafts, batch_file):
              and r["scheduler"]["rounds_switched_off"] > 0)):
         # the draft's scheduling alone (--lookup 0), but for the steep table, which must cut prompt
         # lookup's proposals too (the scheduler prices them)
-        out, r = spec(["--policy", "scheduler", "--profile", path] + ([] if name == "steep" else ["--lookup", "0"]))
+        # the profile's table as given (--profile-costs): the loop's timings would move the picks
+        out, r = spec(["--policy", "scheduler", "--profile", path, "--profile-costs"]
+                      + ([] if name == "steep" else ["--lookup", "0"]))
         ck.check(out == fixed_out, f"scheduler on the {name} profile: output differs from the fixed policy's")
         ck.check(check(r), f"scheduler on the {name} profile: tau {r['tau']} (fixed {fixed['tau']}), "
                            f"scheduler {r['scheduler']}, acceptance {r['accept_conditional']}")
-    out, r = spec(["--policy", "scheduler", "--profile", flat, "--calibration", cal, "--baseline", "--lookup", "0"])
+    out, r = spec(["--policy", "scheduler", "--profile", flat, "--calibration", cal, "--baseline", "--lookup", "0",
+                   "--profile-costs"])
     ck.check(out == fixed_out, "scheduler with a calibration: output differs from the fixed policy's")
     ck.check("bonus" in r["convention"] and set(r["per_round"]) == {"draft_s", "verify_s", "bookkeeping_s"}
              and len(r["tokens_per_round_histogram"]) == 5 and len(r["accept_unconditional"]) == 4
