@@ -41,6 +41,9 @@ enum { ATTN_KEY_BLOCK = 128, DS_LANES = 16, MIX_COLS = 32 }; /* 128 keys of 64 f
  * no F16C; values without AVX-512): widened this many at a time into an L1 scratch, a multiple of
  * 8 (group_scores' step): 4 KiB at hd 64 (a block's 64 KiB widened whole went to L2 first) */
 enum { WIDEN_KEYS = 16 };
+/* How many keys ahead group_scores_f16 asks for the keys it reads next (its first pass over a
+ * block); with the values of the keys it scores asked for then, for the mix after the softmax. */
+enum { PREFETCH_KEYS_AHEAD = 8 };
 
 /* The DS_LANES partial sums added as a tree (halves onto halves: vector adds, where a left-to-right
  * sum was 15 dependent scalar adds a key). */
@@ -187,13 +190,24 @@ static inline __attribute__((always_inline)) void dot4_f16(float *score, const f
 }
 
 /* group_scores' numbers for f16 keys (hd a multiple of 8): the vectors F16_SCORE_VECTORS at a time,
- * the keys four at a time (a key's score does not depend on the others of its call). */
-static void group_scores_f16(float *score, const float *const *q, int64_t P, const uint16_t *kh, int64_t nk,
-                             int64_t hd, float scale) {
+ * the keys four at a time (a key's score does not depend on the others of its call); vh: the values
+ * of the same keys, asked for from memory here. */
+static void group_scores_f16(float *score, const float *const *q, int64_t P, const uint16_t *kh,
+                             const uint16_t *vh, int64_t nk, int64_t hd, float scale) {
   __m128 sc = _mm_set1_ps(scale);
   for (int64_t p0 = 0; p0 < P; p0 += F16_SCORE_VECTORS) {
     int np = P - p0 < F16_SCORE_VECTORS ? (int)(P - p0) : F16_SCORE_VECTORS;
     for (int64_t j = 0; j < nk; j += 4) {
+      if (p0 == 0) { /* the cache comes from memory: after a layer's weights went through, the
+                      * hardware's prefetch alone kept a task's block waiting on it (a decoding
+                      * step's attention 1.1-1.2x longer, the same numbers) */
+        const char *vp = (const char *)(vh + j * hd), *kp = (const char *)(kh + (j + PREFETCH_KEYS_AHEAD) * hd);
+        int64_t bytes = (nk - j < 4 ? nk - j : 4) * hd * (int64_t)sizeof(uint16_t);
+        for (int64_t off = 0; off < bytes; off += 64) {
+          _mm_prefetch(vp + off, _MM_HINT_T0);
+          if (j + PREFETCH_KEYS_AHEAD < nk) _mm_prefetch(kp + off, _MM_HINT_T0);
+        }
+      }
       const uint16_t *k[4];
       for (int u = 0; u < 4; u++) k[u] = kh + (j + u < nk ? j + u : j) * hd;
       float *out = score + p0 * ATTN_KEY_BLOCK + j, tail[F16_SCORE_VECTORS * ATTN_KEY_BLOCK];
@@ -436,9 +450,11 @@ static int decode_scratch_new(const decode_tasks *a, decode_scratch *w) {
 
 static void decode_scratch_free(decode_scratch *w) { free(w->score); }
 
-/* task t = (kv head g, key block b) */
+/* task t = (key block b, kv head g), block-major: the short last blocks come last, so the
+ * threads' dynamic schedule ends on small tasks (kv-head-major ended on whole blocks, one thread
+ * idle for up to a block of the other's at every layer) */
 static void decode_task(const decode_tasks *a, int64_t t, decode_scratch *w) {
-  int64_t hd = a->hd, G = a->n_heads / a->n_kv, g = t / a->nb_max, b = t % a->nb_max, j0 = b * ATTN_KEY_BLOCK;
+  int64_t hd = a->hd, G = a->n_heads / a->n_kv, g = t % a->n_kv, b = t / a->n_kv, j0 = b * ATTN_KEY_BLOCK;
   int64_t i0 = j0 - a->past > 0 ? j0 - a->past : 0; /* the first row that sees key j0 */
   if (i0 >= a->n) return;
   int64_t jmax = j0 + ATTN_KEY_BLOCK < a->past + a->n ? j0 + ATTN_KEY_BLOCK : a->past + a->n;
@@ -470,7 +486,7 @@ static void decode_task(const decode_tasks *a, int64_t t, decode_scratch *w) {
     const uint16_t *k16 = (const uint16_t *)a->k + at, *v16 = (const uint16_t *)a->v + at;
 #ifdef DECODE_F16_SCORES
     if (hd % 8 == 0) /* widened in registers: the same numbers */
-      group_scores_f16(w->score, w->qs, P, k16, nk, hd, a->scale);
+      group_scores_f16(w->score, w->qs, P, k16, v16, nk, hd, a->scale);
     else
 #endif
       for (int64_t c0 = 0; c0 < nk; c0 += WIDEN_KEYS) {
@@ -498,6 +514,24 @@ typedef struct {
   int64_t n, past, cap;
 } decode_seq;
 
+/* out for (query row, head) pair p = i * n_heads + h of a sequence: its blocks' partial softmaxes
+ * merged in block order, out = sum_b e^(m_b - M) acc_b / sum_b e^(m_b - M) l_b */
+static void decode_merge(const decode_seq *sq, const decode_tasks *a, int64_t p) {
+  int64_t i = p / a->n_heads, h = p % a->n_heads, hd = a->hd, pstride = a->pstride;
+  int64_t nb = (sq->past + i + 1 + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK;
+  const float *pb = a->part + p * a->nb_max * pstride;
+  float M = -INFINITY, L = 0.0f, *o = sq->out + i * a->n_heads * hd + h * hd;
+  for (int64_t b = 0; b < nb; b++) M = pb[b * pstride] > M ? pb[b * pstride] : M;
+  for (int64_t e = 0; e < hd; e++) o[e] = 0.0f;
+  for (int64_t b = 0; b < nb; b++) {
+    float w = ds_fast_expf(pb[b * pstride] - M);
+    L += w * pb[b * pstride + 1];
+    for (int64_t e = 0; e < hd; e++) o[e] += w * pb[b * pstride + 2 + e];
+  }
+  float inv = 1.0f / L;
+  for (int64_t e = 0; e < hd; e++) o[e] *= inv;
+}
+
 /* The sequences' tasks (a kv head and a key block of one sequence each) run in one parallel region:
  * the batched decoding of many requests, a call per request, was a region a layer and request,
  * each of a few tasks that two threads split unevenly. k, v: fp32, or f16 bits when f16. Each
@@ -506,8 +540,10 @@ static void attention_decode_seqs(const decode_seq *sq, int n_seqs, int64_t q_st
                                   int64_t n_kv, int64_t hd, float scale) {
   int64_t pstride = hd + 2, tasks = 0, parts = 0, work = 0, n_max = 1;
   decode_tasks *a = malloc((size_t)n_seqs * sizeof *a);
-  int64_t *first = malloc((size_t)(n_seqs + 1) * sizeof *first); /* each sequence's first task */
+  int64_t *first = malloc(2 * (size_t)(n_seqs + 1) * sizeof *first); /* each sequence's first task */
   DS_CHECK(a != NULL && first != NULL);
+  int64_t *pairs = first + n_seqs + 1; /* each sequence's first (row, head) pair */
+  pairs[0] = 0;
   for (int s = 0; s < n_seqs; s++) {
     int64_t nb_max = (sq[s].past + sq[s].n + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK;
     a[s] = (decode_tasks){NULL, sq[s].q, q_stride, sq[s].k, sq[s].v, f16, sq[s].n, sq[s].past, sq[s].cap,
@@ -515,6 +551,7 @@ static void attention_decode_seqs(const decode_seq *sq, int n_seqs, int64_t q_st
     first[s] = tasks, tasks += n_kv * nb_max, parts += sq[s].n * n_heads * nb_max * pstride;
     work += (sq[s].past + sq[s].n) * n_heads * hd;
     n_max = sq[s].n > n_max ? sq[s].n : n_max;
+    pairs[s + 1] = pairs[s] + sq[s].n * n_heads;
   }
   first[n_seqs] = tasks;
   float *part = malloc((size_t)parts * sizeof(float));
@@ -529,6 +566,8 @@ static void attention_decode_seqs(const decode_seq *sq, int n_seqs, int64_t q_st
     for (int s = 0; s < n_seqs; s++)
       for (int64_t t = 0; t < first[s + 1] - first[s]; t++) decode_task(&a[s], t, &w);
     decode_scratch_free(&w);
+    for (int s = 0; s < n_seqs; s++)
+      for (int64_t p = 0; p < sq[s].n * n_heads; p++) decode_merge(&sq[s], &a[s], p);
   } else {
     DS_OMP(parallel)
     {
@@ -541,25 +580,16 @@ static void attention_decode_seqs(const decode_seq *sq, int n_seqs, int64_t q_st
         decode_task(&a[s], t - first[s], &w);
       }
       decode_scratch_free(&w);
+      /* the merges split over the threads too (one thread merging them all left the other
+       * waiting at every layer) */
+      DS_OMP(for schedule(static))
+      for (int64_t p = 0; p < pairs[n_seqs]; p++) {
+        int s = 0;
+        while (pairs[s + 1] <= p) s++;
+        decode_merge(&sq[s], &a[s], p - pairs[s]);
+      }
     }
   }
-  /* merge each (query, head)'s blocks in order: out = sum_b e^(m_b - M) acc_b / sum_b e^(m_b - M) l_b */
-  for (int s = 0; s < n_seqs; s++)
-    for (int64_t i = 0; i < sq[s].n; i++)
-      for (int64_t h = 0; h < n_heads; h++) {
-        int64_t nb = (sq[s].past + i + 1 + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK;
-        const float *pb = a[s].part + (i * n_heads + h) * a[s].nb_max * pstride;
-        float M = -INFINITY, L = 0.0f, *o = sq[s].out + i * n_heads * hd + h * hd;
-        for (int64_t b = 0; b < nb; b++) M = pb[b * pstride] > M ? pb[b * pstride] : M;
-        for (int64_t e = 0; e < hd; e++) o[e] = 0.0f;
-        for (int64_t b = 0; b < nb; b++) {
-          float w = ds_fast_expf(pb[b * pstride] - M);
-          L += w * pb[b * pstride + 1];
-          for (int64_t e = 0; e < hd; e++) o[e] += w * pb[b * pstride + 2 + e];
-        }
-        float inv = 1.0f / L;
-        for (int64_t e = 0; e < hd; e++) o[e] *= inv;
-      }
   free(part), free(a), free(first);
 }
 
