@@ -57,6 +57,43 @@ def lookup_next(ids, i):
     return None
 
 
+def lookup_run(ids, i, longest=4, shortest=2, most=7):
+    """Prompt lookup within the answer as `speculate --lookup 2` runs it: the length m of the
+    longest suffix (up to `longest` tokens) that occurred before position i, and up to `most`
+    tokens that followed its latest occurrence; (0, []) when none did."""
+    for m in range(longest, shortest - 1, -1):
+        if i < m:
+            continue
+        for e in range(i - 1, m - 1, -1):
+            if ids[e - m:e] == ids[i - m:i]:
+                return m, ids[e:min(e + most, i)]
+    return 0, []
+
+
+def lookup_survival(answers, most=7):
+    """Walks each answer as the decoding loop would with every lookup proposing `most` tokens:
+    per match length m, the rounds and the share of them whose first k + 1 proposals were all
+    accepted (survival at k)."""
+    proposed, accepted = {}, {}
+    for a in answers:
+        i = 1
+        while i < len(a):
+            m, p = lookup_run(a, i, most=most)
+            j = 0
+            while j < len(p) and i + j < len(a) and p[j] == a[i + j]:
+                j += 1
+            if m:
+                proposed.setdefault(m, [0] * most)
+                accepted.setdefault(m, [0] * most)
+                for k in range(len(p)):
+                    proposed[m][k] += 1
+                for k in range(j):
+                    accepted[m][k] += 1
+            i += j + 1
+    return {m: (proposed[m][0], [accepted[m][k] / proposed[m][k] for k in range(most) if proposed[m][k]])
+            for m in sorted(proposed)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dspark", required=True)
@@ -65,6 +102,8 @@ def main():
     ap.add_argument("--cache", help="the training answers (default: the demo's cache)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--max-order", type=int, default=4)
+    ap.add_argument("--lookup-survival", action="store_true",
+                    help="also print prompt lookup's survival by the length of the suffix it matched")
     args = ap.parse_args()
     seqs = cache_sequences(args.cache or os.path.join(args.demo, "cache"))
     tables = ngram_tables(seqs, args.max_order)
@@ -80,6 +119,9 @@ def main():
         hits = [sum(ngram_next(tables, a[:i], n) == a[i] for a, i in positions) for n in range(1, args.max_order + 1)]
         hits.append(sum(lookup_next(a, i) == a[i] for a, i in positions))
         print(f"{kind:<10} {len(positions):>9} " + " ".join(f"{h / len(positions):8.3f}" for h in hits))
+        if args.lookup_survival:
+            for m, (rounds, surv) in lookup_survival(answers).items():
+                print(f"  lookup, {m}-token matches: {rounds} rounds, survival " + " ".join(f"{v:.2f}" for v in surv))
 
 
 if __name__ == "__main__":
