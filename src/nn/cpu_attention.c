@@ -199,14 +199,13 @@ static void group_scores_f16(float *score, const float *const *q, int64_t P, con
     int np = P - p0 < F16_SCORE_VECTORS ? (int)(P - p0) : F16_SCORE_VECTORS;
     for (int64_t j = 0; j < nk; j += 4) {
       if (p0 == 0) { /* the cache comes from memory: after a layer's weights went through, the
-                      * hardware's prefetch alone kept a task's block waiting on it (a decoding
-                      * step's attention 1.1-1.2x longer, the same numbers) */
-        const char *vp = (const char *)(vh + j * hd), *kp = (const char *)(kh + (j + PREFETCH_KEYS_AHEAD) * hd);
-        int64_t bytes = (nk - j < 4 ? nk - j : 4) * hd * (int64_t)sizeof(uint16_t);
-        for (int64_t off = 0; off < bytes; off += 64) {
-          _mm_prefetch(vp + off, _MM_HINT_T0);
-          if (j + PREFETCH_KEYS_AHEAD < nk) _mm_prefetch(kp + off, _MM_HINT_T0);
-        }
+                      * hardware's prefetch alone left a task's block waiting on it (docs/compute.md,
+                      * "The KV cache"; the same numbers) */
+        int64_t ja = j + PREFETCH_KEYS_AHEAD, row = hd * (int64_t)sizeof(uint16_t);
+        int64_t vbytes = (nk - j < 4 ? nk - j : 4) * row, kbytes = ja < nk ? (nk - ja < 4 ? nk - ja : 4) * row : 0;
+        const char *vp = (const char *)(vh + j * hd), *kp = kbytes ? (const char *)(kh + ja * hd) : NULL;
+        for (int64_t off = 0; off < vbytes; off += 64) _mm_prefetch(vp + off, _MM_HINT_T0);
+        for (int64_t off = 0; off < kbytes; off += 64) _mm_prefetch(kp + off, _MM_HINT_T0);
       }
       const uint16_t *k[4];
       for (int u = 0; u < 4; u++) k[u] = kh + (j + u < nk ? j + u : j) * hd;
