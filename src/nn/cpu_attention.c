@@ -189,12 +189,20 @@ static inline __attribute__((always_inline)) void dot4_f16(float *score, const f
     _mm_storeu_ps(score + p * ATTN_KEY_BLOCK, _mm_mul_ps(sc, sum4_avx2(s[p][0], s[p][1], s[p][2], s[p][3])));
 }
 
+/* The block a thread will likely take next (its keys' and values' first bytes, and how many),
+ * asked for into L2 while it scores the current one; bytes 0: none. */
+typedef struct {
+  const char *k, *v;
+  int64_t bytes;
+} next_block;
+
 /* group_scores' numbers for f16 keys (hd a multiple of 8): the vectors F16_SCORE_VECTORS at a time,
  * the keys four at a time (a key's score does not depend on the others of its call); vh: the values
- * of the same keys, asked for from memory here. */
+ * of the same keys, asked for from memory here, with the next block (nx) spread over the keys. */
 static void group_scores_f16(float *score, const float *const *q, int64_t P, const uint16_t *kh,
-                             const uint16_t *vh, int64_t nk, int64_t hd, float scale) {
+                             const uint16_t *vh, int64_t nk, int64_t hd, float scale, const next_block *nx) {
   __m128 sc = _mm_set1_ps(scale);
+  int64_t nx_asked = 0;
   for (int64_t p0 = 0; p0 < P; p0 += F16_SCORE_VECTORS) {
     int np = P - p0 < F16_SCORE_VECTORS ? (int)(P - p0) : F16_SCORE_VECTORS;
     for (int64_t j = 0; j < nk; j += 4) {
@@ -206,6 +214,8 @@ static void group_scores_f16(float *score, const float *const *q, int64_t P, con
         const char *vp = (const char *)(vh + j * hd), *kp = kbytes ? (const char *)(kh + ja * hd) : NULL;
         for (int64_t off = 0; off < vbytes; off += 64) _mm_prefetch(vp + off, _MM_HINT_T0);
         for (int64_t off = 0; off < kbytes; off += 64) _mm_prefetch(kp + off, _MM_HINT_T0);
+        for (int64_t upto = j + 4 >= nk ? nx->bytes : nx->bytes * (j + 4) / nk; nx_asked < upto; nx_asked += 64)
+          _mm_prefetch(nx->k + nx_asked, _MM_HINT_T1), _mm_prefetch(nx->v + nx_asked, _MM_HINT_T1);
       }
       const uint16_t *k[4];
       for (int u = 0; u < 4; u++) k[u] = kh + (j + u < nk ? j + u : j) * hd;
@@ -449,15 +459,32 @@ static int decode_scratch_new(const decode_tasks *a, decode_scratch *w) {
 
 static void decode_scratch_free(decode_scratch *w) { free(w->score); }
 
+/* Task t's block: its first key and the end of the keys any row of the call sees in it. */
+static void task_block(const decode_tasks *a, int64_t t, int64_t *g, int64_t *j0, int64_t *jmax) {
+  *g = t % a->n_kv, *j0 = t / a->n_kv * ATTN_KEY_BLOCK;
+  *jmax = *j0 + ATTN_KEY_BLOCK < a->past + a->n ? *j0 + ATTN_KEY_BLOCK : a->past + a->n;
+}
+
 /* task t = (key block b, kv head g), block-major: the short last blocks come last, so the
  * threads' dynamic schedule ends on small tasks (kv-head-major ended on whole blocks, one thread
- * idle for up to a block of the other's at every layer) */
-static void decode_task(const decode_tasks *a, int64_t t, decode_scratch *w) {
-  int64_t hd = a->hd, G = a->n_heads / a->n_kv, g = t % a->n_kv, b = t / a->n_kv, j0 = b * ATTN_KEY_BLOCK;
+ * idle for up to a block of the other's at every layer). ahead: the tasks between this one and
+ * the one this thread likely takes next (the region's threads take them in turn), whose f16
+ * block is asked for while this one is scored; 0 for none. */
+static void decode_task(const decode_tasks *a, int64_t t, int64_t ahead, decode_scratch *w) {
+  int64_t hd = a->hd, G = a->n_heads / a->n_kv, g, j0, jmax;
+  task_block(a, t, &g, &j0, &jmax);
   int64_t i0 = j0 - a->past > 0 ? j0 - a->past : 0; /* the first row that sees key j0 */
   if (i0 >= a->n) return;
-  int64_t jmax = j0 + ATTN_KEY_BLOCK < a->past + a->n ? j0 + ATTN_KEY_BLOCK : a->past + a->n;
   size_t at = (size_t)((g * a->cap + j0) * hd); /* key j0's row */
+  next_block nx = {NULL, NULL, 0};
+  if (ahead > 0 && t + ahead < a->n_kv * a->nb_max) {
+    int64_t gn, jn, jnmax;
+    task_block(a, t + ahead, &gn, &jn, &jnmax);
+    size_t atn = (size_t)((gn * a->cap + jn) * hd);
+    if (a->f16)
+      nx = (next_block){(const char *)((const uint16_t *)a->k + atn), (const char *)((const uint16_t *)a->v + atn),
+                        (jnmax - jn) * hd * (int64_t)sizeof(uint16_t)};
+  }
   /* rows in runs that see the same keys of the block (every row that sees all of it, then each
    * of the others alone) */
   for (int64_t i = i0, i1; i < a->n; i = i1) {
@@ -468,7 +495,7 @@ static void decode_task(const decode_tasks *a, int64_t t, decode_scratch *w) {
     for (int64_t r = i; r < i1; r++)
       for (int64_t h = g * G; h < (g + 1) * G; h++, P++) {
         w->qs[P] = a->q + r * a->q_stride + h * hd;
-        w->parts[P] = a->part + ((r * a->n_heads + h) * a->nb_max + b) * a->pstride;
+        w->parts[P] = a->part + ((r * a->n_heads + h) * a->nb_max + j0 / ATTN_KEY_BLOCK) * a->pstride;
         w->accs[P] = w->parts[P] + 2;
       }
     /* each pair's partial softmax: [0] max, [1] sum of exps, [2 ..] the exps' weighted values */
@@ -485,7 +512,7 @@ static void decode_task(const decode_tasks *a, int64_t t, decode_scratch *w) {
     const uint16_t *k16 = (const uint16_t *)a->k + at, *v16 = (const uint16_t *)a->v + at;
 #ifdef DECODE_F16_SCORES
     if (hd % 8 == 0) /* widened in registers: the same numbers */
-      group_scores_f16(w->score, w->qs, P, k16, v16, nk, hd, a->scale);
+      group_scores_f16(w->score, w->qs, P, k16, v16, nk, hd, a->scale, &nx);
     else
 #endif
       for (int64_t c0 = 0; c0 < nk; c0 += WIDEN_KEYS) {
@@ -563,11 +590,12 @@ static void attention_decode_seqs(const decode_seq *sq, int n_seqs, int64_t q_st
     decode_scratch w;
     DS_CHECK(decode_scratch_new(&most, &w));
     for (int s = 0; s < n_seqs; s++)
-      for (int64_t t = 0; t < first[s + 1] - first[s]; t++) decode_task(&a[s], t, &w);
+      for (int64_t t = 0; t < first[s + 1] - first[s]; t++) decode_task(&a[s], t, 1, &w);
     decode_scratch_free(&w);
     for (int s = 0; s < n_seqs; s++)
       for (int64_t p = 0; p < sq[s].n * n_heads; p++) decode_merge(&sq[s], &a[s], p);
   } else {
+    int64_t ahead = ds_get_num_threads(); /* the threads take the tasks in turn */
     DS_OMP(parallel)
     {
       decode_scratch w;
@@ -576,7 +604,7 @@ static void attention_decode_seqs(const decode_seq *sq, int n_seqs, int64_t q_st
       for (int64_t t = 0; t < tasks; t++) {
         int s = 0;
         while (first[s + 1] <= t) s++;
-        decode_task(&a[s], t - first[s], &w);
+        decode_task(&a[s], t - first[s], ahead, &w);
       }
       decode_scratch_free(&w);
       /* the merges split over the threads too (one thread merging them all left the other
