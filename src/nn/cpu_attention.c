@@ -45,6 +45,13 @@ enum { WIDEN_KEYS = 16 };
  * block); with the values of the keys it scores asked for then, for the mix after the softmax. */
 enum { PREFETCH_KEYS_AHEAD = 8 };
 
+/* The block a thread will likely take next (its keys' and values' first bytes, and how many),
+ * asked for into L2 while it scores the current one; bytes 0: none. */
+typedef struct {
+  const char *k, *v;
+  int64_t bytes;
+} next_block;
+
 /* The DS_LANES partial sums added as a tree (halves onto halves: vector adds, where a left-to-right
  * sum was 15 dependent scalar adds a key). */
 static inline float lanes_sum(float *acc) {
@@ -188,13 +195,6 @@ static inline __attribute__((always_inline)) void dot4_f16(float *score, const f
   for (int p = 0; p < P; p++)
     _mm_storeu_ps(score + p * ATTN_KEY_BLOCK, _mm_mul_ps(sc, sum4_avx2(s[p][0], s[p][1], s[p][2], s[p][3])));
 }
-
-/* The block a thread will likely take next (its keys' and values' first bytes, and how many),
- * asked for into L2 while it scores the current one; bytes 0: none. */
-typedef struct {
-  const char *k, *v;
-  int64_t bytes;
-} next_block;
 
 /* group_scores' numbers for f16 keys (hd a multiple of 8): the vectors F16_SCORE_VECTORS at a time,
  * the keys four at a time (a key's score does not depend on the others of its call); vh: the values
@@ -476,15 +476,18 @@ static void decode_task(const decode_tasks *a, int64_t t, int64_t ahead, decode_
   int64_t i0 = j0 - a->past > 0 ? j0 - a->past : 0; /* the first row that sees key j0 */
   if (i0 >= a->n) return;
   size_t at = (size_t)((g * a->cap + j0) * hd); /* key j0's row */
+#ifdef DECODE_F16_SCORES /* the kernel that asks for it */
   next_block nx = {NULL, NULL, 0};
-  if (ahead > 0 && t + ahead < a->n_kv * a->nb_max) {
+  if (a->f16 && ahead > 0 && t + ahead < a->n_kv * a->nb_max) {
     int64_t gn, jn, jnmax;
     task_block(a, t + ahead, &gn, &jn, &jnmax);
     size_t atn = (size_t)((gn * a->cap + jn) * hd);
-    if (a->f16)
-      nx = (next_block){(const char *)((const uint16_t *)a->k + atn), (const char *)((const uint16_t *)a->v + atn),
-                        (jnmax - jn) * hd * (int64_t)sizeof(uint16_t)};
+    nx = (next_block){(const char *)((const uint16_t *)a->k + atn), (const char *)((const uint16_t *)a->v + atn),
+                      (jnmax - jn) * hd * (int64_t)sizeof(uint16_t)};
   }
+#else
+  (void)ahead;
+#endif
   /* rows in runs that see the same keys of the block (every row that sees all of it, then each
    * of the others alone) */
   for (int64_t i = i0, i1; i < a->n; i = i1) {
