@@ -49,14 +49,6 @@ def ngram_next(tables, context, order):
     return None
 
 
-def lookup_next(ids, i):
-    for m in (3, 2):
-        for e in range(i - 1, m - 1, -1):
-            if i >= m and ids[e - m:e] == ids[i - m:i]:
-                return ids[e]
-    return None
-
-
 def lookup_run(ids, i, longest=4, shortest=2, most=7):
     """Prompt lookup within the answer as `speculate --lookup 2` runs it: the length m of the
     longest suffix (up to `longest` tokens) that occurred before position i, and up to `most`
@@ -68,6 +60,12 @@ def lookup_run(ids, i, longest=4, shortest=2, most=7):
             if ids[e - m:e] == ids[i - m:i]:
                 return m, ids[e:min(e + most, i)]
     return 0, []
+
+
+def lookup_next(ids, i):
+    """The token prompt lookup within the answer predicts at i (the last 3, else 2 tokens)."""
+    _, p = lookup_run(ids, i, longest=3, most=1)
+    return p[0] if p else None
 
 
 def lookup_survival(answers, most=7):
