@@ -66,8 +66,10 @@ PI __m256 hmax_pairs(__m256 a, __m256 b) {
  * reduced side by side, so each block's step and reciprocal come from one division of 8 lanes and
  * its sums from shared horizontal adds, where a block alone waits on a chain of reductions and
  * two scalar divisions (15 ns a block on AMD Zen 4, the quantizing thread alone while the other
- * waits). With both finite, qx_block's NaN mask and clamps change nothing: |x| <= max|x| puts
- * |x / d| within 127 (1 + 3 2^-24) of its three roundings, which converts to at most 127. */
+ * waits). With both finite, qx_block's NaN mask and clamps change nothing: |x| <= max|x| keeps
+ * x times the rounded reciprocal within 127 (1 + 1e-6) (the step's rounding is coarser only where
+ * it is denormal, and by at most 5e-7 while its reciprocal is finite), which converts to 127 at
+ * most. */
 PI int qx_group8(ds_qx *qx, const float *xb, int64_t k) {
   const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
