@@ -469,14 +469,14 @@ static void test_quantize_x(void) {
 #if defined(__x86_64__) || defined(__i386__)
   if (ds_qisa_best() >= DS_QISA_AVX2) { /* the vector quantizer equals the C one, bit for bit */
     /* 7 rows of 5 blocks: its groups of 8 blocks cross rows; group 0 holds ties, zeros and a
-     * denormal step with a finite reciprocal; group 1 a NaN and denormals (a step whose reciprocal
-     * is infinite), group 2 an infinity and values near overflow (each group taken a block at a
-     * time), group 3 random values, blocks 32-34 the tail */
+     * denormal step with a finite reciprocal; group 1 a NaN, group 2 an infinity and values near
+     * overflow, group 3 denormals (a step whose reciprocal is infinite) among random values (each
+     * of those three taken a block at a time, for its own reason); blocks 32-34 the tail */
     int64_t m = 7, k = 160;
     float *y = rand_x(m, k);
     for (int l = 0; l < 32; l++) y[l] = (float)(l - 16) * 0.5f;  /* ties: x / d lands on k + 1/2 */
     for (int l = 32; l < 64; l++) y[l] = 0.0f;                    /* all zero */
-    for (int l = 320; l < 352; l++) y[l] = 1e-40f * (float)(l - 330); /* denormals: 1 / d infinite */
+    for (int l = 800; l < 832; l++) y[l] = 1e-40f * (float)(l - 810); /* denormals: 1 / d infinite */
     y[32 * 21 + 3] = 3e38f, y[32 * 21 + 4] = -3e38f;               /* near overflow */
     for (int l = 160; l < 192; l++) y[l] = 4e-37f * (float)(l - 176) / 16.0f; /* a denormal step, finite 1 / d */
     y[32 * 9 + 5] = NAN, y[32 * 20 + 7] = -INFINITY;
