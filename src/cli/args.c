@@ -119,6 +119,15 @@ int cli_max_line_option(int argc, char **argv, int *i, size_t *out) {
   return 1;
 }
 
+int cli_data_format_option(const char *cmd, int argc, char **argv, int *i, ds_data_format *out) {
+  if (strcmp(argv[*i], "--data-format")) return 0;
+  const char *v = cli_value(argc, argv, i);
+  if (!v) return -1;
+  if (ds_data_format_parse(v, out)) return 1;
+  fprintf(stderr, "dspark %s: --data-format expects auto, text or jsonl, got '%s'\n", cmd, v);
+  return -1;
+}
+
 int cli_output_refused(const char *cmd, const char *option, const char *path, ds_output_kind kind,
                        const ds_input_path *inputs, size_t n_inputs) {
   ds_status st = ds_output_check(option, path, kind, inputs, n_inputs);

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dspark/dataset.h"
 #include "dspark/draft.h"
 #include "dspark/fileio.h"
 
@@ -35,6 +36,9 @@ int cli_layer_ids(const char *opt, const char *s, int32_t *dst, int *n, int max)
  * argv[*i] is another option, -1 after a usage message. One parser for every command that
  * reads --data (and tokenize --chat); CLI_MAX_LINE_HELP is its --help line. */
 int cli_max_line_option(int argc, char **argv, int *i, size_t *out);
+/* --data-format auto|text|jsonl at argv[*i] (ds_data_format_parse): 1 when taken (*out set, *i
+ * advanced), 0 when argv[*i] is another option, -1 after a usage message naming cmd. */
+int cli_data_format_option(const char *cmd, int argc, char **argv, int *i, ds_data_format *out);
 #define CLI_MAX_LINE_HELP                                                                                   \
   "  --max-line-bytes N      the longest data line read whole, in bytes (K, M, G suffixes: KiB, MiB, GiB;\n" \
   "                          default 64M); a plain-text file read as one document counts as one line\n"

@@ -6,6 +6,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/prompt.h"
 #include "dspark/capture.h"
 #include "dspark/comm.h"
 #include "dspark/hfconfig.h"
@@ -74,30 +75,18 @@ static int parse_dtype(const char *v, ds_dtype *out) {
 int cmd_capture(int argc, char **argv) {
   ds_capture_options o;
   ds_capture_options_default(&o);
-  int kd_flags = 0, layers_given = 0;
+  int kd_flags = 0, layers_given = 0, thinking = -1; /* -1: --enable-thinking not given */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = NULL;
     int64_t n;
     double x;
     if (cli_is_help(a)) { usage(stdout); return 0; }
-    else if (!strcmp(a, "--target")) { CLI_VALUE(); o.target_dir = v; }
+    int data = cli_chat_option("capture", argc, argv, &i, &o.chat_template, &thinking);
+    if (!data) data = cli_data_format_option("capture", argc, argv, &i, &o.data_format);
+    if (data < 0) return 2;
+    if (data) continue;
+    if (!strcmp(a, "--target")) { CLI_VALUE(); o.target_dir = v; }
     else if (!strcmp(a, "--data")) { CLI_VALUE(); o.data_path = v; }
-    else if (!strcmp(a, "--chat-template")) { CLI_VALUE(); o.chat_template = v; }
-    else if (!strcmp(a, "--enable-thinking")) {
-      CLI_VALUE();
-      if (strcmp(v, "on") && strcmp(v, "off")) {
-        fprintf(stderr, "dspark capture: --enable-thinking takes on or off, not '%s'\n", v);
-        return 2;
-      }
-      o.enable_thinking = !strcmp(v, "on") ? 1 : -1;
-    }
-    else if (!strcmp(a, "--data-format")) {
-      CLI_VALUE();
-      if (!ds_data_format_parse(v, &o.data_format)) {
-        fprintf(stderr, "dspark capture: --data-format expects auto, text or jsonl, got '%s'\n", v);
-        return 2;
-      }
-    }
     else if (!strcmp(a, "--out")) { CLI_VALUE(); o.out_dir = v; }
     else if (!strcmp(a, "--target-layers")) { CLI_INT(1, DS_CACHE_MAX_LAYERS, o.n_target_layers); layers_given = 1; }
     else if (!strcmp(a, "--target-layer-ids")) {
@@ -127,6 +116,7 @@ int cmd_capture(int argc, char **argv) {
       return 2;
     }
   }
+  if (thinking >= 0) o.enable_thinking = thinking ? 1 : -1; /* as ds_draft_train_options: 0 not passed */
   if (!o.target_dir || !o.data_path || (!o.out_dir && !o.forward_only && !o.estimate)) {
     fprintf(stderr, "dspark capture: --target, --data and --out are required (see --help)\n");
     return 2;

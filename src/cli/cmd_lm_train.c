@@ -76,17 +76,13 @@ static int lm_command(int argc, char **argv, int distill) {
     int chat = cli_chat_option(name, argc, argv, &i, &o.chat_template, &o.enable_thinking);
     if (chat < 0) return 2;
     if (chat) continue;
+    int format = cli_data_format_option(name, argc, argv, &i, &o.data_format);
+    if (format < 0) return 2;
+    if (format) continue;
     if (!strcmp(a, "--student")) { CLI_VALUE(); o.student_dir = v; }
     else if (!strcmp(a, distill ? "--student-config" : "--config")) { CLI_VALUE(); o.student_config = v; }
     else if (!strcmp(a, "--tokenizer")) { CLI_VALUE(); o.tokenizer_path = v; }
     else if (!strcmp(a, "--data")) { CLI_VALUE(); o.data_path = v; }
-    else if (!strcmp(a, "--data-format")) {
-      CLI_VALUE();
-      if (!ds_data_format_parse(v, &o.data_format)) {
-        fprintf(stderr, "dspark %s: --data-format expects auto, text or jsonl, got '%s'\n", name, v);
-        return 2;
-      }
-    }
     else if (!strcmp(a, "--skip-bad-lines")) o.skip_bad_lines = 1;
     else if (!strcmp(a, "--max-line-bytes")) { if (cli_max_line_option(argc, argv, &i, &o.max_line_bytes) < 0) return 2; }
     else if (!strcmp(a, "--seq-len")) CLI_INT(2, 1 << 20, o.seq_len);

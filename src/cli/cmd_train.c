@@ -7,6 +7,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/loop_args.h"
+#include "cli/prompt.h"
 #include "dspark/draft_trainer.h"
 
 static void usage(FILE *f) {
@@ -66,7 +67,7 @@ int cmd_train(int argc, char **argv) {
   ds_draft_train_options o;
   ds_draft_train_options_default(&o);
   ds_loop_options *l = &o.loop;
-  int seq_len_given = 0, layers_given = 0;
+  int seq_len_given = 0, layers_given = 0, thinking = -1; /* -1: --enable-thinking not given */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = NULL;
     int64_t n;
@@ -75,24 +76,12 @@ int cmd_train(int argc, char **argv) {
     int loop = cli_loop_option(argc, argv, &i, l);
     if (loop < 0) return 2;
     if (loop) continue;
-    else if (!strcmp(a, "--target")) { CLI_VALUE(); o.target_dir = v; }
+    int data = cli_chat_option("train", argc, argv, &i, &o.chat_template, &thinking);
+    if (!data) data = cli_data_format_option("train", argc, argv, &i, &o.data_format);
+    if (data < 0) return 2;
+    if (data) continue;
+    if (!strcmp(a, "--target")) { CLI_VALUE(); o.target_dir = v; }
     else if (!strcmp(a, "--data")) { CLI_VALUE(); o.data_path = v; }
-    else if (!strcmp(a, "--chat-template")) { CLI_VALUE(); o.chat_template = v; }
-    else if (!strcmp(a, "--enable-thinking")) {
-      CLI_VALUE();
-      if (strcmp(v, "on") && strcmp(v, "off")) {
-        fprintf(stderr, "dspark train: --enable-thinking takes on or off, not '%s'\n", v);
-        return 2;
-      }
-      o.enable_thinking = !strcmp(v, "on") ? 1 : -1;
-    }
-    else if (!strcmp(a, "--data-format")) {
-      CLI_VALUE();
-      if (!ds_data_format_parse(v, &o.data_format)) {
-        fprintf(stderr, "dspark train: --data-format expects auto, text or jsonl, got '%s'\n", v);
-        return 2;
-      }
-    }
     else if (!strcmp(a, "--skip-bad-lines")) o.skip_bad_lines = 1;
     else if (!strcmp(a, "--max-line-bytes")) { if (cli_max_line_option(argc, argv, &i, &o.max_line_bytes) < 0) return 2; }
     else if (!strcmp(a, "--cache")) { CLI_VALUE(); o.cache_dir = v; }
@@ -132,6 +121,7 @@ int cmd_train(int argc, char **argv) {
       return 2;
     }
   }
+  if (thinking >= 0) o.enable_thinking = thinking ? 1 : -1; /* the draft options' convention: 0 not passed */
   if (layers_given && o.n_explicit_layers) {
     fprintf(stderr, "dspark train: --target-layers and --target-layer-ids are alternatives; give one (see --help)\n");
     return 2;
