@@ -514,9 +514,10 @@ static void decode_task(const decode_tasks *a, int64_t t, int64_t ahead, decode_
      * continues its sums), so the numbers are the fp32 path's on the widened values. */
     const uint16_t *k16 = (const uint16_t *)a->k + at, *v16 = (const uint16_t *)a->v + at;
 #ifdef DECODE_F16_SCORES
-    if (hd % 8 == 0) /* widened in registers: the same numbers */
+    if (hd % 8 == 0) { /* widened in registers: the same numbers */
       group_scores_f16(w->score, w->qs, P, k16, v16, nk, hd, a->scale, &nx);
-    else
+      nx.bytes = 0; /* the next block asked for once, not again by the block's other runs of rows */
+    } else
 #endif
       for (int64_t c0 = 0; c0 < nk; c0 += WIDEN_KEYS) {
         int64_t cn = nk - c0 < WIDEN_KEYS ? nk - c0 : WIDEN_KEYS;
