@@ -29,8 +29,12 @@ static void ids_text(const int32_t *ids, int n, char *buf, size_t cap) {
  * gets the stop / eos ids alone, and stderr says so. */
 static ds_status cache_template_ids(draft_run *t, const ds_cache_manifest *m) {
   const ds_draft_train_options *o = t->o;
-  int thinking = o->enable_thinking ? o->enable_thinking > 0 : -1;
-  if (strcmp(m->chat_template, "jinja") != 0) return ds_draft_run_template_ids(t, NULL, thinking); /* ChatML */
+  /* the enable_thinking the capture rendered with (capture.c names it), not this run's */
+  int thinking;
+  if (!strcmp(m->chat_template, "jinja")) thinking = -1;
+  else if (!strcmp(m->chat_template, "jinja thinking")) thinking = 1;
+  else if (!strcmp(m->chat_template, "jinja no-thinking")) thinking = 0;
+  else return ds_draft_run_template_ids(t, NULL, -1); /* ChatML */
   const char *dirs[2] = {o->target_dir, m->target_path};
   for (int i = 0; i < 2; i++) {
     int exists = 0;

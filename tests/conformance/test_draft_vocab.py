@@ -22,6 +22,7 @@ a tiny Qwen3 chat target (Qwen3-0.6B's template) and chat data built here:
   t2d is damaged (d2t / t2d)."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -199,6 +200,22 @@ def main():
     S2, _ = vocab_of(os.path.join(nt, "checkpoint.safetensors"))
     eos = json.load(open(os.path.join(target, "config.json")))["eos_token_id"]
     ck.check("not at hand" in err and eos in S2.tolist(), f"cache without its template: {err}")
+    # a capture that passed enable_thinking: S from the cache is the online run's with the same
+    # option (the template's ids as the capture rendered them, its empty thinking block among
+    # them, not ChatML's)
+    cache3, on3, ca3 = fresh("cache-thinking"), fresh("online-thinking"), fresh("cache-vocab-thinking")
+    common.run([dspark, "capture", "--target", target, "--data", data, "--out", cache3, "--seq-len", str(SEQ),
+                "--target-layers", "2", "--dtype", "f32", "--threads", "2", "--enable-thinking", "on"])
+    one = ["--steps", "1", "--eval-every", "0", "--draft-vocab", str(N), "--target-layers", "2"]
+    _, err3, _ = common.run(base + ["--out", on3, "--enable-thinking", "on"] + one)
+    _, err4, _ = common.run(cbase + ["--cache", cache3, "--out", ca3] + one)
+    S3, _ = vocab_of(os.path.join(on3, "checkpoint.safetensors"))
+    S4, _ = vocab_of(os.path.join(ca3, "checkpoint.safetensors"))
+    # the run's note counts the mandatory ids: the data's frequent ids would hide a short set in S
+    notes = [re.search(r"draft vocabulary: .*?(\d+) mandatory", e) for e in (err3, err4)]
+    ck.check(all(notes) and notes[0].group(1) == notes[1].group(1) and int(notes[0].group(1)) == len(mandatory)
+             and np.array_equal(S3, S4), f"--enable-thinking on: S from the cache {S4.tolist()} ({err4.strip()}) "
+             f"differs from the online run's {S3.tolist()} ({err3.strip()})")
 
     mark("cache")
     # ---- export: the tensors as speculators / vLLM read them
