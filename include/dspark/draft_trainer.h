@@ -58,7 +58,7 @@ typedef struct {
   int no_teacher;           /* CE only (DFlash-style objective) */
   const char *chat_template; /* a Jinja file for chat data; NULL: the target's own (chat_template.jinja or
                                 tokenizer_config.json), ChatML when it has none */
-  int enable_thinking;      /* passed to the chat template: 0 not passed (its default), 1 true, -1 false */
+  int enable_thinking;      /* passed to the chat template as in ds_chat_options: -1 not passed (the default), 0 false, 1 true */
   int64_t draft_vocab;      /* N > 0: a reduced draft vocabulary of N ids (spec section 4a); 0: the whole vocabulary */
 } ds_draft_train_options;
 

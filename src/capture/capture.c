@@ -41,6 +41,7 @@ void ds_capture_options_default(ds_capture_options *o) {
   o->top_p = 1.0;
   o->temperature = 1.0;
   o->min_k = 1;
+  o->enable_thinking = -1;
 }
 
 typedef struct {
@@ -141,7 +142,7 @@ static ds_status load_inputs(capture *c, ds_model_source *src) {
   m->min_length = 2;
   ds_chat_template *tmpl = NULL;
   DS_TRY(ds_model_source_chat_template(src, o->chat_template, &tmpl));
-  int thinking = o->enable_thinking ? o->enable_thinking > 0 : -1;
+  int thinking = o->enable_thinking;
   ds_data_options dopt = {.format = o->data_format, .skip_bad_lines = o->skip_bad_lines,
                           .max_line_bytes = o->max_line_bytes};
   st = ds_dataset_read(o->data_path, &dopt, c->tok, tmpl, thinking, o->seq_len, (int32_t)m->eos_token_id,

@@ -75,13 +75,13 @@ static int parse_dtype(const char *v, ds_dtype *out) {
 int cmd_capture(int argc, char **argv) {
   ds_capture_options o;
   ds_capture_options_default(&o);
-  int kd_flags = 0, layers_given = 0, thinking = -1; /* -1: --enable-thinking not given */
+  int kd_flags = 0, layers_given = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = NULL;
     int64_t n;
     double x;
     if (cli_is_help(a)) { usage(stdout); return 0; }
-    int data = cli_chat_option("capture", argc, argv, &i, &o.chat_template, &thinking);
+    int data = cli_chat_option("capture", argc, argv, &i, &o.chat_template, &o.enable_thinking);
     if (!data) data = cli_data_format_option("capture", argc, argv, &i, &o.data_format);
     if (data < 0) return 2;
     if (data) continue;
@@ -116,7 +116,6 @@ int cmd_capture(int argc, char **argv) {
       return 2;
     }
   }
-  if (thinking >= 0) o.enable_thinking = thinking ? 1 : -1; /* as ds_draft_train_options: 0 not passed */
   if (!o.target_dir || !o.data_path || (!o.out_dir && !o.forward_only && !o.estimate)) {
     fprintf(stderr, "dspark capture: --target, --data and --out are required (see --help)\n");
     return 2;

@@ -67,7 +67,7 @@ int cmd_train(int argc, char **argv) {
   ds_draft_train_options o;
   ds_draft_train_options_default(&o);
   ds_loop_options *l = &o.loop;
-  int seq_len_given = 0, layers_given = 0, thinking = -1; /* -1: --enable-thinking not given */
+  int seq_len_given = 0, layers_given = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = NULL;
     int64_t n;
@@ -76,7 +76,7 @@ int cmd_train(int argc, char **argv) {
     int loop = cli_loop_option(argc, argv, &i, l);
     if (loop < 0) return 2;
     if (loop) continue;
-    int data = cli_chat_option("train", argc, argv, &i, &o.chat_template, &thinking);
+    int data = cli_chat_option("train", argc, argv, &i, &o.chat_template, &o.enable_thinking);
     if (!data) data = cli_data_format_option("train", argc, argv, &i, &o.data_format);
     if (data < 0) return 2;
     if (data) continue;
@@ -121,7 +121,6 @@ int cmd_train(int argc, char **argv) {
       return 2;
     }
   }
-  if (thinking >= 0) o.enable_thinking = thinking ? 1 : -1; /* the draft options' convention: 0 not passed */
   if (layers_given && o.n_explicit_layers) {
     fprintf(stderr, "dspark train: --target-layers and --target-layer-ids are alternatives; give one (see --help)\n");
     return 2;

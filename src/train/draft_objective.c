@@ -23,6 +23,7 @@ void ds_draft_train_options_default(ds_draft_train_options *o) {
   o->block_size = 7;
   o->n_target_layers = 5;
   o->mask_token_id = -1;
+  o->enable_thinking = -1;
   o->markov_type = DS_MARKOV_VANILLA;
   o->markov_rank = 256;
   o->confidence_head = 1;
@@ -256,7 +257,7 @@ static ds_status setup_online_from(draft_run *t, ds_model_source *src) {
   /* chat data in the target's own template, exactly as `dspark capture` renders it */
   ds_chat_template *tmpl = NULL;
   DS_TRY(ds_model_source_chat_template(src, o->chat_template, &tmpl));
-  int thinking = o->enable_thinking ? o->enable_thinking > 0 : -1;
+  int thinking = o->enable_thinking;
   ds_data_options dopt = {.format = o->data_format, .skip_bad_lines = o->skip_bad_lines,
                           .max_line_bytes = o->max_line_bytes};
   ds_status st = ds_dataset_read(o->data_path, &dopt, t->tok, tmpl, thinking, o->seq_len, eos, 2, &t->data);
