@@ -98,6 +98,10 @@ ds_status ds_st_writer_add(ds_st_writer *w, const char *name, ds_dtype dtype, in
 ds_status ds_st_writer_reserve(ds_st_writer *w, const char *name, ds_dtype dtype, int ndim, const int64_t *shape);
 ds_status ds_st_writer_set_metadata(ds_st_writer *w, const char *key, const char *value);
 ds_status ds_st_writer_write(ds_st_writer *w, const char *path);
+/* An HF model directory from w: out_dir (created when missing) / model.safetensors, its metadata
+ * "format" = "pt" as transformers expects, then out_dir / config.json = config_json; each file
+ * written atomically, the config last, so that a directory with a config.json holds its weights. */
+ds_status ds_st_writer_write_hf_dir(ds_st_writer *w, const char *out_dir, const char *config_json);
 /* The bytes ds_st_writer_write would write, in one buffer of their own (*image, *size bytes; the
  * caller frees it with ds_st_image_free, or hands it to ds_ckpt_open_memory): the tensors added
  * with data copied in, the reserved ones left for the caller to fill. offsets (one per tensor, in

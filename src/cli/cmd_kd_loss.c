@@ -130,24 +130,6 @@ static int parse_args(int argc, char **argv, kd_args *a) {
   return -1; /* go on */
 }
 
-/* fp32 data of a view, aligned: the mapping itself when it is aligned, else a copy in *own. */
-static const float *f32_data(const ds_tensor_view *t, float **own) {
-  *own = NULL;
-  if ((uintptr_t)t->data % _Alignof(float) == 0) return t->data;
-  *own = ds_malloc(t->nbytes ? t->nbytes : 1, t->name);
-  if (*own) memcpy(*own, t->data, t->nbytes);
-  return *own;
-}
-
-/* Reads one byte per page so that the mapped input is resident before the clock starts. */
-static void page_in(const void *p, size_t nbytes) {
-  const volatile unsigned char *b = p;
-  unsigned char acc = 0;
-  for (size_t i = 0; i < nbytes; i += 4096) acc ^= b[i];
-  if (nbytes) acc ^= b[nbytes - 1];
-  (void)acc;
-}
-
 /* Integer tensor v (I32 / I64) -> dst as int32. Values at unsupervised rows (mask [R], `per`
  * values per row) are never read and become -1; at supervised rows a value outside int32 is
  * refused here (the library checks the vocabulary range and would see a truncated value). */
@@ -303,7 +285,7 @@ int cmd_kd_loss(int argc, char **argv) {
     labels = cli_alloc(R ? R : 1, sizeof *labels, "labels");
     if (!labels || ints_to_i32(tl, mask, 1, labels, "the vocabulary [0, V)") != DS_OK) goto report;
   }
-  const float *s = f32_data(ts, &own_s), *t = want_kd && tt ? f32_data(tt, &own_t) : NULL;
+  const float *s = cli_in_f32(ts, &own_s), *t = want_kd && tt ? cli_in_f32(tt, &own_t) : NULL;
   kd = cli_alloc(R ? R : 1, sizeof *kd, "kd_per_token");
   lm = cli_alloc(R ? R : 1, sizeof *lm, "lm_per_token");
   outf = cli_alloc(2 * (R ? R : 1), sizeof *outf, "per-token outputs");
@@ -312,8 +294,8 @@ int cmd_kd_loss(int argc, char **argv) {
 
   ds_kd_rows_in in = {s, ids, lq, K, t, labels, mask};
   ds_kd_loss_result res;
-  page_in(s, (size_t)(R * V) * sizeof(float));
-  if (t) page_in(t, (size_t)(R * V) * sizeof(float));
+  cli_page_in(s, (size_t)(R * V) * sizeof(float));
+  if (t) cli_page_in(t, (size_t)(R * V) * sizeof(float));
   memset(grad, 0, (size_t)(R * V) * sizeof(float)); /* first touch, as a trainer's reused buffer */
   double t0 = ds_time_sec();
   ds_status sst = ds_kd_loss(&a.cfg, R, V, &in, 1.0, &res, kd, lm, grad);

@@ -86,15 +86,6 @@ static ds_status check_rows(const ds_tensor_view *t, int64_t B, int64_t g) {
                  (long long)(B * g), (long long)B, (long long)g);
 }
 
-/* fp32 data of a view, aligned: the mapping itself when it is aligned, else a copy in *own. */
-static const float *f32_data(const ds_tensor_view *t, float **own) {
-  *own = NULL;
-  if ((uintptr_t)t->data % _Alignof(float) == 0) return t->data;
-  *own = ds_malloc(t->nbytes ? t->nbytes : 1, t->name);
-  if (*own) memcpy(*own, t->data, t->nbytes);
-  return *own;
-}
-
 typedef struct loss_args loss_args;
 
 /* The rows the loss reads: a supervised row's target id must be in [0, V), and its draft
@@ -105,16 +96,6 @@ static ds_status check_supervised(const loss_args *a, const ds_tensor_view *td, 
                                   const ds_tensor_view *ti, const ds_tensor_view *tc, const float *draft,
                                   const float *target, const float *conf, const int64_t *ids, const uint8_t *sup,
                                   int64_t g, int64_t N, int64_t V);
-
-/* Reads one byte per page so that the mapped input is resident before the clock starts: the
- * timing line then covers the loss alone, not the page faults of reading the file. */
-static void page_in(const void *p, size_t nbytes) {
-  const volatile unsigned char *b = p;
-  unsigned char acc = 0;
-  for (size_t i = 0; i < nbytes; i += 4096) acc ^= b[i];
-  if (nbytes) acc ^= b[nbytes - 1];
-  (void)acc;
-}
 
 struct loss_args {
   const char *in_path, *out_path;
@@ -372,8 +353,8 @@ int cmd_loss(int argc, char **argv) {
   wts = ds_malloc(nR * sizeof *wts, "weights");
   rowv = ds_malloc(4 * nR * sizeof *rowv, "row values");
   pos = ds_malloc(2 * (size_t)g * sizeof *pos, "per-position acceptance");
-  const float *draft = f32_data(td, &own_draft), *target = tt ? f32_data(tt, &own_target) : NULL;
-  const float *conf = tc ? f32_data(tc, &own_conf) : NULL;
+  const float *draft = cli_in_f32(td, &own_draft), *target = tt ? cli_in_f32(tt, &own_target) : NULL;
+  const float *conf = tc ? cli_in_f32(tc, &own_conf) : NULL;
   if (tv) { /* S: strictly increasing ids in [0, V), and its inverse */
     vocab_ids = ds_malloc((size_t)N * sizeof *vocab_ids, "draft_vocab");
     vocab_index = ds_malloc((size_t)V * sizeof *vocab_index, "draft_vocab index");
@@ -412,8 +393,8 @@ int cmd_loss(int argc, char **argv) {
   ds_dspark_loss_inputs in = {draft, target, ids, em, bk, conf, tv ? &vocab : NULL};
   ds_dspark_row_stats rows = {rowv, rowv + nR, rowv + 2 * nR, rowv + 3 * nR, NULL};
   ds_dspark_loss_result res;
-  page_in(draft, (size_t)(R * N) * sizeof(float));
-  if (target) page_in(target, (size_t)(R * V) * sizeof(float));
+  cli_page_in(draft, (size_t)(R * N) * sizeof(float));
+  if (target) cli_page_in(target, (size_t)(R * V) * sizeof(float));
   if (grad) memset(grad, 0, (size_t)(R * N) * sizeof(float)); /* first touch, as a trainer's reused buffer */
   double t0 = ds_time_sec();
   ds_status s = ds_dspark_loss(&a.cfg, B, g, V, &in, a.grad_scale, &res, pos, pos + g, grad, gconf, &rows);

@@ -138,3 +138,19 @@ void *cli_alloc(int64_t count, size_t size, const char *what) {
   }
   return ds_malloc((size_t)count * size, what);
 }
+
+const float *cli_in_f32(const ds_tensor_view *v, float **own) {
+  *own = NULL;
+  if ((uintptr_t)v->data % _Alignof(float) == 0) return v->data;
+  *own = ds_malloc(v->nbytes ? v->nbytes : 1, v->name);
+  if (*own) memcpy(*own, v->data, v->nbytes);
+  return *own;
+}
+
+void cli_page_in(const void *p, size_t nbytes) {
+  const volatile unsigned char *b = p;
+  unsigned char acc = 0;
+  for (size_t i = 0; i < nbytes; i += 4096) acc ^= b[i];
+  if (nbytes) acc ^= b[nbytes - 1];
+  (void)acc;
+}

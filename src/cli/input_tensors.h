@@ -36,6 +36,12 @@ int64_t cli_first_nonfinite(const float *x, int64_t n, int allow_neg_inf);
 /* A warning on stderr for each tensor of st whose name is not in names[0..n): an ignored
  * tensor is usually a misspelt one. */
 void cli_in_warn_unknown(const ds_safetensors *st, const char *const *names, int n, const char *command);
+/* fp32 data of an F32 view, aligned: the mapping itself when it is aligned, else a copy in *own
+ * (NULL on failure; the caller frees *own). */
+const float *cli_in_f32(const ds_tensor_view *v, float **own);
+/* Reads one byte per page of p[0..nbytes) so that a mapped input is resident before a clock
+ * starts: a timing line then covers the work alone, not the page faults of reading the file. */
+void cli_page_in(const void *p, size_t nbytes);
 /* ds_malloc of count elements of size bytes, refusing (DS_ERR_NOMEM, naming what and the
  * element count) a product that overflows size_t. */
 void *cli_alloc(int64_t count, size_t size, const char *what);

@@ -11,6 +11,7 @@
 
 #include "core/json_util.h"
 #include "dspark/dtype.h"
+#include "dspark/fileio.h"
 #include "dspark/safetensors.h"
 #include "io/safetensors_internal.h"
 
@@ -313,3 +314,14 @@ ds_status ds_st_writer_write(ds_st_writer *w, const char *path) {
   return ds_atomic_commit(&f);
 }
 
+ds_status ds_st_writer_write_hf_dir(ds_st_writer *w, const char *out_dir, const char *config_json) {
+  DS_TRY(ds_mkdir_p(out_dir));
+  char *st_path = ds_path_join(out_dir, "model.safetensors"), *cfg_path = ds_path_join(out_dir, "config.json");
+  ds_status st = !st_path || !cfg_path ? DS_FAIL(DS_ERR_NOMEM, "%s: out of memory", out_dir) : DS_OK;
+  if (st == DS_OK) st = ds_st_writer_set_metadata(w, "format", "pt");
+  if (st == DS_OK) st = ds_st_writer_write(w, st_path);
+  if (st == DS_OK) st = ds_write_file_atomic(cfg_path, config_json, strlen(config_json));
+  free(st_path);
+  free(cfg_path);
+  return st;
+}

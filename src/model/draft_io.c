@@ -104,30 +104,20 @@ ds_status ds_draft_hf_config_json(const ds_draft *d, const char *target_config_j
 }
 
 ds_status ds_draft_export_hf(const ds_draft *d, const char *target_config_json, const char *out_dir) {
-  char *cfg_path = NULL, *st_path = NULL, *text = NULL;
-  ds_st_writer *w = NULL;
-  ds_status st = ds_draft_hf_config_json(d, target_config_json, &text);
-  if (st != DS_OK) return st;
-  if ((st = ds_mkdir_p(out_dir)) != DS_OK) goto done;
-  cfg_path = ds_path_join(out_dir, "config.json");
-  st_path = ds_path_join(out_dir, "model.safetensors");
-  w = ds_st_writer_new();
-  if (!cfg_path || !st_path || !w) { st = DS_FAIL(DS_ERR_NOMEM, "export: out of memory"); goto done; }
-  for (size_t i = 0; i < d->n_specs; i++) {
+  char *text = NULL;
+  DS_TRY(ds_draft_hf_config_json(d, target_config_json, &text));
+  ds_st_writer *w = ds_st_writer_new();
+  ds_status st = w ? DS_OK : DS_FAIL(DS_ERR_NOMEM, "export: out of memory");
+  for (size_t i = 0; st == DS_OK && i < d->n_specs; i++) {
     const ds_draft_tensor *t = &d->tensors[i];
     int64_t shape[2] = {t->shape[0], t->shape[1]};
-    if ((st = ds_st_writer_add(w, t->name, t->dtype, t->ndim, shape, t->data)) != DS_OK) goto done;
+    st = ds_st_writer_add(w, t->name, t->dtype, t->ndim, shape, t->data);
   }
-  if ((st = ds_st_writer_set_metadata(w, "format", "pt")) != DS_OK) goto done;
   /* Marks the file as ours: an export interrupted before config.json is still recognized. */
-  if ((st = ds_st_writer_set_metadata(w, DS_EXPORT_MARKER_KEY, "1")) != DS_OK) goto done;
-  if ((st = ds_st_writer_write(w, st_path)) != DS_OK) goto done;
-  st = ds_write_file_atomic(cfg_path, text, strlen(text));
-done:
+  if (st == DS_OK) st = ds_st_writer_set_metadata(w, DS_EXPORT_MARKER_KEY, "1");
+  if (st == DS_OK) st = ds_st_writer_write_hf_dir(w, out_dir, text);
   ds_st_writer_free(w);
   free(text);
-  free(cfg_path);
-  free(st_path);
   return st;
 }
 

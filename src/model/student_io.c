@@ -169,27 +169,17 @@ ds_status ds_student_config_json(const ds_student *s, char **out) {
 }
 
 ds_status ds_student_export_hf(const ds_student *s, const char *out_dir) {
-  char *cfg_path = NULL, *st_path = NULL, *text = NULL;
-  ds_st_writer *w = NULL;
-  ds_status st = ds_student_config_json(s, &text);
-  if (st != DS_OK) return st;
-  if ((st = ds_mkdir_p(out_dir)) != DS_OK) goto done;
-  cfg_path = ds_path_join(out_dir, "config.json");
-  st_path = ds_path_join(out_dir, "model.safetensors");
-  w = ds_st_writer_new();
-  if (!cfg_path || !st_path || !w) { st = DS_FAIL(DS_ERR_NOMEM, "student export: out of memory"); goto done; }
-  for (size_t i = 0; i < s->n_specs; i++) {
+  char *text = NULL;
+  DS_TRY(ds_student_config_json(s, &text));
+  ds_st_writer *w = ds_st_writer_new();
+  ds_status st = w ? DS_OK : DS_FAIL(DS_ERR_NOMEM, "student export: out of memory");
+  for (size_t i = 0; st == DS_OK && i < s->n_specs; i++) {
     const ds_student_tensor *t = &s->tensors[i];
     int64_t shape[2] = {t->shape[0], t->shape[1]};
-    if ((st = ds_st_writer_add(w, t->name, DS_F32, t->ndim, shape, t->data)) != DS_OK) goto done;
+    st = ds_st_writer_add(w, t->name, DS_F32, t->ndim, shape, t->data);
   }
-  if ((st = ds_st_writer_set_metadata(w, "format", "pt")) != DS_OK) goto done;
-  if ((st = ds_st_writer_write(w, st_path)) != DS_OK) goto done;
-  st = ds_write_file_atomic(cfg_path, text, strlen(text));
-done:
+  if (st == DS_OK) st = ds_st_writer_write_hf_dir(w, out_dir, text);
   ds_st_writer_free(w);
   free(text);
-  free(cfg_path);
-  free(st_path);
   return st;
 }
