@@ -24,6 +24,9 @@ ds_status ds_gguf_tokenizer_texts(const ds_gguf *g, const ds_gguf_special *sp, c
 typedef struct ds_gguf_model ds_gguf_model;
 
 ds_status ds_gguf_model_open(const char *path, ds_dtype dtype, ds_gguf_model **out);
+/* The same from a GGUF already open (ds_gguf_open_memory: the fuzzer), which m then owns: closed
+ * with it, or at once when this fails. */
+ds_status ds_gguf_model_from(ds_gguf *g, ds_dtype dtype, ds_gguf_model **out);
 void ds_gguf_model_close(ds_gguf_model *m);
 /* ds_gguf_release_header on the model's file: its metadata was read into the model source */
 void ds_gguf_model_release_header(const ds_gguf_model *m);

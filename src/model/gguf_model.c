@@ -9,6 +9,7 @@
 #include "dspark/dtype.h"
 #include "dspark/gguf.h"
 #include "dspark/gguf_model.h"
+#include "dspark/hfconfig.h"
 #include "dspark/safetensors.h"
 #include "model/gguf_internal.h"
 
@@ -31,15 +32,17 @@ typedef struct {
   int tied;
 } hparams;
 
+/* <arch>.<key> into *out (left as it is when absent and not required), within [min, max]: the
+ * ranges config.json's reader (src/io/hfconfig.c) allows the field it becomes. */
 static ds_status get_int_at(const ds_gguf *g, const char *arch, const char *key, int required, int64_t *out,
-                            int64_t min) {
+                            int64_t min, int64_t max) {
   char k[128];
   snprintf(k, sizeof k, "%s.%s", arch, key);
   int64_t v = *out;
   DS_TRY(ds_gguf_get_int(g, k, required, &v));
-  if (v < min)
-    return DS_FAIL(DS_ERR_FORMAT, "%s: '%s' is %lld (at least %lld)", ds_gguf_path(g), k, (long long)v,
-                   (long long)min);
+  if (v < min || v > max)
+    return DS_FAIL(DS_ERR_FORMAT, "%s: '%s' is %lld (must be in [%lld, %lld])", ds_gguf_path(g), k, (long long)v,
+                   (long long)min, (long long)max);
   *out = v;
   return DS_OK;
 }
@@ -64,21 +67,21 @@ static ds_status read_hparams(const ds_gguf *g, hparams *h) {
     return DS_FAIL(DS_ERR_UNSUPPORTED, "%s: general.architecture '%.*s' is not one of llama, qwen2, qwen3", path,
                    arch.len > 64 ? 64 : (int)arch.len, arch.p);
   const char *a = h->fam->arch;
-  DS_TRY(get_int_at(g, a, "block_count", 1, &h->layers, 1));
-  DS_TRY(get_int_at(g, a, "context_length", 1, &h->ctx, 1));
-  DS_TRY(get_int_at(g, a, "embedding_length", 1, &h->d, 1));
-  DS_TRY(get_int_at(g, a, "feed_forward_length", 1, &h->ff, 1));
-  DS_TRY(get_int_at(g, a, "attention.head_count", 1, &h->heads, 1));
+  DS_TRY(get_int_at(g, a, "block_count", 1, &h->layers, 1, 4096));
+  DS_TRY(get_int_at(g, a, "context_length", 1, &h->ctx, 1, INT64_C(1) << 40));
+  DS_TRY(get_int_at(g, a, "embedding_length", 1, &h->d, 1, 1 << 20));
+  DS_TRY(get_int_at(g, a, "feed_forward_length", 1, &h->ff, 1, 1 << 24));
+  DS_TRY(get_int_at(g, a, "attention.head_count", 1, &h->heads, 1, 4096));
   h->kv_heads = h->heads;
-  DS_TRY(get_int_at(g, a, "attention.head_count_kv", 0, &h->kv_heads, 1));
+  DS_TRY(get_int_at(g, a, "attention.head_count_kv", 0, &h->kv_heads, 1, 4096));
   if (h->heads % h->kv_heads)
     return DS_FAIL(DS_ERR_FORMAT, "%s: %s.attention.head_count %lld is not a multiple of head_count_kv %lld", path, a,
                    (long long)h->heads, (long long)h->kv_heads);
   h->head_dim = h->d / h->heads;
-  DS_TRY(get_int_at(g, a, "attention.key_length", 0, &h->head_dim, 2));
+  DS_TRY(get_int_at(g, a, "attention.key_length", 0, &h->head_dim, 2, 4096));
   int64_t vdim = h->head_dim, rot = h->head_dim;
-  DS_TRY(get_int_at(g, a, "attention.value_length", 0, &vdim, 1));
-  DS_TRY(get_int_at(g, a, "rope.dimension_count", 0, &rot, 1));
+  DS_TRY(get_int_at(g, a, "attention.value_length", 0, &vdim, 1, 4096));
+  DS_TRY(get_int_at(g, a, "rope.dimension_count", 0, &rot, 1, 4096));
   if (vdim != h->head_dim || rot != h->head_dim || h->head_dim % 2)
     return DS_FAIL(DS_ERR_UNSUPPORTED, "%s: key length %lld, value length %lld and rope dimensions %lld differ (or are "
                    "odd): only full rotary heads of one size are supported", path, (long long)h->head_dim,
@@ -367,16 +370,35 @@ void ds_gguf_model_close(ds_gguf_model *m) {
 ds_status ds_gguf_model_open(const char *path, ds_dtype dtype, ds_gguf_model **out) {
   *out = NULL;
   if (dtype != DS_F32 && dtype != DS_BF16) return DS_FAIL(DS_ERR_ARG, "%s: the weights' dtype must be f32 or bf16", path);
-  ds_gguf_model *m = calloc(1, sizeof *m);
-  if (!m) return DS_FAIL(DS_ERR_NOMEM, "%s", path);
+  ds_gguf *g = NULL;
+  DS_TRY(ds_gguf_open(path, &g));
+  return ds_gguf_model_from(g, dtype, out);
+}
+
+ds_status ds_gguf_model_from(ds_gguf *g, ds_dtype dtype, ds_gguf_model **out) {
+  *out = NULL;
+  ds_gguf_model *m = dtype == DS_F32 || dtype == DS_BF16 ? calloc(1, sizeof *m) : NULL;
+  if (!m) {
+    ds_status st = dtype == DS_F32 || dtype == DS_BF16
+                       ? DS_FAIL(DS_ERR_NOMEM, "%s", ds_gguf_path(g))
+                       : DS_FAIL(DS_ERR_ARG, "%s: the weights' dtype must be f32 or bf16", ds_gguf_path(g));
+    ds_gguf_close(g);
+    return st;
+  }
+  m->g = g;
   ds_gguf_special sp;
-  ds_status st = ds_gguf_open(path, &m->g);
-  if (st == DS_OK) st = read_hparams(m->g, &m->h);
+  ds_status st = read_hparams(m->g, &m->h);
   if (st == DS_OK) st = ds_gguf_special_tokens(m->g, m->h.vocab, &sp);
   if (st == DS_OK)
     st = ds_gguf_tokenizer_texts(m->g, &sp, &m->text[DS_MODEL_TOKENIZER], &m->text[DS_MODEL_TOKENIZER_CONFIG]);
   if (st == DS_OK)
     st = config_texts(m->g, &m->h, &sp, dtype, &m->text[DS_MODEL_CONFIG], &m->text[DS_MODEL_GENERATION_CONFIG]);
+  if (st == DS_OK) { /* what the metadata gives must be a model config.json's reader takes: refused here, not later */
+    const char *cfg = m->text[DS_MODEL_CONFIG], *gen = m->text[DS_MODEL_GENERATION_CONFIG];
+    ds_model_config c;
+    st = ds_config_parse_model(cfg, strlen(cfg), "config.json", gen, strlen(gen), "generation_config.json", &c);
+    if (st != DS_OK) st = ds_error_wrap(st, "%s: its metadata describes a model this engine refuses", ds_gguf_path(g));
+  }
   if (st != DS_OK) {
     ds_gguf_model_close(m);
     return st;

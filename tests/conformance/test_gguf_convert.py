@@ -225,14 +225,19 @@ def check_refusals(args, ck, tmp, tokens, merges):
         w.write_tensors_to_file()
         w.close()
 
-    S = gguf.GGUFValueType.STRING
+    S, U32 = gguf.GGUFValueType.STRING, gguf.GGUFValueType.UINT32
     cases = [("architecture gpt2", {"general.architecture": ("gpt2", S)}, (), None, ["general.architecture", "gpt2"]),
              ("tokenizer llama", {"tokenizer.ggml.model": ("llama", S)}, (), None, ["tokenizer.ggml.model", "llama"]),
              ("pre unknown", {"tokenizer.ggml.pre": ("mystery", S)}, (), None, ["tokenizer.ggml.pre", "mystery"]),
              ("yarn", {"llama.rope.scaling.type": ("yarn", S)}, (), None, ["llama.rope.scaling.type", "yarn"]),
              ("stray tensor", None, (), "blk.0.mystery.weight", ["blk.0.mystery.weight"]),
              ("missing tensor", None, ("blk.1.ffn_up.weight",), None, ["weight tensors"]),
-             ("rope_freqs", None, (), "rope_freqs.weight", ["rope_freqs.weight", "llama3"])]
+             ("rope_freqs", None, (), "rope_freqs.weight", ["rope_freqs.weight", "llama3"]),
+             ("heads out of range", {"llama.attention.head_count": (738197506, U32)}, (), None,
+              ["'llama.attention.head_count' is 738197506", "[1, 4096]"]),
+             # within every key's range, refused by config.json's reader (LlamaConfig's rule)
+             ("heads not dividing d", {"llama.attention.head_count": (3, U32), "llama.attention.head_count_kv": (1, U32)},
+              (), None, ["metadata describes a model this engine refuses", "not a multiple of num_attention_heads (3)"])]
     for label, kv, drop, extra, words in cases:
         path = os.path.join(tmp, "refused.gguf")
         rewrite(path, kv, drop, extra)
@@ -240,6 +245,8 @@ def check_refusals(args, ck, tmp, tokens, merges):
         shutil.rmtree(out, ignore_errors=True)
         r = run(args, ["convert", path, "--out", out], expect_rc=None)
         ck.check(r.returncode == 1 and all(w in r.stderr for w in words), f"{label}: rc {r.returncode}, {r.stderr!r}")
+        left = sorted(os.listdir(out)) if os.path.exists(out) else None
+        ck.check(left is None, f"{label}: a refused file left {out} behind, holding {left}")
     r = run(args, ["convert", base, "--out", os.path.join(tmp, "converted-llama")], expect_rc=None)
     ck.check(r.returncode == 2 and "not empty" in r.stderr, f"a non-empty --out: rc {r.returncode} {r.stderr!r}")
     before = open(base, "rb").read()
