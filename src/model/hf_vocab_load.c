@@ -125,6 +125,11 @@ static ds_status read_model_vocab(hfv_dir *h, vocab_index *ix) {
       return DS_FAIL(DS_ERR_FORMAT, "%s: model.vocab['%.40s'] is not an id in [0, 2^31)", h->tok_path, e->string);
     if ((int64_t)e->valuedouble > max) max = (int64_t)e->valuedouble;
   }
+  /* the table below is sized by the largest id: refuse one far beyond the tokens, as the tokenizer
+   * loader does (src/text/tok_load.c), rather than allocate gigabytes for a typo */
+  if (max >= 2 * n + 65536)
+    return DS_FAIL(DS_ERR_FORMAT, "%s: model.vocab has id %lld, far beyond its %lld tokens: ids must be dense",
+                   h->tok_path, (long long)max, (long long)n);
   h->model_ids = max + 1;
   h->model_count = n;
   h->model_token = calloc((size_t)(max + 1 > 0 ? max + 1 : 1), sizeof *h->model_token);
@@ -215,7 +220,9 @@ static ds_status add_declared(hfv_dir *h, const vocab_index *ix, const cJSON *li
   for (const cJSON *e = list->child; e && st == DS_OK; e = e->next) {
     char *end = NULL;
     double id = from_config ? strtod(e->string, &end) : cJSON_IsNumber(get(e, "id")) ? get(e, "id")->valuedouble : -1;
-    if (!cJSON_IsObject(e) || id < 0 || id != (double)(int64_t)id || (from_config && (end == e->string || *end)))
+    /* the range before the cast: a double beyond int64_t's (1e999 reads as inf) has no conversion */
+    if (!cJSON_IsObject(e) || !(id >= 0 && id <= 9007199254740992.0) || id != (double)(int64_t)id ||
+        (from_config && (end == e->string || *end)))
       st = DS_FAIL(DS_ERR_FORMAT, "%s: %s entry %zu is not an added token with an id", from_config ? h->tok_config_path
                    : h->tok_path, from_config ? "added_tokens_decoder" : "added_tokens", k);
     else

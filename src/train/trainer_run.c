@@ -136,7 +136,8 @@ static int parse_record(const char *line, size_t len, int64_t *step, int *is_eva
   cJSON *j = cJSON_ParseWithLength(line, len);
   if (!j) return 0;
   const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step"), *k = cJSON_GetObjectItemCaseSensitive(j, "kind");
-  int ok = cJSON_IsNumber(s) && cJSON_IsString(k);
+  /* a step the cast can hold (a hand-edited 1e999 would have no conversion) */
+  int ok = cJSON_IsNumber(s) && cJSON_IsString(k) && s->valuedouble >= 0 && s->valuedouble <= 9007199254740992.0;
   if (ok) {
     *step = (int64_t)s->valuedouble;
     *is_eval = !strcmp(k->valuestring, "eval");

@@ -276,10 +276,18 @@ def hf_target_checks(ck, tmp, dspark, lcpp, env, target, smol_dir):
     bert = hf_variant(tmp, target, "bert-class", tok_config=lambda t: t.update(tokenizer_class="BertTokenizer"))
     other = hf_variant(tmp, target, "other-vocab", config=lambda c: c.update(vocab_size=50000))
     mistral = hf_variant(tmp, target, "mistral", config=lambda c: c.update(architectures=["MistralForCausalLM"]))
+    # found by fuzz/fuzz_hf_vocab.c: an id no int64_t holds (UB to convert), an id that would size
+    # a table of gigabytes
+    huge_id = hf_variant(tmp, target, "huge-added-id", tok_config=lambda t: t.setdefault(
+        "added_tokens_decoder", {}).update({"1e999": dict(content="<huge>", special=True)}))
+    sparse = hf_variant(tmp, target, "sparse-vocab", tokenizer=lambda j: j["model"]["vocab"].update(
+        {"zzsparse": 2147483000}))
     for d, rc, words in ((wordpiece, 1, ["'WordPiece'", "not a BPE"]), (spm, 1, ["SentencePiece", "tokenizer.model"]),
                          (fallback, 1, ["byte_fallback"]), (bert, 1, ["'BertTokenizer'"]),
                          (other, 1, ["vocab_size 50000", "not the draft's target"]),
                          (mistral, 1, ["'MistralForCausalLM'"]),
+                         (huge_id, 1, ["added_tokens_decoder entry", "not an added token with an id"]),
+                         (sparse, 1, ["id 2147483000, far beyond", "ids must be dense"]),
                          (os.path.join(tmp, "text.txt"), 2, ["neither"])):
         out = os.path.join(tmp, "refused.gguf")
         _, err, _ = common.run([dspark, "export", run_dir, "--gguf", out, "--target", d], expect_rc=rc)
