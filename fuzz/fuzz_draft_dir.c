@@ -19,6 +19,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static char g_in[256], g_out[256];
 
+/* the two directories and their files, removed when the fuzzer exits */
+static void remove_dirs(void) {
+  static const char *const names[] = {"config.json", "model.safetensors"};
+  const char *dirs[2] = {g_in, g_out};
+  for (int i = 0; i < 2; i++) {
+    char path[512];
+    for (int k = 0; k < 2; k++) {
+      snprintf(path, sizeof path, "%s/%s", dirs[i], names[k]);
+      unlink(path);
+    }
+    rmdir(dirs[i]);
+  }
+}
+
 static void write_part(const char *dir, const char *name, const uint8_t *p, size_t n) {
   char path[512];
   snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -34,6 +48,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     snprintf(g_in, sizeof g_in, "%s/fuzz_draft_dir.%ld", tmp && tmp[0] ? tmp : "/tmp", (long)getpid());
     snprintf(g_out, sizeof g_out, "%s.export", g_in);
     DS_CHECK(ds_mkdir_p(g_in) == DS_OK && ds_mkdir_p(g_out) == DS_OK);
+    atexit(remove_dirs);
   }
   const uint8_t *sep = NULL;
   for (size_t i = 0; i + 3 <= size; i++)

@@ -24,6 +24,16 @@ enum { N_FILES = sizeof k_files / sizeof k_files[0] };
 
 static char g_dir[256];
 
+/* the directory and its files, removed when the fuzzer exits */
+static void remove_dir(void) {
+  for (int i = 0; i < N_FILES; i++) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", g_dir, k_files[i]);
+    unlink(path);
+  }
+  rmdir(g_dir);
+}
+
 static void write_part(const char *name, const uint8_t *p, size_t n) {
   char path[512];
   snprintf(path, sizeof path, "%s/%s", g_dir, name);
@@ -38,6 +48,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *tmp = getenv("TMPDIR");
     snprintf(g_dir, sizeof g_dir, "%s/fuzz_hf_vocab.%ld", tmp && tmp[0] ? tmp : "/tmp", (long)getpid());
     DS_CHECK(ds_mkdir_p(g_dir) == DS_OK);
+    atexit(remove_dir);
   }
   if (size < 1) return 0;
   static const int64_t k_vocab[] = {8, 64, 263, 300, 49152};
