@@ -17,7 +17,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static char g_in[256], g_out[256];
+static char g_in[256], g_out[256 + 8]; /* g_out: g_in ".export" */
 
 /* the two directories and their files, removed when the fuzzer exits */
 static void remove_dirs(void) {
