@@ -1,6 +1,6 @@
 /* fp32 GEMM candidates side by side on the shapes the models use, each loaded with dlopen so
  * that libraries exporting the same symbols (cblas_sgemm) do not collide:
- *   bench_gemm [--threads N] [--seconds S] [--shapes 100m|1.7b|train|all] NAME=PATH ...
+ *   bench_gemm [--threads N] [--seconds S] [--shapes 100m|1.7b|train|pretrain|all] NAME=PATH ...
  * NAME is one of: openblas (cblas_sgemm + openblas_get_corename), scipy-openblas (the PyPI
  * build, scipy_ prefixed symbols), blis (cblas_sgemm), onednn (dnnl_sgemm), ours (the engine's
  * own ds_cpu_sgemm path: whatever the build selected). Every product is
@@ -60,6 +60,29 @@ static const shape k_train[] = {
     {"draft dh    128x512x32000 (dlogits@lm_head)", 128, 512, 32000, 0, 0},
     {"draft dX    448x512x3072 (dy@W_down)", 448, 512, 3072, 0, 0},
     {"draft dW    512x512x448 (dy^T@x)", 512, 512, 448, 0, 1},
+};
+
+/* The 29.1M Qwen3 of bench/bench_pretrain_step.py (d 384, q 384, k / v 128, MLP 1536, vocabulary
+ * 8192), one sequence of 512 rows a micro-batch, the LM head in chunks of 128 rows. */
+static const shape k_pretrain[] = {
+    {"pt q        512x384x384", 512, 384, 384, 1, 0},
+    {"pt k|v      512x128x384", 512, 128, 384, 1, 0},
+    {"pt qkv      512x640x384", 512, 640, 384, 1, 0},
+    {"pt gateup   512x3072x384", 512, 3072, 384, 1, 0},
+    {"pt down     512x384x1536", 512, 384, 1536, 1, 0},
+    {"pt head     128x8192x384", 128, 8192, 384, 1, 0},
+    {"pt dX q     512x384x384 (dy@W)", 512, 384, 384, 0, 0},
+    {"pt dX k|v   512x384x128 (dy@W)", 512, 384, 128, 0, 0},
+    {"pt dX qkv   512x384x640 (dy@W)", 512, 384, 640, 0, 0},
+    {"pt dX gu    512x384x3072 (dy@W)", 512, 384, 3072, 0, 0},
+    {"pt dX down  512x1536x384 (dy@W)", 512, 1536, 384, 0, 0},
+    {"pt dh       128x384x8192 (dy@W)", 128, 384, 8192, 0, 0},
+    {"pt dW q     384x384x512 (dy^T@x)", 384, 384, 512, 0, 1},
+    {"pt dW k|v   128x384x512 (dy^T@x)", 128, 384, 512, 0, 1},
+    {"pt dW qkv   640x384x512 (dy^T@x)", 640, 384, 512, 0, 1},
+    {"pt dW gu    3072x384x512 (dy^T@x)", 3072, 384, 512, 0, 1},
+    {"pt dW down  384x1536x512 (dy^T@x)", 384, 1536, 512, 0, 1},
+    {"pt dW head  8192x384x128 (dy^T@x)", 8192, 384, 128, 0, 1},
 };
 
 static double now(void) {
@@ -134,7 +157,7 @@ int main(int argc, char **argv) {
     }
   }
   ds_set_num_threads(threads);
-  shape shapes[16];
+  shape shapes[48];
   int ns = 0;
   if (!strcmp(which, "100m") || !strcmp(which, "all"))
     for (size_t i = 0; i < sizeof k_100m / sizeof *k_100m; i++) shapes[ns++] = k_100m[i];
@@ -142,6 +165,8 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof k_17b / sizeof *k_17b; i++) shapes[ns++] = k_17b[i];
   if (!strcmp(which, "train") || !strcmp(which, "all"))
     for (size_t i = 0; i < sizeof k_train / sizeof *k_train; i++) shapes[ns++] = k_train[i];
+  if (!strcmp(which, "pretrain") || !strcmp(which, "all"))
+    for (size_t i = 0; i < sizeof k_pretrain / sizeof *k_pretrain; i++) shapes[ns++] = k_pretrain[i];
   for (int c = 0; c < nc; c++) printf("library %s: %s\n", cands[c].name, cands[c].kernel);
   for (int si = 0; si < ns; si++) {
     const shape *s = &shapes[si];
