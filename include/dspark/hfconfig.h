@@ -21,6 +21,13 @@ typedef enum { DS_ARCH_LLAMA = 0, DS_ARCH_QWEN2, DS_ARCH_QWEN3 } ds_arch;
 typedef enum { DS_ROPE_DEFAULT = 0, DS_ROPE_LINEAR, DS_ROPE_LLAMA3 } ds_rope_type;
 
 enum { DS_MAX_EOS = 16 };
+/* The largest values config.json's reader accepts; a GGUF's metadata is held to the same, so that
+ * a refusal names the GGUF key. */
+#define DS_CONFIG_MAX_VOCAB (INT64_C(1) << 31)
+#define DS_CONFIG_MAX_HIDDEN (INT64_C(1) << 20)
+#define DS_CONFIG_MAX_INTERMEDIATE (INT64_C(1) << 24)
+#define DS_CONFIG_MAX_POSITIONS (INT64_C(1) << 40)
+enum { DS_CONFIG_MAX_LAYERS = 4096, DS_CONFIG_MAX_HEADS = 4096, DS_CONFIG_MAX_HEAD_DIM = 4096 };
 
 typedef struct {
   ds_arch arch;

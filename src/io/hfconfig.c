@@ -120,7 +120,7 @@ static ds_status parse_rope(const cJSON *root, const char *label, ds_model_confi
     DS_TRY(ds_json_positive(params, "low_freq_factor", 1, 1.0, sub, &c->rope_low_freq_factor));
     DS_TRY(ds_json_positive(params, "high_freq_factor", 1, 4.0, sub, &c->rope_high_freq_factor));
     DS_TRY(ds_json_int(params, "original_max_position_embeddings", 0, c->max_position_embeddings, 1,
-                       INT64_C(1) << 40, sub, &c->rope_original_max_position_embeddings));
+                       DS_CONFIG_MAX_POSITIONS, sub, &c->rope_original_max_position_embeddings));
     if (!(c->rope_high_freq_factor > c->rope_low_freq_factor))
       return DS_FAIL(DS_ERR_FORMAT, "%s: high_freq_factor (%g) must exceed low_freq_factor (%g)", sub,
                      c->rope_high_freq_factor, c->rope_low_freq_factor);
@@ -189,12 +189,12 @@ static ds_status parse_special_ids(const cJSON *root, const char *label, ds_mode
  * hidden_size that num_attention_heads does not divide. */
 static ds_status parse_heads(const cJSON *root, const char *label, ds_model_config *c) {
   const family_defaults *f = &k_defaults[c->arch];
-  DS_TRY(int_field(root, "num_attention_heads", f->num_attention_heads, 1, 4096, label, c, &c->num_attention_heads));
+  DS_TRY(int_field(root, "num_attention_heads", f->num_attention_heads, 1, DS_CONFIG_MAX_HEADS, label, c, &c->num_attention_heads));
   const cJSON *kv = cJSON_GetObjectItemCaseSensitive(root, "num_key_value_heads");
   if (kv && cJSON_IsNull(kv)) c->num_key_value_heads = c->num_attention_heads;
   else
     DS_TRY(int_field(root, "num_key_value_heads", f->num_key_value_heads < 0 ? c->num_attention_heads : f->num_key_value_heads,
-                     1, 4096, label, c, &c->num_key_value_heads));
+                     1, DS_CONFIG_MAX_HEADS, label, c, &c->num_key_value_heads));
   if (c->num_attention_heads % c->num_key_value_heads != 0)
     return DS_FAIL(DS_ERR_FORMAT, "%s: num_attention_heads (%lld) is not a multiple of num_key_value_heads (%lld)%s",
                    label, (long long)c->num_attention_heads, (long long)c->num_key_value_heads,
@@ -211,7 +211,7 @@ static ds_status parse_heads(const cJSON *root, const char *label, ds_model_conf
     snprintf(v, sizeof v, "%lld", (long long)c->head_dim);
     note_default(c, "head_dim", v);
   } else {
-    DS_TRY(ds_json_int(root, "head_dim", 1, 0, 1, 4096, label, &c->head_dim));
+    DS_TRY(ds_json_int(root, "head_dim", 1, 0, 1, DS_CONFIG_MAX_HEAD_DIM, label, &c->head_dim));
   }
   if (c->head_dim < 2 || c->head_dim % 2)
     return DS_FAIL(DS_ERR_FORMAT, "%s: head_dim %lld%s must be even and at least 2 for RoPE", label,
@@ -252,13 +252,12 @@ static ds_status parse_root(const cJSON *root, const char *label, ds_model_confi
   }
 
   const family_defaults *f = &k_defaults[c->arch];
-  const int64_t big = INT64_C(1) << 31;
-  DS_TRY(int_field(root, "vocab_size", f->vocab_size, 1, big, label, c, &c->vocab_size));
-  DS_TRY(int_field(root, "hidden_size", f->hidden_size, 1, 1 << 20, label, c, &c->hidden_size));
-  DS_TRY(int_field(root, "intermediate_size", f->intermediate_size, 1, 1 << 24, label, c, &c->intermediate_size));
-  DS_TRY(int_field(root, "num_hidden_layers", f->num_hidden_layers, 1, 4096, label, c, &c->num_hidden_layers));
+  DS_TRY(int_field(root, "vocab_size", f->vocab_size, 1, DS_CONFIG_MAX_VOCAB, label, c, &c->vocab_size));
+  DS_TRY(int_field(root, "hidden_size", f->hidden_size, 1, DS_CONFIG_MAX_HIDDEN, label, c, &c->hidden_size));
+  DS_TRY(int_field(root, "intermediate_size", f->intermediate_size, 1, DS_CONFIG_MAX_INTERMEDIATE, label, c, &c->intermediate_size));
+  DS_TRY(int_field(root, "num_hidden_layers", f->num_hidden_layers, 1, DS_CONFIG_MAX_LAYERS, label, c, &c->num_hidden_layers));
   DS_TRY(parse_heads(root, label, c));
-  DS_TRY(int_field(root, "max_position_embeddings", f->max_position_embeddings, 1, INT64_C(1) << 40, label, c,
+  DS_TRY(int_field(root, "max_position_embeddings", f->max_position_embeddings, 1, DS_CONFIG_MAX_POSITIONS, label, c,
                    &c->max_position_embeddings));
   DS_TRY(refuse_null(root, "rms_norm_eps", label, c));
   DS_TRY(ds_json_positive(root, "rms_norm_eps", 0, 1e-6, label, &c->rms_norm_eps));

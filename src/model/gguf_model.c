@@ -67,21 +67,21 @@ static ds_status read_hparams(const ds_gguf *g, hparams *h) {
     return DS_FAIL(DS_ERR_UNSUPPORTED, "%s: general.architecture '%.*s' is not one of llama, qwen2, qwen3", path,
                    arch.len > 64 ? 64 : (int)arch.len, arch.p);
   const char *a = h->fam->arch;
-  DS_TRY(get_int_at(g, a, "block_count", 1, &h->layers, 1, 4096));
-  DS_TRY(get_int_at(g, a, "context_length", 1, &h->ctx, 1, INT64_C(1) << 40));
-  DS_TRY(get_int_at(g, a, "embedding_length", 1, &h->d, 1, 1 << 20));
-  DS_TRY(get_int_at(g, a, "feed_forward_length", 1, &h->ff, 1, 1 << 24));
-  DS_TRY(get_int_at(g, a, "attention.head_count", 1, &h->heads, 1, 4096));
+  DS_TRY(get_int_at(g, a, "block_count", 1, &h->layers, 1, DS_CONFIG_MAX_LAYERS));
+  DS_TRY(get_int_at(g, a, "context_length", 1, &h->ctx, 1, DS_CONFIG_MAX_POSITIONS));
+  DS_TRY(get_int_at(g, a, "embedding_length", 1, &h->d, 1, DS_CONFIG_MAX_HIDDEN));
+  DS_TRY(get_int_at(g, a, "feed_forward_length", 1, &h->ff, 1, DS_CONFIG_MAX_INTERMEDIATE));
+  DS_TRY(get_int_at(g, a, "attention.head_count", 1, &h->heads, 1, DS_CONFIG_MAX_HEADS));
   h->kv_heads = h->heads;
-  DS_TRY(get_int_at(g, a, "attention.head_count_kv", 0, &h->kv_heads, 1, 4096));
+  DS_TRY(get_int_at(g, a, "attention.head_count_kv", 0, &h->kv_heads, 1, DS_CONFIG_MAX_HEADS));
   if (h->heads % h->kv_heads)
     return DS_FAIL(DS_ERR_FORMAT, "%s: %s.attention.head_count %lld is not a multiple of head_count_kv %lld", path, a,
                    (long long)h->heads, (long long)h->kv_heads);
   h->head_dim = h->d / h->heads;
-  DS_TRY(get_int_at(g, a, "attention.key_length", 0, &h->head_dim, 2, 4096));
+  DS_TRY(get_int_at(g, a, "attention.key_length", 0, &h->head_dim, 2, DS_CONFIG_MAX_HEAD_DIM));
   int64_t vdim = h->head_dim, rot = h->head_dim;
-  DS_TRY(get_int_at(g, a, "attention.value_length", 0, &vdim, 1, 4096));
-  DS_TRY(get_int_at(g, a, "rope.dimension_count", 0, &rot, 1, 4096));
+  DS_TRY(get_int_at(g, a, "attention.value_length", 0, &vdim, 1, DS_CONFIG_MAX_HEAD_DIM));
+  DS_TRY(get_int_at(g, a, "rope.dimension_count", 0, &rot, 1, DS_CONFIG_MAX_HEAD_DIM));
   if (vdim != h->head_dim || rot != h->head_dim || h->head_dim % 2)
     return DS_FAIL(DS_ERR_UNSUPPORTED, "%s: key length %lld, value length %lld and rope dimensions %lld differ (or are "
                    "odd): only full rotary heads of one size are supported", path, (long long)h->head_dim,
