@@ -109,7 +109,10 @@ static int export_gguf(const char *run, const char *ckpt, const char *out, const
 }
 
 /* A pretrain / distill run: the student in the HF layout of its family, with the run's
- * tokenizer.json, into a directory that does not exist or is empty (or with --overwrite). */
+ * tokenizer.json, into a directory that does not exist or is empty (or with --overwrite). Unlike
+ * a draft's export (config.json names Qwen3DSparkModel), a student's previous export cannot be
+ * told from a target model's directory (the same three files and architectures), so none is
+ * replaced without --overwrite. */
 static int export_student(const char *run, const char *ckpt, const char *out, int overwrite) {
   ds_student *s = NULL;
   ds_checkpoint_info info = {0};
