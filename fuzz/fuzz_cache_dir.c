@@ -80,7 +80,8 @@ static void write_manifest(const uint8_t *text, size_t n, const uint8_t *const *
   cJSON *shards = cJSON_GetObjectItemCaseSensitive(j, "shards");
   for (int s = 0; s < 2; s++) {
     cJSON *sh = cJSON_GetArrayItem(shards, s);
-    if (present[P_SHARD0 + s] && cJSON_IsObject(sh)) set_hex(sh, "xxh64", XXH64(part[P_SHARD0 + s], len[P_SHARD0 + s], 0));
+    int k = P_SHARD0 + s;
+    if (present[k] && cJSON_IsObject(sh)) set_hex(sh, "xxh64", XXH64(part[k], len[k], 0));
   }
   char *out = cJSON_PrintUnformatted(j);
   cJSON_Delete(j);

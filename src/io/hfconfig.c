@@ -189,7 +189,8 @@ static ds_status parse_special_ids(const cJSON *root, const char *label, ds_mode
  * hidden_size that num_attention_heads does not divide. */
 static ds_status parse_heads(const cJSON *root, const char *label, ds_model_config *c) {
   const family_defaults *f = &k_defaults[c->arch];
-  DS_TRY(int_field(root, "num_attention_heads", f->num_attention_heads, 1, DS_CONFIG_MAX_HEADS, label, c, &c->num_attention_heads));
+  DS_TRY(int_field(root, "num_attention_heads", f->num_attention_heads, 1, DS_CONFIG_MAX_HEADS, label, c,
+                   &c->num_attention_heads));
   const cJSON *kv = cJSON_GetObjectItemCaseSensitive(root, "num_key_value_heads");
   if (kv && cJSON_IsNull(kv)) c->num_key_value_heads = c->num_attention_heads;
   else
@@ -254,8 +255,10 @@ static ds_status parse_root(const cJSON *root, const char *label, ds_model_confi
   const family_defaults *f = &k_defaults[c->arch];
   DS_TRY(int_field(root, "vocab_size", f->vocab_size, 1, DS_CONFIG_MAX_VOCAB, label, c, &c->vocab_size));
   DS_TRY(int_field(root, "hidden_size", f->hidden_size, 1, DS_CONFIG_MAX_HIDDEN, label, c, &c->hidden_size));
-  DS_TRY(int_field(root, "intermediate_size", f->intermediate_size, 1, DS_CONFIG_MAX_INTERMEDIATE, label, c, &c->intermediate_size));
-  DS_TRY(int_field(root, "num_hidden_layers", f->num_hidden_layers, 1, DS_CONFIG_MAX_LAYERS, label, c, &c->num_hidden_layers));
+  DS_TRY(int_field(root, "intermediate_size", f->intermediate_size, 1, DS_CONFIG_MAX_INTERMEDIATE, label, c,
+                   &c->intermediate_size));
+  DS_TRY(int_field(root, "num_hidden_layers", f->num_hidden_layers, 1, DS_CONFIG_MAX_LAYERS, label, c,
+                   &c->num_hidden_layers));
   DS_TRY(parse_heads(root, label, c));
   DS_TRY(int_field(root, "max_position_embeddings", f->max_position_embeddings, 1, DS_CONFIG_MAX_POSITIONS, label, c,
                    &c->max_position_embeddings));
