@@ -12,7 +12,14 @@ The set (each script against its peer in the same run, same threads; docs/benchm
                                           transformers + torch AdamW
   bench/bench_kd_loss.py                  the KD loss (K 64, V 151936, 4096 tokens) against
                                           PyTorch eager in 128-row chunks
-Speculative decoding is not in the set: its figure needs the demo (README, scripts/demo.sh).
+With --llama-cpp DEMO_DIR (the main job's folder, after scripts/demo.sh: its DSpark draft and
+held-out chat prompts), also
+  bench/llama_cpp_peer.py                 SmolLM2-135M-Instruct Q4_1 and Q8_0 as stored against
+                                          llama.cpp built from its vendored source: prefill,
+                                          decode (and after 1024 tokens of context), speculative
+                                          decoding with that draft (scheduler) against llama.cpp's
+                                          plain decoding and its draft-dspark decoding, 1 and 2
+                                          threads (needs scripts/setup_llama_cpp.sh --build)
 
 The CPU comes from lscpu (model name, family, model; flags avx2, avx512f, avx512_bf16 and
 amx_tile), the kernels from `dspark --help` ("matmuls:" and "bf16 matmuls" lines), the peer's
@@ -27,6 +34,8 @@ A script that fails leaves its rows marked failed and the others run. A full run
     ... --quick         smaller sizes and one repetition (a few minutes): checks the set runs,
                         its figures are not the page's
     ... --results DIR   the table from a finished run's folder
+    ... --llama-cpp DIR the llama.cpp rows too, with the main job's draft from DIR
+                        (~/.cache/dspark/demo-smollm2)
 """
 import argparse
 import json
@@ -53,8 +62,16 @@ def steps(args):
         draft = ["--steps", "1", "--rounds", "1"]
         pretrain, pre_json = ["--tiny", "--steps", "2"], "pretrain_step_tiny.json"
         kd = ["--tokens", "256", "--reps", "1"]
+        peer = ["--types", "Q4_1", "--threads", str(args.threads), "--reps", "1", "--prompts", "1",
+                "--spec-tokens", "16", "--decode", "16"]
     else:
         target, draft, pretrain, pre_json, kd = [], ["--rounds", "3"], [], "pretrain_step.json", ["--tokens", "4096"]
+        peer = ["--types", "Q4_1,Q8_0", "--threads", ",".join(sorted({"1", str(args.threads)}, key=int)),
+                "--depth", "1024"]
+    demo = getattr(args, "llama_cpp", None)
+    lcpp = [("llama_cpp", ["bench/llama_cpp_peer.py", "--dspark", d, "--draft", os.path.join(demo, "dspark"),
+                           "--prompt-file", os.path.join(demo, "prompts", "eval-chat.jsonl")] + peer,
+             "llama_cpp_peer.json")] if demo else []
     return [
         ("target_fp32", ["bench/bench_target.py", "--dspark", d] + t + target, "target.json"),
         ("target_bf16", ["bench/bench_target.py", "--dspark", d] + t + ["--compute", "bf16"] + target,
@@ -63,7 +80,7 @@ def steps(args):
                         "--no-native-blas", "--no-malloc-probe"] + draft, "draft_step.json"),
         ("pretrain_step", ["bench/bench_pretrain_step.py", "--dspark", d] + t + pretrain, pre_json),
         ("kd_loss", ["bench/bench_kd_loss.py", "--dspark", d] + t + kd, "kd_loss.json"),
-    ]
+    ] + lcpp
 
 
 # ---------------------------------------------------------------- the machine
@@ -129,7 +146,7 @@ def fmt_rss(ours, peer):
     return f"{ours:.0f} / {peer:.0f}"
 
 
-def rows_from(key, j, date, command):
+def rows_from(key, j, date, command, threads=2):
     """The table rows of one benchmark's JSON: [benchmark, ours, peer, ratio, rss, date, command]."""
     cmd = f"`{command}`"
     out = []
@@ -167,6 +184,41 @@ def rows_from(key, j, date, command):
                             f"{o['time_s']:.3f}", f"{p['time_s']:.3f} (PyTorch eager, 128-row chunks)",
                             fmt_ratio(p["time_s"] / o["time_s"]), fmt_rss(o["peak_rss_mib"], p["peak_rss_mib"]),
                             date, cmd])
+    elif key == "llama_cpp":
+        out = llama_cpp_rows(j, threads, date, cmd)
+    return out
+
+
+def llama_cpp_rows(j, threads, date, cmd):
+    """Rows of llama_cpp_peer.json: per GGUF type, prefill, decode, decode after the context and
+    speculative decoding (against llama.cpp's plain and draft-dspark decoding) at `threads`, the
+    1-thread figures in brackets where the run has them."""
+    out = []
+    by = {(r["type"], r["threads"]): r for r in j["rows"]}
+    lines = (("prefill", f"prefill, {j['prefill_tokens']} tokens", "dspark_prefill", "llama_prefill", "plain"),
+             ("decode", f"decode, {j['decode_tokens']} tokens", "dspark_decode", "llama_decode", "plain"),
+             ("depth", f"decode after {j['depth']} tokens of context, {j['decode_tokens']} tokens",
+              "dspark_decode_depth", "llama_decode_depth", None),
+             ("spec", "speculative decoding with the main job's DSpark draft (the scheduler), against llama.cpp's "
+                      "plain decoding", "dspark_sched", "llama_decode", "spec"),
+             ("spec_draft", "speculative decoding with the same draft, the scheduler against llama.cpp's "
+                            "draft-dspark", "dspark_sched", "llama_spec", "spec"))
+    for t in dict.fromkeys(r["type"] for r in j["rows"]):
+        main, one = by.get((t, threads)), by.get((t, 1)) if threads != 1 else None
+        if not main:
+            continue
+        for _, label, ours, peer, rss in lines:
+            if ours not in main or peer not in main:
+                continue
+            both = one is not None and ours in one and peer in one
+            bracket = (lambda f: f" (1 thread: {f(one)})") if both else (lambda f: "")
+            num = "{:.0f}" if "prefill" in ours else "{:.1f}"
+            mem = fmt_rss(main[f"dspark_{rss}_rss"], main[f"llama_{rss}_rss"]) if rss else "-"
+            out.append([f"SmolLM2-135M {t} GGUF {label}, as stored, tokens/s",
+                        num.format(main[ours]) + bracket(lambda r: num.format(r[ours])),
+                        num.format(main[peer]) + bracket(lambda r: num.format(r[peer])) + " (llama.cpp)",
+                        f"{main[ours] / main[peer]:.2f}x" + bracket(lambda r: f"{r[ours] / r[peer]:.2f}x"),
+                        mem, date, cmd])
     return out
 
 
@@ -185,7 +237,7 @@ def table(meta, results_dir):
         rows = []
         if rc == 0 and os.path.exists(path):
             with open(path) as f:
-                rows = rows_from(key, json.load(f), meta["date"], command)
+                rows = rows_from(key, json.load(f), meta["date"], command, meta["threads"])
         if not rows:
             rows = [[key.replace("_", " "), "failed" if rc else "no result", "", "", "", meta["date"], f"`{command}`"]]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -203,6 +255,9 @@ def main():
     ap.add_argument("--list", action="store_true", help="print what would run and the CPU; run nothing")
     ap.add_argument("--results", metavar="DIR", help="print the table from a finished run's folder; run nothing")
     ap.add_argument("--out", help="where the scripts' JSON goes (default bench/out/headline[-quick])")
+    ap.add_argument("--llama-cpp", metavar="DEMO_DIR",
+                    help="also llama.cpp on SmolLM2 (bench/llama_cpp_peer.py) with the main job's draft from "
+                         "DEMO_DIR (scripts/demo.sh's folder, ~/.cache/dspark/demo-smollm2)")
     args = ap.parse_args()
 
     if args.results:
@@ -214,7 +269,8 @@ def main():
     plan = steps(args)
     cpu = lscpu()
     command = "bench/perf_headline.py --dspark " + args.dspark + \
-        (f" --threads {args.threads}" if args.threads != 2 else "") + (" --quick" if args.quick else "")
+        (f" --threads {args.threads}" if args.threads != 2 else "") + (" --quick" if args.quick else "") + \
+        (f" --llama-cpp {args.llama_cpp}" if args.llama_cpp else "")
     if args.list:
         print(cpu_heading(cpu))
         print(f"would run, {args.threads} threads, each writing its JSON under {out}:")

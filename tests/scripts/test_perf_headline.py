@@ -59,11 +59,12 @@ EXPECTED = """### Intel(R) Xeon(R) Processor (family 6 model 167): AVX2, AVX-512
 
 class PerfHeadline(unittest.TestCase):
     def test_list_names_existing_scripts_and_their_options(self):
-        for extra in ([], ["--quick"], ["--threads", "4"]):
+        for extra in ([], ["--quick"], ["--threads", "4"], ["--llama-cpp", "/demo"],
+                      ["--quick", "--llama-cpp", "/demo"]):
             out = subprocess.run([sys.executable, SCRIPT, "--list", "--dspark", "/nonexistent/dspark"] + extra,
                                  capture_output=True, text=True, check=True).stdout
             cmds = [l.split("    -> ")[0].split() for l in out.splitlines() if l.startswith("  bench/")]
-            self.assertEqual(len(cmds), 5, out)
+            self.assertEqual(len(cmds), 6 if "--llama-cpp" in extra else 5, out)
             for argv in cmds:
                 src = os.path.join(ROOT, argv[0])
                 self.assertTrue(os.path.exists(src), argv[0])
@@ -71,7 +72,8 @@ class PerfHeadline(unittest.TestCase):
                     accepted = set(re.findall(r'add_argument\("(--[a-z0-9-]+)"', f.read()))
                 for opt in (a for a in argv[1:] if a.startswith("--")):
                     self.assertIn(opt, accepted, f"{argv[0]} has no option {opt}")
-            self.assertEqual("--threads" in out, extra == ["--threads", "4"], out)
+            ours = "\n".join(l for l in out.splitlines() if "llama_cpp_peer" not in l)  # its --threads is a list
+            self.assertEqual("--threads" in ours, extra == ["--threads", "4"], out)
 
     def test_table_from_canned_results(self):
         with tempfile.TemporaryDirectory() as d:
@@ -95,6 +97,39 @@ class PerfHeadline(unittest.TestCase):
                                  check=True).stdout
         self.maxDiff = None
         self.assertEqual(out.rstrip("\n"), EXPECTED)
+
+    def test_llama_cpp_rows(self):
+        """--llama-cpp DIR adds llama_cpp_peer.py with the demo's draft and prompts; its rows: per
+        type prefill, decode, decode after the context and speculation against both peers, at the
+        run's threads with the 1-thread figures in brackets."""
+        out = subprocess.run([sys.executable, SCRIPT, "--list", "--dspark", "build/release/dspark", "--llama-cpp",
+                              "/demo"], capture_output=True, text=True, check=True).stdout
+        self.assertIn("  bench/llama_cpp_peer.py --dspark build/release/dspark --draft /demo/dspark --prompt-file "
+                      "/demo/prompts/eval-chat.jsonl --types Q4_1,Q8_0 --threads 1,2 --depth 1024    -> "
+                      "llama_cpp_peer.json", out)
+        row = {"type": "Q4_1", "llama_prefill": 300.0, "dspark_prefill": 1200.4, "llama_decode": 110.0,
+               "dspark_decode": 286.0, "llama_spec": 23.7, "dspark_spec": 97.5, "dspark_sched": 330.0,
+               "llama_plain_rss": 145.2, "dspark_plain_rss": 130.4, "llama_spec_rss": 339.0,
+               "dspark_spec_rss": 328.0, "llama_decode_depth": 80.0, "dspark_decode_depth": 240.0}
+        j = {"prefill_tokens": 512, "decode_tokens": 128, "depth": 1024,
+             "rows": [dict(row, threads=2), dict(row, threads=1, dspark_prefill=700.0, llama_prefill=175.0)]}
+        rows = ph.rows_from("llama_cpp", j, "2026-12-07", "CMD", 2)
+        self.assertEqual([r[0] for r in rows], [
+            "SmolLM2-135M Q4_1 GGUF prefill, 512 tokens, as stored, tokens/s",
+            "SmolLM2-135M Q4_1 GGUF decode, 128 tokens, as stored, tokens/s",
+            "SmolLM2-135M Q4_1 GGUF decode after 1024 tokens of context, 128 tokens, as stored, tokens/s",
+            "SmolLM2-135M Q4_1 GGUF speculative decoding with the main job's DSpark draft (the scheduler), against "
+            "llama.cpp's plain decoding, as stored, tokens/s",
+            "SmolLM2-135M Q4_1 GGUF speculative decoding with the same draft, the scheduler against llama.cpp's "
+            "draft-dspark, as stored, tokens/s"])
+        self.assertEqual(rows[0][1:5], ["1200 (1 thread: 700)", "300 (1 thread: 175) (llama.cpp)",
+                                        "4.00x (1 thread: 4.00x)", "130 / 145"])
+        self.assertEqual(rows[2][3:5], ["3.00x (1 thread: 3.00x)", "-"])
+        self.assertEqual(rows[3][1:5], ["330.0 (1 thread: 330.0)", "110.0 (1 thread: 110.0) (llama.cpp)",
+                                        "3.00x (1 thread: 3.00x)", "328 / 339"])
+        self.assertEqual(rows[4][3], "13.92x (1 thread: 13.92x)")
+        one = ph.rows_from("llama_cpp", dict(j, rows=[dict(row, threads=2)]), "2026-12-07", "CMD", 2)
+        self.assertEqual(one[1][1:4], ["286.0", "110.0 (llama.cpp)", "2.60x"])
 
     def test_page_uses_the_header(self):
         with open(os.path.join(ROOT, "docs", "performance.md"), encoding="utf-8") as f:
