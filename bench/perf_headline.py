@@ -195,19 +195,20 @@ def llama_cpp_rows(j, threads, date, cmd):
     1-thread figures in brackets where the run has them."""
     out = []
     by = {(r["type"], r["threads"]): r for r in j["rows"]}
-    lines = (("prefill", f"prefill, {j['prefill_tokens']} tokens", "dspark_prefill", "llama_prefill", "plain"),
-             ("decode", f"decode, {j['decode_tokens']} tokens", "dspark_decode", "llama_decode", "plain"),
-             ("depth", f"decode after {j['depth']} tokens of context, {j['decode_tokens']} tokens",
+    # (what, our key, llama.cpp's key, which peak RSS pair: plain, spec or none)
+    lines = ((f"prefill, {j['prefill_tokens']} tokens", "dspark_prefill", "llama_prefill", "plain"),
+             (f"decode, {j['decode_tokens']} tokens", "dspark_decode", "llama_decode", "plain"),
+             (f"decode after {j['depth']} tokens of context, {j['decode_tokens']} tokens",
               "dspark_decode_depth", "llama_decode_depth", None),
-             ("spec", "speculative decoding with the main job's DSpark draft (the scheduler), against llama.cpp's "
-                      "plain decoding", "dspark_sched", "llama_decode", "spec"),
-             ("spec_draft", "speculative decoding with the same draft, the scheduler against llama.cpp's "
-                            "draft-dspark", "dspark_sched", "llama_spec", "spec"))
+             ("speculative decoding with the main job's DSpark draft (the scheduler), against llama.cpp's "
+              "plain decoding", "dspark_sched", "llama_decode", "spec"),
+             ("speculative decoding with the same draft, the scheduler against llama.cpp's draft-dspark",
+              "dspark_sched", "llama_spec", "spec"))
     for t in dict.fromkeys(r["type"] for r in j["rows"]):
         main, one = by.get((t, threads)), by.get((t, 1)) if threads != 1 else None
         if not main:
             continue
-        for _, label, ours, peer, rss in lines:
+        for label, ours, peer, rss in lines:
             if ours not in main or peer not in main:
                 continue
             both = one is not None and ours in one and peer in one
