@@ -6,15 +6,8 @@
 # separated by "\n\x01\n".
 #     fuzz/make_cache_dir_seeds.sh build/release/dspark fuzz/corpus/cache_dir
 set -euo pipefail
-dspark="$(realpath "${1:-build/release/dspark}")"
-out="$(realpath -m "${2:-fuzz/corpus/cache_dir}")"
-models="$(cd "$(dirname "$0")" && pwd)/corpus/gguf_model"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$out"
-for i in 1 2 3; do
-  echo "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi the $i\"},{\"role\":\"assistant\",\"content\":\"the the in he $i the in\"}]}"
-done > "$tmp/data.jsonl"
+. "$(dirname "$0")/seed_setup.sh"
+seed_setup "${1:-}" "${2:-}" fuzz/corpus/cache_dir 3
 seed() { # NAME MODEL CAPTURE-OPTIONS...
   local name="$1" model="$2" c="$tmp/$1"
   shift 2

@@ -6,15 +6,8 @@
 # written (format 2, checksummed).
 #     fuzz/make_checkpoint_seeds.sh build/release/dspark fuzz/corpus/checkpoint
 set -euo pipefail
-dspark="$(realpath "${1:-build/release/dspark}")"
-out="$(realpath -m "${2:-fuzz/corpus/checkpoint}")"
-models="$(cd "$(dirname "$0")" && pwd)/corpus/gguf_model"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$out"
-for i in $(seq 12); do
-  echo "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi the $i\"},{\"role\":\"assistant\",\"content\":\"the the in he $i the in\"}]}"
-done > "$tmp/data.jsonl"
+. "$(dirname "$0")/seed_setup.sh"
+seed_setup "${1:-}" "${2:-}" fuzz/corpus/checkpoint 12
 "$dspark" train --target "$models/llama.gguf" --data "$tmp/data.jsonl" --out "$tmp/draft" --steps 1 --seq-len 32 \
   --num-anchors 2 --block-size 3 --markov-rank 4 --batch-seqs 2 --eval-seqs 2 --target-layers 1 --eval-every 0 \
   --draft-vocab 32 --quiet

@@ -5,15 +5,8 @@
 # (config.json, "\n\x01\n", model.safetensors).
 #     fuzz/make_draft_dir_seeds.sh build/release/dspark fuzz/corpus/draft_dir
 set -euo pipefail
-dspark="$(realpath "${1:-build/release/dspark}")"
-out="$(realpath -m "${2:-fuzz/corpus/draft_dir}")"
-models="$(cd "$(dirname "$0")" && pwd)/corpus/gguf_model"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$out"
-for i in $(seq 21); do
-  echo "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi the $i\"},{\"role\":\"assistant\",\"content\":\"the the in he $i the in\"}]}"
-done > "$tmp/data.jsonl"
+. "$(dirname "$0")/seed_setup.sh"
+seed_setup "${1:-}" "${2:-}" fuzz/corpus/draft_dir 21
 seed() { # NAME MODEL TRAIN-OPTIONS...
   local name="$1" model="$2"
   shift 2
