@@ -14,6 +14,7 @@
  * is the first of tokenizer.json's added tokens with that content; then config.json's
  * <type>_token_id (or text_config's) for the types still without an id. */
 #include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,7 +77,7 @@ static const cJSON *set_tc(svocab *s, const char *key, const cJSON *v) {
 static ds_status set_id(svocab *s, const char *typ, const cJSON *v) {
   if (!cJSON_IsNumber(v) && !cJSON_IsBool(v)) return DS_OK; /* not an int: skipped */
   double id = cJSON_IsBool(v) ? cJSON_IsTrue(v) : v->valuedouble;
-  if (id > -9007199254740992.0 && id < 9007199254740992.0 && id != (double)(int64_t)id) return DS_OK;
+  if (id != floor(id)) return DS_OK; /* floor, not a cast: an infinite id (1e999) goes on to be refused */
   if (id < 0)
     return DS_FAIL(DS_ERR_FORMAT, "%s: special token type %s has id %.0f (the converter refuses negative ids)",
                    s->h->dir, typ, id);
