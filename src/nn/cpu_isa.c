@@ -46,21 +46,30 @@ ds_isa ds_isa_best(void) {
   return g_best;
 }
 
-static int g_amd;
+static int g_amd, g_family;
 
-static void amd_decide(void) {
+static void vendor_decide(void) {
 #ifdef DS_X86
-  unsigned a, v[3];
+  unsigned a, b, c, d, v[3];
   if (!__get_cpuid(0, &a, &v[0], &v[2], &v[1])) return; /* the vendor string is in EBX, EDX, ECX */
   g_amd = !memcmp(v, "AuthenticAMD", 12);
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+  g_family = (int)((a >> 8) & 0xF);
+  if (g_family == 0xF) g_family += (int)((a >> 20) & 0xFF);
 #endif
 }
 
 /* Once per process: under a hypervisor every cpuid traps, and this is asked per matmul. */
+static pthread_once_t g_vendor_once = PTHREAD_ONCE_INIT;
+
 int ds_cpu_is_amd(void) {
-  static pthread_once_t once = PTHREAD_ONCE_INIT;
-  pthread_once(&once, amd_decide);
+  pthread_once(&g_vendor_once, vendor_decide);
   return g_amd;
+}
+
+int ds_cpu_family(void) {
+  pthread_once(&g_vendor_once, vendor_decide);
+  return g_family;
 }
 
 const char *ds_isa_name(ds_isa isa) {

@@ -14,5 +14,8 @@ const char *ds_isa_name(ds_isa isa);
 /* 1 on an AMD CPU (cpuid vendor "AuthenticAMD"): for choices measured per vendor, such as the bf16
  * GEMM route (Zen 4's bf16 dot products outrun its fp32 FMAs, an Intel CPU's without AMX do not). */
 int ds_cpu_is_amd(void);
+/* The CPU's family as cpuid leaf 1 gives it (base family, plus the extended one where the base is
+ * 15): 25 for AMD Zen 3 and Zen 4, 26 for Zen 5, 6 for Intel's cores; 0 where unknown. */
+int ds_cpu_family(void);
 
 #endif

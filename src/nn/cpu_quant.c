@@ -5,6 +5,8 @@
 #include "nn/cpu_quant.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -227,7 +229,45 @@ const char *ds_qisa_name(ds_qisa isa) {
                                       : "portable";
 }
 
-const char *ds_weight_quant_kernel_name(void) { return ds_qisa_name(ds_qisa_best()); }
+static size_t g_prefetch;
+
+static void prefetch_decide(void) {
+  const char *e = getenv("DSPARK_QUANT_PREFETCH");
+  if (e && *e) {
+    char *end;
+    long long v = strtoll(e, &end, 10);
+    if (*end || v < 0 || v > (1 << 20))
+      fprintf(stderr, "warning: DSPARK_QUANT_PREFETCH=%s is not a byte count in 0 .. 1048576; ignored\n", e);
+    else {
+      g_prefetch = (size_t)v;
+      return;
+    }
+  }
+  g_prefetch = ds_cpu_is_amd() && ds_cpu_family() >= 26 ? 8192 : 0;
+}
+
+size_t ds_quant_prefetch_bytes(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, prefetch_decide);
+  return g_prefetch;
+}
+
+static int reads_packed(ds_qisa isa);
+static char g_kernel_name[64];
+
+static void kernel_name_decide(void) {
+  ds_qisa isa = ds_qisa_best();
+  size_t pf = reads_packed(isa) ? ds_quant_prefetch_bytes() : 0;
+  if (pf) snprintf(g_kernel_name, sizeof g_kernel_name, "%s, prefetch %zu B ahead", ds_qisa_name(isa), pf);
+  else snprintf(g_kernel_name, sizeof g_kernel_name, "%s", ds_qisa_name(isa));
+}
+
+/* the instruction set, and the prefetch distance where the packed kernels run one */
+const char *ds_weight_quant_kernel_name(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, kernel_name_decide);
+  return g_kernel_name;
+}
 
 static ds_quant_rows_fn pick_rows(ds_qisa isa) {
   ds_qisa best = ds_qisa_best();
@@ -259,6 +299,7 @@ typedef struct {
   ds_quant_rows_fn rows;
   const unsigned char *const *packed;
   const ds_cat_blocks *c;
+  size_t prefetch;
 } direct_span_args;
 
 /* The products of blocks [b0, b1): each segment's rows in them, packed groups by the packed
@@ -273,8 +314,10 @@ static void direct_span(const direct_span_args *a, int64_t b0, int64_t b1) {
 #if defined(__x86_64__) || defined(__i386__)
     if (a->packed[s]) {
       int64_t o8 = o0 + (o1 - o0) / 8 * 8;
-      if (a->isa == DS_QISA_VNNI) ds_quant_packed_rows_vnni(ys, a->ldy, a->qx, a->n, a->packed[s], a->w[s].dtype, a->in, o0, o8, bs);
-      else ds_quant_packed_rows_avx2(ys, a->ldy, a->qx, a->n, a->packed[s], a->w[s].dtype, a->in, o0, o8, bs);
+      if (a->isa == DS_QISA_VNNI)
+        ds_quant_packed_rows_vnni(ys, a->ldy, a->qx, a->n, a->packed[s], a->w[s].dtype, a->in, o0, o8, bs, a->prefetch);
+      else
+        ds_quant_packed_rows_avx2(ys, a->ldy, a->qx, a->n, a->packed[s], a->w[s].dtype, a->in, o0, o8, bs, a->prefetch);
       o0 = o8;
     }
 #endif
@@ -297,7 +340,7 @@ int ds_quant_direct_cat(ds_qisa isa, float *y, int64_t ldy, const float *x, cons
     for (int s = 0; s < n_seg; s++) packed[s] = ds_quant_packed(w[s], out[s], in);
   ds_cat_blocks c;
   ds_cat_blocks_init(&c, out, n_seg, ROW_BLOCK); /* ROW_BLOCK a multiple of 8: whole packed groups */
-  direct_span_args a = {y, ldy, &qx, w, out, n_seg, bias, n, in, isa, rows, packed, &c};
+  direct_span_args a = {y, ldy, &qx, w, out, n_seg, bias, n, in, isa, rows, packed, &c, ds_quant_prefetch_bytes()};
   int nt = c.total * in > 65536 ? ds_get_num_threads() : 1; /* a small product: no region (cpu_kernels.h) */
 #ifdef DSPARK_USE_OPENMP
   if (nt > 1) {

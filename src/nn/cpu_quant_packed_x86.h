@@ -218,13 +218,16 @@ PI __m256 scale_block(__m256 acc, __m256i isum, __m256 dw, __m256 mw, const ds_q
 /* acc[r] (lanes: the group's 8 weight rows) += the group's nb blocks (bb8 bytes each) dotted with R
  * rows of x. */
 PI void group_dot(const unsigned char *g, ds_dtype dt, size_t bb8, int64_t nb, const ds_qx *x, int64_t in, int64_t i0,
-                  int R, __m256 *acc) {
+                  int R, __m256 *acc, size_t pf) {
 #if !PACKED_VNNI
   const __m256i ones = _mm256_set1_epi16(1);
 #endif
   const int64_t xb = in / 32;
   for (int64_t b = 0; b < nb; b++) {
     const unsigned char *blk = g + (size_t)b * bb8;
+    /* a prefetch never faults, so past the weight's end it reads nothing and costs a hint */
+    if (pf)
+      for (size_t c = 0; c < bb8; c += 64) _mm_prefetch((const char *)blk + pf + c, _MM_HINT_T0);
     if (dt == DS_Q4_K || dt == DS_Q6_K) { /* b a super-block of 8 of x's blocks */
       if (dt == DS_Q4_K) q4k_superblock(blk, x, in, xb, i0, 8 * b, R, acc);
       else q6k_superblock(blk, x, in, xb, i0, 8 * b, R, acc);
@@ -395,7 +398,7 @@ PI void group_pair_dot4(const unsigned char *g, size_t gb, ds_dtype dt, size_t b
 #endif
 
 PI void packed_rows(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *p, ds_dtype dt,
-                    int64_t in, int64_t o0, int64_t o1, const float *bias) {
+                    int64_t in, int64_t o0, int64_t o1, const float *bias, size_t pf) {
   /* the block size once per call (ds_quant_row_bytes per group was 1% of a speculative decode) */
   int64_t blk = ds_quant_block(dt), nb = in / blk;
   size_t bb8 = 8 * ds_quant_row_bytes(dt, blk), gb = bb8 * (size_t)nb;
@@ -424,9 +427,9 @@ PI void packed_rows(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsi
         __m256 acc[4];
         for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
         switch (R) {
-          case 3: group_dot(g + gb, dt, bb8, nb, x, in, i1, 3, acc); break;
-          case 2: group_dot(g + gb, dt, bb8, nb, x, in, i1, 2, acc); break;
-          default: group_dot(g + gb, dt, bb8, nb, x, in, i1, 1, acc); break;
+          case 3: group_dot(g + gb, dt, bb8, nb, x, in, i1, 3, acc, pf); break;
+          case 2: group_dot(g + gb, dt, bb8, nb, x, in, i1, 2, acc, pf); break;
+          default: group_dot(g + gb, dt, bb8, nb, x, in, i1, 1, acc, pf); break;
         }
         for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (i1 + r) * ldy + o + 8, _mm256_add_ps(acc[r], bv1));
       }
@@ -438,10 +441,10 @@ PI void packed_rows(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsi
       __m256 acc[4];
       for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
       switch (R) {
-        case 4: group_dot(g, dt, bb8, nb, x, in, i, 4, acc); break;
-        case 3: group_dot(g, dt, bb8, nb, x, in, i, 3, acc); break;
-        case 2: group_dot(g, dt, bb8, nb, x, in, i, 2, acc); break;
-        default: group_dot(g, dt, bb8, nb, x, in, i, 1, acc); break;
+        case 4: group_dot(g, dt, bb8, nb, x, in, i, 4, acc, pf); break;
+        case 3: group_dot(g, dt, bb8, nb, x, in, i, 3, acc, pf); break;
+        case 2: group_dot(g, dt, bb8, nb, x, in, i, 2, acc, pf); break;
+        default: group_dot(g, dt, bb8, nb, x, in, i, 1, acc, pf); break;
       }
       for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (i + r) * ldy + o, _mm256_add_ps(acc[r], bv));
     }
@@ -450,16 +453,16 @@ PI void packed_rows(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsi
 }
 
 PT void PACKED_ROWS(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *packed,
-                                  ds_dtype dt, int64_t in, int64_t o0, int64_t o1, const float *bias) {
+                                  ds_dtype dt, int64_t in, int64_t o0, int64_t o1, const float *bias, size_t pf) {
   DS_CHECK(o0 % 8 == 0 && o1 % 8 == 0);
   switch (dt) { /* the type's branch chosen once, outside the loops */
-    case DS_Q8_0: packed_rows(y, ldy, x, n, packed, DS_Q8_0, in, o0, o1, bias); break;
-    case DS_Q4_0: packed_rows(y, ldy, x, n, packed, DS_Q4_0, in, o0, o1, bias); break;
-    case DS_Q4_1: packed_rows(y, ldy, x, n, packed, DS_Q4_1, in, o0, o1, bias); break;
-    case DS_Q5_0: packed_rows(y, ldy, x, n, packed, DS_Q5_0, in, o0, o1, bias); break;
-    case DS_Q5_1: packed_rows(y, ldy, x, n, packed, DS_Q5_1, in, o0, o1, bias); break;
-    case DS_Q4_K: packed_rows(y, ldy, x, n, packed, DS_Q4_K, in, o0, o1, bias); break;
-    case DS_Q6_K: packed_rows(y, ldy, x, n, packed, DS_Q6_K, in, o0, o1, bias); break;
+    case DS_Q8_0: packed_rows(y, ldy, x, n, packed, DS_Q8_0, in, o0, o1, bias, pf); break;
+    case DS_Q4_0: packed_rows(y, ldy, x, n, packed, DS_Q4_0, in, o0, o1, bias, pf); break;
+    case DS_Q4_1: packed_rows(y, ldy, x, n, packed, DS_Q4_1, in, o0, o1, bias, pf); break;
+    case DS_Q5_0: packed_rows(y, ldy, x, n, packed, DS_Q5_0, in, o0, o1, bias, pf); break;
+    case DS_Q5_1: packed_rows(y, ldy, x, n, packed, DS_Q5_1, in, o0, o1, bias, pf); break;
+    case DS_Q4_K: packed_rows(y, ldy, x, n, packed, DS_Q4_K, in, o0, o1, bias, pf); break;
+    case DS_Q6_K: packed_rows(y, ldy, x, n, packed, DS_Q6_K, in, o0, o1, bias, pf); break;
     default: DS_CHECK(!"a type without a packed layout");
   }
 }

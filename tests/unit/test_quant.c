@@ -288,6 +288,52 @@ static void test_packed_isas_equal(void) {
   }
 }
 
+/* The packed kernels' prefetch distance is a hint: every distance gives the numbers of none, bit
+ * for bit (1 to 9 rows of x: the pair pass and the passes of 4 and their tails), including
+ * prefetches that run past the copy's end (a distance of 1 MiB). */
+static void test_packed_prefetch_same(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (ds_qisa_best() < DS_QISA_AVX2_PACKED) {
+    fprintf(stderr, "test_packed_prefetch_same: no AVX2 here, skipped\n");
+    return;
+  }
+  const size_t dist[] = {64, 8192, (size_t)1 << 20};
+  for (int t = 0; t < N_TYPES; t++) {
+    ds_dtype dt = k_types[t];
+    if (!ds_quant_packable(dt)) continue;
+    int64_t in = ds_quant_block(dt) == 256 ? 512 : 320, out = 24;
+    unsigned char *w = rand_weight(dt, out, in);
+    const unsigned char *packed = ds_quant_packed((ds_weight){w, dt}, out, in);
+    EXPECT(packed != NULL);
+    for (int64_t n = 1; n <= 9 && packed; n++) {
+      float *x = rand_x(n, in), *a = malloc((size_t)(n * out) * sizeof(float));
+      float *v = malloc((size_t)(n * out) * sizeof(float));
+      ds_qx qx;
+      EXPECT(ds_qx_alloc(&qx, n, in));
+      ds_qx_quantize(&qx, x, n, in);
+      for (int isa = DS_QISA_AVX2_PACKED; isa <= (int)ds_qisa_best(); isa++) {
+        void (*rows)(float *, int64_t, const ds_qx *, int64_t, const unsigned char *, ds_dtype, int64_t, int64_t,
+                     int64_t, const float *, size_t) =
+            isa == DS_QISA_VNNI ? ds_quant_packed_rows_vnni : ds_quant_packed_rows_avx2;
+        rows(a, out, &qx, n, packed, dt, in, 0, out, NULL, 0);
+        for (size_t d = 0; d < sizeof dist / sizeof *dist; d++) {
+          rows(v, out, &qx, n, packed, dt, in, 0, out, NULL, dist[d]);
+          int same = !memcmp(a, v, (size_t)(n * out) * sizeof(float));
+          if (!same)
+            fprintf(stderr, "%s, %s, %d rows of x, prefetch %zu: differs from none\n", ds_dtype_name(dt),
+                    ds_qisa_name((ds_qisa)isa), (int)n, dist[d]);
+          EXPECT(same);
+        }
+      }
+      ds_qx_free(&qx);
+      free(x), free(a), free(v);
+    }
+    ds_release_packed_weights();
+    free(w);
+  }
+#endif
+}
+
 /* linear_w_cat over three segments of different types and sizes (a fused q | k | v). */
 static void test_cat(void) {
   int64_t in = 256, out[4] = {40, 19, 19, 26}, total = 104, ldy = total + 2;
@@ -564,6 +610,7 @@ int main(void) {
   TEST_RUN(test_paths);
   TEST_RUN(test_rows_independent);
   TEST_RUN(test_packed_isas_equal);
+  TEST_RUN(test_packed_prefetch_same);
   TEST_RUN(test_nonfinite_scales);
   TEST_RUN(test_extreme_blocks);
   TEST_RUN(test_cat);
