@@ -17,6 +17,7 @@
 #define DSPARK_NN_CPU_QUANT_PACKED_X86_H
 
 #include <immintrin.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "nn/cpu_quant.h"
@@ -225,9 +226,10 @@ PI void group_dot(const unsigned char *g, ds_dtype dt, size_t bb8, int64_t nb, c
   const int64_t xb = in / 32;
   for (int64_t b = 0; b < nb; b++) {
     const unsigned char *blk = g + (size_t)b * bb8;
-    /* a prefetch never faults, so past the weight's end it reads nothing and costs a hint */
+    /* a prefetch never faults, so past the weight's end it reads nothing and costs a hint (the
+     * address formed as an integer: a pointer past its object's end would be undefined in C) */
     if (pf)
-      for (size_t c = 0; c < bb8; c += 64) _mm_prefetch((const char *)blk + pf + c, _MM_HINT_T0);
+      for (size_t c = 0; c < bb8; c += 64) _mm_prefetch((const char *)((uintptr_t)blk + pf + c), _MM_HINT_T0);
     if (dt == DS_Q4_K || dt == DS_Q6_K) { /* b a super-block of 8 of x's blocks */
       if (dt == DS_Q4_K) q4k_superblock(blk, x, in, xb, i0, 8 * b, R, acc);
       else q6k_superblock(blk, x, in, xb, i0, 8 * b, R, acc);
