@@ -112,7 +112,8 @@ void ds_quant_unpack_row(unsigned char *row, const unsigned char *packed, ds_dty
 size_t ds_quant_packed_bytes(void);
 void ds_quant_release_packs(void);
 /* y[i, o] (+ bias[o]) for i < n and o in [o0, o1) (multiples of 8) from the packed copy; with
- * prefetch > 0, each block read up to 4 rows of x at a time is prefetched that many bytes ahead. */
+ * prefetch > 0, the first pass over each group of 8 weight rows (up to 4 rows of x; the pass over
+ * two groups from 8 rows keeps its own prefetch) asks for the bytes that far ahead of each block. */
 void ds_quant_packed_rows_avx2(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *packed,
                                ds_dtype dt, int64_t in, int64_t o0, int64_t o1, const float *bias, size_t prefetch);
 void ds_quant_packed_rows_vnni(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsigned char *packed,
@@ -120,7 +121,7 @@ void ds_quant_packed_rows_vnni(float *y, int64_t ldy, const ds_qx *x, int64_t n,
 /* The packed kernels' prefetch distance in bytes, decided once: $DSPARK_QUANT_PREFETCH where set
  * (0 .. 1 MiB; 0 turns it off), else 8 KiB on AMD Zen 5 and later (cpuid family 26+), 0 elsewhere.
  * On a Zen 5 the stream and the block dots overlapped only in part without it: one row of
- * SmolLM2's decode pass read 86-89% of the stream rate on one thread, 100-107% with it; on a
+ * SmolLM2's decode pass read 82-89% of the stream rate on one thread, 102-108% with it; on a
  * Zen 4 prefetches 1 KiB ahead, or of whole groups, were slower (docs/compute.md). */
 size_t ds_quant_prefetch_bytes(void);
 

@@ -429,9 +429,9 @@ PI void packed_rows(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsi
         __m256 acc[4];
         for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
         switch (R) {
-          case 3: group_dot(g + gb, dt, bb8, nb, x, in, i1, 3, acc, pf); break;
-          case 2: group_dot(g + gb, dt, bb8, nb, x, in, i1, 2, acc, pf); break;
-          default: group_dot(g + gb, dt, bb8, nb, x, in, i1, 1, acc, pf); break;
+          case 3: group_dot(g + gb, dt, bb8, nb, x, in, i1, 3, acc, 0); break;
+          case 2: group_dot(g + gb, dt, bb8, nb, x, in, i1, 2, acc, 0); break;
+          default: group_dot(g + gb, dt, bb8, nb, x, in, i1, 1, acc, 0); break;
         }
         for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (i1 + r) * ldy + o + 8, _mm256_add_ps(acc[r], bv1));
       }
@@ -440,13 +440,14 @@ PI void packed_rows(float *y, int64_t ldy, const ds_qx *x, int64_t n, const unsi
 #endif
     for (; i < n; i += 4) { /* 4 rows of x per pass over the group (read from L1) */
       int R = n - i < 4 ? (int)(n - i) : 4;
+      size_t pfi = i ? 0 : pf; /* the first pass brings the group in; the pair pass prefetched its own */
       __m256 acc[4];
       for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
       switch (R) {
-        case 4: group_dot(g, dt, bb8, nb, x, in, i, 4, acc, pf); break;
-        case 3: group_dot(g, dt, bb8, nb, x, in, i, 3, acc, pf); break;
-        case 2: group_dot(g, dt, bb8, nb, x, in, i, 2, acc, pf); break;
-        default: group_dot(g, dt, bb8, nb, x, in, i, 1, acc, pf); break;
+        case 4: group_dot(g, dt, bb8, nb, x, in, i, 4, acc, pfi); break;
+        case 3: group_dot(g, dt, bb8, nb, x, in, i, 3, acc, pfi); break;
+        case 2: group_dot(g, dt, bb8, nb, x, in, i, 2, acc, pfi); break;
+        default: group_dot(g, dt, bb8, nb, x, in, i, 1, acc, pfi); break;
       }
       for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (i + r) * ldy + o, _mm256_add_ps(acc[r], bv));
     }
