@@ -72,6 +72,26 @@ int ds_cpu_family(void) {
   return g_family;
 }
 
+static long long g_prefetch_env = -1; /* $DSPARK_WEIGHT_PREFETCH, -1 where unset or refused */
+
+static void prefetch_env_decide(void) {
+  const char *e = getenv("DSPARK_WEIGHT_PREFETCH");
+  if (!e || !*e) return;
+  char *end;
+  long long v = strtoll(e, &end, 10);
+  if (*end || v < 0 || v > (1 << 20))
+    fprintf(stderr, "warning: DSPARK_WEIGHT_PREFETCH=%s is not a byte count in 0 .. 1048576; ignored\n", e);
+  else
+    g_prefetch_env = v;
+}
+
+size_t ds_weight_prefetch_bytes(size_t elsewhere) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, prefetch_env_decide);
+  if (g_prefetch_env >= 0) return (size_t)g_prefetch_env;
+  return ds_cpu_is_amd() && ds_cpu_family() >= 26 ? 8192 : elsewhere;
+}
+
 const char *ds_isa_name(ds_isa isa) {
   return isa == DS_ISA_AVX512 ? "AVX-512" : isa == DS_ISA_AVX2 ? "AVX2" : "portable";
 }

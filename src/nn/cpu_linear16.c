@@ -10,6 +10,9 @@
  * functions that call the per-ISA kernels on row blocks. */
 #include "nn/cpu_linear16.h"
 
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,7 +67,25 @@ static void convert_portable(float *dst, const uint16_t *src, int64_t count, int
 }
 
 
-const char *ds_weight16_kernel_name(void) { return ds_isa_name(ds_isa_best()); }
+static char g_kernel_name[48];
+
+static void kernel_name_decide(void) {
+  ds_isa isa = ds_isa_best();
+  size_t pf = ds_weight_prefetch_bytes(1024);
+  if (isa == DS_ISA_AVX512 && pf)
+    snprintf(g_kernel_name, sizeof g_kernel_name, "AVX-512, prefetch %zu B ahead", pf);
+  else if (isa == DS_ISA_AVX512)
+    snprintf(g_kernel_name, sizeof g_kernel_name, "AVX-512, no prefetch");
+  else
+    snprintf(g_kernel_name, sizeof g_kernel_name, "%s", ds_isa_name(isa));
+}
+
+/* the instruction set, and the AVX-512 kernels' prefetch distance */
+const char *ds_weight16_kernel_name(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, kernel_name_decide);
+  return g_kernel_name;
+}
 
 int64_t ds_linear16_chunk_rows(int64_t in, int64_t out) {
   int64_t rows = ((int64_t)16 << 20) / (4 * (in > 0 ? in : 1));
@@ -128,20 +149,23 @@ T512_INLINE __m512 loadw_512(const void *w, int64_t p, int kind) {
  * constants at every call site. A row's sums run in the same order whatever C is, so a row of x
  * gets the same numbers alone (decode) as with others (verification). */
 T512_INLINE void tile_512(float *y, int64_t ldy, const float *x, const void *w, const float *bias, int64_t in,
-                          int C, int kind) {
+                          int C, int kind, size_t pf) {
   __m512 acc[4][2];
   for (int c = 0; c < C; c++) acc[c][0] = acc[c][1] = _mm512_setzero_ps();
   int64_t p = 0;
   for (; p + 32 <= in; p += 32) {
-    /* 1 KiB ahead, one line per 64 bytes: the weight is read row after row, one stream (the
-     * 4-row bands this replaced read 4 short streams at once, which the hardware prefetcher
-     * barely caught). bench_linear16 --decode, AMD EPYC Zen 4, 1 thread, alternated runs: 20-26
-     * GB/s (median 22.9) against 16 with 8 rows ahead and 22-24 with none. Splitting each 64
-     * bytes of BF16 into even and odd values against a reordered x (one load, a shift and a mask
-     * per 32 values) measured slower, 19-20.5 GB/s. Past the last row it touches nothing, a
-     * prefetch never faults */
-    _mm_prefetch((const char *)w + (size_t)p * wbytes(kind) + 1024, _MM_HINT_T0);
-    if (kind == W_F32) _mm_prefetch((const char *)w + (size_t)p * 4 + 1088, _MM_HINT_T0); /* 128 bytes a step */
+    /* pf ahead (1 KiB, 8 KiB on a Zen 5: ds_weight_prefetch_bytes), one line per 64 bytes: the
+     * weight is read row after row, one stream (the 4-row bands this replaced read 4 short
+     * streams at once, which the hardware prefetcher barely caught). bench_linear16 --decode, AMD
+     * EPYC Zen 4, 1 thread, alternated runs: 20-26 GB/s (median 22.9) 1 KiB ahead against 16 with
+     * 8 rows ahead and 22-24 with none; Zen 5, 1 thread: 31.7 GB/s 1 KiB ahead, 36-38 4 KiB,
+     * 38-41 8 KiB, 37-38 16 KiB. Splitting each 64 bytes of BF16 into even and odd values against
+     * a reordered x (one load, a shift and a mask per 32 values) measured slower, 19-20.5 GB/s.
+     * Past the last row it touches nothing, a prefetch never faults (the address formed as an
+     * integer: a pointer past its object's end would be undefined in C) */
+    uintptr_t ahead = (uintptr_t)w + (uintptr_t)p * (uintptr_t)wbytes(kind) + pf;
+    _mm_prefetch((const char *)ahead, _MM_HINT_T0);
+    if (kind == W_F32) _mm_prefetch((const char *)(ahead + 64), _MM_HINT_T0); /* 128 bytes a step */
     __m512 w0 = loadw_512(w, p, kind), w1 = loadw_512(w, p + 16, kind);
     for (int c = 0; c < C; c++) {
       acc[c][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + c * in + p), acc[c][0]);
@@ -162,25 +186,26 @@ T512_INLINE void tile_512(float *y, int64_t ldy, const float *x, const void *w, 
 
 /* One weight row against every row of x, 4 rows of x at a time (the row stays in L1). */
 T512_INLINE void band_512(float *y, int64_t ldy, const float *x, const void *w, const float *bias, int64_t n,
-                          int64_t in, int kind) {
+                          int64_t in, int kind, size_t pf) {
   int64_t i = 0;
-  for (; i + 4 <= n; i += 4) tile_512(y + i * ldy, ldy, x + i * in, w, bias, in, 4, kind);
+  for (; i + 4 <= n; i += 4) tile_512(y + i * ldy, ldy, x + i * in, w, bias, in, 4, kind, pf);
   switch (n - i) {
-    case 3: tile_512(y + i * ldy, ldy, x + i * in, w, bias, in, 3, kind); break;
-    case 2: tile_512(y + i * ldy, ldy, x + i * in, w, bias, in, 2, kind); break;
-    case 1: tile_512(y + i * ldy, ldy, x + i * in, w, bias, in, 1, kind); break;
+    case 3: tile_512(y + i * ldy, ldy, x + i * in, w, bias, in, 3, kind, pf); break;
+    case 2: tile_512(y + i * ldy, ldy, x + i * in, w, bias, in, 2, kind, pf); break;
+    case 1: tile_512(y + i * ldy, ldy, x + i * in, w, bias, in, 1, kind, pf); break;
     default: break;
   }
 }
 
 T512 static void rows_avx512(float *y, int64_t ldy, const float *x, const void *w, const float *bias, int64_t n,
                              int64_t in, int64_t o0, int64_t o1, int kind) {
+  size_t pf = ds_weight_prefetch_bytes(1024);
   for (int64_t o = o0; o < o1; o++) {
     const char *wr = (const char *)w + (size_t)(o * in) * wbytes(kind);
     const float *b = bias ? bias + o : NULL;
-    if (kind == W_F32) band_512(y + o, ldy, x, wr, b, n, in, W_F32);
-    else if (kind == W_F16) band_512(y + o, ldy, x, wr, b, n, in, W_F16);
-    else band_512(y + o, ldy, x, wr, b, n, in, W_BF16);
+    if (kind == W_F32) band_512(y + o, ldy, x, wr, b, n, in, W_F32, pf);
+    else if (kind == W_F16) band_512(y + o, ldy, x, wr, b, n, in, W_F16, pf);
+    else band_512(y + o, ldy, x, wr, b, n, in, W_BF16, pf);
   }
 }
 

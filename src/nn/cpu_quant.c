@@ -229,28 +229,8 @@ const char *ds_qisa_name(ds_qisa isa) {
                                       : "portable";
 }
 
-static size_t g_prefetch;
-
-static void prefetch_decide(void) {
-  const char *e = getenv("DSPARK_QUANT_PREFETCH");
-  if (e && *e) {
-    char *end;
-    long long v = strtoll(e, &end, 10);
-    if (*end || v < 0 || v > (1 << 20))
-      fprintf(stderr, "warning: DSPARK_QUANT_PREFETCH=%s is not a byte count in 0 .. 1048576; ignored\n", e);
-    else {
-      g_prefetch = (size_t)v;
-      return;
-    }
-  }
-  g_prefetch = ds_cpu_is_amd() && ds_cpu_family() >= 26 ? 8192 : 0;
-}
-
-size_t ds_quant_prefetch_bytes(void) {
-  static pthread_once_t once = PTHREAD_ONCE_INIT;
-  pthread_once(&once, prefetch_decide);
-  return g_prefetch;
-}
+/* none by default: on a Zen 4 prefetches 1 KiB ahead, or of whole groups, were slower */
+size_t ds_quant_prefetch_bytes(void) { return ds_weight_prefetch_bytes(0); }
 
 static int reads_packed(ds_qisa isa);
 static char g_kernel_name[64];
