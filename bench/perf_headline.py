@@ -22,8 +22,8 @@ held-out chat prompts), also
                                           threads (needs scripts/setup_llama_cpp.sh --build)
 
 The CPU comes from lscpu (model name, family, model; flags avx2, avx512f, avx512_bf16 and
-amx_tile), the kernels from `dspark --help` ("matmuls:" and "bf16 matmuls" lines), the peer's
-versions from the target benchmark's JSON. Every script writes its JSON under --out (default
+amx_tile), the kernels from `dspark --help` ("matmuls:", "bf16 matmuls" and "frozen weights"
+lines), the peer's versions from the target benchmark's JSON. Every script writes its JSON under --out (default
 bench/out/headline, bench/out/headline-quick with --quick) and this script writes
 headline.json there; --results DIR prints the table again from such a folder, running nothing.
 A script that fails leaves its rows marked failed and the others run. A full run takes about
@@ -124,7 +124,8 @@ def cpu_heading(cpu):
 
 
 def kernels(dspark, threads):
-    """The "matmuls:" and "bf16 matmuls ...:" lines of `dspark --help` (with the run's threads)."""
+    """The "matmuls:", "bf16 matmuls ...:" and "frozen weights:" lines of `dspark --help` (with the
+    run's threads)."""
     try:
         text = subprocess.run([dspark, "--help"], capture_output=True, text=True,
                               env=dict(os.environ, OMP_NUM_THREADS=str(threads))).stdout
@@ -132,8 +133,10 @@ def kernels(dspark, threads):
         return "unknown (dspark --help did not run)"
     fp32 = re.search(r"^matmuls: (.*)$", text, re.M)
     bf16 = re.search(r"^bf16 matmuls[^:]*: (.*)$", text, re.M)
+    frozen = re.search(r"^frozen weights: (.*)$", text, re.M)
     return "; ".join(p for p in ((f"fp32 {fp32.group(1).strip()}" if fp32 else ""),
-                                 (f"bf16 {bf16.group(1).strip()}" if bf16 else "")) if p) or "unknown"
+                                 (f"bf16 {bf16.group(1).strip()}" if bf16 else ""),
+                                 (f"frozen weights {frozen.group(1).strip()}" if frozen else "")) if p) or "unknown"
 
 
 # ---------------------------------------------------------------- the table

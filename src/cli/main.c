@@ -77,6 +77,8 @@ static void usage(FILE *f) {
     fprintf(f, "  %-14s %s\n", k_commands[i].name, k_commands[i].summary);
   fprintf(f, "\nmatmuls: %s, %d threads\n", ds_gemm_name(), ds_get_num_threads());
   fprintf(f, "bf16 matmuls (--compute bf16): %s\n", ds_gemm_bf16_name());
+  fprintf(f, "frozen weights: 16-bit and fp32 %s; quantized %s\n", ds_weight16_kernel_name(),
+          ds_weight_quant_kernel_name());
   fprintf(f, "data parallelism: %s\n", ds_comm_mpi_built() ? "MPI (mpirun -np N dspark train|pretrain|distill ...)"
                                                             : "not built (no MPI in this build)");
 }
