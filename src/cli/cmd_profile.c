@@ -98,6 +98,8 @@ int cmd_profile(int argc, char **argv) {
   cJSON_AddStringToObject(j, "gemm", ds_gemm_name());
   cJSON_AddStringToObject(j, "compute", ds_compute_label());
   if (ds_matmul_compute() == DS_COMPUTE_BF16) cJSON_AddStringToObject(j, "gemm_bf16", ds_gemm_bf16_name());
+  cJSON_AddStringToObject(j, "weight16_kernels", ds_weight16_kernel_name()); /* the frozen weights' kernels */
+  cJSON_AddStringToObject(j, "quantized_kernels", ds_weight_quant_kernel_name());
   cJSON_AddNumberToObject(j, "threads", ds_get_num_threads());
   cJSON_AddItemToObject(j, "verify_seconds", ds_json_number_array(verify, max_tokens));
   cJSON_AddItemToObject(j, "verify_steps_per_s", ds_json_number_array(sps, max_tokens));

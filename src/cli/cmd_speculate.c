@@ -259,6 +259,8 @@ static ds_status write_report(const char *path, const ds_spec_options *o, int64_
   cJSON_AddStringToObject(j, "gemm", ds_gemm_name());
   cJSON_AddStringToObject(j, "compute", ds_compute_label());
   if (ds_matmul_compute() == DS_COMPUTE_BF16) cJSON_AddStringToObject(j, "gemm_bf16", ds_gemm_bf16_name());
+  cJSON_AddStringToObject(j, "weight16_kernels", ds_weight16_kernel_name()); /* the frozen weights' kernels */
+  cJSON_AddStringToObject(j, "quantized_kernels", ds_weight_quant_kernel_name());
   cJSON_AddNumberToObject(j, "threads", ds_get_num_threads());
   return ds_json_write_report("--report", path, j);
 }
