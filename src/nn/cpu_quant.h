@@ -120,7 +120,7 @@ void ds_quant_packed_rows_vnni(float *y, int64_t ldy, const ds_qx *x, int64_t n,
                                ds_dtype dt, int64_t in, int64_t o0, int64_t o1, const float *bias, size_t prefetch);
 /* The packed kernels' prefetch distance in bytes: ds_weight_prefetch_bytes (nn/cpu_isa.h), 0
  * where no CPU rule or $DSPARK_WEIGHT_PREFETCH sets one. On a Zen 5 one row of SmolLM2's decode
- * pass read 82-89% of the stream rate on one thread without it, 102-108% 8 KiB ahead. */
+ * pass read 82-89% of the stream rate on one thread without it, 101-108% 8 KiB ahead. */
 size_t ds_quant_prefetch_bytes(void);
 
 /* y[n, sum(out)] (row stride ldy) = x[n, in] @ [w[0]; w[1]; ...]^T (+ bias), each segment a
