@@ -72,24 +72,28 @@ int ds_cpu_family(void) {
   return g_family;
 }
 
-static long long g_prefetch_env = -1; /* $DSPARK_WEIGHT_PREFETCH, -1 where unset or refused */
+/* $DSPARK_WEIGHT_PREFETCH, else this CPU's rule; -1: each kernel's own distance. Decided once:
+ * the quantized kernels ask for it on every product. */
+static long long g_prefetch = -1;
 
-static void prefetch_env_decide(void) {
+static void prefetch_decide(void) {
   const char *e = getenv("DSPARK_WEIGHT_PREFETCH");
-  if (!e || !*e) return;
-  char *end;
-  long long v = strtoll(e, &end, 10);
-  if (*end || v < 0 || v > (1 << 20))
+  if (e && *e) {
+    char *end;
+    long long v = strtoll(e, &end, 10);
+    if (!*end && v >= 0 && v <= (1 << 20)) {
+      g_prefetch = v;
+      return;
+    }
     fprintf(stderr, "warning: DSPARK_WEIGHT_PREFETCH=%s is not a byte count in 0 .. 1048576; ignored\n", e);
-  else
-    g_prefetch_env = v;
+  }
+  if (ds_cpu_is_amd() && ds_cpu_family() >= 26) g_prefetch = 8192;
 }
 
 size_t ds_weight_prefetch_bytes(size_t elsewhere) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
-  pthread_once(&once, prefetch_env_decide);
-  if (g_prefetch_env >= 0) return (size_t)g_prefetch_env;
-  return ds_cpu_is_amd() && ds_cpu_family() >= 26 ? 8192 : elsewhere;
+  pthread_once(&once, prefetch_decide);
+  return g_prefetch >= 0 ? (size_t)g_prefetch : elsewhere;
 }
 
 const char *ds_isa_name(ds_isa isa) {
